@@ -1,0 +1,81 @@
+"""Actor role (verl: `compute_log_prob`, `update_actor`): the student's LoRA update.
+
+`compute_log_prob` recomputes the old log-probs in eval mode without autograd (the same path as
+the rollout). `update_actor` runs one optimizer step over the whole logical batch (one
+mini-batch, one epoch): the rows are processed in update chunks (verl's micro-batches) in train
+mode with gradient checkpointing, each chunk's loss normalised by the token and sequence counts
+of the whole mini-batch, so the accumulated gradient does not depend on the chunking.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from peft import PeftModel
+
+from miniverl.batch import Batch
+from miniverl.logprobs import response_log_probs
+from miniverl.losses import combine_metrics, distillation_loss
+from miniverl.schema.actor import ActorConfig
+from miniverl.schema.estimator import EstimatorConfig
+
+
+class ActorWorker:
+    def __init__(self, model: PeftModel, actor: ActorConfig, estimator: EstimatorConfig, *,
+                 temperature: float, logprob_chunk: int, loss_scale_factor: int):
+        self.peft_model = model
+        self.model = model.get_base_model()  # LoRA layers are injected in place
+        self.estimator = estimator
+        self.grad_clip = actor.grad_clip
+        self.temperature = temperature
+        self.logprob_chunk = logprob_chunk
+        # seq-mean-token-sum-norm divides by the padded response length; verl pads responses to
+        # max_response_length, so that (not the batch's longest response) is the divisor.
+        self.loss_scale_factor = loss_scale_factor
+        self.params = [p for p in model.parameters() if p.requires_grad]  # the LoRA matrices only
+        self.optimizer = torch.optim.AdamW(self.params, lr=actor.optim.lr, betas=tuple(actor.optim.betas),
+                                           eps=actor.optim.eps, weight_decay=actor.optim.weight_decay)
+
+    def _log_probs(self, batch: Batch) -> torch.Tensor:
+        return response_log_probs(self.model, batch, temperature=self.temperature, chunk=self.logprob_chunk)
+
+    @torch.no_grad()
+    def compute_log_prob(self, batch: Batch, rows_per_forward: int) -> torch.Tensor:
+        """(B, R) float32 old log-probs of the current policy."""
+        self.peft_model.eval()
+        parts = [self._log_probs(batch.rows(s, s + rows_per_forward)) for s in range(0, len(batch), rows_per_forward)]
+        return torch.cat(parts) * batch.response_mask
+
+    def update_actor(self, batch: Batch, chunks: list[int]) -> dict[str, float]:
+        """One optimizer step on `batch` (needs old_log_probs and teacher_logprobs)."""
+        self.peft_model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        mask = batch.response_mask
+        batch_num_tokens = float(mask.sum())
+        global_batch_size = int((mask.sum(-1) > 0).sum())
+        total_loss, parts, start = 0.0, [], 0
+        for size in chunks:
+            chunk = batch.rows(start, start + size)
+            start += size
+            log_prob = self._log_probs(chunk)  # (b, R), with grad through the LoRA weights
+            loss, _, metrics = distillation_loss(
+                self.estimator, log_prob, chunk.old_log_probs, chunk.teacher_logprobs, chunk.response_mask,
+                batch_num_tokens=batch_num_tokens, global_batch_size=global_batch_size,
+                loss_scale_factor=self.loss_scale_factor)
+            loss.backward()  # accumulates: chunk losses sum to the mini-batch loss
+            total_loss += float(loss.detach())
+            parts.append((metrics, float(chunk.response_mask.sum())))
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip))
+        if math.isfinite(grad_norm):
+            self.optimizer.step()  # verl skips the step on a non-finite gradient norm
+        self.optimizer.zero_grad(set_to_none=True)  # frees the gradients before the next rollout
+        self.peft_model.eval()
+        metrics = {f"actor/{k}": float(v) for k, v in combine_metrics(parts).items()}
+        metrics["actor/distillation/loss"] = total_loss
+        metrics["actor/grad_norm"] = grad_norm
+        metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
+        for name in ("pg_clipfrac", "ppo_kl", "pg_clipfrac_lower"):  # pure distillation: the PG is the
+            if f"actor/distillation/{name}" in metrics:                  # distillation PG (verl's actor/ names)
+                metrics[f"actor/{name}"] = metrics[f"actor/distillation/{name}"]
+        return metrics

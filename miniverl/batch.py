@@ -1,0 +1,67 @@
+"""`Batch`: the one object the trainer passes between the roles, like verl's DataProto.
+
+Names follow verl's data columns. Shapes: B rows (samples), P prompt positions (left-padded to
+the longest prompt of the logical batch), R response positions (right-padded to the longest
+response of the logical batch), L = P + R.
+
+    prompt_rows        (B,)    long   parquet row of each sample's prompt
+    prompts            (B, P)  long   prompt token ids, left-padded with pad_token_id
+    responses          (B, R)  long   sampled token ids, right-padded after EOS
+    input_ids          (B, L)  long   prompts ++ responses
+    attention_mask     (B, L)  long   1 on real prompt tokens and on response tokens up to EOS
+    position_ids       (B, L)  long   cumsum(attention_mask) - 1, clamped at 0
+    response_mask      (B, R)  float  1 on response tokens up to and including EOS (verl's mask)
+    rollout_log_probs  (B, R)  float32  log pi(y_t) recorded while sampling     [rollout]
+    teacher_logprobs   (B, R)  float32  log nu(y_t), the teacher's              [teacher]
+    old_log_probs      (B, R)  float32  log pi_old(y_t), recomputed by the actor [actor]
+    advantages         (B, R)  float32  -(old - teacher) clamped, what PG-k1 maximises  [trainer]
+
+Position t of every (B, R) tensor is about response token t given everything before it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Optional
+
+import torch
+
+
+@dataclass
+class Batch:
+    prompt_rows: torch.Tensor
+    prompts: torch.Tensor
+    responses: torch.Tensor
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    response_mask: torch.Tensor
+    rollout_log_probs: torch.Tensor
+    teacher_logprobs: Optional[torch.Tensor] = None
+    old_log_probs: Optional[torch.Tensor] = None
+    advantages: Optional[torch.Tensor] = None
+
+    @property
+    def prompt_length(self) -> int:
+        return self.prompts.shape[1]
+
+    @property
+    def response_length(self) -> int:
+        return self.responses.shape[1]
+
+    def __len__(self) -> int:
+        return self.prompts.shape[0]
+
+    def rows(self, start: int, stop: int) -> "Batch":
+        """Rows [start, stop) as a Batch sharing storage (an update chunk or physical batch)."""
+        return replace(self, **{f.name: t[start:stop] for f in fields(self)
+                                if (t := getattr(self, f.name)) is not None})
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Every filled column, on the CPU and contiguous (for safetensors)."""
+        return {f.name: t.detach().cpu().contiguous() for f in fields(self) if (t := getattr(self, f.name)) is not None}
+
+    @staticmethod
+    def concat(parts: list["Batch"]) -> "Batch":
+        names = [f.name for f in fields(Batch) if getattr(parts[0], f.name) is not None]
+        return Batch(**{name: torch.cat([getattr(p, name) for p in parts]) for name in names})

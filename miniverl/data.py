@@ -1,0 +1,112 @@
+"""Prompts from verl-format parquet files (columns `data_source`, `prompt`, `ability`,
+`reward_model`, `extra_info`; only the prompt column is needed), read with pyarrow.
+
+Each prompt (a list of {role, content} messages) goes through the tokenizer's chat template with
+`add_generation_prompt=True`, as verl's RLHFDataset does. A prompt longer than
+`recipe.prompt_limit` tokens is an error naming its row (verl's `truncation=error`), or is
+dropped and counted when `data.filter_overlong_prompts=true`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from miniverl.errors import MiniverlError
+from miniverl.identity import sha256_file, sha256_json
+from miniverl.schema.data import DataConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PromptSet:
+    """Tokenized prompts; `rows[i]` is the parquet row (0-based, across files in order) of `token_ids[i]`."""
+
+    token_ids: list[list[int]]
+    rows: list[int]
+    messages: list[list[dict]]
+    answers: list[str | None]
+    parquet_sha256: str
+    rows_in_files: int  # before dropping overlong prompts
+    dropped_overlong: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+@dataclass
+class Conversations:
+    """The prompt column of every file, untokenized, with ground truths where present."""
+
+    messages: list[list[dict]]
+    answers: list[str | None]
+    parquet_sha256: str
+
+
+def read_conversations(data: DataConfig) -> Conversations:
+    """All prompts of all files, in file order, and the digest of the input bytes."""
+    conversations, answers, digests = [], [], []
+    for name in data.train_files:
+        path = Path(name)
+        if not path.is_file():
+            raise MiniverlError(f"data.train_files: {name} does not exist (paths are relative to {Path.cwd()})")
+        try:
+            table = pq.read_table(path)
+        except (pa.ArrowException, OSError) as error:
+            raise MiniverlError(f"data.train_files: {name} is not a readable parquet file ({error})") from None
+        if data.prompt_key not in table.column_names:
+            raise MiniverlError(f"data.train_files: {name} has no column {data.prompt_key!r} "
+                                f"(columns: {', '.join(table.column_names)}); set data.prompt_key")
+        prompts = table.column(data.prompt_key).to_pylist()
+        truths = (table.column("reward_model").to_pylist() if "reward_model" in table.column_names
+                  else [None] * len(prompts))
+        for row, messages in enumerate(prompts):
+            conversations.append(check_messages(messages, name, row, data.prompt_key))
+            truth = truths[row]
+            answers.append(str(truth["ground_truth"]) if isinstance(truth, dict) and truth.get("ground_truth")
+                           is not None else None)
+        digests.append(sha256_file(path))
+    if not conversations:
+        raise MiniverlError(f"data.train_files: {', '.join(data.train_files)} holds no rows")
+    return Conversations(conversations, answers, digests[0] if len(digests) == 1 else sha256_json(digests))
+
+
+def check_messages(messages, name: str, row: int, column: str) -> list[dict]:
+    if isinstance(messages, str):  # a plain-text prompt is a single user turn
+        return [{"role": "user", "content": messages}]
+    ok = isinstance(messages, list) and messages and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages)
+    if not ok:
+        raise MiniverlError(f"data.train_files: {name} row {row} column {column!r}: expected a list of "
+                            "{role, content} messages (verl's format), got " + repr(messages)[:80])
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
+def tokenize_prompts(source: Conversations, data: DataConfig, tokenizer, prompt_limit: int) -> PromptSet:
+    kwargs = dict(data.apply_chat_template_kwargs)
+    kept = PromptSet([], [], [], [], source.parquet_sha256, len(source.messages))
+    for row, messages in enumerate(source.messages):
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) > prompt_limit:
+            if not data.filter_overlong_prompts:
+                raise MiniverlError(
+                    f"data.train_files row {row}: prompt is {len(ids)} tokens, over recipe.prompt_limit={prompt_limit}; "
+                    "raise the limit or set data.filter_overlong_prompts=true to drop such prompts")
+            kept.dropped_overlong.append(row)
+            continue
+        kept.token_ids.append(ids)
+        kept.rows.append(row)
+        kept.messages.append(messages)
+        kept.answers.append(source.answers[row])
+    if kept.dropped_overlong:
+        log.warning("data: dropped %d prompt(s) over recipe.prompt_limit=%d tokens (rows %s)",
+                    len(kept.dropped_overlong), prompt_limit, kept.dropped_overlong[:10])
+    if not kept.rows:
+        raise MiniverlError(f"data: no prompt fits recipe.prompt_limit={prompt_limit}")
+    return kept

@@ -1,0 +1,425 @@
+"""On-policy distillation losses, following verl v0.8.0's semantics (see docs/losses.md).
+
+Two families, selected by `estimator.loss_mode`:
+
+* single-sample estimators of reverse KL(student || teacher) on the sampled token
+  (`kl`/`k1`, `abs`, `mse`/`k2`, `low_var_kl`/`k3`): `distillation_loss`;
+* the top-k forward KL(teacher || student) over the teacher's k most likely tokens
+  (`forward_kl_topk`): `forward_kl_topk`.
+
+Both end the same way, as verl's `distillation_loss` does: range metrics, optional clamp to
++-loss_max_clamp, then either the vanilla PPO clipped loss with advantage = -per-token loss
+(`use_policy_gradient=true`) or a direct masked aggregation of the per-token loss.
+
+Normalisers are explicit so that one mini-batch split into micro-batches ("update chunks") gives
+per-chunk losses that SUM to the whole mini-batch's loss; metrics returned per chunk combine with
+`combine_metrics` into the whole mini-batch's values.
+
+Metrics are plain python floats, keyed without verl's `actor/` prefix.
+
+Shapes: B rows, T padded response positions, V vocabulary, k top-k width.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, NamedTuple, Optional, Union
+
+import torch
+
+Number = Union[int, float, torch.Tensor]
+
+ESTIMATOR_MODES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+# verl adds this to denominators of its masked means (verl.utils.torch_functional.masked_mean and the
+# per-sequence token mean of agg_loss); kept so float64 results agree with verl to ~1e-12.
+_VERL_EPS = 1e-8
+
+# How `combine_metrics` merges each key across micro-batches; any key not listed is a mean over the
+# chunk's masked tokens and is combined weighted by the chunk's token count.
+MIN_METRICS = frozenset(
+    {"distillation/loss_min", "distillation/student_mass_min", "distillation/teacher_mass_min"}
+)
+MAX_METRICS = frozenset(
+    {"distillation/loss_max", "distillation/student_mass_max", "distillation/teacher_mass_max"}
+)
+SUM_METRICS = frozenset({"distillation/loss"})  # aggregated losses already carry global normalisers
+# Means over a subset of tokens: key -> fraction-of-tokens metric that sizes that subset.
+SUBSET_MEAN_METRICS = {"distillation/overlap_token_advantage": "distillation/overlap_position_frac"}
+
+
+# --------------------------------------------------------------------------------------------------
+# Building blocks
+# --------------------------------------------------------------------------------------------------
+
+
+def kl_estimate(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, mode: str) -> torch.Tensor:
+    """Per-token single-sample estimate of KL(student || teacher) at the sampled token.
+
+    log_prob: (B, T) student log-prob of the sampled token; ref_log_prob: (B, T) teacher's.
+    Returns (B, T). Same formulas and clamps as verl's `kl_penalty` (without the "+" variants, which
+    verl's distillation registry does not accept).
+    """
+    diff = log_prob - ref_log_prob  # (B, T) log(p_s / p_t)
+    if mode in ("kl", "k1"):
+        return diff  # unbiased but signed; its gradient ignores the teacher unless used as a reward
+    if mode == "abs":
+        return diff.abs()
+    if mode in ("mse", "k2"):
+        return 0.5 * diff.square()
+    if mode in ("low_var_kl", "k3"):
+        # k3 = r - log r - 1 with r = p_t / p_s. verl bounds log r to +-20 before exp (overflow) and the
+        # result to [-10, 10] (it is >= 0, so only the upper bound bites); the clamps zero the gradient.
+        log_r = torch.clamp(ref_log_prob - log_prob, min=-20, max=20)
+        return torch.clamp(torch.exp(log_r) - log_r - 1, min=-10, max=10)
+    raise ValueError(f"unknown estimator mode {mode!r}; choose one of {', '.join(ESTIMATOR_MODES)}")
+
+
+def _nonzero(n: Number) -> Number:
+    # An all-padding mini-batch has zero tokens/rows; its masked sum is 0 too, so dividing by 1 gives
+    # a zero loss (with zero gradient) where verl would produce NaN.
+    if isinstance(n, torch.Tensor):
+        return n.clamp_min(1)
+    return n if n else 1
+
+
+def agg_loss(
+    loss_mat: torch.Tensor,
+    loss_mask: torch.Tensor,
+    loss_agg_mode: str,
+    *,
+    batch_num_tokens: Optional[Number],
+    global_batch_size: Optional[Number],
+    loss_scale_factor: Optional[Number] = None,
+) -> torch.Tensor:
+    """Masked aggregation of a (B, T) per-token loss into a scalar, with explicit normalisers.
+
+    batch_num_tokens: masked-token count of the whole mini-batch (None: this call's mask sum).
+    global_batch_size: rows of the whole mini-batch with >= 1 response token (None: this call's).
+    loss_scale_factor: divisor for seq-mean-token-sum-norm (None: loss_mask.shape[-1], i.e. T).
+    Passing the whole mini-batch's values to every micro-batch makes chunk losses sum to the
+    mini-batch loss, since every mode is a sum over rows divided by a batch-level constant.
+    """
+    mask = loss_mask.bool()  # (B, T)
+    # torch.where rather than multiplication: a NaN/inf at a padded position must not leak in.
+    masked = torch.where(mask, loss_mat, torch.zeros((), dtype=loss_mat.dtype, device=loss_mat.device))
+    if loss_agg_mode == "token-mean":
+        n_tokens = mask.sum() if batch_num_tokens is None else batch_num_tokens
+        return masked.sum() / _nonzero(n_tokens)
+    row_tokens = mask.sum(dim=-1)  # (B,)
+    n_rows = (row_tokens > 0).sum() if global_batch_size is None else global_batch_size
+    if loss_agg_mode in ("seq-mean-token-sum", "seq-mean-token-sum-norm"):
+        loss = masked.sum() / _nonzero(n_rows)  # mean over rows of each row's token sum
+        if loss_agg_mode == "seq-mean-token-sum-norm":
+            loss = loss / (loss_mask.shape[-1] if loss_scale_factor is None else loss_scale_factor)
+        return loss
+    if loss_agg_mode == "seq-mean-token-mean":
+        row_mean = masked.sum(dim=-1) / (row_tokens.to(loss_mat.dtype) + _VERL_EPS)  # (B,) 0 for empty rows
+        return row_mean.sum() / _nonzero(n_rows)
+    raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; choose one of {', '.join(LOSS_AGG_MODES)}")
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """verl's masked mean (0-dim): sum over mask / (count + 1e-8); 0 when the mask is empty."""
+    mask = mask.bool()
+    total = torch.where(mask, values, torch.zeros((), dtype=values.dtype, device=values.device)).sum()
+    return total / (mask.sum().to(values.dtype) + _VERL_EPS)
+
+
+def _ppo_clip_losses(
+    log_prob: torch.Tensor,  # (B, T) current policy, carries the gradient
+    old_log_prob: torch.Tensor,  # (B, T) policy that sampled the tokens
+    advantages: torch.Tensor,  # (B, T) detached
+    response_mask: torch.Tensor,  # (B, T)
+    *,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+    clip_ratio_c: float,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """verl's vanilla PPO per-token surrogate (dual-clip) and its token-mean diagnostics."""
+    log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)  # bounded for exp stability
+    ratio = torch.exp(log_ratio)  # (B, T)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)
+    pessimistic = torch.maximum(unclipped, clipped)  # standard PPO: the worse of the two
+    # Dual clip: for negative advantages cap the loss at -A * c so a huge ratio cannot dominate.
+    dual_bound = -advantages * clip_ratio_c
+    negative = advantages < 0
+    per_token = torch.where(negative, torch.minimum(dual_bound, pessimistic), pessimistic)  # (B, T)
+    with torch.no_grad():
+        stats = {
+            "distillation/pg_clipfrac": masked_mean((clipped > unclipped).to(log_prob.dtype), response_mask),
+            "distillation/ppo_kl": masked_mean(-log_ratio, response_mask),
+            "distillation/pg_clipfrac_lower": masked_mean(
+                ((pessimistic > dual_bound) & negative).to(log_prob.dtype), response_mask
+            ),
+        }
+    return per_token, {k: float(v) for k, v in stats.items()}
+
+
+def _masked_range(values: torch.Tensor, mask: torch.Tensor, prefix: str) -> dict[str, float]:
+    """min/max of values over masked tokens (NaN when there is none, so combine_metrics skips it)."""
+    picked = values.detach()[mask]
+    if picked.numel() == 0:
+        return {f"{prefix}_min": math.nan, f"{prefix}_max": math.nan}
+    return {f"{prefix}_min": float(picked.min()), f"{prefix}_max": float(picked.max())}
+
+
+def _finish(
+    est: Any,
+    per_token_loss: torch.Tensor,  # (B, T) distillation loss before loss_max_clamp
+    response_mask: torch.Tensor,  # (B, T)
+    metrics: dict[str, float],
+    *,
+    log_prob: Optional[torch.Tensor],
+    old_log_prob: Optional[torch.Tensor],
+    batch_num_tokens: Optional[Number],
+    global_batch_size: Optional[Number],
+    loss_scale_factor: Optional[Number],
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """Common tail of both loss families, as verl's `distillation_loss`."""
+    mask = response_mask.bool()
+    metrics.update(_masked_range(per_token_loss, mask, "distillation/loss"))  # before the clamp, as verl
+    if est.loss_max_clamp is not None:
+        # Both sides: k1 is signed, and a large negative value is as destabilising as a large positive.
+        per_token_loss = per_token_loss.clamp(min=-est.loss_max_clamp, max=est.loss_max_clamp)
+    norms = dict(
+        batch_num_tokens=batch_num_tokens, global_batch_size=global_batch_size, loss_scale_factor=loss_scale_factor
+    )
+    if est.use_policy_gradient:
+        if log_prob is None:
+            raise ValueError("use_policy_gradient=true needs log_prob of the sampled tokens")
+        if old_log_prob is None:
+            old_log_prob = log_prob.detach()  # strictly on-policy: ratio 1
+        clip_low = est.clip_ratio if est.clip_ratio_low is None else est.clip_ratio_low
+        clip_high = est.clip_ratio if est.clip_ratio_high is None else est.clip_ratio_high
+        if not est.clip_ratio_c > 1.0:
+            raise ValueError(f"clip_ratio_c must be > 1 for dual-clip PPO, got {est.clip_ratio_c}")
+        # The negative distillation loss is the per-token reward/advantage (Thinking Machines' OPD).
+        pg_losses, pg_metrics = _ppo_clip_losses(
+            log_prob,
+            old_log_prob,
+            -per_token_loss.detach(),
+            mask,
+            clip_ratio_low=clip_low,
+            clip_ratio_high=clip_high,
+            clip_ratio_c=est.clip_ratio_c,
+        )
+        metrics.update(pg_metrics)
+        loss = agg_loss(pg_losses, mask, est.loss_agg_mode, **norms)
+    else:
+        # Supervised (GKD-style): backpropagate the per-token loss itself.
+        loss = agg_loss(per_token_loss, mask, est.loss_agg_mode, **norms)
+    return loss, per_token_loss, metrics
+
+
+# --------------------------------------------------------------------------------------------------
+# Single-sample estimators
+# --------------------------------------------------------------------------------------------------
+
+
+def distillation_loss(
+    est: Any,
+    log_prob: torch.Tensor,
+    old_log_prob: Optional[torch.Tensor],
+    teacher_log_prob: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    batch_num_tokens: Optional[Number],
+    global_batch_size: Optional[Number],
+    loss_scale_factor: Optional[Number] = None,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """Estimator-based distillation loss for one (micro-)batch.
+
+    log_prob: (B, T) current student log-probs of the sampled tokens (the tensor with the gradient).
+    old_log_prob: (B, T) log-probs at sampling time, for the PPO ratio (None: log_prob.detach()).
+    teacher_log_prob: (B, T); response_mask: (B, T) 0/1.
+    Returns (loss scalar, per-token loss (B, T) after the clamp, metrics as floats).
+    Metrics: distillation/abs_loss, loss_min, loss_max (pre-clamp, over masked tokens) and with
+    policy gradient distillation/pg_clipfrac, ppo_kl, pg_clipfrac_lower.
+    """
+    if est.loss_mode not in ESTIMATOR_MODES:
+        raise ValueError(
+            f"distillation_loss handles the single-sample estimators {', '.join(ESTIMATOR_MODES)}; "
+            f"loss_mode={est.loss_mode!r} needs forward_kl_topk (student logits + teacher top-k)"
+        )
+    mask = response_mask.bool()  # (B, T)
+    # The estimator uses the CURRENT log-probs, so in the direct path its gradient drives the update.
+    per_token = kl_estimate(log_prob, teacher_log_prob.to(log_prob.dtype), est.loss_mode)  # (B, T)
+    with torch.no_grad():
+        # Mean |loss| rather than mean loss, because k1 is signed; no eps: a plain mean, as verl.
+        abs_sum = torch.where(mask, per_token.abs(), torch.zeros((), dtype=per_token.dtype, device=per_token.device))
+        n = int(mask.sum())
+        metrics = {"distillation/abs_loss": float(abs_sum.sum()) / n if n else 0.0}
+    return _finish(
+        est,
+        per_token,
+        mask,
+        metrics,
+        log_prob=log_prob,
+        old_log_prob=old_log_prob,
+        batch_num_tokens=batch_num_tokens,
+        global_batch_size=global_batch_size,
+        loss_scale_factor=loss_scale_factor,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Top-k forward KL
+# --------------------------------------------------------------------------------------------------
+
+
+class TopkTerms(NamedTuple):
+    """Per-position results of the top-k forward KL, each (B, T)."""
+
+    per_token_loss: torch.Tensor  # sum_k p_t (log p_t - log p_s), not yet clamped at 0; has grad
+    student_mass: torch.Tensor  # student probability on the teacher's top-k ids
+    teacher_mass: torch.Tensor  # teacher probability on its own top-k ids
+    overlap_count: torch.Tensor  # |teacher top-k ids  intersect  student top-k ids| (int64)
+    overlap_token_advantage: torch.Tensor  # mean of -p_t (log p_t - log p_s) over overlapping ids; 0 if none
+
+
+def forward_kl_topk_terms(
+    student_logits: torch.Tensor,
+    teacher_topk_log_probs: torch.Tensor,
+    teacher_topk_ids: torch.Tensor,
+    *,
+    log_prob_min_clamp: Optional[float] = None,
+) -> TopkTerms:
+    """Top-k forward KL(teacher || student) per position, as verl's fsdp compute_forward_kl_topk.
+
+    student_logits: (B, T, V); teacher_topk_log_probs, teacher_topk_ids: (B, T, k). Ids must be valid
+    vocabulary indices at every position (pad with any id, e.g. 0; padded positions are masked later).
+    Works on any chunk of positions. Computed in at least float32 (verl casts the KL to float32).
+    Memory: only the logits themselves (upcast once if they are bf16/fp16) are (B, T, V): the student
+    log-probs are gathered at k ids and normalised by logsumexp instead of materialising log_softmax.
+    """
+    dtype = torch.promote_types(student_logits.dtype, torch.float32)
+    logits = student_logits.to(dtype)  # (B, T, V) a copy only for half-precision logits
+    ids = teacher_topk_ids.long()  # (B, T, k)
+    k = ids.shape[-1]
+    log_z = torch.logsumexp(logits, dim=-1, keepdim=True)  # (B, T, 1)
+    student_lp = logits.gather(-1, ids) - log_z  # (B, T, k) student log-probs at the teacher's ids
+    teacher_lp = teacher_topk_log_probs.to(dtype)  # (B, T, k)
+    with torch.no_grad():
+        # Masses use the unclamped log-probs; they show how much of each distribution top-k covers.
+        student_mass = student_lp.exp().sum(-1)  # (B, T)
+        teacher_mass = teacher_lp.exp().sum(-1)  # (B, T)
+        # Student's own top-k, for the overlap diagnostics (ranking logits == ranking log-probs).
+        student_ids = logits.topk(k, dim=-1).indices  # (B, T, k)
+    if log_prob_min_clamp is not None:
+        # Floors log-probs of near-zero tokens so one of them cannot blow up log p_t - log p_s.
+        student_lp = student_lp.clamp_min(log_prob_min_clamp)
+        teacher_lp = teacher_lp.clamp_min(log_prob_min_clamp)
+    token_kl = teacher_lp.exp() * (teacher_lp - student_lp)  # (B, T, k)
+    per_token = token_kl.sum(-1)  # (B, T); may be < 0: the k masses do not sum to 1
+    with torch.no_grad():
+        overlap = (ids.unsqueeze(-1) == student_ids.unsqueeze(-2)).any(-1)  # (B, T, k) teacher id in student top-k
+        overlap_count = overlap.sum(-1)  # (B, T)
+        zero = torch.zeros((), dtype=dtype, device=token_kl.device)
+        adv_sum = torch.where(overlap, -token_kl, zero).sum(-1)  # (B, T)
+        overlap_adv = torch.where(overlap_count > 0, adv_sum / overlap_count.clamp_min(1), zero)
+    return TopkTerms(per_token, student_mass, teacher_mass, overlap_count, overlap_adv)
+
+
+def forward_kl_topk(
+    est: Any,
+    student_logits: torch.Tensor,
+    teacher_topk_log_probs: torch.Tensor,
+    teacher_topk_ids: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    batch_num_tokens: Optional[Number],
+    global_batch_size: Optional[Number],
+    loss_scale_factor: Optional[Number] = None,
+    log_prob: Optional[torch.Tensor] = None,
+    old_log_prob: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """Top-k forward-KL distillation loss for one (micro-)batch.
+
+    student_logits: (B, T, V) with the gradient; teacher_topk_*: (B, T, k); response_mask: (B, T).
+    log_prob/old_log_prob: (B, T) sampled-token log-probs, needed only with use_policy_gradient
+    (then the top-k loss is just the advantage; verl warns that this wastes the top-k signal).
+    Returns (loss scalar, per-token loss (B, T) clamped at 0 and at loss_max_clamp, metrics).
+    Metrics: distillation/student_mass, teacher_mass (+ _min/_max), overlap_ratio,
+    overlap_token_advantage, overlap_position_frac (miniverl extra), loss_min, loss_max.
+    """
+    terms = forward_kl_topk_terms(
+        student_logits, teacher_topk_log_probs, teacher_topk_ids, log_prob_min_clamp=est.log_prob_min_clamp
+    )
+    mask = response_mask.bool()  # (B, T)
+    k = est.topk if est.topk is not None else teacher_topk_ids.shape[-1]
+    with torch.no_grad():
+        n = int(mask.sum())
+        overlapping = mask & (terms.overlap_count > 0)  # (B, T)
+        n_overlap = int(overlapping.sum())
+        metrics = {
+            "distillation/student_mass": float(terms.student_mass[mask].sum()) / n if n else 0.0,
+            "distillation/teacher_mass": float(terms.teacher_mass[mask].sum()) / n if n else 0.0,
+            **_masked_range(terms.student_mass, mask, "distillation/student_mass"),
+            **_masked_range(terms.teacher_mass, mask, "distillation/teacher_mass"),
+            # Mean fraction of the teacher's top-k that is also in the student's top-k.
+            "distillation/overlap_ratio": float(terms.overlap_count[mask].sum()) / n / k if n else 0.0,
+            # Mean teacher-token "advantage" over positions that have any overlap (0.0 if none, as verl).
+            "distillation/overlap_token_advantage": (
+                float(terms.overlap_token_advantage[overlapping].sum()) / n_overlap if n_overlap else 0.0
+            ),
+            # Not in verl: the share of tokens with overlap, which sizes the mean above when combining.
+            "distillation/overlap_position_frac": n_overlap / n if n else 0.0,
+        }
+    # Top-k masses do not sum to 1, so the sum can dip below 0; verl floors it at 0.
+    per_token = terms.per_token_loss.clamp_min(0.0)
+    return _finish(
+        est,
+        per_token,
+        mask,
+        metrics,
+        log_prob=log_prob,
+        old_log_prob=old_log_prob,
+        batch_num_tokens=batch_num_tokens,
+        global_batch_size=global_batch_size,
+        loss_scale_factor=loss_scale_factor,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Micro-batch bookkeeping
+# --------------------------------------------------------------------------------------------------
+
+
+def batch_normalisers(response_mask: torch.Tensor) -> dict[str, int]:
+    """batch_num_tokens and global_batch_size of a whole mini-batch, to pass to every chunk."""
+    mask = response_mask.bool()  # (B, T)
+    return {"batch_num_tokens": int(mask.sum()), "global_batch_size": int((mask.sum(-1) > 0).sum())}
+
+
+def combine_metrics(parts: Iterable[tuple[dict[str, float], Number]]) -> dict[str, float]:
+    """Merge per-micro-batch metrics into the values one call over the whole mini-batch returns.
+
+    parts: (metrics, n_tokens) per chunk, n_tokens = that chunk's masked token count.
+    Token means are weighted by n_tokens; *_min/*_max take min/max (ignoring chunks without tokens);
+    distillation/loss (if present) is summed; overlap_token_advantage is weighted by its overlapping
+    positions (n_tokens * overlap_position_frac). verl instead averages micro-batch values unweighted.
+    """
+    parts = [(m, float(n)) for m, n in parts]
+    keys: list[str] = []
+    for metrics, _ in parts:
+        keys += [key for key in metrics if key not in keys]
+    out: dict[str, float] = {}
+    for key in keys:
+        present = [(float(m[key]), n, m) for m, n in parts if key in m]
+        if key in MIN_METRICS or key in MAX_METRICS:
+            vals = [v for v, _, _ in present if not math.isnan(v)]
+            out[key] = (min(vals) if key in MIN_METRICS else max(vals)) if vals else math.nan
+        elif key in SUM_METRICS:
+            out[key] = sum(v for v, _, _ in present)
+        else:
+            if key in SUBSET_MEAN_METRICS:
+                frac_key = SUBSET_MEAN_METRICS[key]
+                weighted = [(v, round(n * float(m.get(frac_key, 1.0)))) for v, n, m in present]
+            else:
+                weighted = [(v, n) for v, n, _ in present]
+            total = sum(w for _, w in weighted)
+            out[key] = sum(v * w for v, w in weighted) / total if total else 0.0
+    return out

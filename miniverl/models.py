@@ -1,0 +1,207 @@
+"""Loading the student and the teacher through `transformers` (Auto classes), `bitsandbytes`
+(NF4) and `peft` (LoRA).
+
+Which numerical path each role takes (measured on bitsandbytes 0.50, see tests/test_models.py):
+on a CPU with AVX512-BF16, bitsandbytes repacks an NF4 weight in place for a bf16 kernel the
+first time its layer runs in eval mode without grad; from then on that layer differs from the
+dequantized base by ~0.5%, permanently. Rollout and `compute_log_prob` run in eval mode without
+grad, the update in train mode with grad, so the repack would make the rollout's log-probs and
+the update's gradients disagree with each other. miniverl therefore switches the repack off for
+every NF4 layer it loads: every role computes against the same dequantized weights, and the
+LoRA gradients equal those through the dequantized base.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import transformers
+from peft import LoraConfig, PeftModel, get_peft_model, prepare_model_for_kbit_training
+from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PreTrainedModel
+
+from miniverl import toy
+from miniverl.errors import MiniverlError
+from miniverl.schema.model import StudentConfig
+from miniverl.schema.teacher import TeacherConfig
+
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+PROBE_CONVERSATION = [
+    {"role": "system", "content": "You are helpful."},
+    {"role": "user", "content": "What is 12 + 30? ünïcode ✓"},
+]
+
+
+@dataclass
+class Source:
+    """Where a model's weights come from: a hub id at a revision, or a local folder."""
+
+    path: str
+    revision: str | None
+    tokenizer_path: str
+    tokenizer_revision: str | None
+
+
+@contextmanager
+def quiet_loading():
+    """Loading/saving bars and deprecation notices of the libraries are noise in a training log."""
+    transformers.utils.logging.disable_progress_bar()
+    previous = transformers.utils.logging.get_verbosity()
+    transformers.utils.logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # peft calls transformers' renamed GC API
+            warnings.filterwarnings("ignore", module="peft")
+            yield
+    finally:
+        transformers.utils.logging.set_verbosity(previous)
+
+
+def materialize_toys(student: StudentConfig, teacher: TeacherConfig, folder: Path, *, student_seed: int,
+                     corpus_texts: Sequence[list[dict]] = ()) -> dict[str, Path]:
+    """Write the toy student and/or toy teacher to `folder/{student,teacher}`; return their paths."""
+    with quiet_loading():
+        return _materialize_toys(student, teacher, folder, student_seed, corpus_texts)
+
+
+def _materialize_toys(student, teacher, folder, student_seed, corpus_texts) -> dict[str, Path]:
+    tokenizer = toy.build_toy_tokenizer()
+    paths = {}
+    if student.model_id == "toy":
+        model = toy.build_toy_model(student.toy, tokenizer, seed=student_seed)
+        paths["student"] = toy.save_toy(model, tokenizer, folder / "student")
+    if teacher.model_id == "toy":
+        model = toy.build_toy_model(teacher.toy, tokenizer, seed=teacher.toy_teacher_seed)
+        corpus = [tokenizer.apply_chat_template(conv, tokenize=False) for conv in corpus_texts]
+        corpus_ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in corpus]
+        toy.pretrain_on_corpus(model, corpus_ids, steps=teacher.toy_pretrain_steps, lr=teacher.toy_pretrain_lr,
+                               seed=teacher.toy_teacher_seed, pad_id=tokenizer.pad_token_id)
+        paths["teacher"] = toy.save_toy(model, tokenizer, folder / "teacher")
+    return paths
+
+
+def source_of(block: StudentConfig | TeacherConfig, toy_path: Path | None) -> Source:
+    path = str(toy_path) if block.model_id == "toy" else block.model_id
+    revision = None if block.model_id == "toy" else block.revision
+    return Source(path, revision, block.tokenizer_id or path,
+                  block.tokenizer_revision if block.tokenizer_id else revision)
+
+
+def offline_error(where: str, source: Source, error: Exception) -> MiniverlError:
+    pinned = f" at revision {source.revision}" if source.revision else ""
+    return MiniverlError(
+        f"{where}.model_id={source.path}{pinned} cannot be loaded ({type(error).__name__}: "
+        f"{str(error).splitlines()[0] if str(error) else 'not found'}); it is neither a local folder nor in the "
+        f"Hugging Face cache and the hub is not reachable. Download it first (hf download {source.path}"
+        f"{' --revision ' + source.revision if source.revision else ''}) or run the toy models: model=toy teacher=toy"
+    )
+
+
+def load_tokenizer(where: str, source: Source, trust_remote_code: bool):
+    try:
+        with quiet_loading():
+            tokenizer = AutoTokenizer.from_pretrained(source.tokenizer_path, revision=source.tokenizer_revision,
+                                                      trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as error:
+        raise offline_error(where, Source(source.tokenizer_path, source.tokenizer_revision, "", None), error) from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if tokenizer.eos_token_id is None or not tokenizer.chat_template:
+        raise MiniverlError(f"{where}: tokenizer of {source.tokenizer_path} needs an EOS token and a chat template")
+    return tokenizer
+
+
+def compute_dtype(block: StudentConfig | TeacherConfig, source: Source) -> torch.dtype:
+    if block.dtype != "auto":
+        return TORCH_DTYPES[block.dtype]
+    config = transformers.AutoConfig.from_pretrained(source.path, revision=source.revision,
+                                                     trust_remote_code=block.trust_remote_code)
+    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
+    return TORCH_DTYPES[dtype] if isinstance(dtype, str) else dtype
+
+
+def load_causal_lm(where: str, block: StudentConfig | TeacherConfig, source: Source,
+                   device: torch.device) -> PreTrainedModel:
+    try:
+        dtype = compute_dtype(block, source)
+        quantization = None
+        if block.quantization == "nf4":
+            quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                              bnb_4bit_compute_dtype=dtype, bnb_4bit_use_double_quant=False)
+        with quiet_loading():
+            model = AutoModelForCausalLM.from_pretrained(
+                source.path, revision=source.revision, dtype=dtype, quantization_config=quantization,
+                attn_implementation=block.attn_implementation, trust_remote_code=block.trust_remote_code,
+                device_map={"": device.index if device.type == "cuda" else "cpu"},
+            )
+    except (OSError, ValueError) as error:
+        if isinstance(error, ValueError) and "attn_implementation" in str(error):
+            raise MiniverlError(f"{where}.attn_implementation={block.attn_implementation!r}: {error}") from None
+        raise offline_error(where, source, error) from None
+    disable_cpu_nf4_repack(model)
+    return model
+
+
+def disable_cpu_nf4_repack(model: torch.nn.Module) -> int:
+    """Keep bitsandbytes' NF4 layers on the dequantize path in every mode (see module docstring)."""
+    count = 0
+    for module in model.modules():
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False
+            count += 1
+    return count
+
+
+def load_student(block: StudentConfig, source: Source, device: torch.device, *, lora_seed: int) -> PeftModel:
+    model = load_causal_lm("model", block, source, device)
+    with quiet_loading():
+        return _wrap_student(model, block, device, lora_seed)
+
+
+def _wrap_student(model: PreTrainedModel, block: StudentConfig, device: torch.device, lora_seed: int) -> PeftModel:
+    if block.quantization == "nf4" and block.prepare_kbit_training:
+        # Casts the non-quantized parameters to float32 and enables gradient checkpointing.
+        model = prepare_model_for_kbit_training(
+            model, use_gradient_checkpointing=block.gradient_checkpointing,
+            gradient_checkpointing_kwargs={"use_reentrant": False})
+    elif block.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()
+    lora = LoraConfig(r=block.lora.r, lora_alpha=block.lora.alpha, lora_dropout=block.lora.dropout,
+                      target_modules=list(block.lora.target_modules), bias=block.lora.bias, task_type="CAUSAL_LM")
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(lora_seed)  # LoRA A's initialisation draws from the global generator
+        try:
+            peft_model = get_peft_model(model, lora)
+        except ValueError as error:
+            raise MiniverlError(f"model.lora.target_modules={list(block.lora.target_modules)}: {error}") from None
+    # Gradient checkpointing is only active in train mode: rollout and log-prob passes run in eval.
+    return peft_model.eval()
+
+
+def load_teacher(block: TeacherConfig, source: Source, device: torch.device) -> PreTrainedModel:
+    model = load_causal_lm("teacher", block, source, device)
+    model.requires_grad_(False)
+    return model.eval()
+
+
+def check_tokenizers_compatible(student_tok, teacher_tok, student: PreTrainedModel, teacher: PreTrainedModel) -> None:
+    """The teacher scores the student's token ids: both must mean the same thing by each id."""
+    if student_tok.get_vocab() != teacher_tok.get_vocab():
+        raise MiniverlError(
+            f"teacher and student tokenizers differ (vocabulary {len(teacher_tok)} vs {len(student_tok)} tokens): "
+            "on-policy distillation needs a teacher of the same tokenizer family; pick a teacher that shares it")
+    s_rows = student.get_output_embeddings().weight.shape[0]
+    t_rows = teacher.get_output_embeddings().weight.shape[0]
+    if s_rows != t_rows:
+        raise MiniverlError(f"teacher and student output layers have different vocabulary rows ({t_rows} vs {s_rows})")
+    probe = [student_tok.apply_chat_template(PROBE_CONVERSATION, add_generation_prompt=True, tokenize=False),
+             teacher_tok.apply_chat_template(PROBE_CONVERSATION, add_generation_prompt=True, tokenize=False)]
+    if probe[0] != probe[1]:
+        raise MiniverlError("teacher and student chat templates render a conversation differently; "
+                            "set teacher.tokenizer_id to the student's tokenizer or pick a matching teacher")

@@ -1,0 +1,89 @@
+"""The run folder: what a run writes, written so that nothing is half-written or overwritten.
+
+    resolved_config.yaml   the composed config, interpolated, without Hydra's runtime node
+    plan.json              the compiled plan (canonical JSON; its sha256 is compiled_plan_sha256)
+    metrics.jsonl          one line per optimizer update (verl's metric names)
+    trajectories/update_<k>.safetensors   every sampled token of update k and its log-probs
+    peft_adapter/          the trained LoRA as a standard PEFT folder
+    report.json            the measurement report
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+import yaml
+from safetensors.torch import save_file
+
+from miniverl.batch import Batch
+from miniverl.errors import MiniverlError
+from miniverl.identity import canonical_json, sha256_file, sha256_json
+
+FINISHED_MARKERS = ("metrics.jsonl", "report.json", "plan.json")
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Temporary file, fsync, rename: a crash leaves either the old file or the new one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+class RunFolder:
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        taken = [name for name in FINISHED_MARKERS if (self.root / name).exists()]
+        if taken:
+            raise MiniverlError(f"run folder {self.root} already holds a run ({', '.join(taken)}); "
+                                "choose another hydra.run.dir (runs are never overwritten)")
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            (self.root / "trajectories").mkdir(exist_ok=True)
+        except OSError as error:
+            raise MiniverlError(f"cannot create the run folder {self.root}: {error.strerror}") from None
+        self.trajectory_digests: list[str] = []
+
+    def path(self, name: str) -> Path:
+        return self.root / name
+
+    def write_json(self, name: str, value, *, canonical: bool = False) -> Path:
+        data = canonical_json(value) if canonical else (json.dumps(value, indent=2, sort_keys=True) + "\n").encode()
+        atomic_write_bytes(self.path(name), data)
+        return self.path(name)
+
+    def write_yaml(self, name: str, value: dict) -> Path:
+        atomic_write_bytes(self.path(name), yaml.safe_dump(value, sort_keys=False).encode())
+        return self.path(name)
+
+    def append_metrics(self, metrics: dict) -> None:
+        with open(self.path("metrics.jsonl"), "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(metrics, sort_keys=True) + "\n")
+
+    def write_trajectory(self, update: int, batch: Batch) -> str:
+        """One safetensors file per update; returns its sha256 (the trajectory digest chains them)."""
+        path = self.path(f"trajectories/update_{update:06d}.safetensors")
+        tmp = path.with_name(f".{path.name}.tmp")
+        tensors = {name: t.float() if t.is_floating_point() else t for name, t in batch.tensors().items()}
+        save_file(tensors, str(tmp), metadata={"update": str(update)})
+        os.replace(tmp, path)
+        self.trajectory_digests.append(sha256_file(path))
+        return self.trajectory_digests[-1]
+
+    @property
+    def trajectory_sha256(self) -> str:
+        """sha256 of the canonical JSON list of every update file's sha256, in update order."""
+        return sha256_json(self.trajectory_digests)
+
+    def total_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.root.rglob("*") if p.is_file())
+
+
+def load_trajectory(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+    return load_file(str(path))

@@ -1,0 +1,110 @@
+"""The compiled plan: the resolved config turned into explicit, frozen per-update decisions.
+
+Everything a run does that could differ between two runs of the same experiment is fixed here:
+which prompts each update consumes, the seed of every sample's sampling stream, the physical
+batch sizes, the interrupt point and the estimator settings. `plan.json` is its canonical form
+and `compiled_plan_sha256` its digest. Run-control settings (names, loggers, where to resume
+from) are not part of it, so they never change the digest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from dataclasses import dataclass
+
+from miniverl import __version__
+from miniverl.data import PromptSet
+from miniverl.errors import MiniverlError
+from miniverl.identity import sha256_json
+from miniverl.schema import MiniverlConfig
+
+PLAN_VERSION = 1
+
+
+def derive_seed(*parts: object) -> int:
+    """A 63-bit seed from the run seed and counters (stable across processes and machines)."""
+    return int(sha256_json([str(p) for p in parts])[:16], 16) >> 1
+
+
+def split(total: int, size: int) -> list[int]:
+    return [min(size, total - start) for start in range(0, total, size)]
+
+
+@dataclass(frozen=True)
+class UpdatePlan:
+    update: int  # 1-based optimizer update number
+    prompt_rows: tuple[int, ...]  # parquet rows, in batch order
+    sample_seeds: tuple[int, ...]  # one sampling stream per sample
+    rollout_physical_batches: tuple[int, ...]
+    update_chunks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    version: int
+    settings: dict  # every config field that shapes the experiment (see experiment_settings)
+    input_parquet_sha256: str
+    prompts_available: int
+    interrupt_after_updates: int | None
+    updates: tuple[UpdatePlan, ...]
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @property
+    def digest(self) -> str:
+        return sha256_json(self.to_dict())
+
+    @property
+    def prompts_consumed(self) -> int:
+        return sum(len(u.prompt_rows) for u in self.updates)
+
+
+def experiment_settings(cfg: MiniverlConfig) -> dict:
+    """The config minus run control (names, loggers, progress bar) and minus file paths
+    (the data enters the plan by content digest)."""
+    settings = dataclasses.asdict(cfg)
+    settings["trainer"] = {"seed": cfg.trainer.seed}
+    settings["data"].pop("train_files")
+    settings["hardware"].pop("name")
+    return settings
+
+
+def prompt_order(prompts: PromptSet, cfg: MiniverlConfig, needed: int) -> list[int]:
+    """Parquet rows in consumption order: epochs over the kept prompts, shuffled per epoch if asked."""
+    order: list[int] = []
+    epoch = 0
+    while len(order) < needed:
+        rows = list(prompts.rows)
+        if cfg.data.shuffle:
+            random.Random(derive_seed(cfg.data.seed, "epoch", epoch)).shuffle(rows)
+        order.extend(rows)
+        epoch += 1
+    return order[:needed]
+
+
+def compile_plan(cfg: MiniverlConfig, prompts: PromptSet) -> Plan:
+    recipe, hardware = cfg.recipe, cfg.hardware
+    if recipe.logical_batch > len(prompts):
+        raise MiniverlError(f"recipe.logical_batch={recipe.logical_batch} is larger than the "
+                            f"{len(prompts)} usable prompts in data.train_files")
+    order = prompt_order(prompts, cfg, recipe.logical_batch * recipe.optimizer_updates)
+    updates = []
+    for u in range(1, recipe.optimizer_updates + 1):
+        rows = order[(u - 1) * recipe.logical_batch: u * recipe.logical_batch]
+        updates.append(UpdatePlan(
+            update=u,
+            prompt_rows=tuple(rows),
+            sample_seeds=tuple(derive_seed(cfg.trainer.seed, "sample", u, slot) for slot in range(len(rows))),
+            rollout_physical_batches=tuple(split(len(rows), hardware.rollout_physical_batch)),
+            update_chunks=tuple(split(len(rows), hardware.update_chunk)),
+        ))
+    return Plan(
+        version=PLAN_VERSION,
+        settings={"miniverl_version": __version__, **experiment_settings(cfg)},
+        input_parquet_sha256=prompts.parquet_sha256,
+        prompts_available=len(prompts),
+        interrupt_after_updates=recipe.interrupt_after_updates,
+        updates=tuple(updates),
+    )

@@ -1,0 +1,64 @@
+"""Typed configuration: one schema module per config group, composed into `MiniverlConfig`.
+
+The root schema is registered in Hydra's ConfigStore as `config_schema` and is the first entry of
+`conf/config.yaml`'s defaults list, so a wrong key or type anywhere fails at composition with
+Hydra's own message. Cross-field rules (the ones verl checks at run time) run in
+`__post_init__` when the composed config is turned into these dataclasses (`to_config`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from miniverl.schema.actor import ActorConfig, RolloutConfig
+from miniverl.schema.data import DataConfig
+from miniverl.schema.estimator import EstimatorConfig
+from miniverl.schema.hardware import HardwareConfig
+from miniverl.schema.model import StudentConfig
+from miniverl.schema.recipe import RecipeConfig
+from miniverl.schema.teacher import TeacherConfig
+from miniverl.schema.trainer import TrainerConfig
+
+
+@dataclass
+class MiniverlConfig:
+    model: StudentConfig = field(default_factory=StudentConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    recipe: RecipeConfig = field(default_factory=RecipeConfig)
+
+    def __post_init__(self) -> None:
+        needed = self.recipe.prompt_limit + self.recipe.response_limit
+        for where, block in (("model", self.model), ("teacher", self.teacher)):
+            if block.model_id == "toy" and block.toy.max_position_embeddings < needed:
+                raise ValueError(
+                    f"{where}.toy.max_position_embeddings={block.toy.max_position_embeddings} is below "
+                    f"recipe.prompt_limit + recipe.response_limit = {needed}"
+                )
+
+
+def register_configs() -> None:
+    ConfigStore.instance().store(name="config_schema", node=MiniverlConfig)
+
+
+def to_config(cfg: DictConfig) -> MiniverlConfig:
+    """Validate a composed config: runs every schema's `__post_init__`; a refused value becomes a
+    one-line MiniverlError."""
+    from miniverl.errors import MiniverlError
+
+    plain = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"]) if "hydra" in cfg else cfg
+    try:
+        return OmegaConf.to_object(plain)
+    except (ValueError, NotImplementedError) as error:
+        raise MiniverlError(str(error).splitlines()[0]) from None
+
+
+register_configs()

@@ -1,0 +1,32 @@
+"""Schema of `conf/data/`: a verl-format parquet of prompts (verl's `data.*` keys)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from dataclasses import field
+from typing import Any, Dict
+
+
+@dataclass
+class DataConfig:
+    # One path or a list of paths (verl: data.train_files). Relative paths are taken from the
+    # directory the command runs in.
+    train_files: Any = "recipes/data/toy_prompts.parquet"
+    prompt_key: str = "prompt"
+    # verl: drop prompts over max_prompt_length instead of failing (truncation=error otherwise).
+    filter_overlong_prompts: bool = False
+    truncation: str = "error"
+    shuffle: bool = False
+    # Extra arguments to the chat template (verl: data.apply_chat_template_kwargs), e.g. enable_thinking.
+    apply_chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
+    seed: int = 1
+
+    def __post_init__(self) -> None:
+        if isinstance(self.train_files, str):
+            self.train_files = [self.train_files]
+        self.train_files = list(self.train_files)
+        if not self.train_files or not all(isinstance(p, str) and p for p in self.train_files):
+            raise ValueError("data.train_files must be a parquet path or a non-empty list of paths")
+        if self.truncation != "error":
+            raise ValueError(f"data.truncation={self.truncation!r}: miniverl supports 'error' "
+                             "(use data.filter_overlong_prompts=true to drop long prompts)")

@@ -1,0 +1,77 @@
+"""Schema of `conf/estimator/`: verl v0.8.0's `distillation.distillation_loss.*` plus the actor's
+`loss_agg_mode` and `clip_ratio_c`.
+
+Defaults are those of verl's YAML (`verl/trainer/config/distillation/distillation.yaml`), which is
+what a `python3 -m verl.trainer.main_ppo` user gets; verl's dataclass defaults differ for
+`topk`, `loss_max_clamp`, `log_prob_min_clamp` and `use_policy_gradient` (see docs/losses.md).
+Combinations verl refuses are refused here, when the config is composed and converted.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Optional
+
+# Single-sample estimators (verl's `kl_penalty` modes) and the top-k forward KL.
+ESTIMATOR_MODES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+LOSS_MODES = ESTIMATOR_MODES + ("forward_kl_topk",)
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
+@dataclass
+class EstimatorConfig:
+    loss_mode: str = "k3"
+    topk: Optional[int] = 32
+    use_policy_gradient: bool = False
+    policy_loss_mode: str = "vanilla"
+    clip_ratio: float = 0.2
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    # Dual-clip bound. verl v0.8.0's distillation PG reads it from distillation.distillation_loss, which
+    # has no such field, so verl always uses 3.0 (actor_rollout_ref.actor.clip_ratio_c is not read there).
+    clip_ratio_c: float = 3.0
+    loss_max_clamp: Optional[float] = None
+    log_prob_min_clamp: Optional[float] = None
+    loss_agg_mode: str = "token-mean"  # verl: actor_rollout_ref.actor.loss_agg_mode
+
+    def __post_init__(self) -> None:
+        where = "estimator"
+        if self.loss_mode not in LOSS_MODES:
+            raise ValueError(
+                f"{where}.loss_mode={self.loss_mode!r} is not a verl v0.8.0 distillation loss; "
+                f"choose one of {', '.join(LOSS_MODES)}"
+            )
+        if self.policy_loss_mode != "vanilla":
+            raise ValueError(
+                f"{where}.policy_loss_mode={self.policy_loss_mode!r}: verl v0.8.0 supports only 'vanilla' "
+                "for distillation with policy gradient"
+            )
+        if self.loss_mode == "k1" and not self.use_policy_gradient:
+            raise ValueError(
+                f"{where}: loss_mode=k1 with use_policy_gradient=false is refused (as in verl): the gradient "
+                "of k1 does not depend on the teacher; set estimator.use_policy_gradient=true or pick k3"
+            )
+        if self.loss_agg_mode not in LOSS_AGG_MODES:
+            raise ValueError(
+                f"{where}.loss_agg_mode={self.loss_agg_mode!r}; choose one of {', '.join(LOSS_AGG_MODES)}"
+            )
+        if self.loss_mode == "forward_kl_topk":
+            if self.topk is None or self.topk < 1:
+                raise ValueError(f"{where}.topk must be a positive integer for loss_mode=forward_kl_topk")
+            if self.use_policy_gradient:
+                warnings.warn(
+                    "forward_kl_topk with use_policy_gradient=true: the update uses only the sampled token's "
+                    "log-prob, so the top-k signal is largely unused (verl warns the same)",
+                    stacklevel=2,
+                )
+        if not self.clip_ratio_c > 1.0:
+            raise ValueError(
+                f"{where}.clip_ratio_c={self.clip_ratio_c} must be > 1 (the dual-clip bound; verl asserts the same)"
+            )
+        if self.loss_max_clamp is not None and self.loss_max_clamp <= 0:
+            raise ValueError(f"{where}.loss_max_clamp must be positive or null")
+
+    @property
+    def uses_topk(self) -> bool:
+        return self.loss_mode == "forward_kl_topk"

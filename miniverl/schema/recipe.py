@@ -1,0 +1,32 @@
+"""Schema of the `recipe` node: the numbers of an experiment (set by `conf/recipe/<name>.yaml`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+TEACHER_TARGETS = ("sampled_token_log_probability",)
+
+
+@dataclass
+class RecipeConfig:
+    name: str = "default"
+    profile: str = "verl-opd-v0.8-single-gpu-pg-k1-v1"
+    logical_batch: int = 4  # prompts per optimizer update (verl: data.train_batch_size = ppo_mini_batch_size)
+    optimizer_updates: int = 8
+    interrupt_after_updates: Optional[int] = None
+    prompt_limit: int = 128  # verl: data.max_prompt_length
+    response_limit: int = 64  # verl: data.max_response_length
+    teacher_target: str = "sampled_token_log_probability"
+
+    def __post_init__(self) -> None:
+        for key in ("logical_batch", "optimizer_updates", "prompt_limit", "response_limit"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"recipe.{key} must be >= 1")
+        if self.interrupt_after_updates is not None and not 0 < self.interrupt_after_updates < self.optimizer_updates:
+            raise ValueError(
+                f"recipe.interrupt_after_updates={self.interrupt_after_updates} must lie between 1 and "
+                f"recipe.optimizer_updates-1={self.optimizer_updates - 1} (or be null)"
+            )
+        if self.teacher_target not in TEACHER_TARGETS:
+            raise ValueError(f"recipe.teacher_target={self.teacher_target!r}; choose one of {', '.join(TEACHER_TARGETS)}")
