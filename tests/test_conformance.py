@@ -43,7 +43,8 @@ def test_a_corrupted_expected_value_is_reported_as_a_mismatch(tmp_path, capsys):
     bad.write_text(json.dumps(data))
     assert main([str(bad)]) == 1
     out = capsys.readouterr().out
-    assert re.search(r"^case 3 \(k1 pg seq-mean-token-sum-norm clamp=10.0\): loss: expected \S+ got \S+$", out, re.MULTILINE)
+    line = r"^case 3 \(k1 pg seq-mean-token-sum-norm clamp=10.0\): loss: expected \S+ got \S+$"
+    assert re.search(line, out, re.MULTILINE)
     assert _last_line(out) == f"conformance: {N_CASES - 1}/{N_CASES} cases match verl v0.8.0"
 
 
@@ -54,7 +55,8 @@ def test_a_corrupted_gradient_element_is_reported_with_its_position(tmp_path, ca
     bad.write_text(json.dumps(data))
     assert main([str(bad)]) == 1
     out = capsys.readouterr().out
-    assert re.search(r"^case 50 \(forward_kl_topk k=4 token-mean\): grad_student_logits: expected .* \(at \[1, 2, 3\]", out, re.M)
+    line = r"^case 50 \(forward_kl_topk k=4 token-mean\): grad_student_logits: expected .* \(at \[1, 2, 3\]"
+    assert re.search(line, out, re.MULTILINE)
 
 
 @pytest.mark.parametrize("content", [None, "{not json", '{"cases": 3}'])

@@ -75,7 +75,9 @@ def _run_estimator_chunks(est, n_chunks, mask):
 
 
 ESTIMATORS = {
-    "pg-k1": dict(loss_mode="k1", use_policy_gradient=True, loss_max_clamp=1.5, clip_ratio_low=0.1, clip_ratio_high=0.28),
+    "pg-k1": dict(
+        loss_mode="k1", use_policy_gradient=True, loss_max_clamp=1.5, clip_ratio_low=0.1, clip_ratio_high=0.28
+    ),
     "direct-k3": dict(loss_mode="k3", use_policy_gradient=False, loss_max_clamp=0.5),
 }
 

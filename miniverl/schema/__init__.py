@@ -54,9 +54,16 @@ def to_config(cfg: DictConfig) -> MiniverlConfig:
     one-line MiniverlError."""
     from miniverl.errors import MiniverlError
 
+    from omegaconf.errors import ConfigKeyError
+
     plain = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"]) if "hydra" in cfg else cfg
     try:
-        return OmegaConf.to_object(plain)
+        # Re-merging into the bare schema catches keys forced in with `+key=value`.
+        checked = OmegaConf.merge(OmegaConf.structured(MiniverlConfig), OmegaConf.to_container(plain))
+    except ConfigKeyError as error:
+        raise MiniverlError(f"unknown config key {error.full_key or ''}: {str(error).splitlines()[0]}") from None
+    try:
+        return OmegaConf.to_object(checked)
     except (ValueError, NotImplementedError) as error:
         raise MiniverlError(str(error).splitlines()[0]) from None
 

@@ -1,0 +1,68 @@
+"""The command a user types: `python -m miniverl.main +recipe=opd_k1 ...`, as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+TOY = ["+recipe=opd_k1", "model=toy", "teacher=toy", "recipe.optimizer_updates=2", "recipe.interrupt_after_updates=null",
+       "recipe.response_limit=8"]
+
+
+def main(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
+    env.pop("HYDRA_FULL_ERROR", None)
+    return subprocess.run([sys.executable, "-m", "miniverl.main", *args], capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def toy_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("cli") / "run"
+    return main(*TOY, f"hydra.run.dir={run_dir}"), run_dir
+
+
+def test_the_toy_recipe_runs_from_the_command_line(toy_run):
+    result, run_dir = toy_run
+    assert result.returncode == 0, result.stderr
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["status"] == "completed" and report["recipe"]["optimizer_updates"] == 2
+    assert report["models"]["student"]["model_id"] == "toy"
+    assert (run_dir / ".hydra" / "config.yaml").is_file()
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_a_finished_run_folder_is_never_overwritten(toy_run):
+    _, run_dir = toy_run
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and ".hydra" not in p.parts}
+    again = main(*TOY, f"hydra.run.dir={run_dir}")
+    assert again.returncode == 2
+    assert "already holds a run" in again.stderr and "Traceback" not in again.stderr
+    assert all(p.read_bytes() == data for p, data in before.items())
+
+
+def test_a_typo_fails_with_hydras_message():
+    result = main("+recipe=opd_k1", "model=toy", "teacher=toy", "recipe.logical_btch=2")
+    assert result.returncode != 0
+    assert "Could not override 'recipe.logical_btch'" in result.stderr
+
+
+def test_missing_weights_are_one_line_without_traceback(tmp_path):
+    result = main("+recipe=opd_k1", f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines[-1].startswith("miniverl: error: model.model_id=Qwen/Qwen3-0.6B at revision c1899de")
+    assert "model=toy teacher=toy" in lines[-1] and "Traceback" not in result.stderr
+
+
+def test_a_combination_verl_refuses_is_one_line(tmp_path):
+    result = main(*TOY, "estimator.use_policy_gradient=false", f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 2
+    assert "miniverl: error: estimator: loss_mode=k1 with use_policy_gradient=false is refused" in result.stderr
+    assert "Traceback" not in result.stderr

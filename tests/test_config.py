@@ -1,0 +1,105 @@
+"""Composition: every option of every group composes, the recipe holds the reference values,
+the command line wins over the recipe, and typos or wrong types fail at composition."""
+
+from __future__ import annotations
+
+import pytest
+from hydra.errors import ConfigCompositionException
+
+from conftest import CONF, compose_config
+from miniverl.errors import MiniverlError
+from miniverl.schema import MiniverlConfig, to_config
+
+GROUPS = ["model", "teacher", "estimator", "hardware", "data", "trainer"]
+OPTIONS = [(group, path.stem) for group in GROUPS for path in sorted((CONF / group).glob("*.yaml"))]
+
+
+def test_required_options_exist():
+    names = {f"{g}/{o}" for g, o in OPTIONS}
+    for required in ("model/qwen3_0_6b", "model/toy", "teacher/qwen3_1_7b", "teacher/toy", "estimator/k1",
+                     "hardware/auto", "hardware/cpu", "hardware/rtx4080_16gb"):
+        assert required in names
+
+
+@pytest.mark.parametrize("group,option", OPTIONS)
+def test_every_group_option_composes_and_validates(group, option):
+    cfg = compose_config([f"{group}={option}"])
+    assert isinstance(to_config(cfg), MiniverlConfig)
+    cfg = compose_config(["+recipe=opd_k1", f"{group}={option}"])
+    assert isinstance(to_config(cfg), MiniverlConfig)
+
+
+def test_recipe_holds_the_reference_values():
+    config = to_config(compose_config(["+recipe=opd_k1"]))
+    r = config.recipe
+    assert (r.logical_batch, r.optimizer_updates, r.interrupt_after_updates, r.prompt_limit, r.response_limit) == (
+        4, 8, 4, 128, 64)
+    assert r.teacher_target == "sampled_token_log_probability"
+    assert config.estimator.loss_mode == "k1" and config.estimator.use_policy_gradient
+    assert config.estimator.policy_loss_mode == "vanilla"
+    lora = config.model.lora
+    assert (lora.r, lora.alpha, lora.dropout, list(lora.target_modules)) == (16, 32, 0.0, ["q_proj", "v_proj"])
+    assert config.model.quantization == config.teacher.quantization == "nf4"
+    assert config.model.gradient_checkpointing and config.model.attn_implementation == "sdpa"
+    assert config.model.model_id == "Qwen/Qwen3-0.6B"
+    assert config.model.revision == "c1899de289a04d12100db370d81485cdf75e47ca"
+    assert config.teacher.model_id == "Qwen/Qwen3-1.7B"
+    assert config.teacher.revision == "70d244cc86ccca08cf5af4e1e306ecf908b1ad5e"
+
+
+def test_command_line_choices_and_values_win_over_the_recipe():
+    config = to_config(compose_config(["+recipe=opd_k1", "model=toy", "teacher=toy", "recipe.logical_batch=2"]))
+    assert config.model.model_id == "toy" and config.teacher.model_id == "toy"
+    assert config.recipe.logical_batch == 2
+    assert config.model.lora.r == 16  # the recipe's LoRA still applies to the chosen model
+
+
+def test_model_and_teacher_fields_are_the_reference_report_fields(reference_report):
+    import dataclasses
+
+    config = to_config(compose_config(["+recipe=opd_k1"]))
+    for ours, theirs in ((config.model, "student"), (config.teacher, "teacher")):
+        assert set(dataclasses.asdict(ours)) == set(reference_report["models"][theirs])
+
+
+@pytest.fixture
+def reference_report():
+    import json
+
+    from conftest import ROOT
+    return json.loads((ROOT / "recipes" / "opd_k1" / "reference-report-rtx4080.json").read_text())
+
+
+@pytest.mark.parametrize("override", ["recipe.logical_btch=2", "model.lora.rank=8", "estimator.clip_ratoi=0.1"])
+def test_a_typo_in_an_override_fails_at_composition(override):
+    with pytest.raises(ConfigCompositionException) as info:
+        compose_config(["+recipe=opd_k1", override])
+    key = override.split("=")[0].split(".")[-1]
+    assert f"Key '{key}' not in" in str(info.value.__cause__)
+
+
+def test_a_key_forced_in_with_plus_is_refused_not_ignored():
+    with pytest.raises(MiniverlError, match="recipe.logical_btch"):
+        to_config(compose_config(["+recipe=opd_k1", "+recipe.logical_btch=2"]))
+
+
+def test_an_unknown_group_option_fails_at_composition():
+    with pytest.raises(ConfigCompositionException, match="estimator"):
+        compose_config(["estimator=k9"])
+
+
+def test_a_wrong_type_fails_at_composition():
+    with pytest.raises(ConfigCompositionException):
+        compose_config(["recipe.logical_batch=four"])
+
+
+@pytest.mark.parametrize("override,message", [
+    ("recipe.logical_batch=0", "recipe.logical_batch must be >= 1"),
+    ("model.quantization=int3", "model.quantization='int3'"),
+    ("hardware.device=tpu", "hardware.device='tpu'"),
+    ("recipe.interrupt_after_updates=8", "recipe.interrupt_after_updates=8"),
+])
+def test_a_refused_value_is_one_line_naming_the_key(override, message):
+    with pytest.raises(MiniverlError) as info:
+        to_config(compose_config(["+recipe=opd_k1", override]))
+    assert message in str(info.value) and "\n" not in str(info.value)

@@ -1,0 +1,106 @@
+"""verl-format parquet input: the shipped toy set, a user's own file, several files, long prompts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from safetensors.torch import load_file
+
+from conftest import ROOT, SHORT, compose_config
+from miniverl.data import read_conversations, tokenize_prompts
+from miniverl.errors import MiniverlError
+from miniverl.identity import resolved_config
+from miniverl.schema import to_config
+from miniverl.toy import build_toy_tokenizer
+from miniverl.trainer import OPDTrainer
+
+USER_ROWS = [
+    ([("system", "Tu es un assistant précis."), ("user", "Combien font 1234 + 5678 ? Réponds en chiffres.")], "6912"),
+    ([("system", "Answer with digits only."), ("user", "What is 250 × 12?")], "3000"),
+    ([("user", "Berechne 99 − 17. 数字で答えて ✓")], "82"),
+    ([("system", "Be brief."), ("user", "Is 1000003 prime?")], "yes"),
+]
+
+
+def write_user_parquet(path):
+    """A verl-format file as another program might write it: other column order, an extra column."""
+    prompt_type = pa.list_(pa.struct([("content", pa.string()), ("role", pa.string())]))
+    table = pa.table({
+        "extra_info": pa.array([{"index": i, "split": "train", "source_id": f"q{i:04d}"} for i in range(len(USER_ROWS))]),
+        "prompt": pa.array([[{"content": c, "role": r} for r, c in msgs] for msgs, _ in USER_ROWS], type=prompt_type),
+        "data_source": ["user/arith"] * len(USER_ROWS),
+        "reward_model": [{"ground_truth": gt, "style": "rule"} for _, gt in USER_ROWS],
+        "ability": ["math"] * len(USER_ROWS),
+        "difficulty": [1.5, 2.0, 0.5, 3.0],
+    })
+    pq.write_table(table, path, compression="zstd", row_group_size=2)
+    return path
+
+
+def test_shipped_toy_prompts_are_what_the_committed_script_makes(tmp_path):
+    out = tmp_path / "toy.parquet"
+    subprocess.run([sys.executable, str(ROOT / "recipes/data/make_toy_prompts.py"), str(out)], check=True,
+                   capture_output=True)
+    shipped = pq.read_table(ROOT / "recipes/data/toy_prompts.parquet")
+    assert pq.read_table(out).to_pylist() == shipped.to_pylist()
+    assert shipped.num_rows == 64
+    assert set(shipped.column_names) == {"data_source", "prompt", "ability", "reward_model", "extra_info"}
+
+
+def test_a_users_verl_parquet_runs_unchanged(tmp_path):
+    path = write_user_parquet(tmp_path / "mine.parquet")
+    cfg = compose_config(["+recipe=opd_k1", *SHORT, f"data.train_files={path}", "recipe.logical_batch=2",
+                          "recipe.optimizer_updates=2"])
+    trainer = OPDTrainer(to_config(cfg), resolved_config(cfg), tmp_path / "run")
+    trainer.setup()
+    trainer.train()
+    trainer.finish()
+    tokenizer = trainer.tokenizer
+    for update, rows in ((1, [0, 1]), (2, [2, 3])):
+        t = load_file(str(tmp_path / "run" / "trajectories" / f"update_{update:06d}.safetensors"))
+        assert t["prompt_rows"].tolist() == rows
+        for row, ids in zip(rows, t["prompts"]):
+            text = tokenizer.decode(ids, skip_special_tokens=False).replace(tokenizer.pad_token, "")
+            expected = tokenizer.apply_chat_template([{"role": r, "content": c} for r, c in USER_ROWS[row][0]],
+                                                     add_generation_prompt=True, tokenize=False)
+            assert text == expected  # unicode and multi-digit numbers survive tokenization
+
+
+def test_several_train_files_are_read_in_order(tmp_path):
+    path = write_user_parquet(tmp_path / "mine.parquet")
+    config = to_config(compose_config([f"data.train_files=[{ROOT}/recipes/data/toy_prompts.parquet,{path}]"]))
+    conversations = read_conversations(config.data)
+    assert len(conversations.messages) == 64 + len(USER_ROWS)
+    assert conversations.messages[64][0]["content"] == USER_ROWS[0][0][0][1]
+    assert conversations.answers[65] == "3000"
+
+
+def test_an_overlong_prompt_is_an_error_naming_its_row():
+    config = to_config(compose_config(["recipe.prompt_limit=50"]))
+    with pytest.raises(MiniverlError, match=r"row \d+: prompt is \d+ tokens, over recipe.prompt_limit=50"):
+        tokenize_prompts(read_conversations(config.data), config.data, build_toy_tokenizer(), 50)
+
+
+def test_overlong_prompts_are_dropped_and_counted_when_asked(caplog):
+    config = to_config(compose_config(["data.filter_overlong_prompts=true"]))
+    tokenizer = build_toy_tokenizer()
+    conversations = read_conversations(config.data)
+    lengths = [len(tokenizer(tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False),
+                             add_special_tokens=False)["input_ids"]) for m in conversations.messages]
+    limit = sorted(lengths)[32]
+    prompts = tokenize_prompts(conversations, config.data, tokenizer, limit)
+    too_long = [row for row, n in enumerate(lengths) if n > limit]
+    assert prompts.dropped_overlong == too_long and len(prompts) == 64 - len(too_long) > 0
+    assert f"dropped {len(too_long)} prompt(s)" in caplog.text
+
+
+def test_a_file_without_the_prompt_column_is_an_error_naming_it(tmp_path):
+    path = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"question": ["What is 2 + 2?"]}), path)
+    config = to_config(compose_config([f"data.train_files={path}"]))
+    with pytest.raises(MiniverlError, match="has no column 'prompt'"):
+        read_conversations(config.data)

@@ -1,0 +1,111 @@
+"""Model loading: LoRA gradients through the NF4 base equal those through the dequantized base,
+NF4 layers stay on one numerical path in every mode, and missing weights give one clear line."""
+
+from __future__ import annotations
+
+import bitsandbytes as bnb
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from miniverl import models
+from miniverl.errors import MiniverlError
+from miniverl.schema.model import StudentConfig
+from miniverl.schema.teacher import TeacherConfig
+
+
+@pytest.fixture(scope="module")
+def toy_dirs(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("toys")
+    return models.materialize_toys(StudentConfig(), TeacherConfig(), folder, student_seed=7)
+
+
+def dequantized_copy(nf4_model, toy_dir):
+    """A float32 model whose linear layers hold exactly the NF4 model's dequantized weights."""
+    dense = AutoModelForCausalLM.from_pretrained(toy_dir, dtype=torch.float32)
+    # LoRA wraps q/v: their NF4 layer is `<name>.base_layer` in the PEFT model.
+    quantized = {n.replace(".base_layer", ""): m for n, m in nf4_model.named_modules()}
+    copied = 0
+    with torch.no_grad():
+        for name, module in dense.named_modules():
+            source = quantized.get(name)
+            if isinstance(source, bnb.nn.Linear4bit):
+                module.weight.copy_(bnb.functional.dequantize_4bit(source.weight.data, source.weight.quant_state))
+                copied += 1
+    assert copied == 2 * 7  # every linear layer of the 2 decoder layers
+    return dense
+
+
+def lora_grads(peft_model, ids):
+    peft_model.train()
+    peft_model.zero_grad()
+    logits = peft_model(input_ids=ids).logits.float()
+    loss = torch.nn.functional.cross_entropy(logits[0, :-1], ids[0, 1:])
+    loss.backward()
+    return {n: p.grad.clone() for n, p in peft_model.named_parameters() if p.requires_grad}
+
+
+def test_lora_gradients_through_nf4_equal_those_through_the_dequantized_base(toy_dirs):
+    src = models.source_of(StudentConfig(), toy_dirs["student"])
+    cpu = torch.device("cpu")
+    nf4 = models.load_student(StudentConfig(), src, cpu, lora_seed=3)
+    dense_block = StudentConfig(quantization="none")
+    dense_base = dequantized_copy(nf4.get_base_model(), toy_dirs["student"])
+    dense = models._wrap_student(dense_base, dense_block, cpu, lora_seed=3)
+    # A non-zero B so that the LoRA path carries signal into later layers.
+    with torch.no_grad():
+        for (n1, p1), (n2, p2) in zip(nf4.named_parameters(), dense.named_parameters()):
+            if "lora_B" in n1:
+                p1.fill_(0.01)
+                p2.fill_(0.01)
+    ids = torch.randint(0, 256, (1, 24), generator=torch.Generator().manual_seed(0))
+    g_nf4, g_dense = lora_grads(nf4, ids), lora_grads(dense, ids)
+    assert g_nf4.keys() == g_dense.keys() and len(g_nf4) == 8  # 2 layers x {q, v} x {A, B}
+    for name in g_nf4:
+        torch.testing.assert_close(g_nf4[name], g_dense[name], rtol=1e-5, atol=1e-7)
+
+
+def test_nf4_layers_keep_one_numerical_path_in_eval_mode_without_grad(toy_dirs):
+    src = models.source_of(TeacherConfig(), toy_dirs["teacher"])
+    teacher = models.load_teacher(TeacherConfig(), src, torch.device("cpu"))
+    ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        eval_logits = teacher(input_ids=ids).logits
+    layers = [m for m in teacher.modules() if isinstance(m, bnb.nn.Linear4bit)]
+    assert layers and not any(getattr(m.weight.quant_state, "packing_format_for_cpu", False) for m in layers)
+    teacher.train()
+    with torch.enable_grad():
+        train_logits = teacher(input_ids=ids).logits
+    torch.testing.assert_close(eval_logits, train_logits, rtol=1e-5, atol=1e-5)
+
+
+def test_weights_that_cannot_be_had_offline_give_one_clear_line():
+    block = StudentConfig(model_id="Qwen/Qwen3-0.6B", revision="c1899de289a04d12100db370d81485cdf75e47ca")
+    src = models.source_of(block, None)
+    with pytest.raises(MiniverlError) as info:
+        models.load_student(block, src, torch.device("cpu"), lora_seed=0)
+    message = str(info.value)
+    assert "Qwen/Qwen3-0.6B" in message and "c1899de289a04d12100db370d81485cdf75e47ca" in message
+    assert "model=toy teacher=toy" in message and "\n" not in message
+
+
+def test_a_teacher_with_another_vocabulary_is_refused(toy_dirs, tmp_path):
+    from transformers import PreTrainedTokenizerFast
+
+    from miniverl import toy
+    student_tok = toy.build_toy_tokenizer()
+    other = toy.build_toy_tokenizer()
+    other.add_tokens(["<extra>"])
+    model = AutoModelForCausalLM.from_pretrained(toy_dirs["student"])
+    with pytest.raises(MiniverlError, match="tokenizers differ"):
+        models.check_tokenizers_compatible(student_tok, other, model, model)
+    assert isinstance(other, PreTrainedTokenizerFast)
+
+
+def test_a_teacher_with_another_chat_template_is_refused(toy_dirs):
+    from miniverl import toy
+    student_tok, teacher_tok = toy.build_toy_tokenizer(), toy.build_toy_tokenizer()
+    teacher_tok.chat_template = teacher_tok.chat_template.replace("\n", " ")
+    model = AutoModelForCausalLM.from_pretrained(toy_dirs["student"])
+    with pytest.raises(MiniverlError, match="chat templates"):
+        models.check_tokenizers_compatible(student_tok, teacher_tok, model, model)
