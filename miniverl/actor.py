@@ -15,8 +15,8 @@ import torch
 from peft import PeftModel
 
 from miniverl.batch import Batch
-from miniverl.logprobs import response_log_probs
-from miniverl.losses import combine_metrics, distillation_loss
+from miniverl.logprobs import response_log_probs, response_topk_terms
+from miniverl.losses import combine_metrics, distillation_loss, topk_distillation_loss
 from miniverl.schema.actor import ActorConfig
 from miniverl.schema.estimator import EstimatorConfig
 
@@ -37,45 +37,60 @@ class ActorWorker:
         self.optimizer = torch.optim.AdamW(self.params, lr=actor.optim.lr, betas=tuple(actor.optim.betas),
                                            eps=actor.optim.eps, weight_decay=actor.optim.weight_decay)
 
-    def _log_probs(self, batch: Batch) -> torch.Tensor:
-        return response_log_probs(self.model, batch, temperature=self.temperature, chunk=self.logprob_chunk)
-
     @torch.no_grad()
     def compute_log_prob(self, batch: Batch, rows_per_forward: int) -> torch.Tensor:
         """(B, R) float32 old log-probs of the current policy."""
         self.peft_model.eval()
-        parts = [self._log_probs(batch.rows(s, s + rows_per_forward)) for s in range(0, len(batch), rows_per_forward)]
+        parts = [response_log_probs(self.model, batch.rows(s, s + rows_per_forward), temperature=self.temperature,
+                                    chunk=self.logprob_chunk) for s in range(0, len(batch), rows_per_forward)]
         return torch.cat(parts) * batch.response_mask
 
-    def update_actor(self, batch: Batch, chunks: list[int]) -> dict[str, float]:
-        """One optimizer step on `batch` (needs old_log_probs and teacher_logprobs)."""
-        self.peft_model.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        mask = batch.response_mask
-        batch_num_tokens = float(mask.sum())
-        global_batch_size = int((mask.sum(-1) > 0).sum())
-        total_loss, parts, start = 0.0, [], 0
-        for size in chunks:
-            chunk = batch.rows(start, start + size)
-            start += size
-            log_prob = self._log_probs(chunk)  # (b, R), with grad through the LoRA weights
-            loss, _, metrics = distillation_loss(
-                self.estimator, log_prob, chunk.old_log_probs, chunk.teacher_logprobs, chunk.response_mask,
-                batch_num_tokens=batch_num_tokens, global_batch_size=global_batch_size,
-                loss_scale_factor=self.loss_scale_factor)
-            loss.backward()  # accumulates: chunk losses sum to the mini-batch loss
-            total_loss += float(loss.detach())
-            parts.append((metrics, float(chunk.response_mask.sum())))
+    def update_actor(self, batch: Batch, chunks: list[int]) -> tuple[dict[str, float], torch.Tensor]:
+        """One optimizer step on `batch` (needs old_log_probs and the teacher's columns).
+
+        Returns the metrics and the per-token distillation loss (B, R) the step used.
+        """
+        metrics, per_token_loss = self.accumulate_gradients(batch, chunks)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip))
         if math.isfinite(grad_norm):
             self.optimizer.step()  # verl skips the step on a non-finite gradient norm
         self.optimizer.zero_grad(set_to_none=True)  # frees the gradients before the next rollout
         self.peft_model.eval()
-        metrics = {f"actor/{k}": float(v) for k, v in combine_metrics(parts).items()}
-        metrics["actor/distillation/loss"] = total_loss
         metrics["actor/grad_norm"] = grad_norm
         metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
-        for name in ("pg_clipfrac", "ppo_kl", "pg_clipfrac_lower"):  # pure distillation: the PG is the
-            if f"actor/distillation/{name}" in metrics:                  # distillation PG (verl's actor/ names)
+        return metrics, per_token_loss
+
+    def accumulate_gradients(self, batch: Batch, chunks: list[int]) -> tuple[dict[str, float], torch.Tensor]:
+        """Backward over the update chunks; the chunk losses sum to the mini-batch loss."""
+        self.peft_model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        normalisers = dict(batch_num_tokens=float(batch.response_mask.sum()),
+                           global_batch_size=int((batch.response_mask.sum(-1) > 0).sum()),
+                           loss_scale_factor=self.loss_scale_factor)
+        total_loss, parts, per_token, start = 0.0, [], [], 0
+        for size in chunks:
+            chunk = batch.rows(start, start + size)
+            start += size
+            loss, chunk_per_token, metrics = self._chunk_loss(chunk, normalisers)
+            loss.backward()
+            total_loss += float(loss.detach())
+            parts.append((metrics, float(chunk.response_mask.sum())))
+            per_token.append(chunk_per_token.detach())
+        metrics = {f"actor/{k}": float(v) for k, v in combine_metrics(parts).items()}
+        metrics["actor/distillation/loss"] = total_loss
+        for name in ("pg_clipfrac", "ppo_kl", "pg_clipfrac_lower"):  # pure distillation: the actor's PG
+            if f"actor/distillation/{name}" in metrics:                  # is the distillation PG (verl's names)
                 metrics[f"actor/{name}"] = metrics[f"actor/distillation/{name}"]
-        return metrics
+        return metrics, torch.cat(per_token) * batch.response_mask
+
+    def _chunk_loss(self, chunk: Batch, normalisers: dict):
+        est = self.estimator
+        if not est.uses_topk:
+            log_prob = response_log_probs(self.model, chunk, temperature=self.temperature, chunk=self.logprob_chunk)
+            return distillation_loss(est, log_prob, chunk.old_log_probs, chunk.teacher_logprobs,
+                                     chunk.response_mask, **normalisers)
+        log_prob, terms = response_topk_terms(self.model, chunk, chunk.teacher_ids, chunk.teacher_topk_logprobs,
+                                              temperature=self.temperature, log_prob_min_clamp=est.log_prob_min_clamp,
+                                              chunk=self.logprob_chunk)
+        return topk_distillation_loss(est, terms, chunk.response_mask, log_prob=log_prob,
+                                      old_log_prob=chunk.old_log_probs, **normalisers)

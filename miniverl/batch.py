@@ -13,8 +13,14 @@ response of the logical batch), L = P + R.
     response_mask      (B, R)  float  1 on response tokens up to and including EOS (verl's mask)
     rollout_log_probs  (B, R)  float32  log pi(y_t) recorded while sampling     [rollout]
     teacher_logprobs   (B, R)  float32  log nu(y_t), the teacher's              [teacher]
+    teacher_topk_logprobs (B, R, k) float32  the teacher's k largest log-probs  [teacher, top-k only]
+    teacher_ids        (B, R, k) long  their token ids                          [teacher, top-k only]
     old_log_probs      (B, R)  float32  log pi_old(y_t), recomputed by the actor [actor]
-    advantages         (B, R)  float32  -(old - teacher) clamped, what PG-k1 maximises  [trainer]
+    advantages         (B, R)  float32  -(distillation loss), clamped: the PG advantage  [actor, PG only]
+
+verl's batch carries the teacher's output as `teacher_logprobs`/`teacher_ids` with a last
+dimension of k (1 for the single-sample estimators); miniverl keeps the sampled token's
+log-prob as a (B, R) `teacher_logprobs` in every mode and the top-k in `teacher_topk_logprobs`.
 
 Position t of every (B, R) tensor is about response token t given everything before it.
 """
@@ -38,6 +44,8 @@ class Batch:
     response_mask: torch.Tensor
     rollout_log_probs: torch.Tensor
     teacher_logprobs: Optional[torch.Tensor] = None
+    teacher_topk_logprobs: Optional[torch.Tensor] = None
+    teacher_ids: Optional[torch.Tensor] = None
     old_log_probs: Optional[torch.Tensor] = None
     advantages: Optional[torch.Tensor] = None
 

@@ -240,21 +240,18 @@ def main(argv: Optional[list[str]] = None) -> int:
         n_match += not problems
 
     ok = n_match == len(cases)
-    refused = data.get("refused", [])
-    n_refused = 0
-    for i, entry in enumerate(refused):
-        good, msg = check_refused(entry)
-        n_refused += good
-        print(f"refused {i} ({_describe_config(entry)}): {'ok, ' if good else 'MISMATCH: '}{msg}")
-    warned = data.get("warned", [])
-    n_warned = 0
-    for i, entry in enumerate(warned):
-        good, msg = check_warned(entry)
-        n_warned += good
-        print(f"warned {i} ({_describe_config(entry)}): {'ok, ' if good else 'MISMATCH: '}{msg}")
-    ok = ok and n_refused == len(refused) and n_warned == len(warned)
-    print(f"refused: {n_refused}/{len(refused)} configurations refused as in verl; "
-          f"warned: {n_warned}/{len(warned)} accepted with a warning")  # fmt: skip
+    counts = {}
+    for kind, check in (("refused", check_refused), ("warned", check_warned)):
+        entries = data.get(kind, [])
+        counts[kind] = (0, len(entries))
+        for i, entry in enumerate(entries):
+            good, msg = check(entry)
+            counts[kind] = (counts[kind][0] + good, len(entries))
+            print(f"{kind} {i} ({_describe_config(entry)}): {'ok, ' if good else 'MISMATCH: '}{msg}")
+    (n_refused, n_ref_total), (n_warned, n_warn_total) = counts["refused"], counts["warned"]
+    ok = ok and n_refused == n_ref_total and n_warned == n_warn_total
+    print(f"refused: {n_refused}/{n_ref_total} configurations refused as in verl; "
+          f"warned: {n_warned}/{n_warn_total} accepted with a warning")  # fmt: skip
     print(f"conformance: {n_match}/{len(cases)} cases match verl {VERL_TAG}")
     return 0 if ok else 1
 

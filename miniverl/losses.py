@@ -27,10 +27,10 @@ from typing import Any, Iterable, NamedTuple, Optional, Union
 
 import torch
 
+from miniverl.schema.estimator import ESTIMATOR_MODES, LOSS_AGG_MODES
+
 Number = Union[int, float, torch.Tensor]
 
-ESTIMATOR_MODES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 # verl adds this to denominators of its masked means (verl.utils.torch_functional.masked_mean and the
 # per-sequence token mean of agg_loss); kept so float64 results agree with verl to ~1e-12.
@@ -252,17 +252,9 @@ def distillation_loss(
         abs_sum = torch.where(mask, per_token.abs(), torch.zeros((), dtype=per_token.dtype, device=per_token.device))
         n = int(mask.sum())
         metrics = {"distillation/abs_loss": float(abs_sum.sum()) / n if n else 0.0}
-    return _finish(
-        est,
-        per_token,
-        mask,
-        metrics,
-        log_prob=log_prob,
-        old_log_prob=old_log_prob,
-        batch_num_tokens=batch_num_tokens,
-        global_batch_size=global_batch_size,
-        loss_scale_factor=loss_scale_factor,
-    )
+    return _finish(est, per_token, mask, metrics, log_prob=log_prob, old_log_prob=old_log_prob,
+                   batch_num_tokens=batch_num_tokens, global_batch_size=global_batch_size,
+                   loss_scale_factor=loss_scale_factor)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -348,8 +340,26 @@ def forward_kl_topk(
     terms = forward_kl_topk_terms(
         student_logits, teacher_topk_log_probs, teacher_topk_ids, log_prob_min_clamp=est.log_prob_min_clamp
     )
+    return topk_distillation_loss(
+        est, terms, response_mask, batch_num_tokens=batch_num_tokens, global_batch_size=global_batch_size,
+        loss_scale_factor=loss_scale_factor, log_prob=log_prob, old_log_prob=old_log_prob,
+    )
+
+
+def topk_distillation_loss(
+    est: Any,
+    terms: TopkTerms,
+    response_mask: torch.Tensor,
+    *,
+    batch_num_tokens: Optional[Number],
+    global_batch_size: Optional[Number],
+    loss_scale_factor: Optional[Number] = None,
+    log_prob: Optional[torch.Tensor] = None,
+    old_log_prob: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """The loss and metrics of `forward_kl_topk` from per-position terms (however they were chunked)."""
     mask = response_mask.bool()  # (B, T)
-    k = est.topk if est.topk is not None else teacher_topk_ids.shape[-1]
+    k = est.topk
     with torch.no_grad():
         n = int(mask.sum())
         overlapping = mask & (terms.overlap_count > 0)  # (B, T)
@@ -370,17 +380,9 @@ def forward_kl_topk(
         }
     # Top-k masses do not sum to 1, so the sum can dip below 0; verl floors it at 0.
     per_token = terms.per_token_loss.clamp_min(0.0)
-    return _finish(
-        est,
-        per_token,
-        mask,
-        metrics,
-        log_prob=log_prob,
-        old_log_prob=old_log_prob,
-        batch_num_tokens=batch_num_tokens,
-        global_batch_size=global_batch_size,
-        loss_scale_factor=loss_scale_factor,
-    )
+    return _finish(est, per_token, mask, metrics, log_prob=log_prob, old_log_prob=old_log_prob,
+                   batch_num_tokens=batch_num_tokens, global_batch_size=global_batch_size,
+                   loss_scale_factor=loss_scale_factor)
 
 
 # --------------------------------------------------------------------------------------------------

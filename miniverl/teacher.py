@@ -1,7 +1,8 @@
 """Teacher role (verl: `compute_teacher_log_prob`): the frozen teacher scores the sampled tokens.
 
-One forward over prompt + response per chunk of rows; only the log-prob of the token the student
-sampled is kept at each position (`teacher_target: sampled_token_log_probability`).
+One forward over prompt + response per chunk of rows. It always returns the log-prob of the
+token the student sampled (`teacher_logprobs`); for `forward_kl_topk` also its own top-k
+log-probs and their token ids at every position.
 """
 
 from __future__ import annotations
@@ -10,19 +11,29 @@ import torch
 from transformers import PreTrainedModel
 
 from miniverl.batch import Batch
-from miniverl.logprobs import response_log_probs
+from miniverl.logprobs import response_log_probs, response_log_probs_and_topk
 
 
 class TeacherWorker:
-    def __init__(self, model: PreTrainedModel, *, rows_per_forward: int, logprob_chunk: int):
+    def __init__(self, model: PreTrainedModel, *, rows_per_forward: int, logprob_chunk: int, topk: int | None):
         self.model = model.eval()
         self.rows_per_forward = rows_per_forward
         self.logprob_chunk = logprob_chunk
+        self.topk = topk  # None: only the sampled token is needed
 
-    @torch.inference_mode()
-    def compute_teacher_log_prob(self, batch: Batch) -> torch.Tensor:
-        """(B, R) float32: log nu(y_t | x, y_<t) at temperature 1 (verl requires 1.0 for the teacher)."""
-        parts = [response_log_probs(self.model, batch.rows(start, start + self.rows_per_forward),
-                                    chunk=self.logprob_chunk)
-                 for start in range(0, len(batch), self.rows_per_forward)]
-        return torch.cat(parts) * batch.response_mask
+    @torch.no_grad()  # not inference_mode: the actor's autograd graph reads these tensors
+    def compute_teacher_log_prob(self, batch: Batch) -> Batch:
+        """Fills teacher_logprobs (B, R) [and teacher_topk_logprobs, teacher_ids (B, R, k)], at
+        temperature 1 (verl requires 1.0 for the teacher)."""
+        parts = []
+        for start in range(0, len(batch), self.rows_per_forward):
+            rows = batch.rows(start, start + self.rows_per_forward)
+            if self.topk is None:
+                parts.append((response_log_probs(self.model, rows, chunk=self.logprob_chunk),))
+            else:
+                parts.append(response_log_probs_and_topk(self.model, rows, k=self.topk, chunk=self.logprob_chunk))
+        columns = [torch.cat(c) for c in zip(*parts)]
+        batch.teacher_logprobs = columns[0] * batch.response_mask
+        if self.topk is not None:
+            batch.teacher_topk_logprobs, batch.teacher_ids = columns[1], columns[2]
+        return batch

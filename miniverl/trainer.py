@@ -23,7 +23,6 @@ from miniverl.batch import Batch
 from miniverl.data import PromptSet, read_conversations, tokenize_prompts
 from miniverl.device import hardware_facts, resolve_device, set_determinism, timed
 from miniverl.identity import sha256_file, sha256_json
-from miniverl.losses import kl_estimate
 from miniverl.outputs import RunFolder
 from miniverl.plan import Plan, UpdatePlan, compile_plan, derive_seed
 from miniverl.report import build_report
@@ -73,7 +72,8 @@ class OPDTrainer:
         # The rollout and the actor share one model object (verl's hybrid engine on one device).
         self.rollout = RolloutWorker(self.student.get_base_model(), cfg.rollout, eos_id=self.tokenizer.eos_token_id,
                                      pad_id=self.tokenizer.pad_token_id, device=self.device)
-        self.teacher = TeacherWorker(teacher, rows_per_forward=hw.update_chunk, logprob_chunk=hw.logprob_chunk)
+        self.teacher = TeacherWorker(teacher, rows_per_forward=hw.update_chunk, logprob_chunk=hw.logprob_chunk,
+                                     topk=cfg.estimator.topk if cfg.estimator.uses_topk else None)
         self.actor = ActorWorker(self.student, cfg.actor, cfg.estimator, temperature=cfg.rollout.temperature,
                                  logprob_chunk=hw.logprob_chunk, loss_scale_factor=cfg.recipe.response_limit)
         self.setup_seconds = time.perf_counter() - self.started
@@ -102,24 +102,16 @@ class OPDTrainer:
                     list(update.sample_seeds), response_limit=cfg.recipe.response_limit,
                     physical_batches=list(update.rollout_physical_batches))
             with timed("teacher", timings, self.device):
-                batch.teacher_logprobs = self.teacher.compute_teacher_log_prob(batch)
+                batch = self.teacher.compute_teacher_log_prob(batch)
             with timed("old_log_prob", timings, self.device):
                 batch.old_log_probs = self.actor.compute_log_prob(batch, rows_per_forward=cfg.hardware.update_chunk)
-            batch.advantages = self.advantages(batch)
             with timed("update_actor", timings, self.device):
-                actor_metrics = self.actor.update_actor(batch, list(update.update_chunks))
+                actor_metrics, distillation_losses = self.actor.update_actor(batch, list(update.update_chunks))
+            if cfg.estimator.use_policy_gradient:
+                batch.advantages = -distillation_losses  # what the PG step maximised at each token
             self.out.write_trajectory(update.update, batch)
         return {"training/global_step": update.update, **actor_metrics, **batch_metrics(batch, cfg.recipe.response_limit),
                 **{f"timing_s/{k}": round(v, 6) for k, v in timings.items()}}
-
-    def advantages(self, batch: Batch) -> torch.Tensor:
-        """What PG-OPD maximises at each token: -estimate(old, teacher), clamped; the update's loss
-        recomputes it from the current log-probs, equal to these up to float rounding (ratio = 1)."""
-        est = self.cfg.estimator
-        estimate = kl_estimate(batch.old_log_probs, batch.teacher_logprobs, est.loss_mode)
-        if est.loss_max_clamp is not None:
-            estimate = estimate.clamp(-est.loss_max_clamp, est.loss_max_clamp)
-        return -estimate * batch.response_mask
 
     # ------------------------------------------------------------------ finish
     def finish(self, status: str = "completed") -> dict:

@@ -18,7 +18,7 @@ from miniverl.schema.data import DataConfig
 from miniverl.schema.estimator import EstimatorConfig
 from miniverl.schema.hardware import HardwareConfig
 from miniverl.schema.model import StudentConfig
-from miniverl.schema.recipe import RecipeConfig
+from miniverl.schema.recipe import RecipeConfig, teacher_target_for
 from miniverl.schema.teacher import TeacherConfig
 from miniverl.schema.trainer import TrainerConfig
 
@@ -36,6 +36,10 @@ class MiniverlConfig:
     recipe: RecipeConfig = field(default_factory=RecipeConfig)
 
     def __post_init__(self) -> None:
+        wanted = teacher_target_for(self.estimator.loss_mode)
+        if self.recipe.teacher_target != wanted:
+            raise ValueError(f"recipe.teacher_target={self.recipe.teacher_target!r} does not fit "
+                             f"estimator.loss_mode={self.estimator.loss_mode}: it needs {wanted!r}")
         needed = self.recipe.prompt_limit + self.recipe.response_limit
         for where, block in (("model", self.model), ("teacher", self.teacher)):
             if block.model_id == "toy" and block.toy.max_position_embeddings < needed:
@@ -47,6 +51,7 @@ class MiniverlConfig:
 
 def register_configs() -> None:
     ConfigStore.instance().store(name="config_schema", node=MiniverlConfig)
+    OmegaConf.register_new_resolver("teacher_target", teacher_target_for, replace=True)
 
 
 def to_config(cfg: DictConfig) -> MiniverlConfig:

@@ -5,7 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-TEACHER_TARGETS = ("sampled_token_log_probability",)
+TEACHER_TARGETS = ("sampled_token_log_probability", "top_k_log_probabilities")
+
+
+def teacher_target_for(loss_mode: str) -> str:
+    """What the teacher must return for an estimator: the sampled token's log-prob, or its top-k."""
+    return "top_k_log_probabilities" if loss_mode == "forward_kl_topk" else "sampled_token_log_probability"
+
 
 
 @dataclass
@@ -17,6 +23,7 @@ class RecipeConfig:
     interrupt_after_updates: Optional[int] = None
     prompt_limit: int = 128  # verl: data.max_prompt_length
     response_limit: int = 64  # verl: data.max_response_length
+    # conf/config.yaml derives it from the estimator (resolver `teacher_target`, see miniverl.schema).
     teacher_target: str = "sampled_token_log_probability"
 
     def __post_init__(self) -> None:

@@ -1,0 +1,118 @@
+"""Every verl distillation loss runs in the toy recipe, verl's refusals hold at composition, and
+one mini-batch gives the same loss and LoRA gradients however it is split into update chunks."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from conftest import CONF, SHORT, compose_config
+from miniverl.errors import MiniverlError
+from miniverl.identity import resolved_config
+from miniverl.schema import to_config
+from miniverl.schema.estimator import ESTIMATOR_MODES, LOSS_AGG_MODES
+from miniverl.trainer import OPDTrainer
+
+OPTIONS = sorted(p.stem for p in (CONF / "estimator").glob("*.yaml"))
+RUNS = [(m, pg) for m in ESTIMATOR_MODES for pg in (True, False) if (m, pg) != ("k1", False)]
+RUNS += [("forward_kl_topk", False), ("forward_kl_topk", True)]
+TINY = ["recipe.optimizer_updates=2", "recipe.response_limit=8", "actor.optim.lr=1e-3"]
+
+
+def test_every_verl_loss_has_an_option():
+    assert set(OPTIONS) == set(ESTIMATOR_MODES) | {"forward_kl_topk"}
+
+
+def run_toy(tmp_path, *overrides):
+    cfg = compose_config(["+recipe=opd_k1", *SHORT, *TINY, *overrides])
+    trainer = OPDTrainer(to_config(cfg), resolved_config(cfg), tmp_path)
+    trainer.setup()
+    trainer.train()
+    return trainer, trainer.finish()
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:forward_kl_topk with use_policy_gradient")
+@pytest.mark.parametrize("mode,pg", RUNS, ids=[f"{m}-{'pg' if pg else 'direct'}" for m, pg in RUNS])
+def test_the_toy_recipe_runs_with_every_loss(tmp_path, mode, pg):
+    trainer, report = run_toy(tmp_path, f"estimator={mode}", f"estimator.use_policy_gradient={pg}")
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert report["recipe"]["estimator"] == mode and len(lines) == 2
+    for metrics in lines:
+        assert math.isfinite(metrics["actor/distillation/loss"]) and math.isfinite(metrics["actor/grad_norm"])
+        assert ("actor/pg_clipfrac" in metrics) == pg
+        if mode == "forward_kl_topk":
+            for name in ("student_mass", "teacher_mass", "overlap_ratio", "overlap_token_advantage"):
+                assert f"actor/distillation/{name}" in metrics
+    if mode == "forward_kl_topk":
+        assert report["recipe"]["teacher_target"] == "top_k_log_probabilities"
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["estimator=k1", "estimator.use_policy_gradient=false"], "loss_mode=k1 with use_policy_gradient=false"),
+    (["estimator.policy_loss_mode=gspo"], "supports only 'vanilla'"),
+    (["estimator.loss_mode=k3+"], "is not a verl v0.8.0 distillation loss"),
+    (["estimator.loss_mode=bogus"], "is not a verl v0.8.0 distillation loss"),
+    (["estimator.loss_agg_mode=seq-sum"], "loss_agg_mode='seq-sum'"),
+])
+def test_combinations_verl_refuses_are_refused_when_the_config_is_composed(overrides, message):
+    with pytest.raises(MiniverlError, match=message.replace("+", r"\+")):
+        to_config(compose_config(["+recipe=opd_k1", "model=toy", "teacher=toy", *overrides]))
+
+
+def test_forward_kl_topk_with_policy_gradient_composes_with_a_warning():
+    with pytest.warns(UserWarning, match="top-k signal is largely unused"):
+        config = to_config(compose_config(["estimator=forward_kl_topk", "estimator.use_policy_gradient=true"]))
+    assert config.recipe.teacher_target == "top_k_log_probabilities"
+
+
+@pytest.fixture(scope="module")
+def scored_batches(tmp_path_factory):
+    """A rolled-out, teacher-scored batch of 4 per estimator family, with a non-zero LoRA B."""
+    out = {}
+    for name, overrides in {"k1": ["estimator=k1"], "k3": ["estimator=k3"],
+                            "topk": ["estimator=forward_kl_topk", "estimator.topk=8"]}.items():
+        cfg = compose_config(["+recipe=opd_k1", *SHORT, *overrides])
+        trainer = OPDTrainer(to_config(cfg), resolved_config(cfg), tmp_path_factory.mktemp(name))
+        trainer.setup()
+        with torch.no_grad():
+            g = torch.Generator().manual_seed(0)
+            for n, p in trainer.student.named_parameters():
+                if "lora_B" in n:
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+        update = trainer.plan.updates[0]
+        rows = [trainer.prompts.rows.index(r) for r in update.prompt_rows]
+        batch = trainer.rollout.generate_sequences([trainer.prompts.token_ids[i] for i in rows],
+                                                   list(update.prompt_rows), list(update.sample_seeds),
+                                                   response_limit=16, physical_batches=[4])
+        batch = trainer.teacher.compute_teacher_log_prob(batch)
+        batch.old_log_probs = trainer.actor.compute_log_prob(batch, rows_per_forward=4)
+        out[name] = (trainer, batch)
+    return out
+
+
+@pytest.mark.parametrize("family", ["k1", "k3", "topk"])
+@pytest.mark.parametrize("agg", LOSS_AGG_MODES)
+def test_loss_and_lora_gradients_do_not_depend_on_the_update_chunks(scored_batches, family, agg):
+    trainer, batch = scored_batches[family]
+    actor = trainer.actor
+    actor.estimator.loss_agg_mode = agg
+    results = []
+    for chunks in ([4], [2, 2], [1, 1, 1, 1]):
+        metrics, per_token = actor.accumulate_gradients(batch, chunks)
+        grads = {n: p.grad.clone() for n, p in trainer.student.named_parameters() if p.requires_grad}
+        results.append((metrics, per_token, grads))
+    actor.optimizer.zero_grad(set_to_none=True)
+    (m1, t1, g1) = results[0]
+    assert any(g.abs().sum() > 0 for g in g1.values())
+    for metrics, per_token, grads in results[1:]:
+        assert metrics["actor/distillation/loss"] == pytest.approx(m1["actor/distillation/loss"], rel=1e-5, abs=1e-7)
+        for key in ("actor/distillation/abs_loss", "actor/distillation/loss_max", "actor/distillation/student_mass"):
+            if key in m1:
+                assert metrics[key] == pytest.approx(m1[key], rel=1e-5, abs=1e-7)
+        torch.testing.assert_close(per_token, t1, rtol=1e-5, atol=1e-6)
+        for name in g1:
+            torch.testing.assert_close(grads[name], g1[name], rtol=1e-4, atol=1e-7)
