@@ -315,24 +315,16 @@ def forward_kl_topk_terms(
     return TopkTerms(per_token, student_mass, teacher_mass, overlap_count, overlap_adv)
 
 
-def forward_kl_topk(
-    est: Any,
-    student_logits: torch.Tensor,
-    teacher_topk_log_probs: torch.Tensor,
-    teacher_topk_ids: torch.Tensor,
-    response_mask: torch.Tensor,
-    *,
-    batch_num_tokens: Optional[Number],
-    global_batch_size: Optional[Number],
-    loss_scale_factor: Optional[Number] = None,
-    log_prob: Optional[torch.Tensor] = None,
-    old_log_prob: Optional[torch.Tensor] = None,
-) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+def forward_kl_topk(est: Any, student_logits: torch.Tensor, teacher_topk_log_probs: torch.Tensor,
+                    teacher_topk_ids: torch.Tensor, response_mask: torch.Tensor,
+                    **normalisers_and_log_probs: Any) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """Top-k forward-KL distillation loss for one (micro-)batch.
 
     student_logits: (B, T, V) with the gradient; teacher_topk_*: (B, T, k); response_mask: (B, T).
-    log_prob/old_log_prob: (B, T) sampled-token log-probs, needed only with use_policy_gradient
-    (then the top-k loss is just the advantage; verl warns that this wastes the top-k signal).
+    Keyword arguments are those of `topk_distillation_loss`: the normalisers (batch_num_tokens,
+    global_batch_size, loss_scale_factor) and, only with use_policy_gradient, log_prob/old_log_prob
+    (B, T) of the sampled tokens (then the top-k loss is just the advantage; verl warns that this
+    wastes the top-k signal).
     Returns (loss scalar, per-token loss (B, T) clamped at 0 and at loss_max_clamp, metrics).
     Metrics: distillation/student_mass, teacher_mass (+ _min/_max), overlap_ratio,
     overlap_token_advantage, overlap_position_frac (miniverl extra), loss_min, loss_max.
@@ -340,10 +332,7 @@ def forward_kl_topk(
     terms = forward_kl_topk_terms(
         student_logits, teacher_topk_log_probs, teacher_topk_ids, log_prob_min_clamp=est.log_prob_min_clamp
     )
-    return topk_distillation_loss(
-        est, terms, response_mask, batch_num_tokens=batch_num_tokens, global_batch_size=global_batch_size,
-        loss_scale_factor=loss_scale_factor, log_prob=log_prob, old_log_prob=old_log_prob,
-    )
+    return topk_distillation_loss(est, terms, response_mask, **normalisers_and_log_probs)
 
 
 def topk_distillation_loss(
