@@ -33,7 +33,9 @@ class ActorWorker:
         # seq-mean-token-sum-norm divides by the padded response length; verl pads responses to
         # max_response_length, so that (not the batch's longest response) is the divisor.
         self.loss_scale_factor = loss_scale_factor
-        self.params = [p for p in model.parameters() if p.requires_grad]  # the LoRA matrices only
+        trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # the LoRA matrices only
+        self.param_names = [n for n, _ in trainable]  # names key the optimizer state in checkpoints
+        self.params = [p for _, p in trainable]
         self.optimizer = torch.optim.AdamW(self.params, lr=actor.optim.lr, betas=tuple(actor.optim.betas),
                                            eps=actor.optim.eps, weight_decay=actor.optim.weight_decay)
 

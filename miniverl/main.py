@@ -18,8 +18,9 @@ from miniverl.schema import to_config
 log = logging.getLogger("miniverl")
 
 
-def run(cfg: DictConfig, run_dir: Path) -> dict:
-    """Validate, set up, train and report; returns the report."""
+def run(cfg: DictConfig, run_dir: Path, overrides: list[str] = ()) -> dict:
+    """Validate, set up, train and report; returns the report. `overrides` (the command line's)
+    let the recipe's resume check run this same job again in fresh processes."""
     config = to_config(cfg)
     # bitsandbytes logs a warning at import when the optional `kernels` package is absent.
     logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
@@ -27,8 +28,19 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
 
     trainer = OPDTrainer(config, resolved_config(cfg), run_dir)
     trainer.setup()
-    trainer.train()
-    report = trainer.finish()
+    status = trainer.train()
+    report = trainer.finish(status)
+    t, k = config.trainer, config.recipe.interrupt_after_updates
+    if k is not None and status == "completed" and t.stop_after_updates is None and trainer.resumed is None:
+        from miniverl.resume_check import verify_resume
+
+        log.info("resume check: interrupting a fresh run after update %d and resuming it in a new process", k)
+        report["resume"] = verify_resume(run_dir, list(overrides), k)
+        trainer.out.write_json("report.json", report)
+        if report["resume"]["status"] != "exact_match":
+            raise MiniverlError(f"resume check failed: {report['resume']['first_difference']} "
+                                f"(see {run_dir / 'report.json'})")
+        log.info("resume check: exact_match (adapter, optimizer, trajectories, training state)")
     log.info("run %s: report %s, adapter %s", report["status"], run_dir / "report.json", run_dir / "peft_adapter")
     return report
 
@@ -36,7 +48,8 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     try:
-        run(cfg, Path(HydraConfig.get().runtime.output_dir))
+        hydra_cfg = HydraConfig.get()
+        run(cfg, Path(hydra_cfg.runtime.output_dir), list(hydra_cfg.overrides.task))
     except MiniverlError as error:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise

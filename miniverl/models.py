@@ -102,7 +102,11 @@ def offline_error(where: str, source: Source, error: Exception) -> MiniverlError
     )
 
 
-def load_tokenizer(where: str, source: Source, trust_remote_code: bool):
+def load_tokenizer(where: str, block: StudentConfig | TeacherConfig, source: Source | None):
+    """The toy tokenizer (built in memory), or the model's tokenizer through AutoTokenizer."""
+    if block.model_id == "toy" and block.tokenizer_id is None:
+        return toy.build_toy_tokenizer()
+    trust_remote_code = block.trust_remote_code
     try:
         with quiet_loading():
             tokenizer = AutoTokenizer.from_pretrained(source.tokenizer_path, revision=source.tokenizer_revision,

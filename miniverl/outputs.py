@@ -36,12 +36,14 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 class RunFolder:
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, *, continuing: bool = False):
+        """`continuing`: resuming this folder's own checkpoint, so its earlier outputs are expected."""
         self.root = Path(root)
         taken = [name for name in FINISHED_MARKERS if (self.root / name).exists()]
-        if taken:
+        if taken and not continuing:
             raise MiniverlError(f"run folder {self.root} already holds a run ({', '.join(taken)}); "
-                                "choose another hydra.run.dir (runs are never overwritten)")
+                                "choose another hydra.run.dir (runs are never overwritten), or resume it with "
+                                f"trainer.resume_from={self.root}")
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             (self.root / "trajectories").mkdir(exist_ok=True)
@@ -60,6 +62,11 @@ class RunFolder:
     def write_yaml(self, name: str, value: dict) -> Path:
         atomic_write_bytes(self.path(name), yaml.safe_dump(value, sort_keys=False).encode())
         return self.path(name)
+
+    def rewrite_metrics(self, history: list[dict]) -> None:
+        """metrics.jsonl as of a resumed checkpoint (drops lines of updates after it)."""
+        lines = "".join(json.dumps(m, sort_keys=True) + "\n" for m in history)
+        atomic_write_bytes(self.path("metrics.jsonl"), lines.encode())
 
     def append_metrics(self, metrics: dict) -> None:
         with open(self.path("metrics.jsonl"), "a", encoding="utf-8") as handle:

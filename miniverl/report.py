@@ -8,10 +8,13 @@ figure is measured.
 from __future__ import annotations
 
 import dataclasses
+import json
 import statistics
 import time
+from pathlib import Path
 
 from miniverl import VERL_COMMIT, VERL_REPOSITORY, VERL_TAG, __version__
+from miniverl.identity import sha256_file
 from miniverl.plan import Plan
 from miniverl.schema import MiniverlConfig
 
@@ -34,8 +37,17 @@ def steady_state(history: list[dict]) -> tuple[dict, dict]:
     return seconds, throughput
 
 
+def checkpoint_facts(folder: Path | None) -> tuple[dict | None, int | None]:
+    """The sha256 of each file of a checkpoint (from its verified state.json) and its size in bytes."""
+    if folder is None:
+        return None, None
+    state = json.loads((folder / "state.json").read_text())
+    hashes = {**state["files"], "state.json": sha256_file(folder / "state.json")}
+    return hashes, sum((folder / name).stat().st_size for name in hashes)
+
+
 def build_report(cfg: MiniverlConfig, plan: Plan, *, status: str, history: list[dict], hardware: dict,
-                 artifacts: dict, measurements: dict) -> dict:
+                 artifacts: dict, measurements: dict, resume: dict) -> dict:
     seconds, throughput = steady_state(history) if history else ({}, {})
     return {
         "schema_version": SCHEMA_VERSION,
@@ -67,6 +79,7 @@ def build_report(cfg: MiniverlConfig, plan: Plan, *, status: str, history: list[
             "steady_state_median_throughput": throughput,
         },
         "artifacts": artifacts,
+        "resume": resume,
         "verl": {"commit": VERL_COMMIT, "distributed_execution_tested": False, "repository": VERL_REPOSITORY,
                  "tag": VERL_TAG},
     }

@@ -1,9 +1,9 @@
 """The single controller: drives rollout -> teacher -> actor once per optimizer update.
 
     trainer = OPDTrainer(cfg, resolved, run_dir)
-    trainer.setup()   # data, plan, models, workers
-    trainer.train()   # the fit loop over the plan's updates
-    trainer.finish()  # PEFT adapter and report
+    trainer.setup()            # data, plan, (resume checks), models, workers
+    trainer.train()            # the fit loop over the plan's updates, checkpointing as it goes
+    trainer.finish(status)     # PEFT adapter and report
 
 Each update is timed phase by phase under verl's `timing_s/*` names.
 """
@@ -11,21 +11,21 @@ Each update is timed phase by phase under verl's `timing_s/*` names.
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from pathlib import Path
 
-import torch
 from tqdm import tqdm
 
-from miniverl import models
+from miniverl import checkpoint, models
 from miniverl.actor import ActorWorker
 from miniverl.batch import Batch
 from miniverl.data import PromptSet, read_conversations, tokenize_prompts
 from miniverl.device import hardware_facts, resolve_device, set_determinism, timed
-from miniverl.identity import sha256_file, sha256_json
+from miniverl.identity import sha256_json
 from miniverl.outputs import RunFolder
 from miniverl.plan import Plan, UpdatePlan, compile_plan, derive_seed
-from miniverl.report import build_report
+from miniverl.report import build_report, checkpoint_facts
 from miniverl.rollout import RolloutWorker
 from miniverl.schema import MiniverlConfig
 from miniverl.teacher import TeacherWorker
@@ -38,7 +38,9 @@ class OPDTrainer:
         self.cfg = cfg
         self.resolved = resolved  # the composed config as written to resolved_config.yaml
         self.run_dir = Path(run_dir)
-        self.history: list[dict] = []
+        self.history: list[dict] = []  # metrics of every update done so far (resumed ones included)
+        self.resumed: checkpoint.Checkpoint | None = None
+        self.last_checkpoint: Path | None = None
         self.started = time.perf_counter()
 
     # ------------------------------------------------------------------ setup
@@ -46,8 +48,17 @@ class OPDTrainer:
         cfg = self.cfg
         self.device = resolve_device(cfg.hardware)
         set_determinism(self.device, cfg.hardware.deterministic)
-        self.out = RunFolder(self.run_dir)
         conversations = read_conversations(cfg.data)
+        self.tokenizer = models.load_tokenizer("model", cfg.model, models.source_of(cfg.model, None))
+        self.prompts: PromptSet = tokenize_prompts(conversations, cfg.data, self.tokenizer, cfg.recipe.prompt_limit)
+        self.plan: Plan = compile_plan(cfg, self.prompts)
+        # Every resume check reads only; nothing is written before they all pass.
+        source = self.resume_source()
+        if source is not None:
+            self.resumed = checkpoint.verify_checkpoint(source, self.plan.digest)
+        self.out = RunFolder(self.run_dir, continuing=self.resumed is not None and self.in_place)
+        self.out.write_yaml("resolved_config.yaml", self.resolved)
+        self.out.write_json("plan.json", self.plan.to_dict(), canonical=True)
 
         # Toy models are written to the run folder and then loaded like any hub model.
         toy_paths = models.materialize_toys(
@@ -55,17 +66,10 @@ class OPDTrainer:
             corpus_texts=with_answers(conversations.messages, conversations.answers))
         student_src = models.source_of(cfg.model, toy_paths.get("student"))
         teacher_src = models.source_of(cfg.teacher, toy_paths.get("teacher"))
-        self.tokenizer = models.load_tokenizer("model", student_src, cfg.model.trust_remote_code)
-        teacher_tokenizer = models.load_tokenizer("teacher", teacher_src, cfg.teacher.trust_remote_code)
-
-        self.prompts: PromptSet = tokenize_prompts(conversations, cfg.data, self.tokenizer, cfg.recipe.prompt_limit)
-        self.plan: Plan = compile_plan(cfg, self.prompts)
-        self.out.write_yaml("resolved_config.yaml", self.resolved)
-        self.out.write_json("plan.json", self.plan.to_dict(), canonical=True)
-
         self.student = models.load_student(cfg.model, student_src, self.device,
                                            lora_seed=derive_seed(cfg.trainer.seed, "lora"))
         teacher = models.load_teacher(cfg.teacher, teacher_src, self.device)
+        teacher_tokenizer = models.load_tokenizer("teacher", cfg.teacher, teacher_src)
         models.check_tokenizers_compatible(self.tokenizer, teacher_tokenizer, self.student.get_base_model(), teacher)
 
         hw = cfg.hardware
@@ -76,21 +80,58 @@ class OPDTrainer:
                                      topk=cfg.estimator.topk if cfg.estimator.uses_topk else None)
         self.actor = ActorWorker(self.student, cfg.actor, cfg.estimator, temperature=cfg.rollout.temperature,
                                  logprob_chunk=hw.logprob_chunk, loss_scale_factor=cfg.recipe.response_limit)
+        if self.resumed is not None:
+            self.load_checkpoint(self.resumed)
         self.setup_seconds = time.perf_counter() - self.started
 
+    def resume_source(self) -> Path | None:
+        t = self.cfg.trainer
+        if t.resume_mode == "disable":
+            return None
+        if t.resume_from:
+            return Path(t.resume_from)
+        return self.run_dir if checkpoint.checkpoints_in(self.run_dir) else None  # auto: this folder's latest
+
+    @property
+    def in_place(self) -> bool:
+        return self.resumed.run_dir.resolve() == self.run_dir.resolve()
+
+    def load_checkpoint(self, ckpt: checkpoint.Checkpoint) -> None:
+        start = time.perf_counter()
+        checkpoint.restore(ckpt, self.student, self.actor.optimizer, self.actor.param_names)
+        for update in range(1, ckpt.update + 1):  # the resumed run's trajectory log covers every update
+            source = checkpoint.trajectory_path(ckpt.run_dir, update)
+            if not self.in_place:
+                shutil.copyfile(source, self.out.path(f"trajectories/{source.name}"))
+        self.out.trajectory_digests = list(ckpt.state["trajectory_digests"])
+        self.history = list(ckpt.state["history"])
+        self.out.rewrite_metrics(self.history if "jsonl" in self.cfg.trainer.logger else [])
+        self.last_checkpoint = ckpt.path
+        self.resume_load_seconds = time.perf_counter() - start
+        log.info("resumed from %s after update %d", ckpt.path, ckpt.update)
+
     # ------------------------------------------------------------------ train
-    def train(self) -> None:
-        updates = self.plan.updates
-        bar = tqdm(updates, desc="opd", unit="update", disable=not self.cfg.trainer.progress_bar, dynamic_ncols=True)
+    def train(self) -> str:
+        """Runs the remaining updates; returns the run status (completed or interrupted)."""
+        stop = self.cfg.trainer.stop_after_updates
+        todo = self.plan.updates[len(self.history):]
+        bar = tqdm(todo, desc="opd", unit="update", disable=not self.cfg.trainer.progress_bar, dynamic_ncols=True,
+                   initial=len(self.history), total=len(self.plan.updates))
         for update in bar:
             metrics = self.fit_step(update)
             self.history.append(metrics)
             if "jsonl" in self.cfg.trainer.logger:
                 self.out.append_metrics(metrics)
-            bar.set_postfix(loss=f"{metrics['actor/distillation/loss']:.4f}",
-                            resp=f"{metrics['response_length/mean']:.1f}")
+            bar.set_postfix(loss=f"{metrics['actor/distillation/loss']:.4f}", resp=f"{metrics['response_length/mean']:.1f}")
             if "console" in self.cfg.trainer.logger and not self.cfg.trainer.progress_bar:
-                log.info("update %d/%d %s", update.update, len(updates), console_line(metrics))
+                log.info("update %d/%d %s", update.update, len(self.plan.updates), console_line(metrics))
+            if self.checkpoint_due(update.update):
+                self.save_checkpoint(update.update)
+            if update.update == stop:
+                log.info("stopped after update %d (trainer.stop_after_updates); resume with "
+                         "trainer.resume_from=%s", stop, self.run_dir)
+                return "interrupted"
+        return "completed"
 
     def fit_step(self, update: UpdatePlan) -> dict:
         cfg, timings = self.cfg, {}
@@ -113,15 +154,34 @@ class OPDTrainer:
         return {"training/global_step": update.update, **actor_metrics, **batch_metrics(batch, cfg.recipe.response_limit),
                 **{f"timing_s/{k}": round(v, 6) for k, v in timings.items()}}
 
+    # ------------------------------------------------------------------ checkpoints
+    def checkpoint_due(self, update: int) -> bool:
+        freq = self.cfg.trainer.save_freq
+        return update in (self.cfg.trainer.stop_after_updates, len(self.plan.updates)) or (freq > 0 and update % freq == 0)
+
+    def save_checkpoint(self, update: int) -> Path:
+        state = {
+            "global_optimizer_steps": update,
+            "task_cursor": sum(len(u.prompt_rows) for u in self.plan.updates[:update]),
+            "compiled_plan_sha256": self.plan.digest,
+            "resolved_config_digest": sha256_json(self.resolved),
+            "run_seed": self.cfg.trainer.seed,
+            # Every random stream is derived from the run seed and counters (plan.json's sample
+            # seeds), so no generator state needs saving.
+            "random_streams": "derived: plan.updates[k].sample_seeds",
+            "trajectory_digests": list(self.out.trajectory_digests),
+            "trajectory_sha256": self.out.trajectory_sha256,
+            "history": self.history,
+            "finished": update == len(self.plan.updates),
+        }
+        self.last_checkpoint = checkpoint.save_checkpoint(self.out.path("checkpoints"), update, self.student,
+                                                          self.actor.optimizer, self.actor.param_names, state)
+        return self.last_checkpoint
+
     # ------------------------------------------------------------------ finish
     def finish(self, status: str = "completed") -> dict:
         adapter_dir = self.out.path("peft_adapter")
         self.student.save_pretrained(str(adapter_dir), safe_serialization=True)
-        artifacts = {
-            "standard_peft_adapter_sha256": sha256_json(
-                {p.name: sha256_file(p) for p in sorted(adapter_dir.iterdir()) if p.is_file()}),
-            "trajectory_sha256": self.out.trajectory_sha256,
-        }
         rows = [r for u in self.plan.updates[: len(self.history)] for r in u.prompt_rows]
         measurements = {
             "adapter_bytes": sum(p.stat().st_size for p in adapter_dir.iterdir() if p.is_file()),
@@ -132,10 +192,26 @@ class OPDTrainer:
                                                              for b in u.rollout_physical_batches}),
             "wall_seconds": round(time.perf_counter() - self.started, 4),
         }
+        ckpt_hashes, ckpt_bytes = checkpoint_facts(self.last_checkpoint)
+        measurements["checkpoint_bytes"] = ckpt_bytes
+        artifacts = {"checkpoint_hashes": ckpt_hashes, "standard_peft_adapter_sha256": peft_adapter_sha256(adapter_dir),
+                     "trajectory_sha256": self.out.trajectory_sha256}
+        resume = {"status": "resumed" if self.resumed else "not_checked",
+                  "resumed_from": str(self.resumed.path) if self.resumed else None,
+                  "resume_load_seconds": round(self.resume_load_seconds, 4) if self.resumed else None,
+                  "global_optimizer_steps": len(self.history),
+                  "task_cursor": len(rows)}
         report = build_report(self.cfg, self.plan, status=status, history=self.history,
-                              hardware=hardware_facts(self.device), artifacts=artifacts, measurements=measurements)
+                              hardware=hardware_facts(self.device), artifacts=artifacts, measurements=measurements,
+                              resume=resume)
         self.out.write_json("report.json", report)
         return report
+
+
+def peft_adapter_sha256(folder: Path) -> str:
+    """sha256 of the adapter weights file: the bytes a user loads with PeftModel.from_pretrained."""
+    from miniverl.identity import sha256_file
+    return sha256_file(folder / "adapter_model.safetensors")
 
 
 def with_answers(messages: list[list[dict]], answers: list[str | None]) -> list[list[dict]]:

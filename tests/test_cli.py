@@ -11,7 +11,7 @@ import pytest
 
 from conftest import ROOT
 
-TOY = ["+recipe=opd_k1", "model=toy", "teacher=toy", "recipe.optimizer_updates=2", "recipe.interrupt_after_updates=null",
+TOY = ["+recipe=opd_k1", "model=toy", "teacher=toy", "recipe.optimizer_updates=3", "recipe.interrupt_after_updates=1",
        "recipe.response_limit=8"]
 
 
@@ -32,10 +32,24 @@ def test_the_toy_recipe_runs_from_the_command_line(toy_run):
     result, run_dir = toy_run
     assert result.returncode == 0, result.stderr
     report = json.loads((run_dir / "report.json").read_text())
-    assert report["status"] == "completed" and report["recipe"]["optimizer_updates"] == 2
+    assert report["status"] == "completed" and report["recipe"]["optimizer_updates"] == 3
     assert report["models"]["student"]["model_id"] == "toy"
     assert (run_dir / ".hydra" / "config.yaml").is_file()
-    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 3
+
+
+def test_the_recipe_checks_its_own_exact_resume(toy_run):
+    result, run_dir = toy_run
+    resume = json.loads((run_dir / "report.json").read_text())["resume"]
+    reference = json.loads((ROOT / "recipes/opd_k1/reference-report-rtx4080.json").read_text())["resume"]
+    assert set(reference) <= set(resume)
+    assert resume["status"] == "exact_match" and resume["first_difference"] is None
+    assert resume["adapter_and_optimizer_byte_identical"] and resume["trajectories_byte_identical"]
+    assert resume["training_state_fields_identical"]
+    assert resume["global_optimizer_steps"] == 3 and resume["task_cursor"] == 12
+    assert resume["excluded_run_identity_field"] == "resolved_config_digest"
+    assert resume["interrupt_checkpoint_bytes"] > 0 and resume["resume_load_seconds"] >= 0
+    assert (run_dir / "resume_check" / "interrupted" / "checkpoints" / "update_1").is_dir()
 
 
 def test_a_finished_run_folder_is_never_overwritten(toy_run):
@@ -43,7 +57,7 @@ def test_a_finished_run_folder_is_never_overwritten(toy_run):
     before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and ".hydra" not in p.parts}
     again = main(*TOY, f"hydra.run.dir={run_dir}")
     assert again.returncode == 2
-    assert "already holds a run" in again.stderr and "Traceback" not in again.stderr
+    assert "already holds a finished run" in again.stderr and "Traceback" not in again.stderr
     assert all(p.read_bytes() == data for p, data in before.items())
 
 

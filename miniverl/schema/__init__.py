@@ -40,6 +40,10 @@ class MiniverlConfig:
         if self.recipe.teacher_target != wanted:
             raise ValueError(f"recipe.teacher_target={self.recipe.teacher_target!r} does not fit "
                              f"estimator.loss_mode={self.estimator.loss_mode}: it needs {wanted!r}")
+        stop = self.trainer.stop_after_updates
+        if stop is not None and stop >= self.recipe.optimizer_updates:
+            raise ValueError(f"trainer.stop_after_updates={stop} must be below recipe.optimizer_updates="
+                             f"{self.recipe.optimizer_updates}")
         needed = self.recipe.prompt_limit + self.recipe.response_limit
         for where, block in (("model", self.model), ("teacher", self.teacher)):
             if block.model_id == "toy" and block.toy.max_position_embeddings < needed:

@@ -1,11 +1,13 @@
-"""Schema of `conf/trainer/`: run control (seed, loggers, names)."""
+"""Schema of `conf/trainer/`: run control (seed, loggers, checkpoints, resume). Nothing here but
+`seed` enters the compiled plan, so stopping and resuming never change the plan digest."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List
+from typing import List, Optional
 
 LOGGERS = ("console", "jsonl")
+RESUME_MODES = ("auto", "disable", "resume_path")
 
 
 @dataclass
@@ -15,8 +17,26 @@ class TrainerConfig:
     experiment_name: str = "opd"
     logger: List[str] = field(default_factory=lambda: ["console", "jsonl"])
     progress_bar: bool = True
+    # verl's trainer.save_freq: a checkpoint every N updates (-1: only at a stop and at the end).
+    save_freq: int = 1
+    # Stop after this update as a preemption would: checkpoint, report status `interrupted`, exit 0.
+    stop_after_updates: Optional[int] = None
+    # verl's trainer.resume_mode: auto resumes from trainer.resume_from, or else from the latest
+    # checkpoint already in the run folder; resume_path requires resume_from; disable starts fresh.
+    resume_mode: str = "auto"
+    resume_from: Optional[str] = None  # a checkpoint folder, or a run folder (its latest checkpoint)
 
     def __post_init__(self) -> None:
         unknown = [name for name in self.logger if name not in LOGGERS]
         if unknown:
             raise ValueError(f"trainer.logger: unknown logger(s) {unknown}; choose from {', '.join(LOGGERS)}")
+        if self.resume_mode not in RESUME_MODES:
+            raise ValueError(f"trainer.resume_mode={self.resume_mode!r}; choose one of {', '.join(RESUME_MODES)}")
+        if self.resume_mode == "resume_path" and not self.resume_from:
+            raise ValueError("trainer.resume_mode=resume_path needs trainer.resume_from=<checkpoint or run folder>")
+        if self.resume_mode == "disable" and self.resume_from:
+            raise ValueError("trainer.resume_from is set but trainer.resume_mode=disable; drop one of them")
+        if self.stop_after_updates is not None and self.stop_after_updates < 1:
+            raise ValueError("trainer.stop_after_updates must be >= 1 (or null)")
+        if self.save_freq == 0 or self.save_freq < -1:
+            raise ValueError("trainer.save_freq must be a positive number of updates, or -1")

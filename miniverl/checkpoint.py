@@ -1,0 +1,170 @@
+"""Checkpoints: `checkpoints/update_<k>/` = adapter.safetensors + optimizer.safetensors + state.json.
+
+Safetensors and JSON only (no pickle). A checkpoint is written into a hidden temporary folder,
+every file fsynced, then renamed into place, so a crash mid-write leaves the previous checkpoint
+whole and the half-written one invisible. `state.json` holds the sha256 of the two tensor files,
+and loading verifies them, the plan digest and the files the resumed run needs, before anything
+is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
+from safetensors.torch import load_file, save_file
+
+from miniverl import __version__
+from miniverl.errors import MiniverlError
+from miniverl.identity import canonical_json, sha256_file
+
+TENSOR_FILES = ("adapter.safetensors", "optimizer.safetensors")
+STATE_FILE = "state.json"
+PREFIX = "update_"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb+") as handle:
+        os.fsync(handle.fileno())
+
+
+def optimizer_tensors(optimizer: torch.optim.Optimizer, names: list[str]) -> tuple[dict, dict]:
+    """AdamW state as named tensors (`<param name>.<exp_avg|exp_avg_sq|step>`) and its
+    hyperparameters as safetensors metadata."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    tensors = {}
+    for name, param in zip(names, params):
+        for key, value in optimizer.state.get(param, {}).items():
+            tensors[f"{name}.{key}"] = value.detach().cpu().contiguous()
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+    # One metadata key: safetensors writes several keys in no fixed order, which would break the
+    # byte-identity of checkpoints across processes.
+    return tensors, {"optimizer": canonical_json({"param_groups": groups, "param_names": names}).decode()}
+
+
+def load_optimizer_tensors(optimizer: torch.optim.Optimizer, names: list[str], tensors: dict) -> None:
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    for name, param in zip(names, params):
+        state = {key.rsplit(".", 1)[1]: t for key, t in tensors.items() if key.rsplit(".", 1)[0] == name}
+        if state:
+            optimizer.state[param] = {k: v.to(param.device) if k != "step" else v for k, v in state.items()}
+
+
+def save_checkpoint(root: Path, update: int, student: PeftModel, optimizer: torch.optim.Optimizer,
+                    param_names: list[str], state: dict) -> Path:
+    """Write checkpoints/update_<update>/ atomically; returns its path."""
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"{PREFIX}{update}"
+    tmp = root / f".{PREFIX}{update}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)  # a leftover of a crash mid-write
+    tmp.mkdir()
+    adapter = {k: v.detach().cpu().contiguous() for k, v in get_peft_model_state_dict(student).items()}
+    save_file(adapter, str(tmp / "adapter.safetensors"), metadata={"format": "pt"})
+    tensors, metadata = optimizer_tensors(optimizer, param_names)
+    save_file(tensors, str(tmp / "optimizer.safetensors"), metadata=metadata)
+    files = {name: sha256_file(tmp / name) for name in TENSOR_FILES}
+    (tmp / STATE_FILE).write_bytes(canonical_json({**state, "miniverl_version": __version__, "files": files}))
+    for name in (*TENSOR_FILES, STATE_FILE):
+        _fsync_file(tmp / name)
+    _fsync_dir(tmp)
+    if final.exists():  # re-saving the same update (e.g. a rerun into this folder): replace whole
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync_dir(root)
+    return final
+
+
+def checkpoints_in(run_dir: Path) -> list[Path]:
+    """Complete checkpoints of a run folder, oldest first."""
+    root = run_dir / "checkpoints"
+    found = [p for p in root.glob(f"{PREFIX}*") if p.is_dir() and p.name[len(PREFIX):].isdigit()] if root.is_dir() else []
+    return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint folder, or a run folder meaning its latest checkpoint."""
+    path = Path(path)
+    if (path / STATE_FILE).is_file():
+        return path
+    found = checkpoints_in(path)
+    if not found:
+        raise MiniverlError(f"trainer.resume_from={path}: neither a checkpoint folder (no {STATE_FILE}) "
+                            "nor a run folder with checkpoints/update_<k>/")
+    return found[-1]
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    state: dict
+
+    @property
+    def update(self) -> int:
+        return int(self.state["global_optimizer_steps"])
+
+    @property
+    def run_dir(self) -> Path:
+        return self.path.parent.parent
+
+    def bytes(self) -> int:
+        return sum((self.path / name).stat().st_size for name in (*TENSOR_FILES, STATE_FILE))
+
+
+def verify_checkpoint(path: str | Path, plan_digest: str) -> Checkpoint:
+    """Every check a resume needs, reading only: files present, hashes right, same plan, and the
+    earlier trajectory files of its run present and intact."""
+    path = resolve_checkpoint(path)
+    where = f"trainer.resume_from: checkpoint {path}"
+    missing = [name for name in (*TENSOR_FILES, STATE_FILE) if not (path / name).is_file()]
+    if missing:
+        raise MiniverlError(f"{where} is incomplete: missing {', '.join(missing)}; resume from an earlier checkpoint")
+    try:
+        state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
+        files = state["files"]
+    except (ValueError, KeyError, TypeError):
+        raise MiniverlError(f"{where}: {STATE_FILE} is not a miniverl checkpoint state; "
+                            "resume from an earlier checkpoint") from None
+    for name in TENSOR_FILES:
+        if sha256_file(path / name) != files.get(name):
+            raise MiniverlError(f"{where}: {name} does not match its sha256 in {STATE_FILE} (corrupted); "
+                                "resume from an earlier checkpoint")
+    if state.get("compiled_plan_sha256") != plan_digest:
+        raise MiniverlError(f"{where} belongs to another plan (compiled_plan_sha256 {state.get('compiled_plan_sha256')}"
+                            f" != {plan_digest}): resume with the overrides of the run that wrote it")
+    checkpoint = Checkpoint(path, state)
+    if checkpoint.update >= len(state["history"]) and state.get("finished"):
+        raise MiniverlError(f"{checkpoint.run_dir} already holds a finished run ({path.name} is its last update): "
+                            "nothing is left to resume; choose another hydra.run.dir for a new run")
+    for update, digest in enumerate(state["trajectory_digests"], start=1):
+        source = trajectory_path(checkpoint.run_dir, update)
+        if not source.is_file() or sha256_file(source) != digest:
+            raise MiniverlError(f"{where}: its run's trajectory {source} is missing or altered; "
+                                "the resumed run needs every earlier update's trajectory")
+    return checkpoint
+
+
+def trajectory_path(run_dir: Path, update: int) -> Path:
+    return run_dir / "trajectories" / f"update_{update:06d}.safetensors"
+
+
+def restore(checkpoint: Checkpoint, student: PeftModel, optimizer: torch.optim.Optimizer,
+            param_names: list[str]) -> None:
+    adapter = load_file(str(checkpoint.path / "adapter.safetensors"))
+    result = set_peft_model_state_dict(student, adapter)
+    if getattr(result, "unexpected_keys", None):
+        raise MiniverlError(f"trainer.resume_from: adapter of {checkpoint.path} does not fit this model "
+                            f"(unexpected {result.unexpected_keys[:3]})")
+    load_optimizer_tensors(optimizer, param_names, load_file(str(checkpoint.path / "optimizer.safetensors")))

@@ -1,0 +1,91 @@
+"""The recipe's own exact-resume check (`recipe.interrupt_after_updates: k`).
+
+After the uninterrupted run (the reference) finishes, the same command runs twice more in fresh
+processes: once stopped after update k (`trainer.stop_after_updates=k`), once resumed from that
+stop (`trainer.resume_from=...`). The resumed run's final checkpoint and trajectory log must equal
+the reference's byte for byte; the result fills the report's `resume` block.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from miniverl.checkpoint import checkpoints_in
+
+# Differs between the three runs by construction (their trainer.stop_after_updates/resume_from).
+EXCLUDED_RUN_IDENTITY_FIELD = "resolved_config_digest"
+TRAINING_STATE_FIELDS = ("global_optimizer_steps", "task_cursor", "compiled_plan_sha256", "run_seed",
+                         "random_streams", "trajectory_digests", "trajectory_sha256", "files", "finished")
+
+
+def run_child(overrides: list[str], extra: list[str], run_dir: Path) -> None:
+    command = [sys.executable, "-m", "miniverl.main", *overrides, *extra, "trainer.progress_bar=false",
+               f"hydra.run.dir={run_dir}"]
+    result = subprocess.run(command, capture_output=True, text=True, env=os.environ.copy())
+    if result.returncode != 0:
+        tail = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise RuntimeError(f"{' '.join(extra)} exited {result.returncode}: {tail}")
+
+
+def without_timings(history: list[dict]) -> list[dict]:
+    return [{k: v for k, v in m.items() if not k.startswith("timing_s/")} for m in history]
+
+
+def first_difference(reference: Path, resumed: Path) -> tuple[dict, str | None]:
+    """Compare two finished run folders; returns the three verdicts and the first difference."""
+    ref_ckpt, res_ckpt = checkpoints_in(reference)[-1], checkpoints_in(resumed)[-1]
+    differences = []
+    tensors_same = True
+    for name in ("adapter.safetensors", "optimizer.safetensors"):
+        if (ref_ckpt / name).read_bytes() != (res_ckpt / name).read_bytes():
+            tensors_same = False
+            differences.append(f"{name} of {res_ckpt.name} differs from the reference's {ref_ckpt.name}")
+    ref_traj = sorted((reference / "trajectories").glob("*.safetensors"))
+    res_traj = sorted((resumed / "trajectories").glob("*.safetensors"))
+    trajectories_same = [p.name for p in ref_traj] == [p.name for p in res_traj]
+    if not trajectories_same:
+        differences.append("the trajectory logs hold different updates")
+    for a, b in zip(ref_traj, res_traj):
+        if a.read_bytes() != b.read_bytes():
+            trajectories_same = False
+            differences.append(f"trajectories/{a.name} differs")
+    ref_state = json.loads((ref_ckpt / "state.json").read_text())
+    res_state = json.loads((res_ckpt / "state.json").read_text())
+    state_same = True
+    for field in TRAINING_STATE_FIELDS:
+        if ref_state.get(field) != res_state.get(field):
+            state_same = False
+            differences.append(f"state.json field {field} differs")
+    if without_timings(ref_state["history"]) != without_timings(res_state["history"]):
+        state_same = False
+        differences.append("state.json history (metrics without timings) differs")
+    verdicts = {"adapter_and_optimizer_byte_identical": tensors_same, "trajectories_byte_identical": trajectories_same,
+                "training_state_fields_identical": state_same,
+                "global_optimizer_steps": res_state["global_optimizer_steps"], "task_cursor": res_state["task_cursor"]}
+    return verdicts, (differences[0] if differences else None)
+
+
+def verify_resume(run_dir: Path, overrides: list[str], interrupt_after: int) -> dict:
+    """Run the interrupted and resumed twins of this run; returns the report's `resume` block."""
+    interrupted, resumed = run_dir / "resume_check" / "interrupted", run_dir / "resume_check" / "resumed"
+    block = {"status": "mismatch", "excluded_run_identity_field": EXCLUDED_RUN_IDENTITY_FIELD,
+             "interrupted_run": str(interrupted), "resumed_run": str(resumed), "adapter_and_optimizer_byte_identical":
+             False, "trajectories_byte_identical": False, "training_state_fields_identical": False,
+             "global_optimizer_steps": None, "task_cursor": None, "interrupt_checkpoint_bytes": None,
+             "resume_load_seconds": None, "first_difference": None}
+    try:
+        run_child(overrides, [f"trainer.stop_after_updates={interrupt_after}"], interrupted)
+        stop_ckpt = checkpoints_in(interrupted)[-1]
+        block["interrupt_checkpoint_bytes"] = sum(p.stat().st_size for p in stop_ckpt.iterdir() if p.is_file())
+        run_child(overrides, [f"trainer.resume_from={interrupted}"], resumed)
+    except (RuntimeError, IndexError) as error:
+        block["first_difference"] = f"the interrupted or resumed run failed: {error}"
+        return block
+    block["resume_load_seconds"] = json.loads((resumed / "report.json").read_text())["resume"]["resume_load_seconds"]
+    verdicts, difference = first_difference(run_dir, resumed)
+    block.update(verdicts, first_difference=difference, status="exact_match" if difference is None else "mismatch")
+    return block

@@ -1,0 +1,57 @@
+"""The rollout: per-sample sampling streams make the tokens independent of the physical batch
+split; a failed resume check makes the command fail."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import SHORT, compose_config
+from miniverl import main as main_module
+from miniverl.errors import MiniverlError
+from miniverl.identity import resolved_config
+from miniverl.schema import to_config
+from miniverl.trainer import OPDTrainer
+
+
+@pytest.fixture(scope="module")
+def trainer(tmp_path_factory):
+    cfg = compose_config(["+recipe=opd_k1", *SHORT])
+    trainer = OPDTrainer(to_config(cfg), resolved_config(cfg), tmp_path_factory.mktemp("rollout"))
+    trainer.setup()
+    return trainer
+
+
+def generate(trainer, physical_batches, update=0, limit=24):
+    plan = trainer.plan.updates[update]
+    rows = [trainer.prompts.rows.index(r) for r in plan.prompt_rows]
+    return trainer.rollout.generate_sequences([trainer.prompts.token_ids[i] for i in rows], list(plan.prompt_rows),
+                                              list(plan.sample_seeds), response_limit=limit,
+                                              physical_batches=physical_batches)
+
+
+def test_physical_batch_1_2_and_4_sample_the_same_tokens(trainer):
+    whole = generate(trainer, [4])
+    assert whole.response_mask.sum() > 4  # something was sampled
+    for split in ([2, 2], [1, 1, 1, 1], [1, 3]):
+        other = generate(trainer, split)
+        assert torch.equal(other.responses, whole.responses)
+        assert torch.equal(other.response_mask, whole.response_mask)
+        torch.testing.assert_close(other.rollout_log_probs, whole.rollout_log_probs, rtol=1e-5, atol=1e-5)
+
+
+def test_sampling_is_reproducible_and_seed_dependent(trainer):
+    first, again, other_update = generate(trainer, [4]), generate(trainer, [4]), generate(trainer, [4], update=1)
+    assert torch.equal(first.responses, again.responses)
+    assert not torch.equal(first.prompts, other_update.prompts) or not torch.equal(first.responses, other_update.responses)
+
+
+def test_a_failed_resume_check_fails_the_command(monkeypatch, tmp_path):
+    import miniverl.resume_check as resume_check
+    monkeypatch.setattr(resume_check, "verify_resume", lambda run_dir, overrides, k: {
+        "status": "mismatch", "first_difference": "adapter.safetensors of update_3 differs"})
+    cfg = compose_config(["+recipe=opd_k1", *SHORT, "recipe.interrupt_after_updates=1"])
+    with pytest.raises(MiniverlError, match="resume check failed: adapter.safetensors of update_3 differs"):
+        main_module.run(cfg, tmp_path / "run")
+    import json
+    assert json.loads((tmp_path / "run" / "report.json").read_text())["resume"]["status"] == "mismatch"
