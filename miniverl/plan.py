@@ -62,10 +62,11 @@ class Plan:
 
 
 def experiment_settings(cfg: MiniverlConfig) -> dict:
-    """The config minus run control (names, loggers, progress bar) and minus file paths
-    (the data enters the plan by content digest)."""
+    """The config minus run control (names, loggers, checkpoints, resume, export) and minus file
+    paths (the data enters the plan by content digest)."""
     settings = dataclasses.asdict(cfg)
     settings["trainer"] = {"seed": cfg.trainer.seed}
+    settings.pop("export")  # how a recipe would scale out on verl does not change this run
     settings["data"].pop("train_files")
     settings["hardware"].pop("name")
     return settings

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from miniverl.schema.actor import ActorConfig, RolloutConfig
 from miniverl.schema.data import DataConfig
 from miniverl.schema.estimator import EstimatorConfig
+from miniverl.schema.export import ExportConfig
 from miniverl.schema.hardware import HardwareConfig
 from miniverl.schema.model import StudentConfig
 from miniverl.schema.recipe import RecipeConfig, teacher_target_for
@@ -34,6 +35,7 @@ class MiniverlConfig:
     actor: ActorConfig = field(default_factory=ActorConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     recipe: RecipeConfig = field(default_factory=RecipeConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
 
     def __post_init__(self) -> None:
         wanted = teacher_target_for(self.estimator.loss_mode)
