@@ -87,11 +87,15 @@ def save_checkpoint(root: Path, update: int, student: PeftModel, optimizer: torc
     return final
 
 
+def checkpoint_update(path: Path) -> int:
+    return int(path.name[len(PREFIX):])
+
+
 def checkpoints_in(run_dir: Path) -> list[Path]:
     """Complete checkpoints of a run folder, oldest first."""
     root = run_dir / "checkpoints"
     found = [p for p in root.glob(f"{PREFIX}*") if p.is_dir() and p.name[len(PREFIX):].isdigit()] if root.is_dir() else []
-    return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
+    return sorted(found, key=checkpoint_update)
 
 
 def resolve_checkpoint(path: str | Path) -> Path:

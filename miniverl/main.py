@@ -30,19 +30,36 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str] = ()) -> dict:
     trainer.setup()
     status = trainer.train()
     report = trainer.finish(status)
+    if status == "failed":
+        raise MiniverlError(f"update {trainer.failure['update']} failed: {trainer.failure['reason']}; the last complete "
+                            f"update is checkpointed (resume with trainer.resume_from={run_dir}); report: "
+                            f"{run_dir / 'report.json'}")
     t, k = config.trainer, config.recipe.interrupt_after_updates
     if k is not None and status == "completed" and t.stop_after_updates is None and trainer.resumed is None:
         from miniverl.resume_check import verify_resume
 
         log.info("resume check: interrupting a fresh run after update %d and resuming it in a new process", k)
-        report["resume"] = verify_resume(run_dir, list(overrides), k)
-        trainer.out.write_json("report.json", report)
+        report = trainer.finish(status, resume_check=verify_resume(run_dir, list(overrides), k))
         if report["resume"]["status"] != "exact_match":
             raise MiniverlError(f"resume check failed: {report['resume']['first_difference']} "
                                 f"(see {run_dir / 'report.json'})")
         log.info("resume check: exact_match (adapter, optimizer, trajectories, training state)")
-    log.info("run %s: report %s, adapter %s", report["status"], run_dir / "report.json", run_dir / "peft_adapter")
+    print_summary(report, run_dir)
     return report
+
+
+def print_summary(report: dict, run_dir: Path) -> None:
+    """The closing table on the console: status, phases, throughputs, memory, resume, paths."""
+    m = report["measurements"]
+    seconds, rates = m["steady_state_median_seconds"], m["steady_state_median_throughput"]
+    rows = [("status", report["status"]),
+            *[(f"{phase} (median s/update)", seconds.get(phase)) for phase in ("rollout", "teacher_scoring", "actor_update")],
+            *[(name.replace("_", " "), value) for name, value in rates.items()],
+            ("peak reserved GiB (CUDA)", m["peak_reserved_gib"]), ("peak resident GiB (process)", m["peak_rss_gib"]),
+            ("batch downshifts", m["batch_downshifts"]), ("resume", report["resume"]["status"]),
+            ("report", run_dir / "report.json"), ("adapter", run_dir / "peft_adapter")]
+    width = max(len(name) for name, _ in rows)
+    print("\n".join(f"  {name:<{width}}  {value}" for name, value in rows), flush=True)
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")

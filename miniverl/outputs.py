@@ -14,7 +14,6 @@ import json
 import os
 from pathlib import Path
 
-import torch
 import yaml
 from safetensors.torch import save_file
 
@@ -91,6 +90,19 @@ class RunFolder:
         return sum(p.stat().st_size for p in self.root.rglob("*") if p.is_file())
 
 
-def load_trajectory(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-    return load_file(str(path))
+class TensorBoardLogger:
+    """`trainer.logger=[...,tensorboard]`: every numeric metric as a scalar under <run>/tensorboard."""
+
+    def __init__(self, root: Path):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise MiniverlError("trainer.logger includes tensorboard, which is not installed: "
+                                "pip install -e '.[tensorboard]' (or drop it from trainer.logger)") from None
+        self.writer = SummaryWriter(log_dir=str(root / "tensorboard"))
+
+    def log(self, metrics: dict, step: int) -> None:
+        for key, value in metrics.items():
+            if isinstance(value, (int, float)):
+                self.writer.add_scalar(key, value, step)
+        self.writer.flush()

@@ -15,19 +15,18 @@ from miniverl.logprobs import response_log_probs, response_log_probs_and_topk
 
 
 class TeacherWorker:
-    def __init__(self, model: PreTrainedModel, *, rows_per_forward: int, logprob_chunk: int, topk: int | None):
+    def __init__(self, model: PreTrainedModel, *, logprob_chunk: int, topk: int | None):
         self.model = model.eval()
-        self.rows_per_forward = rows_per_forward
         self.logprob_chunk = logprob_chunk
         self.topk = topk  # None: only the sampled token is needed
 
     @torch.no_grad()  # not inference_mode: the actor's autograd graph reads these tensors
-    def compute_teacher_log_prob(self, batch: Batch) -> Batch:
+    def compute_teacher_log_prob(self, batch: Batch, rows_per_forward: int) -> Batch:
         """Fills teacher_logprobs (B, R) [and teacher_topk_logprobs, teacher_ids (B, R, k)], at
         temperature 1 (verl requires 1.0 for the teacher)."""
         parts = []
-        for start in range(0, len(batch), self.rows_per_forward):
-            rows = batch.rows(start, start + self.rows_per_forward)
+        for start in range(0, len(batch), rows_per_forward):
+            rows = batch.rows(start, start + rows_per_forward)
             if self.topk is None:
                 parts.append((response_log_probs(self.model, rows, chunk=self.logprob_chunk),))
             else:

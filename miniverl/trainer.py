@@ -23,9 +23,11 @@ from miniverl.batch import Batch
 from miniverl.data import PromptSet, read_conversations, tokenize_prompts
 from miniverl.device import hardware_facts, resolve_device, set_determinism, timed
 from miniverl.identity import sha256_json
-from miniverl.outputs import RunFolder
+from miniverl.outputs import RunFolder, TensorBoardLogger
 from miniverl.plan import Plan, UpdatePlan, compile_plan, derive_seed
-from miniverl.report import build_report, checkpoint_facts
+from miniverl.downshift import Downshift, OutOfMemoryAtOneRow
+from miniverl.measure import cuda_peaks, peak_rss_gib, seconds_since_start
+from miniverl.report import RunFacts, build_report
 from miniverl.rollout import RolloutWorker
 from miniverl.schema import MiniverlConfig
 from miniverl.teacher import TeacherWorker
@@ -41,7 +43,8 @@ class OPDTrainer:
         self.history: list[dict] = []  # metrics of every update done so far (resumed ones included)
         self.resumed: checkpoint.Checkpoint | None = None
         self.last_checkpoint: Path | None = None
-        self.started = time.perf_counter()
+        self.failure: dict | None = None
+        self.seconds_to_first: dict[str, float | None] = {"rollout": None, "teacher_targets": None, "update": None}
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -57,6 +60,7 @@ class OPDTrainer:
         if source is not None:
             self.resumed = checkpoint.verify_checkpoint(source, self.plan.digest)
         self.out = RunFolder(self.run_dir, continuing=self.resumed is not None and self.in_place)
+        self.tensorboard = TensorBoardLogger(self.run_dir) if "tensorboard" in cfg.trainer.logger else None
         self.out.write_yaml("resolved_config.yaml", self.resolved)
         self.out.write_json("plan.json", self.plan.to_dict(), canonical=True)
 
@@ -76,13 +80,15 @@ class OPDTrainer:
         # The rollout and the actor share one model object (verl's hybrid engine on one device).
         self.rollout = RolloutWorker(self.student.get_base_model(), cfg.rollout, eos_id=self.tokenizer.eos_token_id,
                                      pad_id=self.tokenizer.pad_token_id, device=self.device)
-        self.teacher = TeacherWorker(teacher, rows_per_forward=hw.update_chunk, logprob_chunk=hw.logprob_chunk,
+        self.teacher = TeacherWorker(teacher, logprob_chunk=hw.logprob_chunk,
                                      topk=cfg.estimator.topk if cfg.estimator.uses_topk else None)
         self.actor = ActorWorker(self.student, cfg.actor, cfg.estimator, temperature=cfg.rollout.temperature,
                                  logprob_chunk=hw.logprob_chunk, loss_scale_factor=cfg.recipe.response_limit)
+        self.downshift = Downshift(self.device, rollout_rows=hw.rollout_physical_batch, update_rows=hw.update_chunk,
+                                   simulate_above=hw.simulate_oom_above_rows)
         if self.resumed is not None:
             self.load_checkpoint(self.resumed)
-        self.setup_seconds = time.perf_counter() - self.started
+        self.cold_startup_seconds = seconds_since_start()
 
     def resume_source(self) -> Path | None:
         t = self.cfg.trainer
@@ -118,10 +124,19 @@ class OPDTrainer:
         bar = tqdm(todo, desc="opd", unit="update", disable=not self.cfg.trainer.progress_bar, dynamic_ncols=True,
                    initial=len(self.history), total=len(self.plan.updates))
         for update in bar:
-            metrics = self.fit_step(update)
+            try:
+                metrics = self.fit_step(update)
+            except OutOfMemoryAtOneRow as error:
+                self.failure = {"update": update.update, "reason": str(error)}
+                if self.history and (self.last_checkpoint is None or
+                                     checkpoint.checkpoint_update(self.last_checkpoint) < len(self.history)):
+                    self.save_checkpoint(len(self.history))  # keep the last complete update
+                return "failed"
             self.history.append(metrics)
             if "jsonl" in self.cfg.trainer.logger:
                 self.out.append_metrics(metrics)
+            if self.tensorboard is not None:
+                self.tensorboard.log(metrics, update.update)
             bar.set_postfix(loss=f"{metrics['actor/distillation/loss']:.4f}", resp=f"{metrics['response_length/mean']:.1f}")
             if "console" in self.cfg.trainer.logger and not self.cfg.trainer.progress_bar:
                 log.info("update %d/%d %s", update.update, len(self.plan.updates), console_line(metrics))
@@ -134,25 +149,33 @@ class OPDTrainer:
         return "completed"
 
     def fit_step(self, update: UpdatePlan) -> dict:
-        cfg, timings = self.cfg, {}
+        cfg, timings, shift = self.cfg, {}, self.downshift
+        prompts = [self.prompts.token_ids[self.prompts.rows.index(r)] for r in update.prompt_rows]
+        n = len(prompts)
         with timed("step", timings, self.device):
             with timed("gen", timings, self.device):
-                positions = [self.prompts.rows.index(r) for r in update.prompt_rows]
-                batch = self.rollout.generate_sequences(
-                    [self.prompts.token_ids[i] for i in positions], list(update.prompt_rows),
-                    list(update.sample_seeds), response_limit=cfg.recipe.response_limit,
-                    physical_batches=list(update.rollout_physical_batches))
+                batch = shift.run("rollout", n, lambda sizes: self.rollout.generate_sequences(
+                    prompts, list(update.prompt_rows), list(update.sample_seeds),
+                    response_limit=cfg.recipe.response_limit, physical_batches=sizes))
+            self.mark_first("rollout")
             with timed("teacher", timings, self.device):
-                batch = self.teacher.compute_teacher_log_prob(batch)
+                batch = shift.run("update_chunk", n, lambda sizes: self.teacher.compute_teacher_log_prob(batch, sizes[0]))
+            self.mark_first("teacher_targets")
             with timed("old_log_prob", timings, self.device):
-                batch.old_log_probs = self.actor.compute_log_prob(batch, rows_per_forward=cfg.hardware.update_chunk)
+                batch.old_log_probs = shift.run("update_chunk", n, lambda sizes: self.actor.compute_log_prob(batch, sizes[0]))
             with timed("update_actor", timings, self.device):
-                actor_metrics, distillation_losses = self.actor.update_actor(batch, list(update.update_chunks))
+                actor_metrics, distillation_losses = shift.run("update_chunk", n,
+                                                               lambda sizes: self.actor.update_actor(batch, sizes))
+            self.mark_first("update")
             if cfg.estimator.use_policy_gradient:
                 batch.advantages = -distillation_losses  # what the PG step maximised at each token
             self.out.write_trajectory(update.update, batch)
         return {"training/global_step": update.update, **actor_metrics, **batch_metrics(batch, cfg.recipe.response_limit),
                 **{f"timing_s/{k}": round(v, 6) for k, v in timings.items()}}
+
+    def mark_first(self, event: str) -> None:
+        if self.seconds_to_first[event] is None:
+            self.seconds_to_first[event] = round(seconds_since_start(), 4)
 
     # ------------------------------------------------------------------ checkpoints
     def checkpoint_due(self, update: int) -> bool:
@@ -179,39 +202,28 @@ class OPDTrainer:
         return self.last_checkpoint
 
     # ------------------------------------------------------------------ finish
-    def finish(self, status: str = "completed") -> dict:
-        adapter_dir = self.out.path("peft_adapter")
-        self.student.save_pretrained(str(adapter_dir), safe_serialization=True)
-        rows = [r for u in self.plan.updates[: len(self.history)] for r in u.prompt_rows]
-        measurements = {
-            "adapter_bytes": sum(p.stat().st_size for p in adapter_dir.iterdir() if p.is_file()),
-            "setup_seconds": round(self.setup_seconds, 4),
-            "prompts_consumed": len(rows),
-            "distinct_prompts_consumed": len(set(rows)),
-            "observed_rollout_physical_batch_sizes": sorted({b for u in self.plan.updates[: len(self.history)]
-                                                             for b in u.rollout_physical_batches}),
-            "wall_seconds": round(time.perf_counter() - self.started, 4),
-        }
-        ckpt_hashes, ckpt_bytes = checkpoint_facts(self.last_checkpoint)
-        measurements["checkpoint_bytes"] = ckpt_bytes
-        artifacts = {"checkpoint_hashes": ckpt_hashes, "standard_peft_adapter_sha256": peft_adapter_sha256(adapter_dir),
-                     "trajectory_sha256": self.out.trajectory_sha256}
-        resume = {"status": "resumed" if self.resumed else "not_checked",
+    def finish(self, status: str = "completed", resume_check: dict | None = None) -> dict:
+        """Save the PEFT adapter and write report.json; `resume_check` is the recipe's exact-resume
+        verdict when it ran (it then becomes the report's `resume` block)."""
+        self.student.save_pretrained(str(self.out.path("peft_adapter")), safe_serialization=True)
+        peak_allocated, peak_reserved = cuda_peaks(self.device)
+        resume = resume_check or {"status": "resumed" if self.resumed else "not_checked",
                   "resumed_from": str(self.resumed.path) if self.resumed else None,
                   "resume_load_seconds": round(self.resume_load_seconds, 4) if self.resumed else None,
                   "global_optimizer_steps": len(self.history),
-                  "task_cursor": len(rows)}
-        report = build_report(self.cfg, self.plan, status=status, history=self.history,
-                              hardware=hardware_facts(self.device), artifacts=artifacts, measurements=measurements,
-                              resume=resume)
+                  "task_cursor": sum(len(u.prompt_rows) for u in self.plan.updates[: len(self.history)])}
+        facts = RunFacts(
+            status=status, history=self.history, hardware=hardware_facts(self.device), run_dir=self.run_dir,
+            last_checkpoint=self.last_checkpoint, seconds_to_first=self.seconds_to_first,
+            cold_startup_seconds=self.cold_startup_seconds, peak_allocated_gib=peak_allocated,
+            peak_reserved_gib=peak_reserved, peak_rss_gib=peak_rss_gib(),
+            batch_downshifts=dict(self.downshift.counts),
+            observed_rollout_physical_batch_sizes=sorted(self.downshift.observed["rollout"]),
+            trajectory_sha256=self.out.trajectory_sha256, resolved_config_digest=sha256_json(self.resolved),
+            resume=resume, failure=self.failure, workload_seconds=seconds_since_start())
+        report = build_report(self.cfg, self.plan, facts)
         self.out.write_json("report.json", report)
         return report
-
-
-def peft_adapter_sha256(folder: Path) -> str:
-    """sha256 of the adapter weights file: the bytes a user loads with PeftModel.from_pretrained."""
-    from miniverl.identity import sha256_file
-    return sha256_file(folder / "adapter_model.safetensors")
 
 
 def with_answers(messages: list[list[dict]], answers: list[str | None]) -> list[list[dict]]:

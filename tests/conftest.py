@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -37,3 +39,23 @@ def run_from_repo_root(monkeypatch):
 @pytest.fixture
 def toy_config():
     return lambda *extra: compose_config(["+recipe=opd_k1", *SHORT, *extra])
+
+
+# The command a user types, with the recipe's own exact-resume check on (stop after 1 of 3).
+RECIPE_RUN = ["+recipe=opd_k1", "model=toy", "teacher=toy", "recipe.optimizer_updates=3",
+              "recipe.interrupt_after_updates=1", "recipe.response_limit=8"]
+
+
+def main(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
+    """`python -m miniverl.main ARGS` in a fresh process, offline, on the CPU."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
+    env.pop("HYDRA_FULL_ERROR", None)
+    return subprocess.run([sys.executable, "-m", "miniverl.main", *args], capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=600)
+
+
+@pytest.fixture(scope="session")
+def recipe_run(tmp_path_factory):
+    """(CompletedProcess, run folder) of one full toy recipe run from the command line."""
+    run_dir = tmp_path_factory.mktemp("cli") / "run"
+    return main(*RECIPE_RUN, f"hydra.run.dir={run_dir}"), run_dir

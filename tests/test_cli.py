@@ -3,29 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from conftest import ROOT
 
-TOY = ["+recipe=opd_k1", "model=toy", "teacher=toy", "recipe.optimizer_updates=3", "recipe.interrupt_after_updates=1",
-       "recipe.response_limit=8"]
+from conftest import RECIPE_RUN as TOY
+from conftest import main
 
 
-def main(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
-    env.pop("HYDRA_FULL_ERROR", None)
-    return subprocess.run([sys.executable, "-m", "miniverl.main", *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=300)
-
-
-@pytest.fixture(scope="module")
-def toy_run(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("cli") / "run"
-    return main(*TOY, f"hydra.run.dir={run_dir}"), run_dir
+@pytest.fixture
+def toy_run(recipe_run):
+    return recipe_run
 
 
 def test_the_toy_recipe_runs_from_the_command_line(toy_run):

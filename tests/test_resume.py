@@ -16,18 +16,16 @@ import torch
 from peft import PeftModel
 from safetensors.torch import load_file
 
-from conftest import ROOT, compose_config
+from conftest import ROOT, compose_config, main
 from miniverl import checkpoint, models
 from miniverl.batch import Batch
 from miniverl.errors import MiniverlError
-from miniverl.identity import sha256_file
-from miniverl.identity import resolved_config
+from miniverl.identity import resolved_config, sha256_file
 from miniverl.logprobs import response_log_probs
 from miniverl.main import run
 from miniverl.resume_check import first_difference
 from miniverl.schema import to_config
 from miniverl.trainer import OPDTrainer
-from test_cli import main
 
 N = 4
 ARGS = ["+recipe=opd_k1", "model=toy", "teacher=toy", f"recipe.optimizer_updates={N}",

@@ -23,6 +23,9 @@ class HardwareConfig:
     # Resource contract of this hardware option (null: no limit).
     gpu_hour_limit: Optional[float] = None
     peak_reserved_limit_gib: Optional[float] = None
+    # Fault injection for tests: a forward of more rows than this raises torch.OutOfMemoryError,
+    # exercising the out-of-memory downshift (null: off).
+    simulate_oom_above_rows: Optional[int] = None
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:

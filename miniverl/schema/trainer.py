@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-LOGGERS = ("console", "jsonl")
+LOGGERS = ("console", "jsonl", "tensorboard")  # verl's trainer.logger names; tensorboard is an extra
 RESUME_MODES = ("auto", "disable", "resume_path")
 
 

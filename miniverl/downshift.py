@@ -1,0 +1,60 @@
+"""Out-of-memory downshift: a rollout physical batch or an update chunk that raises
+`torch.OutOfMemoryError` is retried at half the rows, until one row still fails.
+
+The smaller size sticks for the rest of the run (retrying the big size every update would pay
+the failure every time). Sampling streams are per sample, so a downshifted rollout samples the
+same tokens; only float rounding of the log-probs can differ.
+
+For tests, `hardware.simulate_oom_above_rows=N` makes any forward of more than N rows raise
+`torch.OutOfMemoryError` as the device would.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, TypeVar
+
+import torch
+
+from miniverl.measure import free_device_cache
+from miniverl.plan import split
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+KINDS = ("rollout", "update_chunk")
+
+
+class OutOfMemoryAtOneRow(Exception):
+    def __init__(self, kind: str, error: BaseException):
+        super().__init__(f"out of memory in a {kind.replace('_', ' ')} of a single row ({error}); "
+                         "use a smaller recipe.response_limit or prompt_limit, a smaller model, or a larger device")
+        self.kind = kind
+
+
+class Downshift:
+    def __init__(self, device: torch.device, *, rollout_rows: int, update_rows: int, simulate_above: int | None):
+        self.device = device
+        self.rows = {"rollout": rollout_rows, "update_chunk": update_rows}
+        self.counts = {f"{kind}_oom": 0 for kind in KINDS}
+        self.observed: dict[str, set[int]] = {kind: set() for kind in KINDS}
+        self.simulate_above = simulate_above
+
+    def run(self, kind: str, total_rows: int, work: Callable[[list[int]], T]) -> T:
+        """work(sizes) with sizes the row counts of each forward; halves them on out-of-memory."""
+        while True:
+            sizes = split(total_rows, self.rows[kind])
+            try:
+                if self.simulate_above is not None and max(sizes) > self.simulate_above:
+                    raise torch.OutOfMemoryError(f"simulated: {max(sizes)} rows > "
+                                                 f"hardware.simulate_oom_above_rows={self.simulate_above}")
+                result = work(sizes)
+            except torch.OutOfMemoryError as error:
+                free_device_cache(self.device)  # give back what the failed attempt cached
+                if self.rows[kind] == 1:
+                    raise OutOfMemoryAtOneRow(kind, error) from None
+                self.rows[kind] = max(1, self.rows[kind] // 2)
+                self.counts[f"{kind}_oom"] += 1
+                log.warning("out of memory in a %s of %d rows: retrying at %d", kind, max(sizes), self.rows[kind])
+                continue
+            self.observed[kind].update(sizes)
+            return result

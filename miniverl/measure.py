@@ -1,0 +1,72 @@
+"""Measurements the report records: clocks from process start, peak memory, bytes on disk, and
+the identity of the code that drove the workload."""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import torch
+
+from miniverl.identity import sha256_file, sha256_json
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def process_start() -> float:
+    """Wall-clock time (epoch seconds) at which this process was created, from the OS."""
+    return psutil.Process(os.getpid()).create_time()
+
+
+def seconds_since_start() -> float:
+    return time.time() - process_start()
+
+
+def peak_rss_gib() -> float:
+    """Peak resident memory of this process (the CPU's counterpart of CUDA's peak reserved)."""
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    scale = 1 if sys.platform == "darwin" else 1024  # macOS reports bytes, Linux KiB
+    return round(peak_kib * scale / 2**30, 4)
+
+
+def cuda_peaks(device: torch.device) -> tuple[float | None, float | None]:
+    """Peak allocated and reserved GiB of the CUDA caching allocator; nulls off CUDA."""
+    if device.type != "cuda":
+        return None, None
+    return (round(torch.cuda.max_memory_allocated(device) / 2**30, 4),
+            round(torch.cuda.max_memory_reserved(device) / 2**30, 4))
+
+
+def free_device_cache(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def folder_bytes(folder: Path, exclude: tuple[str, ...] = ()) -> int:
+    """Bytes of every file below `folder`, leaving out top-level entries named in `exclude`."""
+    if not folder.exists():
+        return 0
+    return sum(p.stat().st_size for p in folder.rglob("*")
+               if p.is_file() and p.relative_to(folder).parts[0] not in exclude)
+
+
+def workload_driver_sha256() -> str:
+    """sha256 of the miniverl source that drove the run: canonical list of (path, sha256) of every
+    .py file of the package, sorted by path."""
+    files = sorted(PACKAGE_DIR.rglob("*.py"))
+    return sha256_json([[p.relative_to(PACKAGE_DIR).as_posix(), sha256_file(p)] for p in files])
+
+
+def source_commit() -> str | None:
+    """The git commit of the checkout miniverl runs from; null outside a git checkout."""
+    try:
+        out = subprocess.run(["git", "-C", str(PACKAGE_DIR), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=10, check=True)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None

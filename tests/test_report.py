@@ -1,0 +1,156 @@
+"""The report: every field of the reference report, with the same types; the out-of-memory
+downshift trains exactly as a run without it; a failure is reported, not hidden; and
+`report compare` reads two real runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import ROOT, SHORT, compose_config
+from miniverl import report as report_module
+from miniverl.errors import MiniverlError
+from miniverl.main import run
+
+REFERENCE = json.loads((ROOT / "recipes/opd_k1/reference-report-rtx4080.json").read_text())
+# Fields that may be null, and why (docs/report.md says the same).
+NULLABLE = {
+    "hardware.cuda_runtime": "no CUDA on a CPU run", "hardware.driver": "no GPU driver on a CPU run",
+    "hardware.gpu": "no GPU on a CPU run", "hardware.vram_gib": "no GPU on a CPU run",
+    "measurements.peak_allocated_gib": "CUDA allocator figure", "measurements.peak_reserved_gib": "CUDA allocator figure",
+    "resource_contract.gpu_hour_limit": "the hardware option sets no limit",
+    "resource_contract.peak_reserved_limit_gib": "the hardware option sets no limit",
+    "resource_contract.peak_reserved_within_limit": "no limit or no CUDA figure",
+    "resource_contract.total_gpu_workload_seconds": "no GPU on a CPU run",
+    "models.student.revision": "toy models have no revision", "models.teacher.revision": "toy models have no revision",
+    "source_commit": "not run from a git checkout",
+}
+
+
+def kind(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, (int, float)):
+        return "number"
+    return type(value).__name__
+
+
+def walk(reference: dict, ours: dict, prefix: str = ""):
+    for key, ref_value in reference.items():
+        path = f"{prefix}{key}"
+        assert key in ours, f"report field {path} is missing"
+        value = ours[key]
+        if ref_value is None or (value is None and path in NULLABLE):
+            continue
+        assert kind(value) == kind(ref_value), f"{path}: {kind(value)} where the reference has {kind(ref_value)}"
+        if isinstance(ref_value, dict) and path not in ("artifacts.checkpoint_hashes",):
+            walk(ref_value, value, path + ".")
+
+
+def test_the_report_has_every_field_of_the_reference_report_with_the_same_types(recipe_run):
+    result, run_dir = recipe_run
+    assert result.returncode == 0, result.stderr
+    ours = json.loads((run_dir / "report.json").read_text())
+    walk(REFERENCE, ours)
+    assert set(ours["artifacts"]["checkpoint_hashes"]) == set(REFERENCE["artifacts"]["checkpoint_hashes"])
+
+
+def test_the_report_figures_are_measured(recipe_run):
+    _, run_dir = recipe_run
+    ours = json.loads((run_dir / "report.json").read_text())
+    m = ours["measurements"]
+    assert 0 < m["cold_startup_seconds"] < m["time_to_first_rollout_seconds"] < m["time_to_first_teacher_targets_seconds"]
+    assert m["time_to_first_teacher_targets_seconds"] < m["time_to_first_update_seconds"]
+    assert m["peak_rss_gib"] > 0.05 and m["peak_reserved_gib"] is None  # a CPU run: no invented CUDA figure
+    assert m["adapter_bytes"] == sum(p.stat().st_size for p in (run_dir / "peft_adapter").iterdir())
+    assert m["checkpoint_bytes"] == sum(p.stat().st_size for p in (run_dir / "checkpoints/update_3").iterdir())
+    assert m["total_run_bytes"] < ours["artifacts"]["total_workload_bytes"]  # the resume check's runs count too
+    assert m["prompts_consumed"] == 12 and m["distinct_prompts_consumed"] == 12
+    assert m["observed_rollout_physical_batch_sizes"] == [4]
+    assert m["batch_downshifts"] == {"rollout_oom": 0, "update_chunk_oom": 0}
+    assert all(v > 0 for v in m["steady_state_median_seconds"].values())
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    tokens = [x["response_length/sum"] / x["timing_s/gen"] for x in lines[1:]]
+    assert m["steady_state_median_throughput"]["rollout_tokens_per_second"] == pytest.approx(sorted(tokens)[0], rel=1e-3) \
+        or len(tokens) == 2  # the median of 2 steady updates is their mean
+    pi = ours["profile_identity"]
+    assert pi["digest"] == report_module.sha256_json({k: v for k, v in pi.items() if k != "digest"})
+    assert ours["resume"]["status"] == "exact_match"
+    assert ours["resource_contract"]["total_workload_seconds"] > 0
+
+
+def run_toy(tmp_path, name, *extra):
+    cfg = compose_config(["+recipe=opd_k1", *SHORT, "recipe.optimizer_updates=2", *extra])
+    return run(cfg, tmp_path / name)
+
+
+@pytest.fixture(scope="module")
+def plain_and_downshifted(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("oom")
+    return (run_toy(tmp, "plain"), tmp / "plain"), (run_toy(tmp, "oom", "hardware.simulate_oom_above_rows=1"), tmp / "oom")
+
+
+def test_an_oom_at_4_and_at_2_runs_at_1_and_trains_the_same(plain_and_downshifted):
+    (plain, plain_dir), (shifted, shifted_dir) = plain_and_downshifted
+    m = shifted["measurements"]
+    assert m["batch_downshifts"] == {"rollout_oom": 2, "update_chunk_oom": 2}
+    assert m["observed_rollout_physical_batch_sizes"] == [1]
+    assert plain["measurements"]["observed_rollout_physical_batch_sizes"] == [4]
+    for update in (1, 2):
+        a = load_file(str(plain_dir / "trajectories" / f"update_{update:06d}.safetensors"))
+        b = load_file(str(shifted_dir / "trajectories" / f"update_{update:06d}.safetensors"))
+        assert torch.equal(a["responses"], b["responses"])  # same tokens
+        for key in ("rollout_log_probs", "teacher_logprobs", "old_log_probs"):
+            torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-5)
+    plain_loss = [json.loads(x)["actor/distillation/loss"] for x in (plain_dir / "metrics.jsonl").read_text().splitlines()]
+    shifted_loss = [json.loads(x)["actor/distillation/loss"] for x in (shifted_dir / "metrics.jsonl").read_text().splitlines()]
+    assert shifted_loss == pytest.approx(plain_loss, rel=1e-4, abs=1e-6)
+
+
+def test_an_oom_at_one_row_fails_keeps_the_last_update_and_reports_failed(tmp_path, monkeypatch):
+    from miniverl.rollout import RolloutWorker
+    real = RolloutWorker.generate_sequences
+    calls = {"n": 0}
+
+    def second_update_never_fits(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] > 1:
+            raise torch.OutOfMemoryError("CUDA out of memory (test)")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(RolloutWorker, "generate_sequences", second_update_never_fits)
+    with pytest.raises(MiniverlError, match="update 2 failed: out of memory in a rollout of a single row"):
+        run_toy(tmp_path, "run", "trainer.save_freq=-1")
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["status"] == "failed" and report["failure"]["update"] == 2
+    assert report["measurements"]["batch_downshifts"]["rollout_oom"] == 2
+    assert (tmp_path / "run" / "checkpoints" / "update_1" / "state.json").is_file()
+
+
+def test_report_compare_prints_both_runs_side_by_side(plain_and_downshifted, capsys):
+    (_, plain_dir), (_, shifted_dir) = plain_and_downshifted
+    assert report_module.main(["compare", str(plain_dir / "report.json"), str(shifted_dir / "report.json")]) == 0
+    out = capsys.readouterr().out
+    assert "measurements.steady_state_median_seconds.rollout" in out
+    assert "measurements.batch_downshifts.rollout_oom" in out
+    line = next(x for x in out.splitlines() if x.startswith("measurements.prompts_consumed"))
+    assert line.split()[1:] == ["8", "8", "1.000"]
+    assert "identity fields that differ:" in out and "run_identity.resolved_config_digest" in out
+
+
+def test_report_compare_refuses_a_file_that_is_not_a_report(tmp_path, capsys):
+    bad = tmp_path / "x.json"
+    bad.write_text("{not json")
+    assert report_module.main(["compare", str(bad), str(bad)]) == 2
+    assert "not a readable report" in capsys.readouterr().err
+
+
+def test_tensorboard_logger_writes_event_files(tmp_path):
+    pytest.importorskip("tensorboard")
+    run_toy(tmp_path, "tb", "trainer.logger=[console,jsonl,tensorboard]")
+    assert list((tmp_path / "tb" / "tensorboard").glob("events.out.tfevents.*"))
