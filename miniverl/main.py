@@ -9,11 +9,13 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from miniverl.errors import MiniverlError
 from miniverl.identity import resolved_config
 from miniverl.schema import to_config
+from miniverl.sweep_summary import ERROR_FILE
 
 log = logging.getLogger("miniverl")
 
@@ -64,11 +66,19 @@ def print_summary(report: dict, run_dir: Path) -> None:
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
     try:
-        hydra_cfg = HydraConfig.get()
-        run(cfg, Path(hydra_cfg.runtime.output_dir), list(hydra_cfg.overrides.task))
-    except MiniverlError as error:
-        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        run(cfg, run_dir, list(hydra_cfg.overrides.task))
+    except Exception as error:
+        if hydra_cfg.mode == RunMode.MULTIRUN and os.environ.get("HYDRA_FULL_ERROR") != "1":
+            # Record why this job failed and let the sweep go on; the sweep-summary callback lists
+            # it and makes the command exit non-zero at the end.
+            message = str(error) if isinstance(error, MiniverlError) else f"{type(error).__name__}: {error}"
+            (run_dir / ERROR_FILE).write_text(message + "\n")
+            log.error("job failed: %s", message)
+            return
+        if not isinstance(error, MiniverlError) or os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         print(f"miniverl: error: {error}", file=sys.stderr)
         sys.exit(2)

@@ -1,0 +1,157 @@
+"""Hydra multirun summary: one table and one picture beside the jobs of a sweep.
+
+    sweep_summary.csv / .md   a row per job: overrides, status (and error), final and mean
+                              distillation loss, throughputs, peak memory, resume status, run folder
+    sweep_summary.png         per-update distillation loss of every job, labelled by overrides
+
+Written by a Hydra callback after every job (so a crash or a failed job loses nothing), and on
+demand: `python -m miniverl.sweep_summary SWEEP_DIR` (e.g. after a crash, or across launchers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import yaml
+from hydra.experimental.callback import Callback
+
+from miniverl.outputs import atomic_write_bytes
+
+ERROR_FILE = "error.txt"  # written by main.py in a job folder whose job failed
+COLUMNS = ["job", "swept", "status", "error", "final_loss", "mean_loss", "rollout_tokens_per_second",
+           "teacher_scored_positions_per_second", "update_positions_per_second", "peak_reserved_gib", "peak_rss_gib",
+           "resume", "run_dir", "overrides"]
+
+
+def job_dirs(sweep_dir: Path) -> list[Path]:
+    """Job folders (those with Hydra's .hydra/overrides.yaml), in job order."""
+    found = [p.parent.parent for p in sweep_dir.glob("*/.hydra/overrides.yaml")]
+    return sorted(found, key=lambda p: (0, int(p.name)) if p.name.isdigit() else (1, p.name))
+
+
+def summarize_job(job: Path) -> tuple[dict, list[float]]:
+    overrides = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text()) or []
+    row = {column: None for column in COLUMNS}
+    row.update(job=job.name, overrides=" ".join(overrides), run_dir=str(job))
+    losses = []
+    if (job / "metrics.jsonl").is_file():
+        losses = [json.loads(line)["actor/distillation/loss"] for line in (job / "metrics.jsonl").read_text().splitlines()
+                  if line.strip()]
+    if losses:
+        row.update(final_loss=losses[-1], mean_loss=statistics.fmean(losses))
+    report = json.loads((job / "report.json").read_text()) if (job / "report.json").is_file() else None
+    if report:
+        m = report["measurements"]
+        row.update(status=report["status"], peak_reserved_gib=m["peak_reserved_gib"], peak_rss_gib=m.get("peak_rss_gib"),
+                   resume=report["resume"]["status"], **m["steady_state_median_throughput"])
+        if report.get("failure"):
+            row["error"] = report["failure"]["reason"]
+    if (job / ERROR_FILE).is_file():
+        row.update(status="failed", error=(job / ERROR_FILE).read_text().strip())
+    if row["status"] is None:
+        row["status"] = "running or crashed"
+    return row, losses
+
+
+def write_summary(sweep_dir: Path) -> list[dict]:
+    jobs = [summarize_job(job) for job in job_dirs(sweep_dir)]
+    rows = [row for row, _ in jobs]
+    common = set.intersection(*(set(row["overrides"].split()) for row in rows)) if rows else set()
+    for row in rows:  # what tells the jobs apart
+        row["swept"] = " ".join(o for o in row["overrides"].split() if o not in common) or "(none)"
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_bytes(sweep_dir / "sweep_summary.csv", text.getvalue().encode())
+    atomic_write_bytes(sweep_dir / "sweep_summary.md", markdown(rows).encode())
+    plot(jobs, sweep_dir / "sweep_summary.png")
+    return rows
+
+
+def cell(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown(rows: list[dict]) -> str:
+    shown = [c for c in COLUMNS if c not in ("run_dir", "overrides")]
+    common = [o for o in rows[0]["overrides"].split() if o not in rows[0]["swept"].split()] if rows else []
+    lines = [f"Common overrides: `{' '.join(common) or '(none)'}`", "",
+             "| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
+    lines += ["| " + " | ".join(cell(row[c]) for c in shown) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def plot(jobs: list[tuple[dict, list[float]]], path: Path) -> None:
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+    for row, losses in jobs:
+        if losses:
+            ax.plot(range(1, len(losses) + 1), losses, marker="o", markersize=3,
+                    label=f"#{row['job']} {row['swept']}"[:80] + ("" if row["status"] == "completed" else " (failed)"))
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax.set_xlabel("optimizer update")
+    ax.set_ylabel("actor/distillation/loss")
+    ax.set_title(f"sweep: {path.parent.name} ({len(jobs)} jobs)")
+    ax.grid(alpha=0.3)
+    if any(losses for _, losses in jobs):
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+class SweepSummaryCallback(Callback):
+    """Rewrites the summary after every job of a multirun (Hydra stops a sweep's bookkeeping when a
+    job fails, so waiting for on_multirun_end would lose it)."""
+
+    def on_job_end(self, config, job_return, **kwargs) -> None:
+        from hydra.types import RunMode
+
+        if config.hydra.mode == RunMode.MULTIRUN:
+            write_summary(Path(config.hydra.sweep.dir))
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        rows = write_summary(sweep_dir)
+        failed = [row["job"] for row in rows if row["status"] != "completed"]
+        print(f"sweep: {len(rows) - len(failed)} of {len(rows)} jobs completed; summary in {sweep_dir}/sweep_summary.md",
+              flush=True)
+        if failed:
+            print(f"miniverl: error: sweep job(s) {', '.join(failed)} failed; see {sweep_dir}/sweep_summary.md",
+                  file=sys.stderr)
+            sys.exit(1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m miniverl.sweep_summary", description=__doc__.splitlines()[0])
+    parser.add_argument("sweep_dir", type=Path, help="a Hydra sweep folder (hydra.sweep.dir)")
+    args = parser.parse_args(argv)
+    if not job_dirs(args.sweep_dir):
+        print(f"miniverl: error: {args.sweep_dir} holds no Hydra job folders (<n>/.hydra/overrides.yaml)", file=sys.stderr)
+        return 2
+    rows = write_summary(args.sweep_dir)
+    print(markdown(rows), end="")
+    print(f"wrote {args.sweep_dir / 'sweep_summary.csv'}, .md and .png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
