@@ -25,7 +25,7 @@ import transformers
 from peft import LoraConfig, PeftModel, get_peft_model, prepare_model_for_kbit_training
 from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PreTrainedModel
 
-from miniverl import toy
+from miniverl import adapters, toy
 from miniverl.errors import MiniverlError
 from miniverl.schema.model import StudentConfig
 from miniverl.schema.teacher import TeacherConfig
@@ -62,9 +62,10 @@ def quiet_loading():
         transformers.utils.logging.set_verbosity(previous)
 
 
-def materialize_toys(student: StudentConfig, teacher: TeacherConfig, folder: Path, *, student_seed: int,
+def materialize_toys(student: StudentConfig, teacher: TeacherConfig | None, folder: Path, *, student_seed: int,
                      corpus_texts: Sequence[list[dict]] = ()) -> dict[str, Path]:
-    """Write the toy student and/or toy teacher to `folder/{student,teacher}`; return their paths."""
+    """Write the toy student and/or toy teacher (None: no separate teacher model) to
+    `folder/{student,teacher}`; return their paths."""
     with quiet_loading():
         return _materialize_toys(student, teacher, folder, student_seed, corpus_texts)
 
@@ -75,7 +76,7 @@ def _materialize_toys(student, teacher, folder, student_seed, corpus_texts) -> d
     if student.model_id == "toy":
         model = toy.build_toy_model(student.toy, tokenizer, seed=student_seed)
         paths["student"] = toy.save_toy(model, tokenizer, folder / "student")
-    if teacher.model_id == "toy":
+    if teacher is not None and teacher.model_id == "toy":
         model = toy.build_toy_model(teacher.toy, tokenizer, seed=teacher.toy_teacher_seed)
         corpus = [tokenizer.apply_chat_template(conv, tokenize=False) for conv in corpus_texts]
         corpus_ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in corpus]
@@ -176,6 +177,8 @@ def _wrap_student(model: PreTrainedModel, block: StudentConfig, device: torch.de
     elif block.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
+    if block.adapter:
+        return adapters.student_from_adapter(model, block.adapter).eval()
     lora = LoraConfig(r=block.lora.r, lora_alpha=block.lora.alpha, lora_dropout=block.lora.dropout,
                       target_modules=list(block.lora.target_modules), bias=block.lora.bias, task_type="CAUSAL_LM")
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
@@ -189,8 +192,12 @@ def _wrap_student(model: PreTrainedModel, block: StudentConfig, device: torch.de
 
 
 def load_teacher(block: TeacherConfig, source: Source, device: torch.device) -> PreTrainedModel:
+    """teacher.mode=standard: a separate frozen model, with teacher.adapter applied when set."""
     model = load_causal_lm("teacher", block, source, device)
     model.requires_grad_(False)
+    if block.adapter:
+        with quiet_loading():
+            model = adapters.teacher_with_adapter(model, block.adapter)
     return model.eval()
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from miniverl import VERL_COMMIT, VERL_REPOSITORY, VERL_TAG, __version__
+from miniverl.adapters import adapter_sha256
 from miniverl.identity import sha256_file, sha256_json
 from miniverl.measure import folder_bytes, source_commit, workload_driver_sha256
 from miniverl.plan import PLAN_VERSION, Plan
@@ -147,7 +148,10 @@ def build_report(cfg: MiniverlConfig, plan: Plan, facts: RunFacts) -> dict:
             "response_limit": cfg.recipe.response_limit,
             "teacher_target": cfg.recipe.teacher_target,
         },
-        "models": {"student": dataclasses.asdict(cfg.model), "teacher": dataclasses.asdict(cfg.teacher)},
+        "models": {
+            "student": {**dataclasses.asdict(cfg.model), "adapter_sha256": adapter_sha256(cfg.model.adapter)},
+            "teacher": {**dataclasses.asdict(cfg.teacher), "adapter_sha256": adapter_sha256(cfg.teacher.adapter)},
+        },
         "hardware": facts.hardware,
         "measurements": {
             "adapter_bytes": folder_bytes(adapter_dir),

@@ -7,6 +7,9 @@ log-probs and their token ids at every position.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+from typing import Callable, ContextManager
+
 import torch
 from transformers import PreTrainedModel
 
@@ -15,8 +18,12 @@ from miniverl.logprobs import response_log_probs, response_log_probs_and_topk
 
 
 class TeacherWorker:
-    def __init__(self, model: PreTrainedModel, *, logprob_chunk: int, topk: int | None):
-        self.model = model.eval()
+    def __init__(self, model: PreTrainedModel, *, logprob_chunk: int, topk: int | None,
+                 context: Callable[[], ContextManager] = nullcontext):
+        """`model` is the teacher; in the ref and shared_base modes it is the student's own base
+        model, and `context` switches its adapters for the teacher's forward."""
+        self.model = model
+        self.context = context
         self.logprob_chunk = logprob_chunk
         self.topk = topk  # None: only the sampled token is needed
 
@@ -24,6 +31,16 @@ class TeacherWorker:
     def compute_teacher_log_prob(self, batch: Batch, rows_per_forward: int) -> Batch:
         """Fills teacher_logprobs (B, R) [and teacher_topk_logprobs, teacher_ids (B, R, k)], at
         temperature 1 (verl requires 1.0 for the teacher)."""
+        self.model.eval()
+        with self.context():
+            parts = self._score(batch, rows_per_forward)
+        columns = [torch.cat(c) for c in zip(*parts)]
+        batch.teacher_logprobs = columns[0] * batch.response_mask
+        if self.topk is not None:
+            batch.teacher_topk_logprobs, batch.teacher_ids = columns[1], columns[2]
+        return batch
+
+    def _score(self, batch: Batch, rows_per_forward: int) -> list[tuple[torch.Tensor, ...]]:
         parts = []
         for start in range(0, len(batch), rows_per_forward):
             rows = batch.rows(start, start + rows_per_forward)
@@ -31,8 +48,4 @@ class TeacherWorker:
                 parts.append((response_log_probs(self.model, rows, chunk=self.logprob_chunk),))
             else:
                 parts.append(response_log_probs_and_topk(self.model, rows, k=self.topk, chunk=self.logprob_chunk))
-        columns = [torch.cat(c) for c in zip(*parts)]
-        batch.teacher_logprobs = columns[0] * batch.response_mask
-        if self.topk is not None:
-            batch.teacher_topk_logprobs, batch.teacher_ids = columns[1], columns[2]
-        return batch
+        return parts

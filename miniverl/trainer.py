@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from miniverl import checkpoint, models
+from miniverl import adapters, checkpoint, models
 from miniverl.actor import ActorWorker
 from miniverl.batch import Batch
 from miniverl.data import PromptSet, read_conversations, tokenize_prompts
@@ -66,22 +66,16 @@ class OPDTrainer:
 
         # Toy models are written to the run folder and then loaded like any hub model.
         toy_paths = models.materialize_toys(
-            cfg.model, cfg.teacher, self.out.path("toy_models"), student_seed=derive_seed(cfg.trainer.seed, "toy"),
+            cfg.model, cfg.teacher if cfg.teacher.mode == "standard" else None, self.out.path("toy_models"),
+            student_seed=derive_seed(cfg.trainer.seed, "toy"),
             corpus_texts=with_answers(conversations.messages, conversations.answers))
-        student_src = models.source_of(cfg.model, toy_paths.get("student"))
-        teacher_src = models.source_of(cfg.teacher, toy_paths.get("teacher"))
-        self.student = models.load_student(cfg.model, student_src, self.device,
-                                           lora_seed=derive_seed(cfg.trainer.seed, "lora"))
-        teacher = models.load_teacher(cfg.teacher, teacher_src, self.device)
-        teacher_tokenizer = models.load_tokenizer("teacher", cfg.teacher, teacher_src)
-        models.check_tokenizers_compatible(self.tokenizer, teacher_tokenizer, self.student.get_base_model(), teacher)
-
+        self.student = models.load_student(cfg.model, models.source_of(cfg.model, toy_paths.get("student")),
+                                           self.device, lora_seed=derive_seed(cfg.trainer.seed, "lora"))
         hw = cfg.hardware
         # The rollout and the actor share one model object (verl's hybrid engine on one device).
         self.rollout = RolloutWorker(self.student.get_base_model(), cfg.rollout, eos_id=self.tokenizer.eos_token_id,
                                      pad_id=self.tokenizer.pad_token_id, device=self.device)
-        self.teacher = TeacherWorker(teacher, logprob_chunk=hw.logprob_chunk,
-                                     topk=cfg.estimator.topk if cfg.estimator.uses_topk else None)
+        self.teacher = self.build_teacher(toy_paths.get("teacher"))
         self.actor = ActorWorker(self.student, cfg.actor, cfg.estimator, temperature=cfg.rollout.temperature,
                                  logprob_chunk=hw.logprob_chunk, loss_scale_factor=cfg.recipe.response_limit)
         self.downshift = Downshift(self.device, rollout_rows=hw.rollout_physical_batch, update_rows=hw.update_chunk,
@@ -89,6 +83,22 @@ class OPDTrainer:
         if self.resumed is not None:
             self.load_checkpoint(self.resumed)
         self.cold_startup_seconds = seconds_since_start()
+
+    def build_teacher(self, toy_path: Path | None) -> TeacherWorker:
+        cfg = self.cfg
+        topk = cfg.estimator.topk if cfg.estimator.uses_topk else None
+        if cfg.teacher.mode == "standard":  # a separate frozen model
+            source = models.source_of(cfg.teacher, toy_path)
+            teacher = models.load_teacher(cfg.teacher, source, self.device)
+            models.check_tokenizers_compatible(self.tokenizer, models.load_tokenizer("teacher", cfg.teacher, source),
+                                               self.student.get_base_model(), teacher)
+            return TeacherWorker(teacher, logprob_chunk=cfg.hardware.logprob_chunk, topk=topk)
+        # ref / shared_base: the teacher runs on the student's own base weights, no second copy.
+        if cfg.teacher.mode == "shared_base":
+            with models.quiet_loading():
+                adapters.attach_shared_teacher(self.student, cfg.teacher.adapter)
+        return TeacherWorker(self.student.get_base_model(), logprob_chunk=cfg.hardware.logprob_chunk, topk=topk,
+                             context=adapters.teacher_context(self.student, cfg.teacher.mode))
 
     def resume_source(self) -> Path | None:
         t = self.cfg.trainer
@@ -205,7 +215,8 @@ class OPDTrainer:
     def finish(self, status: str = "completed", resume_check: dict | None = None) -> dict:
         """Save the PEFT adapter and write report.json; `resume_check` is the recipe's exact-resume
         verdict when it ran (it then becomes the report's `resume` block)."""
-        self.student.save_pretrained(str(self.out.path("peft_adapter")), safe_serialization=True)
+        self.student.save_pretrained(str(self.out.path("peft_adapter")), safe_serialization=True,
+                                     selected_adapters=["default"])  # not a shared_base teacher's
         peak_allocated, peak_reserved = cuda_peaks(self.device)
         resume = resume_check or {"status": "resumed" if self.resumed else "not_checked",
                   "resumed_from": str(self.resumed.path) if self.resumed else None,

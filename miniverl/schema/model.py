@@ -61,11 +61,10 @@ class StudentConfig:
     prepare_kbit_training: bool = True
     gradient_checkpointing: bool = True
     lora: LoraSettings = field(default_factory=LoraSettings)
-    adapter: Optional[str] = None  # start from an existing PEFT adapter folder (not yet supported)
+    # Start from an existing PEFT adapter folder (verl: actor_rollout_ref.model.lora_adapter_path)
+    # instead of a fresh LoRA; its own adapter_config.json then decides r, alpha and targets.
+    adapter: Optional[str] = None
     toy: ToyArchitecture = field(default_factory=ToyArchitecture)
 
     def __post_init__(self) -> None:
         check_common("model", self.quantization, self.dtype)
-        if self.adapter is not None:
-            raise ValueError("model.adapter: starting the student from an existing adapter is not supported yet; "
-                             "remove the override to train a fresh LoRA")

@@ -8,12 +8,15 @@ from typing import Optional
 
 from miniverl.schema.model import ToyArchitecture, check_common
 
-TEACHER_MODES = ("standard",)
+# standard: a separate frozen model (optionally with a PEFT adapter on top);
+# ref: verl's reference policy, the student's own base with its LoRA disabled (no second copy);
+# shared_base: `adapter` applied to the student's base (one copy of the base, two adapters).
+TEACHER_MODES = ("standard", "ref", "shared_base")
 
 
 @dataclass
 class TeacherConfig:
-    mode: str = "standard"  # a separate frozen model
+    mode: str = "standard"
     model_id: str = "toy"
     revision: Optional[str] = None
     tokenizer_id: Optional[str] = None
@@ -22,7 +25,7 @@ class TeacherConfig:
     dtype: str = "float32"
     attn_implementation: str = "sdpa"
     quantization: str = "nf4"
-    adapter: Optional[str] = None
+    adapter: Optional[str] = None  # a PEFT adapter folder (standard: on top of model_id; shared_base: on the student's base)
     toy: ToyArchitecture = field(default_factory=ToyArchitecture)
     toy_teacher_seed: int = 99
     # Pretraining the toy teacher on the prompt corpus makes it differ from the student in a
@@ -33,8 +36,12 @@ class TeacherConfig:
     def __post_init__(self) -> None:
         check_common("teacher", self.quantization, self.dtype)
         if self.mode not in TEACHER_MODES:
-            raise ValueError(f"teacher.mode={self.mode!r}; this version supports {', '.join(TEACHER_MODES)}")
-        if self.adapter is not None:
-            raise ValueError("teacher.adapter: teacher adapters are not supported yet; remove the override")
+            raise ValueError(f"teacher.mode={self.mode!r}; choose one of {', '.join(TEACHER_MODES)}")
+        if self.mode == "shared_base" and not self.adapter:
+            raise ValueError("teacher.mode=shared_base needs teacher.adapter=<PEFT adapter folder trained on the "
+                             "student's base model>")
+        if self.mode == "ref" and self.adapter:
+            raise ValueError("teacher.mode=ref is the student's base without any adapter: drop teacher.adapter, "
+                             "or use teacher.mode=shared_base")
         if self.toy_pretrain_steps < 0:
             raise ValueError("teacher.toy_pretrain_steps must be >= 0")

@@ -1,0 +1,105 @@
+"""PEFT adapters beyond the fresh LoRA: a student started from an adapter folder, a teacher adapter
+on a separate teacher model, and a teacher adapter sharing the student's base (`shared_base`).
+
+An adapter folder is read only as `adapter_config.json` + `adapter_model.safetensors` (no
+pickle). One that does not fit its base (other architecture, shapes or target modules) is
+refused with one line naming the setting.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, ContextManager
+
+from peft import PeftModel
+from safetensors import safe_open
+from transformers import PreTrainedModel
+
+from miniverl.errors import MiniverlError
+from miniverl.identity import sha256_file
+
+WEIGHTS = "adapter_model.safetensors"
+TEACHER_ADAPTER = "teacher"  # the shared_base teacher's adapter name; the student's is "default"
+
+
+def check_folder(path: str, where: str) -> Path:
+    folder = Path(path)
+    if not (folder / "adapter_config.json").is_file():
+        raise MiniverlError(f"{where}={path}: not a PEFT adapter folder (no adapter_config.json)")
+    if not (folder / WEIGHTS).is_file():
+        raise MiniverlError(f"{where}={path}: no {WEIGHTS} (miniverl reads adapters from safetensors only)")
+    return folder
+
+
+def adapter_sha256(path: str | None) -> str | None:
+    return sha256_file(Path(path) / WEIGHTS) if path else None
+
+
+def check_fits(model: PreTrainedModel, folder: Path, where: str) -> None:
+    """Refuse an adapter whose target modules or tensor shapes do not exist in `model`."""
+    config = json.loads((folder / "adapter_config.json").read_text())
+    if config.get("peft_type") != "LORA":
+        raise MiniverlError(f"{where}={folder}: a {config.get('peft_type')} adapter; miniverl uses LoRA adapters")
+    targets = config.get("target_modules") or []
+    targets = [targets] if isinstance(targets, str) else targets
+    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    missing = [t for t in targets if t not in names]
+    if missing:
+        raise MiniverlError(f"{where}={folder}: targets modules {missing} that the base model "
+                            f"({type(model).__name__}) does not have; it was trained for another architecture")
+    shapes = dict(model.named_modules())
+    with safe_open(str(folder / WEIGHTS), "pt") as tensors:
+        for key in tensors.keys():
+            # base_model.model.<module path>.lora_A.weight -> the layer being adapted
+            path = key.removeprefix("base_model.model.").split(".lora_")[0]
+            layer = shapes.get(path) or shapes.get(path + ".base_layer")
+            if layer is None:
+                raise MiniverlError(f"{where}={folder}: adapts {path}, which the base model does not have")
+            rows, cols = tensors.get_slice(key).get_shape()
+            expected = getattr(layer, "in_features", None) if ".lora_A" in key else getattr(layer, "out_features", None)
+            actual = cols if ".lora_A" in key else rows
+            if expected is not None and actual != expected:
+                raise MiniverlError(f"{where}={folder}: {path} has {expected} features in this base model but "
+                                    f"{actual} in the adapter; it was trained on another base model")
+
+
+def student_from_adapter(model: PreTrainedModel, path: str) -> PeftModel:
+    """model.adapter: continue training exactly the weights of an existing adapter."""
+    folder = check_folder(path, "model.adapter")
+    check_fits(model, folder, "model.adapter")
+    return PeftModel.from_pretrained(model, str(folder), is_trainable=True)
+
+
+def teacher_with_adapter(model: PreTrainedModel, path: str) -> PreTrainedModel:
+    """teacher.mode=standard with teacher.adapter: the adapter applied (unmerged) on the teacher."""
+    folder = check_folder(path, "teacher.adapter")
+    check_fits(model, folder, "teacher.adapter")
+    peft_teacher = PeftModel.from_pretrained(model, str(folder), is_trainable=False)
+    peft_teacher.requires_grad_(False)
+    return peft_teacher.get_base_model()  # LoRA layers injected in place, always active
+
+
+def attach_shared_teacher(student: PeftModel, path: str) -> None:
+    """teacher.mode=shared_base: the teacher adapter joins the student's base as a frozen second adapter."""
+    folder = check_folder(path, "teacher.adapter")
+    check_fits(student.get_base_model(), folder, "teacher.adapter")
+    student.load_adapter(str(folder), adapter_name=TEACHER_ADAPTER, is_trainable=False)
+    student.set_adapter("default")  # the student's own adapter stays the active, trainable one
+
+
+def teacher_context(student: PeftModel, mode: str) -> Callable[[], ContextManager]:
+    """What must hold around a teacher forward that runs on the student's own base model."""
+    if mode == "ref":
+        return student.disable_adapter
+
+    @contextmanager
+    def teacher_adapter_active():
+        student.set_adapter(TEACHER_ADAPTER, inference_mode=True)
+        try:
+            yield
+        finally:
+            student.set_adapter("default")  # trainable again
+
+    return teacher_adapter_active
