@@ -21,6 +21,10 @@ from miniverl.schema.actor import ActorConfig
 from miniverl.schema.estimator import EstimatorConfig
 
 
+class NonFiniteLoss(Exception):
+    """A NaN or infinite loss or gradient norm: the update is not applied."""
+
+
 class ActorWorker:
     def __init__(self, model: PeftModel, actor: ActorConfig, estimator: EstimatorConfig, *,
                  temperature: float, logprob_chunk: int, loss_scale_factor: int):
@@ -54,8 +58,13 @@ class ActorWorker:
         """
         metrics, per_token_loss = self.accumulate_gradients(batch, chunks)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip))
-        if math.isfinite(grad_norm):
-            self.optimizer.step()  # verl skips the step on a non-finite gradient norm
+        if not (math.isfinite(grad_norm) and math.isfinite(metrics["actor/distillation/loss"])):
+            # verl skips such a step and goes on; miniverl stops, so a diverging run does not burn
+            # hours: the weights stay those of the last complete update.
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteLoss(f"non-finite loss {metrics['actor/distillation/loss']} / gradient norm {grad_norm}; "
+                                "lower actor.optim.lr, set estimator.loss_max_clamp, or check the teacher's log-probs")
+        self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)  # frees the gradients before the next rollout
         self.peft_model.eval()
         metrics["actor/grad_norm"] = grad_norm

@@ -48,41 +48,42 @@ class Conversations:
     parquet_sha256: str
 
 
-def read_conversations(data: DataConfig) -> Conversations:
-    """All prompts of all files, in file order, and the digest of the input bytes."""
+def read_conversations(data: DataConfig, key: str = "train_files") -> Conversations:
+    """All prompts of all files of `data.<key>`, in file order, and the digest of the input bytes."""
     conversations, answers, digests = [], [], []
-    for name in data.train_files:
+    where = f"data.{key}"
+    for name in getattr(data, key):
         path = Path(name)
         if not path.is_file():
-            raise MiniverlError(f"data.train_files: {name} does not exist (paths are relative to {Path.cwd()})")
+            raise MiniverlError(f"{where}: {name} does not exist (paths are relative to {Path.cwd()})")
         try:
             table = pq.read_table(path)
         except (pa.ArrowException, OSError) as error:
-            raise MiniverlError(f"data.train_files: {name} is not a readable parquet file ({error})") from None
+            raise MiniverlError(f"{where}: {name} is not a readable parquet file ({error})") from None
         if data.prompt_key not in table.column_names:
-            raise MiniverlError(f"data.train_files: {name} has no column {data.prompt_key!r} "
+            raise MiniverlError(f"{where}: {name} has no column {data.prompt_key!r} "
                                 f"(columns: {', '.join(table.column_names)}); set data.prompt_key")
         prompts = table.column(data.prompt_key).to_pylist()
         truths = (table.column("reward_model").to_pylist() if "reward_model" in table.column_names
                   else [None] * len(prompts))
         for row, messages in enumerate(prompts):
-            conversations.append(check_messages(messages, name, row, data.prompt_key))
+            conversations.append(check_messages(messages, name, row, data.prompt_key, where))
             truth = truths[row]
             answers.append(str(truth["ground_truth"]) if isinstance(truth, dict) and truth.get("ground_truth")
                            is not None else None)
         digests.append(sha256_file(path))
     if not conversations:
-        raise MiniverlError(f"data.train_files: {', '.join(data.train_files)} holds no rows")
+        raise MiniverlError(f"{where}: {', '.join(getattr(data, key))} holds no rows")
     return Conversations(conversations, answers, digests[0] if len(digests) == 1 else sha256_json(digests))
 
 
-def check_messages(messages, name: str, row: int, column: str) -> list[dict]:
+def check_messages(messages, name: str, row: int, column: str, where: str = "data.train_files") -> list[dict]:
     if isinstance(messages, str):  # a plain-text prompt is a single user turn
         return [{"role": "user", "content": messages}]
     ok = isinstance(messages, list) and messages and all(
         isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages)
     if not ok:
-        raise MiniverlError(f"data.train_files: {name} row {row} column {column!r}: expected a list of "
+        raise MiniverlError(f"{where}: {name} row {row} column {column!r}: expected a list of "
                             "{role, content} messages (verl's format), got " + repr(messages)[:80])
     return [{"role": m["role"], "content": m["content"]} for m in messages]
 
@@ -110,3 +111,8 @@ def tokenize_prompts(source: Conversations, data: DataConfig, tokenizer, prompt_
     if not kept.rows:
         raise MiniverlError(f"data: no prompt fits recipe.prompt_limit={prompt_limit}")
     return kept
+
+
+def with_answers(messages: list[list[dict]], answers: list[str | None]) -> list[list[dict]]:
+    """Prompt conversations completed with their ground truth: the toy teacher's pretraining text."""
+    return [m + ([{"role": "assistant", "content": a}] if a is not None else []) for m, a in zip(messages, answers)]

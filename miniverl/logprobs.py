@@ -3,8 +3,19 @@
 
 The decoder runs once; its hidden states are turned into logits a chunk of positions at a time,
 and each chunk keeps only what its caller asks for (the sampled token's log-prob, the teacher's
-top-k, the top-k KL terms). With gradients on, each chunk is recomputed in backward (activation
-checkpointing), so autograd never holds more than one chunk's logits either.
+top-k, the top-k KL terms). A chunk holds at most `chunk` positions and at most
+`MAX_CHUNK_ELEMENTS` logits, so the memory of a chunk is bounded for any vocabulary size.
+
+Sampled-token log-probs, log p(y) = z_y - logsumexp(z) with z = lm_head(h) / T:
+
+- without gradients: per chunk one float32 logits block, reduced in place (max, exp, sum) after
+  the sampled logit is gathered;
+- with gradients, when the lm_head is a frozen plain Linear (LoRA and every frozen-head setup):
+  the gradient with respect to h is formed in the forward pass, d log p(y) / dh =
+  (W_y - softmax(z) W) / T, one (N, H) tensor, so the backward never recomputes or keeps logits
+  (two lm_head-sized matmuls per chunk in all, as a plain forward + backward has);
+- otherwise (a trainable head, other outputs): each chunk is recomputed in backward (activation
+  checkpointing), so autograd never holds more than one chunk's logits either.
 """
 
 from __future__ import annotations
@@ -17,6 +28,13 @@ from transformers import PreTrainedModel
 
 from miniverl.batch import Batch
 from miniverl.losses import TopkTerms, forward_kl_topk_terms
+
+MAX_CHUNK_ELEMENTS = 1 << 24  # logits per chunk at most (64 MiB in float32), whatever `chunk` says
+
+
+def rows_per_chunk(chunk: int, vocab: int) -> int:
+    """Positions per chunk: `chunk`, fewer if chunk x vocab logits would pass MAX_CHUNK_ELEMENTS."""
+    return max(1, min(chunk, MAX_CHUNK_ELEMENTS // max(1, vocab)))
 
 
 def map_position_chunks(fn: Callable[..., tuple[torch.Tensor, ...]], hidden: torch.Tensor,
@@ -43,6 +61,76 @@ def _sampled(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return logits.gather(-1, tokens[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # (N,)
 
 
+def _sampled_in_place(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """_sampled without a second (N, V) buffer: overwrites `logits` (no autograd)."""
+    picked = logits.gather(-1, tokens[:, None]).squeeze(-1)  # (N,)
+    top = logits.amax(-1, keepdim=True)  # (N, 1)
+    log_z = logits.sub_(top).exp_().sum(-1).log_() + top.squeeze(-1)
+    return picked - log_z
+
+
+def frozen_linear_head(lm_head: torch.nn.Module) -> bool:
+    """A plain Linear whose weight (and bias) are not trained: the fused-gradient path applies."""
+    return (type(lm_head) is torch.nn.Linear and not lm_head.weight.requires_grad
+            and (lm_head.bias is None or not lm_head.bias.requires_grad))
+
+
+class _SampledLogProbFrozenHead(torch.autograd.Function):
+    """log p(token) from hidden states through a frozen linear head; d/dh is formed in forward."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, tokens, temperature, rows):
+        out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        grad = torch.empty(hidden.shape, dtype=torch.float32, device=hidden.device)  # (N, H)
+        for start in range(0, hidden.shape[0], rows):
+            h, tok = hidden[start:start + rows], tokens[start:start + rows]
+            logits = torch.nn.functional.linear(h, weight, bias).float()  # (n, V)
+            if temperature != 1.0:
+                logits = logits / temperature
+            picked = logits.gather(-1, tok[:, None]).squeeze(-1)
+            top = logits.amax(-1, keepdim=True)
+            probs = logits.sub_(top).exp_()  # in place: one (n, V) buffer per chunk
+            total = probs.sum(-1, keepdim=True)
+            out[start:start + rows] = picked - (total.log() + top).squeeze(-1)  # z_y - logsumexp(z)
+            # softmax - onehot; its product with W is -(W_y - p W).
+            probs.div_(total).scatter_add_(-1, tok[:, None], torch.full_like(total, -1.0))
+            grad[start:start + rows] = (probs.to(weight.dtype) @ weight).float().neg_()
+        if temperature != 1.0:
+            grad.div_(temperature)
+        ctx.save_for_backward(grad)
+        ctx.hidden_dtype = hidden.dtype
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (grad,) = ctx.saved_tensors
+        return (grad * grad_out[:, None]).to(ctx.hidden_dtype), None, None, None, None, None
+
+
+def sampled_log_probs(lm_head: torch.nn.Module, hidden: torch.Tensor, tokens: torch.Tensor, *,
+                      temperature: float = 1.0, chunk: int = 256) -> torch.Tensor:
+    """log p(tokens) for hidden (B, T, H) and tokens (B, T): (B, T) float32, never holding more
+    than one chunk of logits (forward or backward)."""
+    B, T = tokens.shape
+    vocab = lm_head.weight.shape[0] if hasattr(lm_head, "weight") else lm_head(hidden[:1, :1]).shape[-1]
+    rows = rows_per_chunk(chunk, vocab)
+    grad = torch.is_grad_enabled() and hidden.requires_grad
+    flat_h, flat_t = hidden.reshape(B * T, -1), tokens.reshape(B * T)
+    if grad and frozen_linear_head(lm_head):
+        out = _SampledLogProbFrozenHead.apply(flat_h, lm_head.weight, lm_head.bias, flat_t, temperature, rows)
+        return out.reshape(B, T)
+    if grad:
+        def fn(h, tok):
+            return (_sampled(_logits(lm_head, h, temperature), tok),)
+
+        return map_position_chunks(fn, hidden, tokens, chunk=rows)[0]
+    out = torch.empty(B * T, dtype=torch.float32, device=hidden.device)
+    for start in range(0, B * T, rows):
+        out[start:start + rows] = _sampled_in_place(_logits(lm_head, flat_h[start:start + rows], temperature),
+                                                    flat_t[start:start + rows])
+    return out.reshape(B, T)
+
+
 def response_hidden_states(model: PreTrainedModel, batch: Batch) -> torch.Tensor:
     """Decoder hidden states at the positions that predict response tokens: (B, R, H).
 
@@ -58,12 +146,8 @@ def response_hidden_states(model: PreTrainedModel, batch: Batch) -> torch.Tensor
 def response_log_probs(model: PreTrainedModel, batch: Batch, *, temperature: float = 1.0,
                        chunk: int = 256) -> torch.Tensor:
     """log p(response token t | prompt, response_<t) for every row: (B, R) float32."""
-    lm_head = model.get_output_embeddings()
-
-    def fn(h, tokens):
-        return (_sampled(_logits(lm_head, h, temperature), tokens),)
-
-    return map_position_chunks(fn, response_hidden_states(model, batch), batch.responses, chunk=chunk)[0]
+    return sampled_log_probs(model.get_output_embeddings(), response_hidden_states(model, batch), batch.responses,
+                             temperature=temperature, chunk=chunk)
 
 
 def response_log_probs_and_topk(model: PreTrainedModel, batch: Batch, *, k: int,
@@ -72,11 +156,13 @@ def response_log_probs_and_topk(model: PreTrainedModel, batch: Batch, *, k: int,
     lm_head = model.get_output_embeddings()
 
     def fn(h, tokens):
-        log_probs = _logits(lm_head, h, 1.0).log_softmax(-1)  # (N, V): one chunk at a time
-        top = log_probs.topk(k, dim=-1)
-        return log_probs.gather(-1, tokens[:, None]).squeeze(-1), top.values, top.indices
+        logits = _logits(lm_head, h, 1.0)  # (N, V): one chunk at a time
+        log_z = torch.logsumexp(logits, dim=-1, keepdim=True)
+        top = logits.topk(k, dim=-1)
+        return logits.gather(-1, tokens[:, None]).squeeze(-1) - log_z.squeeze(-1), top.values - log_z, top.indices
 
-    return map_position_chunks(fn, response_hidden_states(model, batch), batch.responses, chunk=chunk)
+    rows = rows_per_chunk(chunk, lm_head.weight.shape[0])
+    return map_position_chunks(fn, response_hidden_states(model, batch), batch.responses, chunk=rows)
 
 
 def response_topk_terms(model: PreTrainedModel, batch: Batch, teacher_ids: torch.Tensor,
@@ -90,6 +176,7 @@ def response_topk_terms(model: PreTrainedModel, batch: Batch, teacher_ids: torch
         terms = forward_kl_topk_terms(logits, t_lp, ids, log_prob_min_clamp=log_prob_min_clamp)
         return (_sampled(logits, tokens), *terms)
 
+    rows = rows_per_chunk(chunk, lm_head.weight.shape[0])
     log_prob, *terms = map_position_chunks(fn, response_hidden_states(model, batch), batch.responses,
-                                           teacher_ids, teacher_topk_logprobs, chunk=chunk)
+                                           teacher_ids, teacher_topk_logprobs, chunk=rows)
     return log_prob, TopkTerms(*terms)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -12,41 +14,75 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from miniverl.errors import MiniverlError
+from miniverl.errors import MiniverlError, RunStopped
 from miniverl.identity import resolved_config
 from miniverl.schema import to_config
 from miniverl.sweep_summary import ERROR_FILE
 
 log = logging.getLogger("miniverl")
+# A full disk, a read-only folder, no permission: the user's to fix, not a bug.
+WRITE_ERRORS = (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT)
 
 
 def run(cfg: DictConfig, run_dir: Path, overrides: list[str] = ()) -> dict:
-    """Validate, set up, train and report; returns the report. `overrides` (the command line's)
+    """Validate, check, train and report; returns the report. `overrides` (the command line's)
     let the recipe's resume check run this same job again in fresh processes."""
     config = to_config(cfg)
     # bitsandbytes logs a warning at import when the optional `kernels` package is absent.
     logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
     from miniverl.trainer import OPDTrainer  # heavy imports (torch, transformers) after validation
 
+    preflight(config)
     trainer = OPDTrainer(config, resolved_config(cfg), run_dir)
-    trainer.setup()
-    status = trainer.train()
-    report = trainer.finish(status)
+    try:
+        trainer.setup()
+        status = trainer.train()
+        report = trainer.finish(status)
+    except OSError as error:
+        if error.errno not in WRITE_ERRORS:
+            raise
+        last = f"; the last complete checkpoint is {trainer.last_checkpoint}" if trainer.last_checkpoint else ""
+        raise MiniverlError(f"cannot write {error.filename or run_dir}: {error.strerror}{last}; free space or choose "
+                            "another hydra.run.dir, then resume with trainer.resume_from") from None
+    if trainer.stopped_by:
+        raise RunStopped(f"stopped by {signal.Signals(trainer.stopped_by).name} after update {len(trainer.history)}, "
+                         f"nothing left half-done; the last complete checkpoint is {trainer.last_checkpoint}; resume "
+                         f"with the same command and trainer.resume_from={run_dir}", trainer.stopped_by)
     if status == "failed":
         raise MiniverlError(f"update {trainer.failure['update']} failed: {trainer.failure['reason']}; the last complete "
                             f"update is checkpointed (resume with trainer.resume_from={run_dir}); report: "
                             f"{run_dir / 'report.json'}")
-    t, k = config.trainer, config.recipe.interrupt_after_updates
-    if k is not None and status == "completed" and t.stop_after_updates is None and trainer.resumed is None:
-        from miniverl.resume_check import verify_resume
-
-        log.info("resume check: interrupting a fresh run after update %d and resuming it in a new process", k)
-        report = trainer.finish(status, resume_check=verify_resume(run_dir, list(overrides), k))
-        if report["resume"]["status"] != "exact_match":
-            raise MiniverlError(f"resume check failed: {report['resume']['first_difference']} "
-                                f"(see {run_dir / 'report.json'})")
-        log.info("resume check: exact_match (adapter, optimizer, trajectories, training state)")
+    k = config.recipe.interrupt_after_updates
+    if k is not None and config.trainer.stop_after_updates is None and trainer.resumed is None:
+        report = check_own_resume(trainer, run_dir, overrides, k)
     print_summary(report, run_dir)
+    return report
+
+
+def preflight(config) -> None:
+    """The doctor's cheap checks (data, tokenizers, memory) before any model is loaded."""
+    from miniverl.device import resolve_device
+    from miniverl.doctor import cheap_checks
+
+    checks = cheap_checks(config, resolve_device(config.hardware))
+    for check in checks:
+        if check.status != "PASS":
+            log.warning("pre-flight %s", check)
+    failed = [f"{c.name}: {c.reason}" for c in checks if c.status == "FAIL"]
+    if failed:
+        raise MiniverlError("pre-flight check failed (python -m miniverl.doctor shows all): " + "; ".join(failed))
+
+
+def check_own_resume(trainer, run_dir: Path, overrides, k: int) -> dict:
+    """recipe.interrupt_after_updates: rerun stopped after k and resumed, in fresh processes."""
+    from miniverl.resume_check import verify_resume
+
+    log.info("resume check: interrupting a fresh run after update %d and resuming it in a new process", k)
+    report = trainer.finish("completed", resume_check=verify_resume(run_dir, list(overrides), k))
+    if report["resume"]["status"] != "exact_match":
+        raise MiniverlError(f"resume check failed: {report['resume']['first_difference']} "
+                            f"(see {run_dir / 'report.json'})")
+    log.info("resume check: exact_match (adapter, optimizer, trajectories, training state)")
     return report
 
 
@@ -81,7 +117,7 @@ def main(cfg: DictConfig) -> None:
         if not isinstance(error, MiniverlError) or os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         print(f"miniverl: error: {error}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(getattr(error, "exit_code", 2))
 
 
 if __name__ == "__main__":

@@ -77,11 +77,12 @@ def _materialize_toys(student, teacher, folder, student_seed, corpus_texts) -> d
         model = toy.build_toy_model(student.toy, tokenizer, seed=student_seed)
         paths["student"] = toy.save_toy(model, tokenizer, folder / "student")
     if teacher is not None and teacher.model_id == "toy":
-        model = toy.build_toy_model(teacher.toy, tokenizer, seed=teacher.toy_teacher_seed)
+        seed = student_seed if teacher.toy_teacher_seed is None else teacher.toy_teacher_seed
+        model = toy.build_toy_model(teacher.toy, tokenizer, seed=seed)
         corpus = [tokenizer.apply_chat_template(conv, tokenize=False) for conv in corpus_texts]
         corpus_ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in corpus]
         toy.pretrain_on_corpus(model, corpus_ids, steps=teacher.toy_pretrain_steps, lr=teacher.toy_pretrain_lr,
-                               seed=teacher.toy_teacher_seed, pad_id=tokenizer.pad_token_id)
+                               seed=seed, pad_id=tokenizer.pad_token_id)
         paths["teacher"] = toy.save_toy(model, tokenizer, folder / "teacher")
     return paths
 

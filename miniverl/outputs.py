@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import yaml
@@ -22,6 +23,9 @@ from miniverl.errors import MiniverlError
 from miniverl.identity import canonical_json, sha256_file, sha256_json
 
 FINISHED_MARKERS = ("metrics.jsonl", "report.json", "plan.json")
+# What a run writes into its folder (Hydra's own .hydra/ and <job>.log are left alone).
+RUN_OUTPUTS = (*FINISHED_MARKERS, "resolved_config.yaml", "trajectories", "checkpoints", "peft_adapter", "toy_models",
+               "resume_check", "tensorboard", "error.txt")
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -35,14 +39,24 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 class RunFolder:
-    def __init__(self, root: Path, *, continuing: bool = False):
-        """`continuing`: resuming this folder's own checkpoint, so its earlier outputs are expected."""
+    def __init__(self, root: Path, *, continuing: bool = False, overwrite: bool = False):
+        """`continuing`: resuming this folder's own checkpoint, so its earlier outputs are expected;
+        `overwrite`: the user asked to replace a previous run's outputs (trainer.overwrite=true)."""
         self.root = Path(root)
         taken = [name for name in FINISHED_MARKERS if (self.root / name).exists()]
+        if taken and overwrite and not continuing:
+            for name in RUN_OUTPUTS:
+                target = self.root / name
+                shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
+            taken = []
         if taken and not continuing:
-            raise MiniverlError(f"run folder {self.root} already holds a run ({', '.join(taken)}); "
-                                "choose another hydra.run.dir (runs are never overwritten), or resume it with "
-                                f"trainer.resume_from={self.root}")
+            try:
+                status = f"status {json.loads((self.root / 'report.json').read_text())['status']}: "
+            except (OSError, ValueError, KeyError):
+                status = ""
+            raise MiniverlError(f"run folder {self.root} already holds a run ({status}{', '.join(taken)}); "
+                                "choose another hydra.run.dir, resume it with "
+                                f"trainer.resume_from={self.root}, or replace it with trainer.overwrite=true")
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             (self.root / "trajectories").mkdir(exist_ok=True)

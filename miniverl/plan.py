@@ -67,6 +67,8 @@ def experiment_settings(cfg: MiniverlConfig) -> dict:
     settings = dataclasses.asdict(cfg)
     settings["trainer"] = {"seed": cfg.trainer.seed}
     settings.pop("export")  # how a recipe would scale out on verl does not change this run
+    settings.pop("eval")  # measuring progress on held-out prompts does not change training
+    settings["data"].pop("val_files")
     settings["data"].pop("train_files")
     settings["hardware"].pop("name")
     return settings
@@ -90,7 +92,13 @@ def compile_plan(cfg: MiniverlConfig, prompts: PromptSet) -> Plan:
     if recipe.logical_batch > len(prompts):
         raise MiniverlError(f"recipe.logical_batch={recipe.logical_batch} is larger than the "
                             f"{len(prompts)} usable prompts in data.train_files")
-    order = prompt_order(prompts, cfg, recipe.logical_batch * recipe.optimizer_updates)
+    needed = recipe.logical_batch * recipe.optimizer_updates
+    if needed > len(prompts) and not cfg.data.repeat_prompts:
+        raise MiniverlError(
+            f"data.train_files: the plan needs {needed} prompts (recipe.optimizer_updates={recipe.optimizer_updates} "
+            f"x recipe.logical_batch={recipe.logical_batch}) but {len(prompts)} are usable; add prompts, lower "
+            "those numbers, or set data.repeat_prompts=true to go through them more than once")
+    order = prompt_order(prompts, cfg, needed)
     updates = []
     for u in range(1, recipe.optimizer_updates + 1):
         rows = order[(u - 1) * recipe.logical_batch: u * recipe.logical_batch]

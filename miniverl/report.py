@@ -16,6 +16,7 @@ from pathlib import Path
 
 from miniverl import VERL_COMMIT, VERL_REPOSITORY, VERL_TAG, __version__
 from miniverl.adapters import adapter_sha256
+from miniverl.export import field_rule_digest
 from miniverl.identity import sha256_file, sha256_json
 from miniverl.measure import folder_bytes, source_commit, workload_driver_sha256
 from miniverl.plan import PLAN_VERSION, Plan
@@ -51,6 +52,7 @@ class RunFacts:
     resume: dict
     failure: dict | None = None
     workload_seconds: float = 0.0
+    distillation_progress: dict | None = None
     extra_measurements: dict = field(default_factory=dict)
 
 
@@ -77,16 +79,11 @@ def checkpoint_facts(folder: Path | None) -> tuple[dict | None, int | None]:
 
 def profile_identity(cfg: MiniverlConfig) -> dict:
     """Names and versions of what defines the profile; `digest` hashes all the others."""
-    try:  # TODO(export): the verl field rules land with the export issue
-        from miniverl.export import field_rule_digest
-        rule_digest = field_rule_digest(cfg)
-    except (ImportError, TypeError):
-        rule_digest = None
     est = cfg.estimator
     flavour = f"{'pg' if est.use_policy_gradient else 'gkd'}-{est.loss_mode}"
     identity = {
         "export_version": f"verl-opd-{flavour}-export-v1",
-        "field_rule_digest": rule_digest,
+        "field_rule_digest": field_rule_digest(),
         "loss_conformance_version": f"{flavour}-verl-v0.8-v1",
         "native_compiler_version": f"{flavour}-native-v{PLAN_VERSION}",
         "profile_name": cfg.recipe.profile,
@@ -181,6 +178,15 @@ def build_report(cfg: MiniverlConfig, plan: Plan, facts: RunFacts) -> dict:
         },
         "resource_contract": resource_contract(cfg, facts),
         "resume": facts.resume,
+        # Additive to schema v1: held-out progress, [{"update": u, "value": v}, ...] from update 0.
+        "distillation_progress": None if facts.distillation_progress is None else {
+            "k1_mean": facts.distillation_progress.get("k1_mean", []),
+            "exact_reverse_kl": (facts.distillation_progress.get("exact_reverse_kl")
+                                 if all(p["value"] is not None for p in facts.distillation_progress.get(
+                                     "exact_reverse_kl", [])) else None),
+            "every": cfg.eval.every,
+            "heldout_files": list(cfg.data.val_files),
+        },
         "scientific_scope": SCIENTIFIC_SCOPE,
         "verl": {"commit": VERL_COMMIT, "distributed_execution_tested": False, "repository": VERL_REPOSITORY,
                  "tag": VERL_TAG},

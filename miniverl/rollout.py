@@ -1,20 +1,43 @@
 """Rollout role (verl: `generate_sequences`): the student samples responses.
 
-The student runs in eval mode without autograd, with a KV cache (gradient checkpointing is only
-active in train mode). Each sample has its own sampling stream (a torch.Generator seeded from
-the plan) and draws exactly one number per step, so the tokens a sample gets do not depend on
-which other samples share its physical batch. Only the sampled token's log-prob is kept per step.
+A decode loop of our own over the Hugging Face model, lean on purpose (see docs/bench.md for the
+measurements that shaped it):
+
+- eval mode under `torch.inference_mode` (no autograd, and gradient checkpointing, which is only
+  active in train mode, stays off), a KV cache: HF's DynamicCache, or with
+  `hardware.rollout_static_cache` a preallocated StaticCache reused across rollouts;
+- one prefill through the model's own mask construction (left padding), then per step one
+  decoder call of one token per row with a boolean (b, 1, 1, kv) mask cut from one preallocated
+  (b, P + R) mask — no per-step mask rebuild, no per-step concatenation;
+- peft's LoRA bookkeeping skipped per call (same arithmetic), and on the CPU the few-row linears
+  (lm_head included) computed as W @ x^T, a faster GEMM shape there (`hardware.rollout_cpu_gemv`);
+- the lm_head on the last hidden state only, then sampling and the sampled token's log-prob from
+  one exp pass over the (b, V) float32 logits; the full logits are never kept;
+- rows stop at EOS (later tokens are padding, masked out); the loop ends when every row has;
+- with `hardware.rollout_compile` (CUDA; implies the static cache) the per-step decoder call is
+  compiled with `torch.compile(mode="reduce-overhead")`, i.e. replayed as a CUDA graph.
+
+Sampling streams. Each sample has its own stream, a CPU `torch.Generator` seeded from the plan,
+from which it draws exactly one uniform number u_t (float64, [0, 1)) per response position — all
+`response_limit` of them at the start of its rollout. Step t picks, by inverse CDF, the first
+token whose cumulative (filtered) probability exceeds u_t: the tokens a sample gets depend only
+on its seed and its own logits, never on which other samples share its physical batch, and the
+draw is the same on every device. The cumulative sum is taken in float64.
 """
 
 from __future__ import annotations
 
 import inspect
+import types
+from contextlib import contextmanager
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel, StaticCache
 
 from miniverl.batch import Batch
 from miniverl.schema.actor import RolloutConfig
+
+STATIC_WIDTH_MULTIPLE = 128  # a static cache holds prompt + response rounded up to this
 
 
 def cache_keyword(decoder: torch.nn.Module) -> str:
@@ -46,13 +69,136 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return logits
 
 
+def draw_uniforms(seeds: list[int], steps: int, device: torch.device) -> torch.Tensor:
+    """(b, steps) float64 in [0, 1): row i is the first `steps` numbers of sample i's own stream."""
+    rows = [torch.rand(steps, generator=torch.Generator().manual_seed(int(s)), dtype=torch.float64) for s in seeds]
+    return torch.stack(rows).to(device)
+
+
+def sample_token(logits: torch.Tensor, u: torch.Tensor, *, top_k: int = -1, top_p: float = 1.0
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse-CDF sampling from (b, V) float32 logits (already divided by the temperature).
+
+    u (b,) float64 in [0, 1). Returns the tokens (b,) long and their log-probs (b,) float32 under
+    the unfiltered distribution: logits[token] - logsumexp(logits), the actor's formula.
+    """
+    top = logits.amax(-1, keepdim=True)  # (b, 1)
+    weights = (logits - top).exp_()  # (b, V): the one exp pass
+    log_z = top.squeeze(-1) + weights.sum(-1).log()  # (b,) logsumexp
+    if (0 < top_k < logits.shape[-1]) or top_p < 1.0:
+        # The kept set always holds the argmax, so `top` stays the right shift.
+        weights = (filter_logits(logits, top_k, top_p) - top).exp_()
+    cdf = weights.cumsum(-1, dtype=torch.float64)  # (b, V)
+    total = cdf[:, -1:]
+    # x < total strictly, so the first cdf entry above x is a token of non-zero weight.
+    x = torch.minimum(u[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+    # (The clamp only matters for non-finite logits, whose NaN log-prob the actor then refuses.)
+    token = torch.searchsorted(cdf, x, right=True).squeeze(-1).clamp_(max=logits.shape[-1] - 1)  # (b,)
+    log_prob = logits.gather(-1, token[:, None]).squeeze(-1) - log_z
+    return token, log_prob
+
+
+GEMV_MAX_ROWS = 8  # up to this many rows, W @ x^T beats F.linear's x @ W^T on the CPUs measured
+
+
+def _few_row_linear(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """nn.Linear.forward, computed as (W @ x^T)^T when x has at most GEMV_MAX_ROWS rows."""
+    rows = x.numel() // x.shape[-1]
+    if rows > GEMV_MAX_ROWS or x.dtype != self.weight.dtype:
+        return torch.nn.functional.linear(x, self.weight, self.bias)
+    out = torch.mm(self.weight, x.reshape(rows, x.shape[-1]).T).T
+    out = out + self.bias if self.bias is not None else out.contiguous()
+    return out.reshape(*x.shape[:-1], self.out_features)
+
+
+def _lean_lora_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    """peft's LoRA Linear forward for its plain case (one adapter, no dropout, no variant, not
+    merged), the same operations in the same order, without its per-call bookkeeping."""
+    if args or kwargs:
+        return type(self).forward(self, x, *args, **kwargs)
+    result = self.base_layer(x)
+    dtype = result.dtype
+    name = self.active_adapters[0]
+    lora_a, lora_b = self.lora_A[name], self.lora_B[name]
+    if self.cast_input_dtype_enabled and x.dtype != lora_a.weight.dtype:
+        x = x.to(lora_a.weight.dtype)
+    return (result + lora_b(lora_a(x)) * self.scaling[name]).to(dtype)
+
+
+def _plain_lora(module: torch.nn.Module) -> bool:
+    try:
+        from peft.tuners.lora.layer import Linear as LoraLinear
+    except ImportError:
+        return False
+    if type(module) is not LoraLinear or module.merged or module.disable_adapters:
+        return False
+    active = list(module.active_adapters)
+    return (len(active) == 1 and active[0] in module.lora_A and active[0] not in module.lora_variant
+            and isinstance(module.lora_dropout[active[0]], torch.nn.Identity)
+            and hasattr(module, "cast_input_dtype_enabled"))
+
+
+@contextmanager
+def lean_decode_modules(model: torch.nn.Module, few_row_gemv: bool):
+    """While decoding: plain LoRA layers skip peft's per-call bookkeeping (same arithmetic), and
+    with `few_row_gemv` (the CPU) every plain float32 nn.Linear (the LoRA matrices and the lm_head
+    included) computes up to GEMV_MAX_ROWS rows as W @ x^T, a GEMM shape MKL runs 1.5-4x faster
+    than F.linear's x @ W^T for 2-8 rows (measured, docs/bench.md); the values differ from
+    F.linear's only in float rounding. Quantized (bitsandbytes) layers are not nn.Linear and are
+    left alone. Everything is restored on exit."""
+    patched = []
+    for module in model.modules():
+        if "forward" in vars(module):  # someone else's instance-level forward (hooks): leave it
+            continue
+        if _plain_lora(module):
+            module.forward = types.MethodType(_lean_lora_forward, module)
+            patched.append(module)
+        elif few_row_gemv and type(module) is torch.nn.Linear and module.weight.dtype == torch.float32 \
+                and module.weight.device.type == "cpu":
+            module.forward = types.MethodType(_few_row_linear, module)
+            patched.append(module)
+    try:
+        yield
+    finally:
+        for module in patched:
+            del module.forward
+
+
+def full_attention_only(model: PreTrainedModel) -> bool:
+    """Whether every layer is plain causal attention under SDPA, so a boolean (b, 1, 1, kv) mask
+    may be handed to the decoder directly."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    types_ = getattr(config, "layer_types", None)
+    implementation = getattr(config, "_attn_implementation", None)
+    return implementation == "sdpa" and types_ is not None and set(types_) == {"full_attention"}
+
+
+# Decoders whose forward is exactly embed -> rotary -> layers -> norm (transformers 5), so a decode
+# step may call their layers directly.
+LAYER_BY_LAYER_MODEL_TYPES = ("qwen3", "qwen2", "llama")
+
+
+def layer_by_layer(decoder: torch.nn.Module) -> bool:
+    return (getattr(decoder.config, "model_type", None) in LAYER_BY_LAYER_MODEL_TYPES
+            and all(hasattr(decoder, name) for name in ("embed_tokens", "rotary_emb", "layers", "norm")))
+
+
 class RolloutWorker:
     def __init__(self, model: PreTrainedModel, config: RolloutConfig, *, eos_id: int, pad_id: int,
-                 device: torch.device):
+                 device: torch.device, static_cache: bool = False, compile_decode: bool = False,
+                 cpu_gemv: bool = True):
         self.model = model  # the student (LoRA active); shared with the actor
         self.config = config
         self.eos_id, self.pad_id, self.device = eos_id, pad_id, device
         self.cache_kw = cache_keyword(model.get_decoder())
+        self.direct_mask = full_attention_only(model)
+        self.compile_decode = compile_decode and self.direct_mask
+        self.static_cache = static_cache or self.compile_decode
+        self.cpu_gemv = cpu_gemv
+        self._static_caches: dict[tuple[int, int], StaticCache] = {}
+        self._compiled_step = None
+        # A device sync per step costs a CUDA pipeline stall; check for "all rows done" less often there.
+        self.check_every = 1 if device.type == "cpu" else 8
 
     @torch.no_grad()
     def generate_sequences(self, prompts: list[list[int]], prompt_rows: list[int], seeds: list[int], *,
@@ -74,32 +220,102 @@ class RolloutWorker:
 
     def _decode(self, ids: torch.Tensor, mask: torch.Tensor, seeds: list[int], limit: int):
         """One physical batch: returns responses (b, R'), response mask (b, R'), log-probs (b, R')."""
+        u = draw_uniforms(seeds, limit, self.device)  # (b, limit)
+        with torch.inference_mode(), lean_decode_modules(self.model, self.cpu_gemv and self.device.type == "cpu"):
+            tokens, alive, log_probs, steps = self._decode_inference(ids, mask, u, limit)
+        # Plain (non-inference) tensors: the actor's autograd graph reads the responses.
+        alive = alive[:, :steps].clone()
+        return tokens[:, :steps].clone(), alive.long(), log_probs[:, :steps].clone() * alive
+
+    def _decode_inference(self, ids: torch.Tensor, mask: torch.Tensor, u: torch.Tensor, limit: int):
         temperature, top_k, top_p = self.config.temperature, self.config.top_k, self.config.top_p
-        streams = [torch.Generator(device=self.device).manual_seed(s) for s in seeds]
         decoder, lm_head = self.model.get_decoder(), self.model.get_output_embeddings()
-        cache = DynamicCache(config=self.model.config)
+        b, prompt_width = ids.shape
+        width = prompt_width + limit
+        if self.static_cache:  # a few fixed widths, so that compiled steps see few shapes
+            width = -(-width // STATIC_WIDTH_MULTIPLE) * STATIC_WIDTH_MULTIPLE
+        attend = torch.zeros((b, width), dtype=torch.bool, device=self.device)  # (b, P + R) preallocated mask
+        attend[:, :prompt_width] = mask.bool()
+        cache = self._cache(b, width)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (b, P)
-        hidden = decoder(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+        # Prefill through the model's own mask construction (it handles the left padding); a static
+        # cache is as wide as the whole sequence, so its 2-D mask is too.
+        prefill_mask = attend.long() if self.static_cache else mask
+        hidden = decoder(input_ids=ids, attention_mask=prefill_mask, position_ids=positions, use_cache=True,
                          **{self.cache_kw: cache}).last_hidden_state[:, -1]  # (b, H)
-        next_position = positions[:, -1:] + 1  # (b, 1)
-        done = torch.zeros(ids.shape[0], dtype=torch.bool, device=self.device)
-        tokens, alive, log_probs = [], [], []
+        position = positions[:, -1:] + 1  # (b, 1)
+        tokens = torch.full((b, limit), self.pad_id, dtype=torch.long, device=self.device)
+        log_probs = torch.zeros((b, limit), dtype=torch.float32, device=self.device)
+        alive = torch.zeros((b, limit), dtype=torch.bool, device=self.device)
+        done = torch.zeros(b, dtype=torch.bool, device=self.device)
+        step_fn = self._step_function(decoder)
+        steps = limit
         for step in range(limit):
-            logits = lm_head(hidden).float() / temperature  # (b, V)
-            probs = filter_logits(logits, top_k, top_p).softmax(-1)
-            token = torch.cat([torch.multinomial(probs[i], 1, generator=g) for i, g in enumerate(streams)])  # (b,)
-            log_probs.append(logits.log_softmax(-1).gather(-1, token[:, None]).squeeze(-1))
-            tokens.append(token.masked_fill(done, self.pad_id))
-            alive.append(~done)
+            logits = lm_head(hidden).float()  # (b, V)
+            if temperature != 1.0:
+                logits = logits / temperature
+            token, log_prob = sample_token(logits, u[:, step], top_k=top_k, top_p=top_p)
+            token = token.masked_fill(done, self.pad_id)
+            tokens[:, step] = token
+            log_probs[:, step] = log_prob
+            alive[:, step] = ~done
             done = done | token.eq(self.eos_id)
-            if bool(done.all()) or step == limit - 1:
+            if step == limit - 1 or ((step + 1) % self.check_every == 0 and bool(done.all())):
+                steps = step + 1
                 break
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            hidden = decoder(input_ids=tokens[-1][:, None], attention_mask=mask, position_ids=next_position,
-                             use_cache=True, **{self.cache_kw: cache}).last_hidden_state[:, -1]
-            next_position = next_position + 1
-        alive_mask = torch.stack(alive, 1).long()
-        return torch.stack(tokens, 1), alive_mask, torch.stack(log_probs, 1) * alive_mask
+            attend[:, prompt_width + step] = True
+            kv = width if self.static_cache else prompt_width + step + 1
+            hidden = step_fn(token[:, None], position, attend, kv, cache)
+            position = position + 1
+        return tokens, alive, log_probs, steps
+
+    def _cache(self, b: int, width: int):
+        if not self.static_cache:
+            return DynamicCache(config=self.model.config)
+        cache = self._static_caches.pop((b, width), None)
+        if cache is None:  # kept per shape: a compiled step keeps seeing the same buffers
+            cache = StaticCache(config=self.model.config, max_cache_len=width)
+        else:
+            cache.reset()
+        self._static_caches[(b, width)] = cache  # most recently used last
+        while len(self._static_caches) > 2:
+            del self._static_caches[next(iter(self._static_caches))]
+        return cache
+
+    def _step_function(self, decoder):
+        """(token (b, 1), position (b, 1), attend (b, W) bool, kv, cache) -> last hidden state (b, H)."""
+        kw = self.cache_kw
+
+        layered = self.direct_mask and layer_by_layer(decoder)
+
+        def plain(token, position, attend, kv, cache):
+            if layered:  # the decoder's own forward, minus its per-call bookkeeping
+                mask = attend[:, None, None, :kv]
+                hidden = decoder.embed_tokens(token)
+                embeddings = decoder.rotary_emb(hidden, position)
+                for layer in decoder.layers[:decoder.config.num_hidden_layers]:
+                    hidden = layer(hidden, attention_mask=mask, position_ids=position, use_cache=True,
+                                   position_embeddings=embeddings, **{kw: cache})
+                return decoder.norm(hidden)[:, -1]
+            if self.direct_mask:
+                mask = {"full_attention": attend[:, None, None, :kv]}
+            else:
+                mask = attend[:, :kv].long()
+            return decoder(input_ids=token, attention_mask=mask, position_ids=position, use_cache=True,
+                           **{kw: cache}).last_hidden_state[:, -1]
+
+        if not self.compile_decode:
+            return plain
+        if self._compiled_step is None:
+            mode = "reduce-overhead" if self.device.type == "cuda" else "default"
+            self._compiled_step = torch.compile(plain, mode=mode, dynamic=False)
+        compiled = self._compiled_step
+
+        def step(token, position, attend, kv, cache):
+            # The output lives in the CUDA graph's memory, which the next replay overwrites.
+            return compiled(token, position, attend, kv, cache).clone()
+
+        return step
 
 
 def pad_right(x: torch.Tensor, width: int, value) -> torch.Tensor:

@@ -18,18 +18,20 @@ from pathlib import Path
 from tqdm import tqdm
 
 from miniverl import adapters, checkpoint, models
-from miniverl.actor import ActorWorker
-from miniverl.batch import Batch
-from miniverl.data import PromptSet, read_conversations, tokenize_prompts
+from miniverl.actor import ActorWorker, NonFiniteLoss
+from miniverl.data import PromptSet, read_conversations, tokenize_prompts, with_answers
 from miniverl.device import hardware_facts, resolve_device, set_determinism, timed
 from miniverl.identity import sha256_json
 from miniverl.outputs import RunFolder, TensorBoardLogger
 from miniverl.plan import Plan, UpdatePlan, compile_plan, derive_seed
 from miniverl.downshift import Downshift, OutOfMemoryAtOneRow
+from miniverl.evaluate import DistillationProbe
+from miniverl.metrics import batch_metrics, console_line
 from miniverl.measure import cuda_peaks, peak_rss_gib, seconds_since_start
 from miniverl.report import RunFacts, build_report
 from miniverl.rollout import RolloutWorker
 from miniverl.schema import MiniverlConfig
+from miniverl.signals import deferred_signals
 from miniverl.teacher import TeacherWorker
 
 log = logging.getLogger(__name__)
@@ -44,7 +46,9 @@ class OPDTrainer:
         self.resumed: checkpoint.Checkpoint | None = None
         self.last_checkpoint: Path | None = None
         self.failure: dict | None = None
+        self.stopped_by: int | None = None  # the signal that stopped the run, if one did
         self.seconds_to_first: dict[str, float | None] = {"rollout": None, "teacher_targets": None, "update": None}
+        self.progress: dict[str, list[dict]] = {}  # held-out k1_mean / exact_reverse_kl per evaluated update
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -59,7 +63,8 @@ class OPDTrainer:
         source = self.resume_source()
         if source is not None:
             self.resumed = checkpoint.verify_checkpoint(source, self.plan.digest)
-        self.out = RunFolder(self.run_dir, continuing=self.resumed is not None and self.in_place)
+        self.out = RunFolder(self.run_dir, continuing=self.resumed is not None and self.in_place,
+                             overwrite=cfg.trainer.overwrite)
         self.tensorboard = TensorBoardLogger(self.run_dir) if "tensorboard" in cfg.trainer.logger else None
         self.out.write_yaml("resolved_config.yaml", self.resolved)
         self.out.write_json("plan.json", self.plan.to_dict(), canonical=True)
@@ -74,10 +79,13 @@ class OPDTrainer:
         hw = cfg.hardware
         # The rollout and the actor share one model object (verl's hybrid engine on one device).
         self.rollout = RolloutWorker(self.student.get_base_model(), cfg.rollout, eos_id=self.tokenizer.eos_token_id,
-                                     pad_id=self.tokenizer.pad_token_id, device=self.device)
+                                     pad_id=self.tokenizer.pad_token_id, device=self.device,
+                                     static_cache=hw.rollout_static_cache, compile_decode=hw.rollout_compile,
+                                     cpu_gemv=hw.rollout_cpu_gemv)
         self.teacher = self.build_teacher(toy_paths.get("teacher"))
         self.actor = ActorWorker(self.student, cfg.actor, cfg.estimator, temperature=cfg.rollout.temperature,
                                  logprob_chunk=hw.logprob_chunk, loss_scale_factor=cfg.recipe.response_limit)
+        self.probe = self.build_probe() if cfg.eval.every != -1 else None
         self.downshift = Downshift(self.device, rollout_rows=hw.rollout_physical_batch, update_rows=hw.update_chunk,
                                    simulate_above=hw.simulate_oom_above_rows)
         if self.resumed is not None:
@@ -100,9 +108,25 @@ class OPDTrainer:
         return TeacherWorker(self.student.get_base_model(), logprob_chunk=cfg.hardware.logprob_chunk, topk=topk,
                              context=adapters.teacher_context(self.student, cfg.teacher.mode))
 
+    def build_probe(self) -> DistillationProbe:
+        cfg = self.cfg
+        heldout = tokenize_prompts(read_conversations(cfg.data, "val_files"), cfg.data, self.tokenizer,
+                                   cfg.recipe.prompt_limit)
+        return DistillationProbe(heldout, self.rollout, self.teacher, self.student.get_base_model(),
+                                 seed=cfg.trainer.seed, response_limit=cfg.eval.response_limit or cfg.recipe.response_limit,
+                                 rows_per_forward=cfg.hardware.rollout_physical_batch,
+                                 exact_kl_max_vocab=cfg.eval.exact_kl_max_vocab)
+
+    def evaluate(self, update: int) -> dict:
+        """Held-out progress after `update` updates (0: before training), into self.progress."""
+        values = self.probe.measure()
+        for key, value in values.items():
+            self.progress.setdefault(key, []).append({"update": update, "value": value})
+        return {f"val/distillation/{k}": v for k, v in values.items()}
+
     def resume_source(self) -> Path | None:
         t = self.cfg.trainer
-        if t.resume_mode == "disable":
+        if t.resume_mode == "disable" or t.overwrite:
             return None
         if t.resume_from:
             return Path(t.resume_from)
@@ -121,6 +145,7 @@ class OPDTrainer:
                 shutil.copyfile(source, self.out.path(f"trajectories/{source.name}"))
         self.out.trajectory_digests = list(ckpt.state["trajectory_digests"])
         self.history = list(ckpt.state["history"])
+        self.progress = ckpt.state.get("distillation_progress", {})
         self.out.rewrite_metrics(self.history if "jsonl" in self.cfg.trainer.logger else [])
         self.last_checkpoint = ckpt.path
         self.resume_load_seconds = time.perf_counter() - start
@@ -133,30 +158,39 @@ class OPDTrainer:
         todo = self.plan.updates[len(self.history):]
         bar = tqdm(todo, desc="opd", unit="update", disable=not self.cfg.trainer.progress_bar, dynamic_ncols=True,
                    initial=len(self.history), total=len(self.plan.updates))
-        for update in bar:
-            try:
-                metrics = self.fit_step(update)
-            except OutOfMemoryAtOneRow as error:
-                self.failure = {"update": update.update, "reason": str(error)}
-                if self.history and (self.last_checkpoint is None or
-                                     checkpoint.checkpoint_update(self.last_checkpoint) < len(self.history)):
-                    self.save_checkpoint(len(self.history))  # keep the last complete update
-                return "failed"
-            self.history.append(metrics)
-            if "jsonl" in self.cfg.trainer.logger:
-                self.out.append_metrics(metrics)
-            if self.tensorboard is not None:
-                self.tensorboard.log(metrics, update.update)
-            bar.set_postfix(loss=f"{metrics['actor/distillation/loss']:.4f}", resp=f"{metrics['response_length/mean']:.1f}")
-            if "console" in self.cfg.trainer.logger and not self.cfg.trainer.progress_bar:
-                log.info("update %d/%d %s", update.update, len(self.plan.updates), console_line(metrics))
-            if self.checkpoint_due(update.update):
-                self.save_checkpoint(update.update)
-            if update.update == stop:
-                log.info("stopped after update %d (trainer.stop_after_updates); resume with "
-                         "trainer.resume_from=%s", stop, self.run_dir)
-                return "interrupted"
+        if self.probe is not None and not self.history:
+            self.evaluate(0)
+        with deferred_signals() as stop_request:
+            for update in bar:
+                try:
+                    metrics = self.fit_step(update)
+                    if self.probe is not None and (update.update % self.cfg.eval.every == 0 or
+                                                   update.update == len(self.plan.updates)):
+                        metrics.update(self.evaluate(update.update))
+                except (OutOfMemoryAtOneRow, NonFiniteLoss) as error:
+                    self.failure = {"update": update.update, "reason": str(error)}
+                    self.ensure_checkpoint()  # of the last complete update
+                    return "failed"
+                self.log_update(update.update, metrics, bar)
+                if self.checkpoint_due(update.update):
+                    self.save_checkpoint(update.update)
+                if update.update == stop or stop_request.signum:
+                    self.ensure_checkpoint()
+                    self.stopped_by = stop_request.signum
+                    log.info("stopped after update %d (%s); resume with trainer.resume_from=%s", update.update,
+                             stop_request.name or "trainer.stop_after_updates", self.run_dir)
+                    return "interrupted"
         return "completed"
+
+    def log_update(self, update: int, metrics: dict, bar) -> None:
+        self.history.append(metrics)
+        if "jsonl" in self.cfg.trainer.logger:
+            self.out.append_metrics(metrics)
+        if self.tensorboard is not None:
+            self.tensorboard.log(metrics, update)
+        bar.set_postfix(loss=f"{metrics['actor/distillation/loss']:.4f}", resp=f"{metrics['response_length/mean']:.1f}")
+        if "console" in self.cfg.trainer.logger and not self.cfg.trainer.progress_bar:
+            log.info("update %d/%d %s", update, len(self.plan.updates), console_line(metrics))
 
     def fit_step(self, update: UpdatePlan) -> dict:
         cfg, timings, shift = self.cfg, {}, self.downshift
@@ -192,6 +226,12 @@ class OPDTrainer:
         freq = self.cfg.trainer.save_freq
         return update in (self.cfg.trainer.stop_after_updates, len(self.plan.updates)) or (freq > 0 and update % freq == 0)
 
+    def ensure_checkpoint(self) -> None:
+        """Checkpoint the last complete update unless that is already done."""
+        done = len(self.history)
+        if done and (self.last_checkpoint is None or checkpoint.checkpoint_update(self.last_checkpoint) < done):
+            self.save_checkpoint(done)
+
     def save_checkpoint(self, update: int) -> Path:
         state = {
             "global_optimizer_steps": update,
@@ -205,6 +245,7 @@ class OPDTrainer:
             "trajectory_digests": list(self.out.trajectory_digests),
             "trajectory_sha256": self.out.trajectory_sha256,
             "history": self.history,
+            "distillation_progress": self.progress,
             "finished": update == len(self.plan.updates),
         }
         self.last_checkpoint = checkpoint.save_checkpoint(self.out.path("checkpoints"), update, self.student,
@@ -231,31 +272,8 @@ class OPDTrainer:
             batch_downshifts=dict(self.downshift.counts),
             observed_rollout_physical_batch_sizes=sorted(self.downshift.observed["rollout"]),
             trajectory_sha256=self.out.trajectory_sha256, resolved_config_digest=sha256_json(self.resolved),
-            resume=resume, failure=self.failure, workload_seconds=seconds_since_start())
+            resume=resume, failure=self.failure, workload_seconds=seconds_since_start(),
+            distillation_progress=self.progress if self.probe is not None else None)
         report = build_report(self.cfg, self.plan, facts)
         self.out.write_json("report.json", report)
         return report
-
-
-def with_answers(messages: list[list[dict]], answers: list[str | None]) -> list[list[dict]]:
-    """Prompt conversations completed with their ground truth: the toy teacher's pretraining text."""
-    return [m + ([{"role": "assistant", "content": a}] if a is not None else []) for m, a in zip(messages, answers)]
-
-
-def batch_metrics(batch: Batch, response_limit: int) -> dict:
-    lengths = batch.response_mask.sum(-1)  # (B,)
-    prompt_lengths = batch.attention_mask[:, : batch.prompt_length].sum(-1).float()
-    return {
-        "response_length/mean": float(lengths.mean()),
-        "response_length/max": float(lengths.max()),
-        "response_length/min": float(lengths.min()),
-        "response_length/clip_ratio": float((lengths >= response_limit).float().mean()),
-        "response_length/sum": float(lengths.sum()),
-        "prompt_length/mean": float(prompt_lengths.mean()),
-        "prompt_length/max": float(prompt_lengths.max()),
-    }
-
-
-def console_line(metrics: dict) -> str:
-    keys = ("actor/distillation/loss", "actor/grad_norm", "response_length/mean", "timing_s/step")
-    return " ".join(f"{k}={metrics[k]:.4g}" for k in keys if k in metrics)

@@ -8,14 +8,29 @@ import sys
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
-os.environ["CUDA_VISIBLE_DEVICES"] = ""  # tests run on the CPU even where a GPU exists
+if os.environ.get("MINIVERL_GPU_TESTS") != "1":
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the CPU even where a GPU exists; MINIVERL_GPU_TESTS=1 runs `gpu` tests
 
+import socket  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
 import miniverl.schema  # noqa: E402,F401  (registers the schemas)
+
+_connect = socket.socket.connect
+
+
+def _no_network(sock, address):
+    """The suite must not reach the network: anything but a local socket fails the test."""
+    host = address[0] if isinstance(address, tuple) else address
+    if sock.family == socket.AF_UNIX or host in ("127.0.0.1", "::1", "localhost"):
+        return _connect(sock, address)
+    raise RuntimeError(f"a test tried to open a network connection to {address!r}")
+
+
+socket.socket.connect = _no_network
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"

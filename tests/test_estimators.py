@@ -88,7 +88,7 @@ def scored_batches(tmp_path_factory):
         batch = trainer.rollout.generate_sequences([trainer.prompts.token_ids[i] for i in rows],
                                                    list(update.prompt_rows), list(update.sample_seeds),
                                                    response_limit=16, physical_batches=[4])
-        batch = trainer.teacher.compute_teacher_log_prob(batch)
+        batch = trainer.teacher.compute_teacher_log_prob(batch, 4)
         batch.old_log_probs = trainer.actor.compute_log_prob(batch, rows_per_forward=4)
         out[name] = (trainer, batch)
     return out
@@ -116,3 +116,36 @@ def test_loss_and_lora_gradients_do_not_depend_on_the_update_chunks(scored_batch
         torch.testing.assert_close(per_token, t1, rtol=1e-5, atol=1e-6)
         for name in g1:
             torch.testing.assert_close(grads[name], g1[name], rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("family", ["k1", "k3", "topk"])
+def test_actor_gradients_equal_those_of_a_plain_full_forward(scored_batches, family):
+    """The chunked, checkpointed log-prob path computes the same LoRA gradients as the textbook
+    one: full logits from the PEFT model, log_softmax, gather."""
+    from miniverl.losses import distillation_loss, forward_kl_topk
+    trainer, batch = scored_batches[family]
+    actor, est = trainer.actor, trainer.actor.estimator
+    est.loss_agg_mode = "token-mean"
+    actor.accumulate_gradients(batch, [4])
+    ours = {n: p.grad.clone() for n, p in trainer.student.named_parameters() if p.requires_grad}
+    actor.optimizer.zero_grad(set_to_none=True)
+    trainer.student.train()
+    logits = trainer.student(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                             position_ids=batch.position_ids).logits.float()
+    P, R, mask = batch.prompt_length, batch.response_length, batch.response_mask
+    response_logits = logits[:, P - 1:P - 1 + R]  # (B, R, V)
+    log_prob = response_logits.log_softmax(-1).gather(-1, batch.responses[..., None]).squeeze(-1)
+    norms = dict(batch_num_tokens=float(mask.sum()), global_batch_size=int((mask.sum(-1) > 0).sum()),
+                 loss_scale_factor=trainer.cfg.recipe.response_limit)
+    if family == "topk":
+        loss, _, _ = forward_kl_topk(est, response_logits, batch.teacher_topk_logprobs, batch.teacher_ids, mask,
+                                     log_prob=log_prob, old_log_prob=batch.old_log_probs, **norms)
+    else:
+        loss, _, _ = distillation_loss(est, log_prob, batch.old_log_probs, batch.teacher_logprobs, mask, **norms)
+    loss.backward()
+    trainer.student.eval()
+    reference = {n: p.grad.clone() for n, p in trainer.student.named_parameters() if p.requires_grad}
+    actor.optimizer.zero_grad(set_to_none=True)
+    assert ours.keys() == reference.keys()
+    for name in reference:
+        torch.testing.assert_close(ours[name], reference[name], rtol=1e-4, atol=1e-8)

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from miniverl.schema.actor import ActorConfig, RolloutConfig
 from miniverl.schema.data import DataConfig
 from miniverl.schema.estimator import EstimatorConfig
+from miniverl.schema.evaluation import EvalConfig
 from miniverl.schema.export import ExportConfig
 from miniverl.schema.hardware import HardwareConfig
 from miniverl.schema.model import StudentConfig
@@ -36,12 +37,16 @@ class MiniverlConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     recipe: RecipeConfig = field(default_factory=RecipeConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     def __post_init__(self) -> None:
         wanted = teacher_target_for(self.estimator.loss_mode)
         if self.recipe.teacher_target != wanted:
             raise ValueError(f"recipe.teacher_target={self.recipe.teacher_target!r} does not fit "
                              f"estimator.loss_mode={self.estimator.loss_mode}: it needs {wanted!r}")
+        if self.eval.every != -1 and not self.data.val_files:
+            raise ValueError("eval.every is set but data.val_files is empty: give the held-out prompts "
+                             "(data.val_files=<parquet>) or set eval.every=-1")
         stop = self.trainer.stop_after_updates
         if stop is not None and stop >= self.recipe.optimizer_updates:
             raise ValueError(f"trainer.stop_after_updates={stop} must be below recipe.optimizer_updates="

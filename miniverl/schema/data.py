@@ -12,11 +12,16 @@ class DataConfig:
     # One path or a list of paths (verl: data.train_files). Relative paths are taken from the
     # directory the command runs in.
     train_files: Any = "recipes/data/toy_prompts.parquet"
+    # Held-out prompts for the distillation-progress measurement (verl: data.val_files); never trained on.
+    val_files: Any = None
     prompt_key: str = "prompt"
     # verl: drop prompts over max_prompt_length instead of failing (truncation=error otherwise).
     filter_overlong_prompts: bool = False
     truncation: str = "error"
     shuffle: bool = False
+    # Let the plan go through the prompts more than once (verl: more than one epoch); otherwise a
+    # plan that needs more prompts than the data holds is refused.
+    repeat_prompts: bool = False
     # Extra arguments to the chat template (verl: data.apply_chat_template_kwargs), e.g. enable_thinking.
     apply_chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
     seed: int = 1
@@ -27,6 +32,9 @@ class DataConfig:
         self.train_files = list(self.train_files)
         if not self.train_files or not all(isinstance(p, str) and p for p in self.train_files):
             raise ValueError("data.train_files must be a parquet path or a non-empty list of paths")
+        if isinstance(self.val_files, str):
+            self.val_files = [self.val_files]
+        self.val_files = list(self.val_files or [])
         if self.truncation != "error":
             raise ValueError(f"data.truncation={self.truncation!r}: miniverl supports 'error' "
                              "(use data.filter_overlong_prompts=true to drop long prompts)")

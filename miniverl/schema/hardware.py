@@ -17,9 +17,20 @@ class HardwareConfig:
     # Rows per actor forward/backward (verl: ppo_micro_batch_size_per_gpu); gradients accumulate.
     update_chunk: int = 4
     # Positions per chunk when turning hidden states into sampled-token log-probs, so that no
-    # (B, T, V) float32 tensor is ever materialised at once.
-    logprob_chunk: int = 256
+    # (B, T, V) float32 tensor is ever materialised at once; a chunk also never holds more than
+    # 2**24 logits (miniverl.logprobs.MAX_CHUNK_ELEMENTS), whatever the vocabulary.
+    logprob_chunk: int = 64
     deterministic: bool = True  # deterministic kernels where the device offers them
+    # Rollout decode loop (miniverl/rollout.py, docs/bench.md). A preallocated KV cache, reused
+    # across rollouts, instead of one that grows by concatenation.
+    rollout_static_cache: bool = False
+    # Compile the per-step decoder call (torch.compile; on CUDA mode "reduce-overhead", i.e. a
+    # CUDA graph). Implies the static cache. Meant for CUDA; costs a compilation per batch shape.
+    rollout_compile: bool = False
+    # CPU only: while decoding, float32 linears of 2-8 rows (the lm_head included) as W @ x^T,
+    # which MKL runs 1.5-4x faster than F.linear's x @ W^T (float rounding differs in the last
+    # bits; ignored on CUDA).
+    rollout_cpu_gemv: bool = True
     # Resource contract of this hardware option (null: no limit).
     gpu_hour_limit: Optional[float] = None
     peak_reserved_limit_gib: Optional[float] = None

@@ -27,7 +27,9 @@ class TeacherConfig:
     quantization: str = "nf4"
     adapter: Optional[str] = None  # a PEFT adapter folder (standard: on top of model_id; shared_base: on the student's base)
     toy: ToyArchitecture = field(default_factory=ToyArchitecture)
-    toy_teacher_seed: int = 99
+    # Seed of the toy teacher's initialisation; null: the student's own initialisation (with
+    # toy_pretrain_steps > 0, a teacher that is a fine-tune of the student's base).
+    toy_teacher_seed: Optional[int] = 99
     # Pretraining the toy teacher on the prompt corpus makes it differ from the student in a
     # learnable way (0 = a second random model).
     toy_pretrain_steps: int = 0

@@ -25,6 +25,8 @@ class TrainerConfig:
     # checkpoint already in the run folder; resume_path requires resume_from; disable starts fresh.
     resume_mode: str = "auto"
     resume_from: Optional[str] = None  # a checkpoint folder, or a run folder (its latest checkpoint)
+    # Replace the outputs of a run already in the run folder (otherwise such a folder is refused).
+    overwrite: bool = False
 
     def __post_init__(self) -> None:
         unknown = [name for name in self.logger if name not in LOGGERS]

@@ -1,6 +1,6 @@
-"""Write the 64 toy prompts (verl's parquet format) that toy runs train on.
+"""Write the 64 toy prompts (verl's parquet format) that toy runs train on, and 16 held-out ones.
 
-    python recipes/data/make_toy_prompts.py [OUT.parquet]
+    python recipes/data/make_toy_prompts.py [OUT.parquet [HELDOUT.parquet]]
 
 Deterministic: the same file on every machine with the same pyarrow. Rows follow verl's data
 preprocessing (e.g. examples/data_preprocess/gsm8k.py): `data_source`, `prompt` (a list of chat
@@ -18,6 +18,8 @@ import pyarrow.parquet as pq
 
 N_PROMPTS = 64
 SEED = 20260829
+N_HELDOUT = 16
+HELDOUT_SEED = 20261129
 TEMPLATES = (
     ("What is {a} + {b}?", lambda a, b: a + b),
     ("What is {a} - {b}?", lambda a, b: a - b),
@@ -26,7 +28,7 @@ TEMPLATES = (
 )
 
 
-def make_rows(n: int = N_PROMPTS, seed: int = SEED) -> list[dict]:
+def make_rows(n: int = N_PROMPTS, seed: int = SEED, split: str = "train") -> list[dict]:
     rng = random.Random(seed)
     rows = []
     for index in range(n):
@@ -38,7 +40,7 @@ def make_rows(n: int = N_PROMPTS, seed: int = SEED) -> list[dict]:
                 "prompt": [{"role": "user", "content": template.format(a=a, b=b) + " Answer briefly."}],
                 "ability": "math",
                 "reward_model": {"style": "rule", "ground_truth": str(answer(a, b))},
-                "extra_info": {"split": "train", "index": index},
+                "extra_info": {"split": split, "index": index},
             }
         )
     return rows
@@ -51,5 +53,7 @@ def write(path: Path, rows: list[dict]) -> None:
 
 if __name__ == "__main__":
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).with_name("toy_prompts.parquet")
+    heldout = Path(sys.argv[2]) if len(sys.argv) > 2 else Path(__file__).with_name("toy_prompts_heldout.parquet")
     write(out, make_rows())
-    print(f"wrote {N_PROMPTS} prompts to {out}")
+    write(heldout, make_rows(N_HELDOUT, HELDOUT_SEED, split="test"))
+    print(f"wrote {N_PROMPTS} prompts to {out} and {N_HELDOUT} held-out prompts to {heldout}")

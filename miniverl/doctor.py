@@ -1,0 +1,274 @@
+"""Pre-flight checks: `python -m miniverl.doctor +recipe=<name> [overrides]`.
+
+Before hours of GPU time, check that the teacher and the student can be distilled at all. Each
+check prints one line, PASS / WARN / FAIL with the reason; any FAIL makes the exit code 1.
+
+    data          rows, prompt lengths against recipe.prompt_limit, enough prompts for the plan
+    tokenizer     same vocabulary (and embedding rows), same special tokens, same chat template
+    memory        an estimate of the peak memory against the hardware option's limit
+    self-test     the teacher path scoring the student's own samples with the student's own
+                  weights gives a k1 mean of ~0 (rollout and scoring agree position by position)
+    nf4-gradients LoRA gradients through the NF4 base equal those through the dequantized base
+
+The training command (`miniverl.main`) runs the cheap ones (data, tokenizer, memory) first and
+stops on a FAIL.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import hydra
+import psutil
+import torch
+from omegaconf import DictConfig
+
+from miniverl import models
+from miniverl.data import read_conversations, tokenize_prompts
+from miniverl.errors import MiniverlError
+from miniverl.schema import MiniverlConfig, to_config
+
+
+@dataclass
+class Check:
+    status: str  # PASS | WARN | FAIL
+    name: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.status:<4} {self.name}: {self.reason}"
+
+
+def guarded(name: str, fn, *args) -> Check:
+    """A check whose own failure (unreadable data, missing weights) is that check's FAIL."""
+    try:
+        return fn(*args)
+    except MiniverlError as error:
+        return Check("FAIL", name, str(error))
+
+
+# ------------------------------------------------------------------ cheap checks
+def check_data(cfg: MiniverlConfig, tokenizer) -> Check:
+    conversations = read_conversations(cfg.data)
+    lengths = [len(tokenizer(tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False,
+                                                           **cfg.data.apply_chat_template_kwargs),
+                             add_special_tokens=False)["input_ids"]) for m in conversations.messages]
+    limit = cfg.recipe.prompt_limit
+    over = [row for row, n in enumerate(lengths) if n > limit]
+    usable = len(lengths) - len(over)
+    needed = cfg.recipe.logical_batch * cfg.recipe.optimizer_updates
+    facts = f"{len(lengths)} rows, prompt tokens {min(lengths)}..{max(lengths)} (limit {limit})"
+    if over and not cfg.data.filter_overlong_prompts:
+        return Check("FAIL", "data", f"{facts}: {len(over)} over the limit (first: row {over[0]}); raise "
+                                     "recipe.prompt_limit or set data.filter_overlong_prompts=true")
+    if usable < cfg.recipe.logical_batch:
+        return Check("FAIL", "data", f"{facts}: {usable} usable prompts, fewer than recipe.logical_batch="
+                                     f"{cfg.recipe.logical_batch}; the plan needs {needed} prompts")
+    if usable < needed:
+        status = "WARN" if cfg.data.repeat_prompts else "FAIL"
+        fix = "" if cfg.data.repeat_prompts else "; add prompts or set data.repeat_prompts=true"
+        return Check(status, "data", f"{facts}: the plan consumes {needed} prompts from {usable} usable ones "
+                                     f"({needed / usable:.1f} passes){fix}")
+    dropped = f", {len(over)} dropped as overlong" if over else ""
+    return Check("PASS", "data", f"{facts}{dropped}; the plan consumes {needed} of {usable} usable prompts")
+
+
+def embedding_rows(block, source: models.Source) -> int:
+    if block.model_id == "toy":
+        return len(models.toy.build_toy_tokenizer())
+    from transformers import AutoConfig
+    return AutoConfig.from_pretrained(source.path, revision=source.revision,
+                                      trust_remote_code=block.trust_remote_code).vocab_size
+
+
+def check_tokenizers(cfg: MiniverlConfig, student_tok) -> Check:
+    if cfg.teacher.mode != "standard":
+        return Check("PASS", "tokenizer", f"teacher.mode={cfg.teacher.mode} shares the student's tokenizer and base")
+    source = models.source_of(cfg.teacher, None)
+    teacher_tok = models.load_tokenizer("teacher", cfg.teacher, source)
+    s_vocab, t_vocab = student_tok.get_vocab(), teacher_tok.get_vocab()
+    if s_vocab != t_vocab:
+        differing = len(set(s_vocab.items()) ^ set(t_vocab.items()))
+        return Check("FAIL", "tokenizer", f"vocabularies differ: student {len(s_vocab)} tokens, teacher {len(t_vocab)} "
+                                          f"({differing} entries differ); the teacher cannot score the student's ids")
+    rows = (embedding_rows(cfg.model, models.source_of(cfg.model, None)), embedding_rows(cfg.teacher, source))
+    if rows[0] != rows[1]:
+        return Check("FAIL", "tokenizer", f"embedding rows differ: student {rows[0]}, teacher {rows[1]}")
+    specials = [(name, getattr(student_tok, name), getattr(teacher_tok, name)) for name in ("eos_token", "pad_token")]
+    wrong = [f"{n} {a!r} vs {b!r}" for n, a, b in specials if a != b]
+    if wrong:
+        return Check("FAIL", "tokenizer", f"special tokens differ: {', '.join(wrong)}")
+    rendered = [t.apply_chat_template(models.PROBE_CONVERSATION, add_generation_prompt=True, tokenize=False)
+                for t in (student_tok, teacher_tok)]
+    if rendered[0] != rendered[1]:
+        return Check("FAIL", "tokenizer", "chat templates render the probe conversation differently: "
+                                          f"{rendered[0][:60]!r}... vs {rendered[1][:60]!r}...")
+    return Check("PASS", "tokenizer", f"vocabulary {len(s_vocab)} (embedding rows {rows[0]}), eos/pad, and chat "
+                                      "template output identical")
+
+
+def architecture(block) -> dict:
+    if block.model_id == "toy":
+        t = block.toy
+        return dict(vocab=259, hidden=t.hidden_size, inter=t.intermediate_size, layers=t.num_layers,
+                    heads=t.num_heads, kv=t.num_heads, head_dim=t.hidden_size // t.num_heads, tied=False)
+    from transformers import AutoConfig
+    c = AutoConfig.from_pretrained(block.model_id, revision=block.revision, trust_remote_code=block.trust_remote_code)
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    return dict(vocab=c.vocab_size, hidden=c.hidden_size, inter=c.intermediate_size, layers=c.num_hidden_layers,
+                heads=c.num_attention_heads, kv=getattr(c, "num_key_value_heads", c.num_attention_heads),
+                head_dim=head_dim, tied=bool(getattr(c, "tie_word_embeddings", False)))
+
+
+def weight_bytes(a: dict, quantization: str, dtype_bytes: int) -> int:
+    linear = a["layers"] * (a["hidden"] * a["head_dim"] * (2 * a["heads"] + 2 * a["kv"]) + 3 * a["hidden"] * a["inter"])
+    embeddings = a["vocab"] * a["hidden"] * (1 if a["tied"] else 2)
+    per_linear = 0.5 + 4 / 64 if quantization == "nf4" else dtype_bytes  # NF4: 4 bits + one fp32 absmax per 64
+    return int(linear * per_linear + embeddings * dtype_bytes)
+
+
+def estimate_peak_bytes(cfg: MiniverlConfig) -> int:
+    """Weights + KV cache of the rollout + checkpointed activations of one update chunk + the
+    logits of one log-prob chunk + LoRA weights, gradients and AdamW state. An estimate."""
+    s = architecture(cfg.model)
+    # prepare_model_for_kbit_training keeps the student's unquantized weights in float32.
+    total = weight_bytes(s, cfg.model.quantization, 4)
+    if cfg.teacher.mode == "standard":
+        total += weight_bytes(architecture(cfg.teacher), cfg.teacher.quantization,
+                              2 if cfg.teacher.dtype in ("bfloat16", "float16") else 4)
+    tokens = cfg.recipe.prompt_limit + cfg.recipe.response_limit
+    rows = cfg.hardware.rollout_physical_batch
+    total += 2 * s["layers"] * rows * tokens * s["kv"] * s["head_dim"] * 4  # KV cache
+    chunk = cfg.hardware.update_chunk
+    total += chunk * tokens * s["hidden"] * 4 * (s["layers"] + 16)  # checkpointed inputs + one layer's activations
+    total += cfg.hardware.logprob_chunk * s["vocab"] * 4 * 3  # logits, exp and gradient of one chunk
+    lora = 2 * cfg.model.lora.r * s["hidden"] * s["layers"] * len(cfg.model.lora.target_modules)
+    total += lora * 4 * 4  # weights, gradients, two AdamW moments
+    return total
+
+
+def check_memory(cfg: MiniverlConfig, device: torch.device) -> Check:
+    estimate = estimate_peak_bytes(cfg) / 2**30
+    if cfg.hardware.peak_reserved_limit_gib is not None:
+        limit, what = cfg.hardware.peak_reserved_limit_gib, f"hardware.peak_reserved_limit_gib={cfg.hardware.peak_reserved_limit_gib}"
+    elif device.type == "cuda":
+        limit, what = torch.cuda.get_device_properties(device).total_memory / 2**30, "the GPU's memory"
+    else:
+        limit, what = psutil.virtual_memory().total / 2**30, "this machine's memory"
+    line = f"estimated peak {estimate:.2f} GiB against {what} ({limit:.1f} GiB)"
+    if estimate > limit:
+        return Check("FAIL", "memory", line + "; lower recipe.response_limit, hardware.rollout_physical_batch or "
+                                              "hardware.update_chunk")
+    return Check("WARN" if estimate > 0.8 * limit else "PASS", "memory", line)
+
+
+def cheap_checks(cfg: MiniverlConfig, device: torch.device) -> list[Check]:
+    tokenizer = models.load_tokenizer("model", cfg.model, models.source_of(cfg.model, None))
+    return [guarded("data", check_data, cfg, tokenizer), guarded("tokenizer", check_tokenizers, cfg, tokenizer),
+            guarded("memory", check_memory, cfg, device)]
+
+
+# ------------------------------------------------------------------ checks that load the models
+def check_self_test(trainer) -> Check:
+    """The student's own weights as teacher: k1 = log pi - log pi must vanish at every position."""
+    from miniverl.teacher import TeacherWorker
+
+    update = trainer.plan.updates[0]
+    prompts = [trainer.prompts.token_ids[trainer.prompts.rows.index(r)] for r in update.prompt_rows]
+    batch = trainer.rollout.generate_sequences(prompts, list(update.prompt_rows), list(update.sample_seeds),
+                                               response_limit=trainer.cfg.recipe.response_limit,
+                                               physical_batches=list(update.rollout_physical_batches))
+    own = TeacherWorker(trainer.student.get_base_model(), logprob_chunk=trainer.cfg.hardware.logprob_chunk, topk=None)
+    batch = own.compute_teacher_log_prob(batch, trainer.cfg.hardware.update_chunk)
+    mask = batch.response_mask
+    k1 = (batch.rollout_log_probs - batch.teacher_logprobs) * mask
+    mean, worst = float(k1.sum() / mask.sum().clamp_min(1)), float(k1.abs().max())
+    line = f"k1 mean {mean:.2e}, largest |k1| {worst:.2e} over {int(mask.sum())} tokens"
+    return Check("PASS" if worst < 1e-3 else "FAIL", "self-test", line if worst < 1e-3 else
+                 line + ": sampling and scoring disagree (alignment or a numerical path differs)")
+
+
+def dequantized_twin(nf4_model, source: models.Source, block):
+    """A float32 copy of an NF4 model whose linear layers hold exactly its dequantized weights."""
+    import bitsandbytes as bnb
+    from transformers import AutoModelForCausalLM
+
+    dense = AutoModelForCausalLM.from_pretrained(source.path, revision=source.revision, dtype=torch.float32,
+                                                 trust_remote_code=block.trust_remote_code)
+    quantized = {n.replace(".base_layer", ""): m for n, m in nf4_model.named_modules()}
+    with torch.no_grad():
+        for name, module in dense.named_modules():
+            src = quantized.get(name)
+            if isinstance(src, bnb.nn.Linear4bit):
+                module.weight.copy_(bnb.functional.dequantize_4bit(src.weight.data, src.weight.quant_state).float())
+    return dense
+
+
+def check_nf4_gradients(trainer, source: models.Source) -> Check:
+    block = trainer.cfg.model
+    if block.quantization != "nf4":
+        return Check("PASS", "nf4-gradients", "the student is not quantized")
+    if block.adapter:
+        return Check("PASS", "nf4-gradients", "skipped: the student starts from an adapter")
+    dense = models._wrap_student(dequantized_twin(trainer.student.get_base_model(), source, block), block,
+                                 torch.device("cpu"), lora_seed=0)
+    nf4 = trainer.student
+    ids = torch.tensor([trainer.prompts.token_ids[0]], device=trainer.device)
+    grads = []
+    for model in (nf4, dense.to(trainer.device)):
+        with torch.no_grad():
+            for (name, p), (_, q) in zip(model.named_parameters(), nf4.named_parameters()):
+                if "lora_" in name:
+                    p.copy_(torch.full_like(p, 0.01) if "lora_B" in name else q)
+        model.train()
+        model.zero_grad()
+        logits = model(input_ids=ids).logits.float()
+        torch.nn.functional.cross_entropy(logits[0, :-1], ids[0, 1:]).backward()
+        grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.requires_grad})
+        model.zero_grad(set_to_none=True)
+        model.eval()
+    worst = max(float((grads[0][n] - grads[1][n]).abs().max() / grads[1][n].abs().max().clamp_min(1e-12))
+                for n in grads[1])
+    line = f"largest relative difference of the LoRA gradients: {worst:.1e}"
+    return Check("PASS" if worst < 1e-3 else "FAIL", "nf4-gradients", line)
+
+
+def run_checks(cfg: MiniverlConfig, run_dir: Path) -> list[Check]:
+    from miniverl.device import resolve_device
+    from miniverl.trainer import OPDTrainer
+
+    device = resolve_device(cfg.hardware)
+    checks = cheap_checks(cfg, device)
+    if any(c.status == "FAIL" for c in checks):
+        return checks
+    trainer = OPDTrainer(cfg, {}, run_dir)
+    trainer.setup()
+    checks.append(guarded("self-test", check_self_test, trainer))
+    source = models.source_of(cfg.model, trainer.run_dir / "toy_models" / "student")
+    checks.append(guarded("nf4-gradients", check_nf4_gradients, trainer, source))
+    return checks
+
+
+@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        checks = run_checks(to_config(cfg), Path(HydraConfig.get().runtime.output_dir))
+    except MiniverlError as error:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        print(f"miniverl: error: {error}", file=sys.stderr)
+        sys.exit(2)
+    for check in checks:
+        print(check, flush=True)
+    failed = [c.name for c in checks if c.status == "FAIL"]
+    print(f"doctor: {len(checks) - len(failed)}/{len(checks)} checks without FAIL")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

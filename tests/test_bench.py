@@ -1,0 +1,182 @@
+"""The fast paths are exact: the decode loop samples what a straightforward reference loop samples
+with the same per-sample streams, the chunked sampled-token log-probs (and their gradients) equal
+the naive log-softmax, and `python -m miniverl.bench` writes its ratios under stable keys."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from conftest import ROOT
+from miniverl import logprobs
+from miniverl.logprobs import response_log_probs, sampled_log_probs
+from miniverl.rollout import RolloutWorker, filter_logits
+from miniverl.schema.actor import RolloutConfig
+
+VOCAB, EOS, PAD = 61, 7, 0  # a vocabulary no chunk size divides
+
+
+@pytest.fixture(scope="module")
+def model():
+    config = Qwen3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=256,
+                         tie_word_embeddings=False, eos_token_id=EOS, pad_token_id=PAD, bos_token_id=None)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(config)
+    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                                  lora_dropout=0.0, task_type="CAUSAL_LM"))
+    with torch.no_grad():  # a non-zero B: the adapter changes the outputs
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0.0, 0.05)
+    return peft_model.get_base_model().eval()  # LoRA injected in place, as the rollout sees the student
+
+
+PROMPTS = [[3, 9, 12, 40, 5], [11, 2], [30, 31, 32, 33, 34, 35, 36, 37], [50]]
+SEEDS = [101, 202, 303, 404]
+
+
+def reference_loop(model, prompt, seed, limit, *, temperature, top_k, top_p):
+    """One sample, no batch, no padding, no KV cache: the whole sequence through the model at every
+    step; the stream's t-th uniform picks the first token whose cumulative probability passes it."""
+    u = torch.rand(limit, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    ids, tokens, log_probs = list(prompt), [], []
+    with torch.no_grad():
+        for step in range(limit):
+            logits = model(input_ids=torch.tensor([ids])).logits[0, -1].float() / temperature  # (V,)
+            probs = filter_logits(logits[None], top_k, top_p)[0].double().softmax(-1)
+            token = int((probs.cumsum(-1) <= u[step]).sum())  # first index whose cumulative sum exceeds u
+            tokens.append(token)
+            log_probs.append(float(logits.log_softmax(-1)[token]))
+            ids.append(token)
+            if token == EOS:
+                break
+    return tokens, log_probs
+
+
+@pytest.mark.parametrize("static_cache", [False, True])
+@pytest.mark.parametrize("sampling", [dict(temperature=1.0, top_k=-1, top_p=1.0),
+                                      dict(temperature=0.8, top_k=20, top_p=0.9)])
+def test_decode_loop_samples_what_the_reference_loop_samples(model, static_cache, sampling):
+    limit = 24
+    worker = RolloutWorker(model, RolloutConfig(**sampling), eos_id=EOS, pad_id=PAD, device=torch.device("cpu"),
+                           static_cache=static_cache)
+    whole = worker.generate_sequences(PROMPTS, [0, 1, 2, 3], SEEDS, response_limit=limit, physical_batches=[4])
+    stopped = 0
+    for i, (prompt, seed) in enumerate(zip(PROMPTS, SEEDS)):
+        tokens, log_probs = reference_loop(model, prompt, seed, limit, **sampling)
+        n = int(whole.response_mask[i].sum())
+        assert whole.responses[i, :n].tolist() == tokens
+        assert whole.responses[i, n:].eq(PAD).all()
+        torch.testing.assert_close(whole.rollout_log_probs[i, :n], torch.tensor(log_probs), rtol=1e-5, atol=1e-5)
+        stopped += tokens[-1] == EOS and n < limit
+    assert stopped >= 1  # the EOS stop is exercised
+    for split in ([1, 3], [2, 1, 1]):
+        other = worker.generate_sequences(PROMPTS, [0, 1, 2, 3], SEEDS, response_limit=limit, physical_batches=split)
+        assert torch.equal(other.responses, whole.responses) and torch.equal(other.response_mask, whole.response_mask)
+
+
+def test_compiled_step_plumbing_on_the_cpu(model, monkeypatch):
+    """The compile path (static cache, wrapped step) with torch.compile stubbed out: same samples."""
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)
+    plain = RolloutWorker(model, RolloutConfig(), eos_id=EOS, pad_id=PAD, device=torch.device("cpu"))
+    compiled = RolloutWorker(model, RolloutConfig(), eos_id=EOS, pad_id=PAD, device=torch.device("cpu"),
+                             compile_decode=True)
+    assert compiled.static_cache and compiled.compile_decode
+    a = plain.generate_sequences(PROMPTS, [0, 1, 2, 3], SEEDS, response_limit=16, physical_batches=[4])
+    for _ in range(2):  # the second rollout reuses the static cache
+        b = compiled.generate_sequences(PROMPTS, [0, 1, 2, 3], SEEDS, response_limit=16, physical_batches=[4])
+        assert torch.equal(a.responses, b.responses)
+        torch.testing.assert_close(a.rollout_log_probs, b.rollout_log_probs, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graph_decode_samples_what_the_eager_loop_samples(model):
+    cuda = torch.device("cuda")
+    gpu_model = model.to(cuda)
+    try:
+        eager = RolloutWorker(gpu_model, RolloutConfig(), eos_id=EOS, pad_id=PAD, device=cuda)
+        graph = RolloutWorker(gpu_model, RolloutConfig(), eos_id=EOS, pad_id=PAD, device=cuda, compile_decode=True)
+        a = eager.generate_sequences(PROMPTS, [0, 1, 2, 3], SEEDS, response_limit=16, physical_batches=[4])
+        for _ in range(2):
+            b = graph.generate_sequences(PROMPTS, [0, 1, 2, 3], SEEDS, response_limit=16, physical_batches=[4])
+            assert torch.equal(a.responses, b.responses)
+            torch.testing.assert_close(a.rollout_log_probs, b.rollout_log_probs, rtol=1e-4, atol=1e-4)
+    finally:
+        model.to("cpu")
+
+
+def naive(head, hidden, tokens, temperature):
+    return torch.log_softmax(head(hidden).float() / temperature, -1).gather(-1, tokens[..., None]).squeeze(-1)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("bias", [False, True])
+def test_chunked_log_probs_and_gradients_equal_the_naive_ones(temperature, bias):
+    torch.manual_seed(1)
+    vocab, chunk = 1009, 7  # 3 x 11 = 33 positions: the last chunk is partial, 7 divides neither
+    head = torch.nn.Linear(24, vocab, bias=bias).requires_grad_(False)
+    hidden = torch.randn(3, 11, 24, requires_grad=True)
+    tokens = torch.randint(0, vocab, (3, 11))
+    weights = torch.randn(3, 11)
+    expected = naive(head, hidden, tokens, temperature)
+    (expected_grad,) = torch.autograd.grad((expected * weights).sum(), hidden)
+    with torch.no_grad():
+        torch.testing.assert_close(sampled_log_probs(head, hidden, tokens, temperature=temperature, chunk=chunk),
+                                   expected, rtol=1e-5, atol=1e-5)
+    for trainable_head in (False, True):  # the fused-gradient path, then the checkpointed one
+        head.weight.requires_grad_(trainable_head)
+        got = sampled_log_probs(head, hidden, tokens, temperature=temperature, chunk=chunk)
+        torch.testing.assert_close(got, expected.detach(), rtol=1e-5, atol=1e-5)
+        (grad,) = torch.autograd.grad((got * weights).sum(), hidden)
+        torch.testing.assert_close(grad, expected_grad, rtol=1e-5, atol=1e-6)
+
+
+def test_chunks_are_capped_by_the_vocabulary(monkeypatch):
+    assert logprobs.rows_per_chunk(256, 151936) == 110 and logprobs.rows_per_chunk(256, 259) == 256
+    assert logprobs.rows_per_chunk(256, 10**9) == 1
+    monkeypatch.setattr(logprobs, "MAX_CHUNK_ELEMENTS", 3 * 1009)  # 3 positions per chunk
+    torch.manual_seed(2)
+    head = torch.nn.Linear(8, 1009, bias=False)
+    hidden, tokens = torch.randn(2, 5, 8), torch.randint(0, 1009, (2, 5))
+    with torch.no_grad():
+        torch.testing.assert_close(sampled_log_probs(head, hidden, tokens, chunk=256), naive(head, hidden, tokens, 1.0),
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_response_log_probs_equal_a_plain_forward(model):
+    worker = RolloutWorker(model, RolloutConfig(), eos_id=EOS, pad_id=PAD, device=torch.device("cpu"))
+    batch = worker.generate_sequences(PROMPTS, [0, 1, 2, 3], SEEDS, response_limit=12, physical_batches=[4])
+    with torch.no_grad():
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                       position_ids=batch.position_ids).logits
+        P, R = batch.prompt_length, batch.response_length
+        full = logits[:, P - 1:P - 1 + R].float().log_softmax(-1).gather(-1, batch.responses[..., None]).squeeze(-1)
+        ours = response_log_probs(model, batch, chunk=5)
+    mask = batch.response_mask
+    torch.testing.assert_close(ours * mask, full * mask, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(batch.rollout_log_probs, full * mask, rtol=1e-5, atol=1e-5)
+
+
+def test_bench_toy_smoke_run_writes_every_ratio(tmp_path):
+    out = tmp_path / "bench"
+    done = subprocess.run([sys.executable, "-m", "miniverl.bench", "--scale", "toy", "--repeats", "1", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((out / "bench.json").read_text())
+    assert result["schema"] == "miniverl-bench/1" and result["scale"] == "toy"
+    assert set(result["ratios"]) == {"rollout_vs_hf_generate", "rollout_vs_no_cache", "scoring_time_vs_naive",
+                                     "scoring_peak_memory_vs_naive", "opd_step_vs_trl", "update_vs_bare_fwd_bwd"}
+    for key, value in result["ratios"].items():
+        assert (isinstance(value, float) and value > 0) or (value is None and key in result["null_reasons"]), key
+    assert result["measurements"]["scoring"]["max_abs_diff_vs_naive"] < 1e-4
+    table = (out / "bench.md").read_text()
+    assert "| measurement | miniverl | other |" in table and table.count("\n|") >= 8

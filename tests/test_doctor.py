@@ -1,0 +1,128 @@
+"""Pre-flight checks and the distillation-progress measurement."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import ROOT, SHORT, compose_config
+from miniverl import doctor, toy
+from miniverl.errors import MiniverlError
+from miniverl.main import run
+from miniverl.schema import to_config
+
+BASE = ["+recipe=opd_k1", "model=toy", "teacher=toy"]
+
+
+def checks_of(*overrides):
+    import torch
+    return {c.name: c for c in doctor.cheap_checks(to_config(compose_config([*BASE, *overrides])), torch.device("cpu"))}
+
+
+def tokenizer_folder(tmp_path, edit):
+    tokenizer = toy.build_toy_tokenizer()
+    edit(tokenizer)
+    tokenizer.save_pretrained(tmp_path / "tok")
+    return tmp_path / "tok"
+
+
+def test_doctor_passes_the_toy_recipe_from_the_command_line(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "miniverl.doctor", *BASE, f"hydra.run.dir={tmp_path}/d"],
+                            capture_output=True, text=True, cwd=ROOT, timeout=300,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""})
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = [line for line in result.stdout.splitlines() if line[:4] in ("PASS", "WARN", "FAIL")]
+    assert [line.split()[1] for line in lines] == ["data:", "tokenizer:", "memory:", "self-test:", "nf4-gradients:"]
+    assert all(line.startswith("PASS") for line in lines)
+
+
+def test_a_teacher_with_another_vocabulary_fails(tmp_path):
+    folder = tokenizer_folder(tmp_path, lambda t: t.add_tokens(["<extra>"]))
+    check = checks_of(f"teacher.tokenizer_id={folder}")["tokenizer"]
+    assert check.status == "FAIL" and "vocabularies differ: student 259 tokens, teacher 260" in check.reason
+
+
+def test_a_teacher_with_another_chat_template_fails(tmp_path):
+    def other_template(t):
+        t.chat_template = t.chat_template.replace("<|im_start|>assistant", "<|im_start|>bot")
+    folder = tokenizer_folder(tmp_path, other_template)
+    check = checks_of(f"teacher.tokenizer_id={folder}")["tokenizer"]
+    assert check.status == "FAIL" and "chat templates render the probe conversation differently" in check.reason
+
+
+def test_too_few_prompts_fail(tmp_path):
+    path = tmp_path / "two.parquet"
+    pq.write_table(pa.table({"prompt": [[{"role": "user", "content": "1+1?"}], [{"role": "user", "content": "2+2?"}]]}),
+                   path)
+    check = checks_of(f"data.train_files={path}")["data"]
+    assert check.status == "FAIL" and "2 usable prompts, fewer than recipe.logical_batch=4" in check.reason
+
+
+def test_a_plan_that_needs_more_prompts_than_the_data_fails_unless_repeats_are_allowed():
+    check = checks_of("recipe.optimizer_updates=20")["data"]
+    assert check.status == "FAIL" and "80 prompts from 64 usable ones" in check.reason
+    assert "data.repeat_prompts=true" in check.reason
+    assert checks_of("recipe.optimizer_updates=20", "data.repeat_prompts=true")["data"].status == "WARN"
+
+
+def test_an_estimate_over_the_memory_limit_fails():
+    check = checks_of("hardware.peak_reserved_limit_gib=0.001")["memory"]
+    assert check.status == "FAIL" and "estimated peak" in check.reason
+
+
+def test_the_training_command_stops_on_a_cheap_fail(tmp_path):
+    with pytest.raises(MiniverlError, match="pre-flight check failed .* memory: estimated peak"):
+        run(compose_config([*BASE, *SHORT, "hardware.peak_reserved_limit_gib=0.001"]), tmp_path / "run")
+    assert not (tmp_path / "run").exists()  # stopped before writing anything
+
+
+def test_the_self_test_fails_when_scoring_disagrees_with_sampling(tmp_path, monkeypatch):
+    from miniverl.trainer import OPDTrainer
+    cfg = compose_config([*BASE, *SHORT])
+    trainer = OPDTrainer(to_config(cfg), {}, tmp_path / "run")
+    trainer.setup()
+    assert doctor.check_self_test(trainer).status == "PASS"
+    import miniverl.teacher as teacher_module
+    real = teacher_module.response_log_probs
+    monkeypatch.setattr(teacher_module, "response_log_probs", lambda *a, **k: real(*a, **k) + 0.01)  # misaligned
+    assert doctor.check_self_test(trainer).status == "FAIL"
+
+
+def test_progress_is_measured_before_training_and_every_n_updates(tmp_path):
+    report = run(compose_config(["+recipe=opd_k1_toy_distill", "recipe.optimizer_updates=4", "eval.every=2",
+                                 "recipe.response_limit=12", "teacher.toy_pretrain_steps=20",
+                                 "trainer.progress_bar=false"]), tmp_path / "run")
+    progress = report["distillation_progress"]
+    assert [p["update"] for p in progress["k1_mean"]] == [0, 2, 4]
+    assert [p["update"] for p in progress["exact_reverse_kl"]] == [0, 2, 4]
+    assert all(p["value"] > 0 for p in progress["exact_reverse_kl"])  # a KL of two different models
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert "val/distillation/exact_reverse_kl" in lines[1] and "val/distillation/exact_reverse_kl" not in lines[0]
+    assert lines[3]["val/distillation/k1_mean"] == progress["k1_mean"][2]["value"]
+
+
+def test_exact_kl_is_null_above_the_vocabulary_limit(tmp_path):
+    report = run(compose_config(["+recipe=opd_k1_toy_distill", "recipe.optimizer_updates=1", "eval.every=1",
+                                 "recipe.response_limit=8", "eval.exact_kl_max_vocab=100", "teacher.toy_pretrain_steps=0",
+                                 "trainer.progress_bar=false"]), tmp_path / "run")
+    assert report["distillation_progress"]["exact_reverse_kl"] is None
+    assert len(report["distillation_progress"]["k1_mean"]) == 2
+
+
+def test_eval_without_held_out_prompts_is_refused():
+    with pytest.raises(MiniverlError, match="data.val_files is empty"):
+        to_config(compose_config([*BASE, "eval.every=2"]))
+
+
+@pytest.mark.slow
+def test_the_toy_distill_recipe_moves_the_student_toward_the_teacher(tmp_path):
+    report = run(compose_config(["+recipe=opd_k1_toy_distill", "recipe.optimizer_updates=10", "eval.every=10",
+                                 "trainer.progress_bar=false"]), tmp_path / "run")
+    before, after = (p["value"] for p in report["distillation_progress"]["exact_reverse_kl"])
+    assert after < 0.7 * before  # measured: 2.23 -> 0.88

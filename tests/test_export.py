@@ -1,0 +1,613 @@
+"""The verl v0.8.0 export: every field has a rule, the launch composes against verl's own config tree
+(unknown keys and wrong types fail), it passes the checks verl makes only at run time, and
+export -> import -> export is a fixed point.
+
+verl 0.8.0 is installed without its dependencies (`pip install --no-deps verl==0.8.0`): only its
+config tree (verl/trainer/config, shipped as data) and its source text are read; no verl module is
+imported.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import os
+import stat
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
+
+from conftest import ROOT, compose_config
+from miniverl import import_verl
+from miniverl.errors import MiniverlError
+from miniverl.export import config_fields, export, field_rule_digest, field_rules
+from miniverl.identity import resolved_config, sha256_json
+from miniverl.schema import to_config
+from miniverl.verl_rules import (DATACLASS_DEFAULTS_THAT_DIFFER, FIXED, LOSS, RULES, STATUSES, TEACHER, VERL_DEFAULTS,
+                                 hydra_value, rule_for, rule_table, runtime_violations)
+
+RECIPE = ["+recipe=opd_k1"]
+SCALES = {
+    "1_trainer_gpu_plus_1_teacher_gpu": [],
+    "2x4_trainer_gpus_plus_2_teacher_replicas_tp2": [
+        "export.nnodes=2", "export.n_gpus_per_node=4", "export.teacher_n_gpus_per_node=4", "export.teacher_replicas=2",
+        "export.teacher_tensor_parallel_size=2", "export.rollout_tensor_parallel_size=2", "recipe.logical_batch=32",
+        "hardware.update_chunk=2"],
+}
+# Every knob away from its default: the round trip must carry each of them.
+EVERYTHING_CHANGED = [
+    "estimator=forward_kl_topk", "estimator.topk=16", "estimator.loss_max_clamp=null", "estimator.clip_ratio_high=0.28",
+    "export.nnodes=2", "export.n_gpus_per_node=2", "export.teacher_nnodes=2", "export.teacher_n_gpus_per_node=2",
+    "export.teacher_replicas=1", "export.teacher_tensor_parallel_size=4", "export.rollout_name=sglang",
+    "export.rollout_tensor_parallel_size=2", "export.use_dynamic_bsz=true", "export.max_token_len_per_gpu=4096",
+    "export.rollout_gpu_memory_utilization=0.6", "export.teacher_gpu_memory_utilization=0.7",
+    "recipe.logical_batch=8", "recipe.optimizer_updates=20", "recipe.prompt_limit=256", "recipe.response_limit=512",
+    "model.lora.r=8", "model.lora.alpha=16", "model.lora.target_modules=[q_proj,k_proj,v_proj,o_proj]",
+    "model.gradient_checkpointing=false", "teacher.dtype=float16", "actor.optim.lr=3e-6", "actor.optim.eps=1e-6",
+    "actor.optim.betas=[0.9,0.95]", "actor.grad_clip=0.5", "rollout.temperature=0.8", "rollout.top_p=0.95",
+    "rollout.top_k=50", "data.val_files=[recipes/data/held_out.parquet]", "data.shuffle=true", "data.seed=7", "data.filter_overlong_prompts=true",
+    "+data.apply_chat_template_kwargs.enable_thinking=false", "trainer.seed=5", "trainer.logger=[console,tensorboard]",
+    "trainer.save_freq=-1", "trainer.experiment_name=sweep_a", "hardware.deterministic=false",
+]
+
+
+# ---------------------------------------------------------------- verl's config tree, read not imported
+
+
+@pytest.fixture(scope="session")
+def verl_root() -> Path:
+    spec = importlib.util.find_spec("verl")  # finds the package without running its __init__
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail('verl 0.8.0 is not installed: pip install --no-deps "verl==0.8.0" (its config tree is the test '
+                    "oracle)")
+    root = Path(list(spec.submodule_search_locations)[0])
+    version = next(root.parent.glob("verl-*.dist-info"), None)
+    assert version is not None and version.name.startswith("verl-0.8.0"), f"need verl 0.8.0, found {version}"
+    return root
+
+
+@pytest.fixture(scope="session")
+def verl_default(verl_root):
+    """verl's ppo_trainer config with no override, unresolved, as a plain dict."""
+    return OmegaConf.to_container(compose_verl(verl_root, []), resolve=False)
+
+
+@pytest.fixture(scope="session")
+def recipe_lines(tmp_path_factory) -> list[str]:
+    """overrides.txt of the opd_k1 recipe at the default scale."""
+    return export_lines(tmp_path_factory.mktemp("recipe"), [])
+
+
+def compose_verl(root: Path, lines: list[str]):
+    """verl's `ppo_trainer` config with the overrides, through Hydra's compose API (an unknown key fails)."""
+    with initialize_config_dir(config_dir=str(root / "trainer" / "config"), version_base=None):
+        return compose(config_name="ppo_trainer", overrides=list(lines))
+
+
+@lru_cache(maxsize=None)
+def verl_dataclasses(root: Path) -> dict[str, tuple[list[str], dict[str, str], dict[str, ast.expr]]]:
+    """{class name: (bases, {field: annotation}, {field: default expression})} of verl's config
+    dataclasses, from their source text."""
+    files = [*(root / "workers" / "config").glob("*.py"), *(root / "trainer" / "config").glob("*.py"),
+             root / "base_config.py", root / "utils" / "profiler" / "config.py"]
+    classes = {}
+    for path in files:
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                fields = [s for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)]
+                classes[node.name] = ([ast.unparse(b).split(".")[-1] for b in node.bases],
+                                      {s.target.id: ast.unparse(s.annotation) for s in fields},
+                                      {s.target.id: s.value for s in fields if s.value is not None})
+    return classes
+
+
+def annotation_of(classes, cls: str, name: str) -> str | None:
+    bases, fields, _ = classes.get(cls, ([], {}, {}))
+    if name in fields:
+        return fields[name]
+    for base in bases:
+        found = annotation_of(classes, base, name)
+        if found is not None:
+            return found
+    return None
+
+
+def conforms(classes, annotation: str, value) -> bool:
+    """Does `value` (as Hydra parsed it) fit verl's annotation, as OmegaConf would accept it when
+    verl turns the node into its dataclass?"""
+    def check(node: ast.expr, v) -> bool:
+        if isinstance(node, ast.Constant):
+            return check(ast.parse(node.value, mode="eval").body, v) if isinstance(node.value, str) else v is node.value
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+            return check(node.left, v) or check(node.right, v)
+        if isinstance(node, ast.Subscript):
+            outer = ast.unparse(node.value).split(".")[-1]
+            args = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+            if outer == "Optional":
+                return v is None or check(args[0], v)
+            if outer == "Union":
+                return any(check(a, v) for a in args)
+            if outer in ("list", "List"):
+                return isinstance(v, list) and all(check(args[0], x) for x in v)
+            if outer in ("tuple", "Tuple"):
+                return isinstance(v, list)
+            if outer in ("dict", "Dict"):
+                return isinstance(v, dict)
+            return True
+        name = ast.unparse(node).split(".")[-1]
+        if name == "bool":
+            return isinstance(v, bool)
+        if name == "int":
+            return isinstance(v, int) and not isinstance(v, bool)
+        if name == "float":
+            return isinstance(v, (int, float)) and not isinstance(v, bool)
+        if name == "str":
+            return isinstance(v, str)
+        if name in ("dict", "Dict"):
+            return isinstance(v, dict)
+        if name in ("list", "List", "tuple"):
+            return isinstance(v, list)
+        if name in classes:  # a nested config dataclass
+            return isinstance(v, dict)
+        return True  # Any, enums, ...
+    return check(ast.parse(annotation, mode="eval").body, value)
+
+
+def type_errors(root: Path, raw_default: dict, lines: list[str]) -> list[str]:
+    """Every override whose value does not fit the type verl gives its key: the annotation of the
+    verl dataclass the key's node is built into (its `_target_`), and the type of verl's YAML default."""
+    classes = verl_dataclasses(root)
+    errors = []
+    for override in OverridesParser.create().parse_overrides(lines):
+        key, value = override.key_or_group, override.value()
+        node, owner, rest = raw_default, None, key.split(".")
+        for k, part in enumerate(key.split(".")):
+            if isinstance(node, dict) and "_target_" in node:
+                owner, rest = node["_target_"].split(".")[-1], key.split(".")[k:]
+            node = node.get(part) if isinstance(node, dict) else None
+        annotation = None
+        while owner is not None and rest:
+            annotation = annotation_of(classes, owner, rest[0])
+            owner = annotation if annotation in classes else None
+            rest = rest[1:]
+        if annotation is not None and not rest:
+            if not conforms(classes, annotation, value):
+                errors.append(f"{key}={value!r} is not {annotation} (verl's dataclass)")
+            continue
+        default = node  # no dataclass behind the key (data.*, trainer.*): the type of verl's YAML default
+        if default is None or (isinstance(default, str) and (default.startswith("${") or default == "???")):
+            continue
+        kinds = {bool: (bool,), int: (int,), float: (int, float), str: (str,), list: (list,), dict: (dict,)}
+        wanted = kinds.get(type(default), (object,))
+        if key.endswith("_files"):  # verl's data files: one path or a list of paths
+            wanted = (str, list)
+        if not isinstance(value, wanted) or (isinstance(value, bool) and type(default) is not bool):
+            errors.append(f"{key}={value!r} does not have the type of verl's YAML default {default!r}")
+    return errors
+
+
+def export_lines(tmp_path: Path, overrides: list[str], name: str = "verl") -> list[str]:
+    result = export(compose_config([*RECIPE, *overrides]), tmp_path / name, cwd=ROOT)
+    return (tmp_path / name / "overrides.txt").read_text().splitlines()
+
+
+def parsed(lines: list[str]) -> dict:
+    return {o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(lines)}
+
+
+# ---------------------------------------------------------------- every field has a rule
+
+
+def test_every_field_of_the_resolved_config_has_a_rule():
+    configs = [compose_config([*RECIPE, f"estimator={mode}"]) for mode in ("k1", "k3", "forward_kl_topk")]
+    configs += [compose_config([*RECIPE, "model=toy", "teacher=toy", "hardware=cpu", "teacher.mode=ref",
+                                "+data.apply_chat_template_kwargs.enable_thinking=false"])]
+    seen: set[str] = set()
+    for cfg in configs:
+        for path in config_fields(cfg):
+            rule = rule_for(path)
+            assert rule is not None, f"{path} has no verl field rule"
+            seen.add(rule.field)
+        assert field_rules(cfg) == rule_table()["fields"]
+        assert set(config_fields(to_config(cfg))) <= set(config_fields(cfg))  # the typed config walks the same
+    stale = {rule.field for rule in RULES} - seen
+    assert not stale, f"rules for fields the config does not have: {sorted(stale)}"
+    for rule in RULES:
+        assert rule.status in STATUSES
+        assert rule.note or rule.status in ("mapped", "derived"), f"{rule.field}: say what it means"
+        assert bool(rule.verl_keys) == (rule.status in ("mapped", "derived")), rule.field
+
+
+def test_a_field_without_a_rule_is_refused():
+    cfg = compose_config(RECIPE)
+    plain = resolved_config(cfg)
+    plain["model"]["brand_new_knob"] = 1
+    with pytest.raises(MiniverlError, match="no verl field rule for model.brand_new_knob"):
+        field_rules(plain)
+
+
+def test_field_rule_digest_is_the_sha256_of_the_canonical_rule_table(tmp_path):
+    export(compose_config(RECIPE), tmp_path / "verl", cwd=ROOT)
+    written = json.loads((tmp_path / "verl" / "field_rules.json").read_text())
+    digest = field_rule_digest()
+    assert digest == sha256_json(rule_table()) == written["field_rule_digest"]
+    assert written["rules"] == rule_table()["fields"] and written["fixed"] == rule_table()["fixed"]
+    assert len(digest) == 64 and digest == field_rule_digest(json.loads(json.dumps(rule_table())))
+    assert field_rule_digest(to_config(compose_config([*RECIPE, "estimator=k3"]))) == digest  # as the report calls it
+    changed = rule_table()
+    changed["fields"][0]["note"] += " (edited)"
+    assert field_rule_digest(changed) != digest
+    applied = {row["field"]: row for row in written["applied"]}
+    assert applied["model.lora.r"]["value"] == 16
+    assert applied["model.lora.r"]["verl"] == ["actor_rollout_ref.model.lora_rank=16"]
+
+
+# ---------------------------------------------------------------- valid for verl 0.8.0
+
+
+def test_verl_yaml_defaults_table_matches_verl_0_8_0(verl_default):
+    missing = object()
+    for key, expected in VERL_DEFAULTS.items():
+        node = verl_default
+        for part in key.split("."):
+            node = node.get(part, missing) if isinstance(node, dict) else missing
+        assert node == expected, f"{key}: verl 0.8.0's YAML default is {node!r}, the table says {expected!r}"
+
+
+def test_verl_dataclass_defaults_differ_from_its_yaml_where_the_table_says(verl_root):
+    classes = verl_dataclasses(verl_root)
+    for key, expected in DATACLASS_DEFAULTS_THAT_DIFFER.items():
+        default = ast.literal_eval(classes["DistillationLossConfig"][2][key.split(".")[-1]])
+        assert default == expected and default != VERL_DEFAULTS[key], key
+
+
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("estimator", ["k1", "k3", "forward_kl_topk"])
+def test_export_composes_against_verl_0_8_0_and_passes_its_run_time_checks(tmp_path, verl_root, verl_default,
+                                                                          estimator, scale):
+    lines = export_lines(tmp_path, [f"estimator={estimator}", *SCALES[scale]])
+    written = parsed(lines)
+    verl_cfg = compose_verl(verl_root, lines)  # an unknown key fails here
+    assert not [m for m in sys.modules if m == "verl" or m.startswith("verl.")], "composition imported verl"
+    assert type_errors(verl_root, verl_default, lines) == []
+    resolved = OmegaConf.to_container(verl_cfg, resolve=True)
+    for key, value in written.items():  # what the recipe means is what verl runs with
+        assert OmegaConf.select(verl_cfg, key) == value, key
+    # The rules verl enforces only at run time, read off the composed config.
+    d = resolved["distillation"]
+    inference = d["teacher_models"]["teacher_model"]["inference"]
+    pool = d["nnodes"] * d["n_gpus_per_node"]
+    replica = inference["tensor_model_parallel_size"] * inference["data_parallel_size"]
+    assert pool > 0 and pool == d["teacher_models"]["teacher_model"]["num_replicas"] * replica
+    actor, rollout = resolved["actor_rollout_ref"]["actor"], resolved["actor_rollout_ref"]["rollout"]
+    assert actor["use_dynamic_bsz"] is False
+    assert actor["ppo_micro_batch_size_per_gpu"] and rollout["log_prob_micro_batch_size_per_gpu"]
+    data = resolved["data"]
+    assert inference["max_model_len"] >= data["max_prompt_length"] + data["max_response_length"] + 1
+    assert inference["prompt_length"] + inference["response_length"] + 1 <= inference["max_model_len"]
+    assert rollout["name"] in ("vllm", "sglang") and inference["name"] == rollout["name"]
+    loss = d["distillation_loss"]
+    assert loss["loss_mode"] == estimator
+    assert loss["use_policy_gradient"] is (estimator == "k1")  # k1 only with policy gradient
+    assert inference["temperature"] == 1.0
+    assert loss["use_task_rewards"] is False
+    n_gpus = resolved["trainer"]["nnodes"] * resolved["trainer"]["n_gpus_per_node"]
+    assert (data["train_batch_size"] // n_gpus) % actor["ppo_micro_batch_size_per_gpu"] == 0
+    assert runtime_violations(resolved) == []
+
+
+def test_keys_whose_verl_defaults_differ_from_the_recipe_are_written_out(verl_root, recipe_lines):
+    written = parsed(recipe_lines)
+    for key in DATACLASS_DEFAULTS_THAT_DIFFER:  # written even where the YAML default happens to agree
+        assert key in written, key
+    assert written[f"{LOSS}.topk"] == 32 and written[f"{LOSS}.use_policy_gradient"] is True
+    assert written[f"{LOSS}.loss_max_clamp"] == 10.0 and written[f"{LOSS}.log_prob_min_clamp"] == -10.0
+    for key, value, _ in FIXED:
+        assert key in written, key
+    default, launched = compose_verl(verl_root, []), compose_verl(verl_root, recipe_lines)
+    mapped = {key for rule in RULES if rule.status == "mapped" for key in rule.verl_keys}
+    for key in mapped - {"actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+                         "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"}:  # only with dynamic bsz
+        assert key in written, f"{key} (a mapped key) is not written"
+        if OmegaConf.select(default, key) != OmegaConf.select(launched, key):
+            assert OmegaConf.select(launched, key) == written[key]
+
+
+def test_dynamic_batch_size_writes_token_budgets_instead_of_micro_batches(tmp_path, verl_root):
+    lines = export_lines(tmp_path, ["export.use_dynamic_bsz=true", "export.max_token_len_per_gpu=8192"])
+    written = parsed(lines)
+    assert written["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"] == 8192
+    assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu" not in written
+    resolved = OmegaConf.to_container(compose_verl(verl_root, lines), resolve=True)
+    assert resolved["actor_rollout_ref"]["rollout"]["log_prob_use_dynamic_bsz"] is True
+    assert runtime_violations(resolved) == []
+
+
+def test_a_launch_with_every_knob_changed_composes_and_type_checks(tmp_path, verl_root, verl_default):
+    lines = export_lines(tmp_path, EVERYTHING_CHANGED)
+    assert "+data.apply_chat_template_kwargs.enable_thinking=False" in lines  # as verl's examples write it
+    verl_cfg = compose_verl(verl_root, lines)
+    assert type_errors(verl_root, verl_default, lines) == []
+    for key, value in parsed(lines).items():
+        assert OmegaConf.select(verl_cfg, key) == value, key
+    assert runtime_violations(OmegaConf.to_container(verl_cfg, resolve=True)) == []
+
+
+def test_the_type_check_catches_a_wrong_type(verl_root, verl_default):
+    wrong = ["trainer.nnodes=one", "distillation.distillation_loss.topk=3.5", "actor_rollout_ref.model.lora_rank=True",
+             "distillation.teacher_models.teacher_model.inference.gpu_memory_utilization=high"]
+    compose_verl(verl_root, wrong)  # Hydra alone accepts these: verl's YAML carries no types
+    assert len(type_errors(verl_root, verl_default, wrong)) == len(wrong)
+
+
+BROKEN = {  # an override appended to a valid launch -> what verl would refuse at run time
+    "teacher_pool_not_replicas_x_tp": ("distillation.n_gpus_per_node=2", "teacher pool size 2"),
+    "empty_teacher_pool": ("distillation.nnodes=0", "teacher pool is empty"),
+    "no_micro_batch_without_dynamic_bsz": ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null",
+                                           "ppo_micro_batch_size_per_gpu must be set"),
+    "micro_batch_not_dividing": ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=3", "must divide"),
+    "teacher_context_too_short": (f"{TEACHER}.inference.max_model_len=150", "max_model_len=150 must be >="),
+    "rollout_name_unset": ("actor_rollout_ref.rollout.name=null", "must name a rollout engine"),
+    "k1_without_policy_gradient": (f"{LOSS}.use_policy_gradient=False", "k1 needs use_policy_gradient"),
+    "teacher_temperature_not_1": (f"{TEACHER}.inference.temperature=0.7", "must be 1.0"),
+    "task_rewards_on": (f"{LOSS}.use_task_rewards=True", "use_task_rewards must be False"),
+    "rollout_tp_not_dividing_trainer": ("actor_rollout_ref.rollout.tensor_model_parallel_size=2", "not divisible"),
+    "critic_built": ("algorithm.adv_estimator=gae", "critic"),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN)
+def test_run_time_rules_catch_what_verl_would_refuse(verl_root, recipe_lines, case):
+    extra, message = BROKEN[case]
+    resolved = OmegaConf.to_container(compose_verl(verl_root, [*recipe_lines, extra]), resolve=True)
+    problems = runtime_violations(resolved)
+    assert any(message in p for p in problems), problems
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["export.teacher_replicas=2"], "the teacher pool (teacher_nnodes x teacher_n_gpus_per_node = 1 GPUs) must equal"),
+    (["export.nnodes=2", "export.n_gpus_per_node=4"], "must be divisible by the 8 trainer GPUs"),
+    (["hardware.update_chunk=3"], "ppo_micro_batch_size_per_gpu=3 must divide"),
+    (["export.teacher_nnodes=3", "export.teacher_n_gpus_per_node=2", "export.teacher_replicas=2",
+      "export.teacher_tensor_parallel_size=3"], "a teacher replica would straddle two nodes"),
+    (["export.rollout_name=trtllm"], "export.rollout_name='trtllm'"),
+    (["trainer.resume_from=outputs/a"], "a miniverl checkpoint cannot be resumed by verl"),
+])
+def test_export_refuses_a_launch_verl_would_refuse_with_one_line(tmp_path, overrides, message):
+    with pytest.raises(MiniverlError, match=None) as error:
+        export(compose_config([*RECIPE, *overrides]), tmp_path / "verl", cwd=ROOT)
+    assert message in str(error.value) and "\n" not in str(error.value)
+    assert not (tmp_path / "verl").exists()
+
+
+def test_a_toy_export_is_a_template_that_composes_and_says_so(tmp_path, verl_root):
+    result = export(compose_config([*RECIPE, "model=toy", "teacher=toy"]), tmp_path / "verl", cwd=ROOT)
+    assert any("model.model_id=toy has no verl equivalent" in w for w in result.warnings)
+    compose_verl(verl_root, result.lines)
+    readme = (tmp_path / "verl" / "README.md").read_text()
+    assert "toy has no verl equivalent" in readme and "4-bit student" in readme
+
+
+def test_teacher_modes_export_as_verl_can_serve_them(tmp_path, verl_root):
+    ref = export(compose_config([*RECIPE, "teacher.mode=ref"]), tmp_path / "ref", cwd=ROOT)
+    written = parsed(ref.lines)
+    assert written[f"{TEACHER}.model_path"] == written["actor_rollout_ref.model.path"] == "Qwen/Qwen3-0.6B"
+    assert any("second copy of the student's base" in w for w in ref.warnings)
+    compose_verl(verl_root, ref.lines)
+    assert parsed(imported(tmp_path / "ref" / "overrides.txt"))["teacher.mode"] == "ref"
+    adapter = tmp_path / "teacher_adapter"
+    adapter.mkdir()
+    for mode in ("standard", "shared_base"):
+        with pytest.raises(MiniverlError, match="verl v0.8.0's teacher takes no adapter"):
+            export(compose_config([*RECIPE, f"teacher.mode={mode}", f"teacher.adapter={adapter}"]),
+                   tmp_path / mode, cwd=ROOT)
+
+
+def test_a_student_adapter_exports_with_its_own_rank_alpha_and_targets(tmp_path, verl_root):
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps(
+        {"peft_type": "LORA", "r": 8, "lora_alpha": 24, "target_modules": ["q_proj", "k_proj"]}))
+    result = export(compose_config([*RECIPE, f"model.adapter={adapter}"]), tmp_path / "verl", cwd=ROOT)
+    written = parsed(result.lines)
+    assert written["actor_rollout_ref.model.lora_adapter_path"] == str(adapter)
+    assert (written["actor_rollout_ref.model.lora_rank"], written["actor_rollout_ref.model.lora_alpha"]) == (8, 24)
+    assert written["actor_rollout_ref.model.target_modules"] == ["q_proj", "k_proj"]
+    compose_verl(verl_root, result.lines)
+    back = imported(tmp_path / "verl" / "overrides.txt")
+    assert export(compose_config([*RECIPE, *back]), tmp_path / "verl", cwd=ROOT).lines == result.lines
+
+
+# ---------------------------------------------------------------- the launch script
+
+
+def fake_python(tmp_path: Path) -> dict:
+    """A `python3` on PATH that prints its arguments after `-m verl.trainer.main_ppo`, one per line."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(parents=True)
+    fake = bin_dir / "python3"
+    fake.write_text('#!/bin/sh\n[ "$1 $2" = "-m verl.trainer.main_ppo" ] || exit 9\nshift 2\n'
+                    'for a in "$@"; do printf "%s\\n" "$a"; done\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("STUDENT_MODEL", "TEACHER_MODEL", "TRAIN_FILES", "VAL_FILES")}
+    return {**env, "PATH": f"{bin_dir}{os.pathsep}{env['PATH']}"}
+
+
+def test_run_opd_sh_launches_exactly_overrides_txt(tmp_path):
+    lines = export_lines(tmp_path, SCALES["2x4_trainer_gpus_plus_2_teacher_replicas_tp2"])
+    script = tmp_path / "verl" / "run_opd.sh"
+    assert os.access(script, os.X_OK)
+    run = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=fake_python(tmp_path), timeout=30)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == lines
+    again = subprocess.run(["bash", str(script), "trainer.total_epochs=1"], capture_output=True, text=True,
+                           env={**fake_python(tmp_path / "x"), "STUDENT_MODEL": "/models/student"}, timeout=30)
+    assert "actor_rollout_ref.model.path=/models/student" in again.stdout.splitlines()
+    assert again.stdout.splitlines()[-1] == "trainer.total_epochs=1"
+
+
+def test_run_opd_sh_refuses_toy_models(tmp_path):
+    export(compose_config([*RECIPE, "model=toy", "teacher=toy"]), tmp_path / "verl", cwd=ROOT)
+    run = subprocess.run(["bash", str(tmp_path / "verl" / "run_opd.sh")], capture_output=True, text=True,
+                         env=fake_python(tmp_path), timeout=30)
+    assert run.returncode == 2 and "toy models have no verl equivalent" in run.stderr and run.stdout == ""
+
+
+# ---------------------------------------------------------------- import and the round trip
+
+
+def imported(path: Path) -> list[str]:
+    text = import_verl.import_file(path, env={"HOME": "/home/user"})
+    return [line for line in text.splitlines() if line and not line.startswith("#")]
+
+
+@pytest.mark.parametrize("variant", ["recipe", "everything_changed"])
+def test_export_import_export_is_a_fixed_point(tmp_path, variant):
+    first = [] if variant == "recipe" else EVERYTHING_CHANGED
+    lines = export_lines(tmp_path, first)
+    back = imported(tmp_path / "verl" / "overrides.txt")
+    assert imported(tmp_path / "verl" / "run_opd.sh") == back  # the script reads back the same
+    for base in (RECIPE, []):  # on the recipe, or on the bare config: every mapped field is carried
+        again = export(compose_config([*base, *back]), tmp_path / "verl", cwd=ROOT)
+        assert again.lines == lines
+    if variant == "everything_changed":
+        values = parsed(back)
+        assert values["model.lora.target_modules"] == ["q_proj", "k_proj", "v_proj", "o_proj"]
+        assert values["export.teacher_tensor_parallel_size"] == 4 and values["export.rollout_name"] == "sglang"
+        assert values["data.apply_chat_template_kwargs.enable_thinking"] is False
+        assert values["trainer.logger"] == ["console", "tensorboard"] and values["actor.optim.eps"] == 1e-6
+        assert values["data.val_files"] == [str(ROOT / "recipes/data/held_out.parquet")]
+
+
+VERL_SHAPED_SCRIPT = r"""#!/usr/bin/env bash
+# written the way verl's examples/on_policy_distillation_trainer scripts are
+set -xeuo pipefail
+STUDENT_MODEL=${STUDENT_MODEL:-Qwen/Qwen3-0.6B}
+TEACHER_MODEL=${TEACHER_MODEL:-Qwen/Qwen3-1.7B}
+NNODES=${NNODES:-1}
+TEACHER_WORLD_SIZE=${TEACHER_WORLD_SIZE:-4}
+teacher_tp=${TEACHER_TP:-2}
+max_prompt_length=${MAX_PROMPT_LENGTH:-512}
+max_response_length=${MAX_RESPONSE_LENGTH:-1024}
+train_files="['$HOME/data/gsm8k/train.parquet']"
+max_num_tokens=$(( max_prompt_length + max_response_length + 1 ))
+DATA=(
+    algorithm.adv_estimator=grpo
+    data.train_files="$train_files"
+    data.val_files="$train_files"
+    data.train_batch_size=16
+    data.max_prompt_length=${max_prompt_length}
+    data.max_response_length=${max_response_length}
+)
+MODEL=(
+    actor_rollout_ref.model.path="$STUDENT_MODEL"
+    actor_rollout_ref.model.lora_rank=32
+    actor_rollout_ref.model.target_modules='[q_proj,v_proj]'
+)
+ACTOR=(
+    actor_rollout_ref.actor.ppo_mini_batch_size=16
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2
+    actor_rollout_ref.rollout.name=vllm
+    actor_rollout_ref.rollout.n=4
+    actor_rollout_ref.rollout.max_model_len=${max_num_tokens}
+    trainer.logger='["console","wandb"]'
+    trainer.n_gpus_per_node=4
+    trainer.nnodes=${NNODES}
+    trainer.total_training_steps=50
+    trainer.total_epochs=50
+)
+EXTRA=(
+    distillation.enabled=True
+    distillation.n_gpus_per_node=${TEACHER_WORLD_SIZE}
+    distillation.nnodes=${NNODES}
+    distillation.teacher_models.teacher_model.model_path="$TEACHER_MODEL"
+    distillation.teacher_models.teacher_model.inference.tensor_model_parallel_size=${teacher_tp}
+    distillation.teacher_models.teacher_model.inference.max_model_len=${max_num_tokens}
+    distillation.distillation_loss.loss_mode=k3
+    distillation.distillation_loss.use_task_rewards=False
+)
+python3 -m verl.trainer.main_ppo \
+    "${DATA[@]}" \
+    "${MODEL[@]}" \
+    "${ACTOR[@]}" \
+    "${EXTRA[@]}" \
+    "$@"
+"""
+
+
+def test_import_reads_a_verl_example_shaped_script(tmp_path, verl_root):
+    script = tmp_path / "run_qwen3_opd.sh"
+    script.write_text(VERL_SHAPED_SCRIPT)
+    lines = import_verl.read_overrides(script, env={"HOME": "/home/user", "TEACHER_TP": "4"})
+    compose_verl(verl_root, lines)  # the script's overrides are verl's
+    assert "distillation.teacher_models.teacher_model.inference.max_model_len=1537" in lines
+    assert "data.train_files=['/home/user/data/gsm8k/train.parquet']" in lines
+    text = import_verl.import_file(script, env={"HOME": "/home/user", "TEACHER_TP": "4"})
+    values = parsed([line for line in text.splitlines() if line and not line.startswith("#")])
+    assert values["estimator"] == "k3" and values["estimator.use_policy_gradient"] is False  # verl's YAML default
+    assert values["estimator.loss_max_clamp"] is None and values["estimator.topk"] == 32
+    assert values["model.lora.r"] == 32 and values["model.lora.alpha"] == 16  # verl's default alpha
+    assert values["export.teacher_tensor_parallel_size"] == 4 and values["export.teacher_replicas"] == 1
+    assert values["hardware.update_chunk"] == 2 and values["recipe.logical_batch"] == 16
+    assert values["trainer.logger"] == ["console"] and values["data.shuffle"] is True
+    assert values["data.train_files"] == ["/home/user/data/gsm8k/train.parquet"]
+    notes = "\n".join(line for line in text.splitlines() if line.startswith("#"))
+    assert "actor_rollout_ref.rollout.n=4  -- miniverl means 1" in notes
+    assert "trainer.logger: wandb" in notes
+    assert "model.quantization" in notes  # a miniverl field verl does not set
+    # The imported overrides make a valid miniverl config that exports a launch verl accepts.
+    result = export(compose_config([*RECIPE, *values_to_lines(values)]), tmp_path / "verl", cwd=ROOT)
+    compose_verl(verl_root, result.lines)
+
+
+def values_to_lines(values: dict) -> list[str]:
+    return [f"{key}={hydra_value(value)}" for key, value in values.items()]
+
+
+def test_import_command_writes_the_overrides_and_refuses_a_launch_without_distillation(tmp_path, capsys):
+    export(compose_config(RECIPE), tmp_path / "verl", cwd=ROOT)
+    out = tmp_path / "miniverl_overrides.txt"
+    assert import_verl.main([str(tmp_path / "verl" / "overrides.txt"), "-o", str(out)]) == 0
+    assert "estimator=k1" in out.read_text().splitlines()
+    plain = tmp_path / "ppo.txt"
+    plain.write_text("actor_rollout_ref.rollout.name=vllm\ntrainer.total_training_steps=3\n")
+    assert import_verl.main([str(plain)]) == 2
+    assert capsys.readouterr().err.startswith("miniverl: error: this verl launch does not enable distillation")
+
+
+@pytest.mark.parametrize("value", [None, True, False, 0, -1, 3, 0.5, 1e-05, -10.0, 1.0, "vllm", "token-mean", "none",
+                                   "null", "True", "1", "1e-3", "Qwen/Qwen3-0.6B", "/a b/c.parquet", "x:y,z", 'q"t',
+                                   "it's", ["/abs/x.parquet"], ["q_proj", "v_proj"], [0.9, 0.999], {"eps": 1e-08},
+                                   {"enable_thinking": False}, {}])
+def test_override_values_parse_back_to_themselves(value):
+    (override,) = OverridesParser.create().parse_overrides([f"a.b={hydra_value(value)}"])
+    assert override.value() == value and type(override.value()) is type(value)
+
+
+# ---------------------------------------------------------------- the command
+
+
+def test_export_command_writes_the_launch_into_its_run_folder(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    run_dir = tmp_path / "run"
+    ok = subprocess.run([sys.executable, "-m", "miniverl.export", *RECIPE, f"hydra.run.dir={run_dir}"],
+                        capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert str(run_dir / "verl") in ok.stdout
+    for name in ("overrides.txt", "run_opd.sh", "field_rules.json", "README.md", "no_task_reward.py"):
+        assert (run_dir / "verl" / name).is_file(), name
+    assert "miniverl: warning: model.quantization=nf4 does not carry over" in ok.stderr
+    bad = subprocess.run([sys.executable, "-m", "miniverl.export", *RECIPE, "export.teacher_replicas=2",
+                          f"hydra.run.dir={tmp_path / 'bad'}"], capture_output=True, text=True, cwd=ROOT, env=env,
+                         timeout=120)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert bad.stderr.strip().splitlines()[-1].startswith("miniverl: error: export: the teacher pool")

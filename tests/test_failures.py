@@ -1,0 +1,214 @@
+"""Bad input, faults and interruptions: one clear line, nothing lost, and exact resume after a
+signal. (Missing weights, typos, foreign tokenizers, broken checkpoints and occupied run folders
+are tested beside their features: test_models, test_cli, test_doctor, test_resume.)"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import ROOT, SHORT, compose_config
+from miniverl import checkpoint
+from miniverl.data import read_conversations
+from miniverl.errors import MiniverlError
+from miniverl.identity import canonical_json, sha256_json
+from miniverl.main import run
+from miniverl.resume_check import first_difference
+from miniverl.schema import to_config
+
+BASE = ["+recipe=opd_k1", *SHORT]
+
+
+def run_toy(run_dir, *extra):
+    return run(compose_config([*BASE, *extra]), run_dir)
+
+
+def prompts_table(prompts):
+    return pa.table({"prompt": pa.array(prompts)})
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda p: None, "does not exist"),
+    (lambda p: p.write_text("not,a,parquet\n1,2,3\n"), "is not a readable parquet file"),
+    (lambda p: pq.write_table(pa.table({"question": ["2+2?"]}), p), "has no column 'prompt'"),
+    (lambda p: pq.write_table(pa.table({"prompt": [12, 7]}), p),
+     "row 0 column 'prompt': expected a list of {role, content} messages"),
+    (lambda p: pq.write_table(prompts_table([[{"role": "user", "content": "hi"}], [{"role": "user"}]]), p),
+     "row 1 column 'prompt': expected a list of {role, content} messages"),
+    (lambda p: pq.write_table(pa.table({"prompt": pa.array([], type=pa.string())}), p), "holds no rows"),
+    (lambda p: pq.write_table(prompts_table([[{"role": "user", "content": f"q{i}"}] for i in range(5)]), p),
+     r"the plan consumes 12 prompts from 5 usable ones .* data.repeat_prompts=true"),
+])
+def test_bad_train_files_are_one_line_naming_the_file_and_the_fix(tmp_path, make, message):
+    path = tmp_path / "prompts.parquet"
+    make(path)
+    with pytest.raises(MiniverlError, match=message) as info:
+        run_toy(tmp_path / "run", f"data.train_files={path}")
+    assert "\n" not in str(info.value)
+    assert "data.train_files" in str(info.value) or "data:" in str(info.value)
+
+
+def test_a_finished_run_folder_is_replaced_only_when_told(tmp_path):
+    run_toy(tmp_path / "run")
+    with pytest.raises(MiniverlError, match=r"already holds a run \(status completed: .* trainer.overwrite=true"):
+        run_toy(tmp_path / "run", "trainer.resume_mode=disable")
+    report = run_toy(tmp_path / "run", "trainer.overwrite=true", "recipe.optimizer_updates=2")
+    assert report["status"] == "completed" and report["recipe"]["optimizer_updates"] == 2
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 2
+    assert [p.name for p in checkpoint.checkpoints_in(tmp_path / "run")] == ["update_1", "update_2"]
+
+
+def test_a_read_only_output_folder_is_one_line(tmp_path, monkeypatch):
+    def read_only(self, *args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", str(self))
+    monkeypatch.setattr(Path, "mkdir", read_only)  # root ignores permission bits, so simulate it
+    with pytest.raises(MiniverlError, match="cannot create the run folder .*: Read-only file system"):
+        run_toy(tmp_path / "run")
+
+
+def test_a_full_disk_keeps_the_last_checkpoint_whole(tmp_path, monkeypatch):
+    import miniverl.checkpoint as ckpt_module
+    real, calls = ckpt_module.save_file, {"n": 0}
+
+    def fills_up(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] > 2:  # adapter + optimizer of update 1 fit; update 2 does not
+            raise OSError(errno.ENOSPC, "No space left on device", str(args[1]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ckpt_module, "save_file", fills_up)
+    with pytest.raises(MiniverlError, match="No space left on device; the last complete checkpoint is .*update_1"):
+        run_toy(tmp_path / "run")
+    plan_digest = json.loads((tmp_path / "run" / "checkpoints" / "update_1" / "state.json").read_text())[
+        "compiled_plan_sha256"]
+    assert checkpoint.verify_checkpoint(tmp_path / "run", plan_digest).update == 1
+
+
+def test_a_nan_loss_stops_at_once_keeps_the_last_good_checkpoint_and_reports_failed(tmp_path, monkeypatch):
+    from miniverl.teacher import TeacherWorker
+    real, calls = TeacherWorker.compute_teacher_log_prob, {"n": 0}
+
+    def nan_on_update_2(self, batch, rows):
+        calls["n"] += 1
+        batch = real(self, batch, rows)
+        if calls["n"] == 2:
+            batch.teacher_logprobs = batch.teacher_logprobs * float("nan")
+        return batch
+
+    monkeypatch.setattr(TeacherWorker, "compute_teacher_log_prob", nan_on_update_2)
+    with pytest.raises(MiniverlError, match="update 2 failed: non-finite loss"):
+        run_toy(tmp_path / "run", "trainer.save_freq=-1")
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["status"] == "failed" and report["failure"]["update"] == 2
+    assert [p.name for p in checkpoint.checkpoints_in(tmp_path / "run")] == ["update_1"]
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 1
+
+
+SIGNAL_ARGS = ["+recipe=opd_k1", "model=toy", "teacher=toy", "recipe.optimizer_updates=10",
+               "recipe.interrupt_after_updates=null", "recipe.response_limit=12", "actor.optim.lr=1e-3",
+               "trainer.progress_bar=false"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_mid_run_stops_cleanly_and_the_resume_is_exact(tmp_path, signum):
+    reference = tmp_path / "reference"
+    run(compose_config(SIGNAL_ARGS), reference)
+    stopped = tmp_path / "stopped"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
+    child = subprocess.Popen([sys.executable, "-m", "miniverl.main", *SIGNAL_ARGS, f"hydra.run.dir={stopped}"],
+                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not (stopped / "checkpoints" / "update_1").exists() and time.time() < deadline and child.poll() is None:
+        time.sleep(0.01)
+    child.send_signal(signum)
+    _, stderr = child.communicate(timeout=300)
+    assert child.returncode == 128 + signum, stderr[-2000:]
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith(f"miniverl: error: stopped by {signal.Signals(signum).name} after update")
+    assert f"trainer.resume_from={stopped}" in last and "Traceback" not in stderr
+    report = json.loads((stopped / "report.json").read_text())
+    assert report["status"] == "interrupted" and report["recipe"]["optimizer_updates"] == 10
+    done = len((stopped / "metrics.jsonl").read_text().splitlines())
+    assert 1 <= done < 10 and checkpoint.checkpoints_in(stopped)[-1].name == f"update_{done}"
+    resumed = tmp_path / "resumed"
+    result = subprocess.run([sys.executable, "-m", "miniverl.main", *SIGNAL_ARGS, f"trainer.resume_from={stopped}",
+                             f"hydra.run.dir={resumed}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert first_difference(reference, resumed)[1] is None
+
+
+def test_no_pickle_and_no_remote_code_by_default():
+    source = "\n".join(p.read_text() for p in (ROOT / "miniverl").rglob("*.py"))
+    assert "torch.load(" not in source and "import pickle" not in source
+    config = to_config(compose_config(["+recipe=opd_k1"]))
+    assert config.model.trust_remote_code is False and config.teacher.trust_remote_code is False
+
+
+def test_the_suite_cannot_open_a_network_connection():
+    import socket
+    with pytest.raises(RuntimeError, match="network connection"):
+        socket.create_connection(("198.51.100.1", 443), timeout=1)
+
+
+# ------------------------------------------------------------------ property-based
+text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40)
+messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant"]), "content": text}),
+                    min_size=1, max_size=4)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(messages, min_size=1, max_size=6))
+def test_any_verl_prompt_column_reads_back_exactly(tmp_path, rows):
+    path = tmp_path / "p.parquet"
+    pq.write_table(pa.table({"prompt": pa.array(rows), "data_source": ["x"] * len(rows)}), path)
+    config = to_config(compose_config([f"data.train_files={path}"]))
+    assert read_conversations(config.data).messages == rows
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(values=st.lists(st.one_of(st.none(), st.integers(), text, st.lists(st.integers(), max_size=3)), max_size=5))
+def test_a_malformed_prompt_column_is_an_error_not_a_crash(tmp_path, values):
+    path = tmp_path / "p.parquet"
+    try:
+        pq.write_table(pa.table({"prompt": pa.array(values)}), path)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return  # not expressible as one parquet column
+    config = to_config(compose_config([f"data.train_files={path}"]))
+    try:
+        conversations = read_conversations(config.data)
+    except MiniverlError as error:
+        assert "data.train_files" in str(error)
+        return
+    assert all(isinstance(m, list) and m for m in conversations.messages)  # plain strings become one user turn
+
+
+json_values = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), text,
+                                     st.floats(allow_nan=False, allow_infinity=False)),
+                           lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(text, inner, max_size=4)),
+                           max_leaves=20)
+
+
+@settings(max_examples=100, deadline=None)
+@given(value=json_values)
+def test_canonical_serialization_is_a_fixed_point_and_ignores_key_order(value):
+    data = canonical_json(value)
+    assert canonical_json(json.loads(data)) == data
+    if isinstance(value, dict):
+        reordered = dict(reversed(list(value.items())))
+        assert sha256_json(reordered) == sha256_json(value)
+    assert data.decode("utf-8")  # valid UTF-8
+    assert b"\n" not in data  # one line: newlines inside strings are escaped
