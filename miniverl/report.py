@@ -18,6 +18,7 @@ from miniverl import VERL_COMMIT, VERL_REPOSITORY, VERL_TAG, __version__
 from miniverl.adapters import adapter_sha256
 from miniverl.export import field_rule_digest
 from miniverl.identity import sha256_file, sha256_json
+from miniverl.tables import format_value
 from miniverl.measure import folder_bytes, source_commit, workload_driver_sha256
 from miniverl.plan import PLAN_VERSION, Plan
 from miniverl.schema import MiniverlConfig
@@ -228,16 +229,6 @@ def compare(a: dict, b: dict) -> list[str]:
     lines.append(f"identity fields that differ: {len(differing)}")
     lines += [f"  {k}: {format_value(fa.get(k))} | {format_value(fb.get(k))}" for k in differing]
     return lines
-
-
-def format_value(value) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    if isinstance(value, list):
-        return json.dumps(value)
-    return str(value)
 
 
 def main(argv: list[str] | None = None) -> int:

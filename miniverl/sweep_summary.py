@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 from hydra.experimental.callback import Callback
 
-from miniverl.outputs import atomic_write_bytes
+from miniverl.tables import format_value
 
 ERROR_FILE = "error.txt"  # written by main.py in a job folder whose job failed
 COLUMNS = ["job", "swept", "status", "error", "final_loss", "mean_loss", "rollout_tokens_per_second",
@@ -60,6 +60,8 @@ def summarize_job(job: Path) -> tuple[dict, list[float]]:
 
 
 def write_summary(sweep_dir: Path) -> list[dict]:
+    from miniverl.outputs import atomic_write_bytes  # imports torch: not at Hydra start-up
+
     jobs = [summarize_job(job) for job in job_dirs(sweep_dir)]
     rows = [row for row, _ in jobs]
     common = set.intersection(*(set(row["overrides"].split()) for row in rows)) if rows else set()
@@ -76,11 +78,7 @@ def write_summary(sweep_dir: Path) -> list[dict]:
 
 
 def cell(value) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value).replace("|", "\\|").replace("\n", " ")
+    return format_value(value, null="", digits=4).replace("|", "\\|").replace("\n", " ")
 
 
 def markdown(rows: list[dict]) -> str:
