@@ -117,7 +117,7 @@ def test_a_nan_loss_stops_at_once_keeps_the_last_good_checkpoint_and_reports_fai
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 1
 
 
-SIGNAL_ARGS = ["+recipe=opd_k1", "model=toy", "teacher=toy", "recipe.optimizer_updates=10",
+SIGNAL_ARGS = ["+recipe=opd_k1", "model=toy", "teacher=toy", "recipe.optimizer_updates=16",
                "recipe.interrupt_after_updates=null", "recipe.response_limit=12", "actor.optim.lr=1e-3",
                "trainer.progress_bar=false"]
 
@@ -141,9 +141,9 @@ def test_a_signal_mid_run_stops_cleanly_and_the_resume_is_exact(tmp_path, signum
     assert last.startswith(f"miniverl: error: stopped by {signal.Signals(signum).name} after update")
     assert f"trainer.resume_from={stopped}" in last and "Traceback" not in stderr
     report = json.loads((stopped / "report.json").read_text())
-    assert report["status"] == "interrupted" and report["recipe"]["optimizer_updates"] == 10
+    assert report["status"] == "interrupted" and report["recipe"]["optimizer_updates"] == 16
     done = len((stopped / "metrics.jsonl").read_text().splitlines())
-    assert 1 <= done < 10 and checkpoint.checkpoints_in(stopped)[-1].name == f"update_{done}"
+    assert 1 <= done < 16 and checkpoint.checkpoints_in(stopped)[-1].name == f"update_{done}"
     resumed = tmp_path / "resumed"
     result = subprocess.run([sys.executable, "-m", "miniverl.main", *SIGNAL_ARGS, f"trainer.resume_from={stopped}",
                              f"hydra.run.dir={resumed}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
