@@ -87,6 +87,13 @@ def save_checkpoint(root: Path, update: int, student: PeftModel, optimizer: torc
     return final
 
 
+def prune(run_dir: Path, keep: int | None) -> None:
+    """Delete all but the newest `keep` checkpoints of a run folder (None: keep every one)."""
+    if keep is not None:
+        for old in checkpoints_in(run_dir)[:-keep]:
+            shutil.rmtree(old)
+
+
 def checkpoint_update(path: Path) -> int:
     return int(path.name[len(PREFIX):])
 

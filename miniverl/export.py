@@ -219,6 +219,7 @@ def verl_overrides(config: MiniverlConfig, *, reward_fn: str, cwd: Path) -> list
     add("TRAINER", "trainer.n_gpus_per_node", x.n_gpus_per_node, "export.n_gpus_per_node")
     add_fixed("TRAINER", "trainer.val_before_train")
     add("TRAINER", "trainer.save_freq", tr.save_freq, "trainer.save_freq")
+    add("TRAINER", "trainer.max_actor_ckpt_to_keep", tr.max_actor_ckpt_to_keep, "trainer.max_actor_ckpt_to_keep")
     add("TRAINER", "trainer.resume_mode", tr.resume_mode, "trainer.resume_mode")
     add("TRAINER", "trainer.total_training_steps", r.optimizer_updates, "recipe.optimizer_updates")
     add("TRAINER", "trainer.total_epochs", r.optimizer_updates, "recipe.optimizer_updates")

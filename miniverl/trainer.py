@@ -250,6 +250,7 @@ class OPDTrainer:
         }
         self.last_checkpoint = checkpoint.save_checkpoint(self.out.path("checkpoints"), update, self.student,
                                                           self.actor.optimizer, self.actor.param_names, state)
+        checkpoint.prune(self.run_dir, self.cfg.trainer.max_actor_ckpt_to_keep)  # after the new one is whole
         return self.last_checkpoint
 
     # ------------------------------------------------------------------ finish

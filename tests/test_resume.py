@@ -173,3 +173,13 @@ def test_the_peft_adapter_reproduces_the_trained_students_log_probs(tmp_path):
         theirs = response_log_probs(loaded.get_base_model(), batch)
     torch.testing.assert_close(theirs, ours, rtol=1e-6, atol=1e-6)
     assert not torch.equal(ours, torch.as_tensor(t["old_log_probs"]))  # the adapter moved since that rollout
+
+
+def test_only_the_newest_checkpoints_are_kept_when_asked_and_resume_still_works(reference, tmp_path):
+    folder = tmp_path / "run"
+    run_in_process(folder, "trainer.stop_after_updates=3", "trainer.max_actor_ckpt_to_keep=2")
+    assert [p.name for p in checkpoint.checkpoints_in(folder)] == ["update_2", "update_3"]
+    report = run_in_process(folder, "trainer.max_actor_ckpt_to_keep=2")  # auto-resume from update_3
+    assert report["resume"]["resumed_from"].endswith("update_3")
+    assert [p.name for p in checkpoint.checkpoints_in(folder)] == ["update_3", "update_4"]
+    assert first_difference(reference, folder)[1] is None

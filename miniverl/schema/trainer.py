@@ -19,6 +19,8 @@ class TrainerConfig:
     progress_bar: bool = True
     # verl's trainer.save_freq: a checkpoint every N updates (-1: only at a stop and at the end).
     save_freq: int = 1
+    # verl's trainer.max_actor_ckpt_to_keep: keep only the newest N checkpoints (null: keep all).
+    max_actor_ckpt_to_keep: Optional[int] = None
     # Stop after this update as a preemption would: checkpoint, report status `interrupted`, exit 0.
     stop_after_updates: Optional[int] = None
     # verl's trainer.resume_mode: auto resumes from trainer.resume_from, or else from the latest
@@ -40,5 +42,7 @@ class TrainerConfig:
             raise ValueError("trainer.resume_from is set but trainer.resume_mode=disable; drop one of them")
         if self.stop_after_updates is not None and self.stop_after_updates < 1:
             raise ValueError("trainer.stop_after_updates must be >= 1 (or null)")
+        if self.max_actor_ckpt_to_keep is not None and self.max_actor_ckpt_to_keep < 1:
+            raise ValueError("trainer.max_actor_ckpt_to_keep must be >= 1 (or null to keep every checkpoint)")
         if self.save_freq == 0 or self.save_freq < -1:
             raise ValueError("trainer.save_freq must be a positive number of updates, or -1")
