@@ -34,9 +34,16 @@ class PromptSet:
     parquet_sha256: str
     rows_in_files: int  # before dropping overlong prompts
     dropped_overlong: list[int] = field(default_factory=list)
+    _position: dict | None = field(default=None, repr=False, compare=False)  # row -> index, built on first use
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    def token_ids_of(self, rows) -> list[list[int]]:
+        """The tokenized prompts of parquet rows (an index built once: the dataset may be large)."""
+        if self._position is None or len(self._position) != len(self.rows):
+            self._position = {row: i for i, row in enumerate(self.rows)}
+        return [self.token_ids[self._position[r]] for r in rows]
 
 
 @dataclass

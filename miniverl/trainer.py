@@ -194,7 +194,7 @@ class OPDTrainer:
 
     def fit_step(self, update: UpdatePlan) -> dict:
         cfg, timings, shift = self.cfg, {}, self.downshift
-        prompts = [self.prompts.token_ids[self.prompts.rows.index(r)] for r in update.prompt_rows]
+        prompts = self.prompts.token_ids_of(update.prompt_rows)
         n = len(prompts)
         with timed("step", timings, self.device):
             with timed("gen", timings, self.device):
