@@ -198,6 +198,9 @@ def verl_overrides(config: MiniverlConfig, *, reward_fn: str, cwd: Path) -> list
 
     add("ROLLOUT", f"{ROLLOUT}.name", x.rollout_name, "export.rollout_name")
     add_fixed("ROLLOUT", f"{ROLLOUT}.n")
+    add_fixed("ROLLOUT", f"{ROLLOUT}.calculate_log_probs")
+    add("ROLLOUT", "algorithm.rollout_correction.bypass_mode", config.algorithm.rollout_correction.bypass_mode,
+        "algorithm.rollout_correction.bypass_mode")
     add("ROLLOUT", f"{ROLLOUT}.temperature", config.rollout.temperature, "rollout.temperature")
     add("ROLLOUT", f"{ROLLOUT}.top_p", config.rollout.top_p, "rollout.top_p")
     add("ROLLOUT", f"{ROLLOUT}.top_k", config.rollout.top_k, "rollout.top_k")

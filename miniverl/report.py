@@ -62,7 +62,7 @@ def steady_state(history: list[dict]) -> tuple[dict, dict]:
     steady = history[1:] or history
     seconds, throughput = {}, {}
     for phase, keys in PHASES.items():
-        per_update = [sum(m[f"timing_s/{k}"] for k in keys) for m in steady]
+        per_update = [sum(m.get(f"timing_s/{k}", 0.0) for k in keys) for m in steady]  # bypass_mode: no old_log_prob
         rates = [m["response_length/sum"] / s for m, s in zip(steady, per_update) if s > 0]
         seconds[phase] = round(statistics.median(per_update), 4) if per_update else None
         throughput[THROUGHPUTS[phase]] = round(statistics.median(rates), 4) if rates else None

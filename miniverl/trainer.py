@@ -26,7 +26,7 @@ from miniverl.outputs import RunFolder, TensorBoardLogger
 from miniverl.plan import Plan, UpdatePlan, compile_plan, derive_seed
 from miniverl.downshift import Downshift, OutOfMemoryAtOneRow
 from miniverl.evaluate import DistillationProbe
-from miniverl.metrics import batch_metrics, console_line
+from miniverl.metrics import batch_metrics, console_line, rollout_actor_metrics
 from miniverl.measure import cuda_peaks, peak_rss_gib, seconds_since_start
 from miniverl.report import RunFacts, build_report
 from miniverl.rollout import RolloutWorker
@@ -193,7 +193,7 @@ class OPDTrainer:
             log.info("update %d/%d %s", update, len(self.plan.updates), console_line(metrics))
 
     def fit_step(self, update: UpdatePlan) -> dict:
-        cfg, timings, shift = self.cfg, {}, self.downshift
+        cfg, timings, shift, extra = self.cfg, {}, self.downshift, {}
         prompts = self.prompts.token_ids_of(update.prompt_rows)
         n = len(prompts)
         with timed("step", timings, self.device):
@@ -205,8 +205,13 @@ class OPDTrainer:
             with timed("teacher", timings, self.device):
                 batch = shift.run("update_chunk", n, lambda sizes: self.teacher.compute_teacher_log_prob(batch, sizes[0]))
             self.mark_first("teacher_targets")
-            with timed("old_log_prob", timings, self.device):
-                batch.old_log_probs = shift.run("update_chunk", n, lambda sizes: self.actor.compute_log_prob(batch, sizes[0]))
+            if cfg.algorithm.rollout_correction.bypass_mode:  # verl's bypass mode: no recompute pass
+                batch.old_log_probs = batch.rollout_log_probs.clone()  # own storage: safetensors refuses shared ones
+            else:
+                with timed("old_log_prob", timings, self.device):
+                    batch.old_log_probs = shift.run("update_chunk", n,
+                                                    lambda sizes: self.actor.compute_log_prob(batch, sizes[0]))
+                extra = rollout_actor_metrics(batch)
             with timed("update_actor", timings, self.device):
                 actor_metrics, distillation_losses = shift.run("update_chunk", n,
                                                                lambda sizes: self.actor.update_actor(batch, sizes))
@@ -215,6 +220,7 @@ class OPDTrainer:
                 batch.advantages = -distillation_losses  # what the PG step maximised at each token
             self.out.write_trajectory(update.update, batch)
         return {"training/global_step": update.update, **actor_metrics, **batch_metrics(batch, cfg.recipe.response_limit),
+                **extra,
                 **{f"timing_s/{k}": round(v, 6) for k, v in timings.items()}}
 
     def mark_first(self, event: str) -> None:

@@ -39,6 +39,7 @@ STATUSES = ("mapped", "derived", "fixed_in_verl", "no_verl_equivalent", "not_app
 VERL_DEFAULTS: dict[str, Any] = {
     "algorithm.adv_estimator": "gae",
     "algorithm.use_kl_in_reward": False,
+    "algorithm.rollout_correction.bypass_mode": False,
     "critic.enable": None,
     "data.train_files": "~/data/rlhf/gsm8k/train.parquet",
     "data.val_files": "~/data/rlhf/gsm8k/test.parquet",
@@ -82,6 +83,7 @@ VERL_DEFAULTS: dict[str, Any] = {
     f"{ROLLOUT}.top_p": 1,
     f"{ROLLOUT}.top_k": -1,
     f"{ROLLOUT}.dtype": "bfloat16",
+    f"{ROLLOUT}.calculate_log_probs": False,
     f"{ROLLOUT}.tensor_model_parallel_size": 2,
     f"{ROLLOUT}.data_parallel_size": 1,
     f"{ROLLOUT}.pipeline_model_parallel_size": 1,
@@ -338,6 +340,9 @@ RULES: tuple[Rule, ...] = (
             "rollout temperature and refuses any other"),
     _m("rollout.top_p", f"{ROLLOUT}.top_p"),
     _m("rollout.top_k", f"{ROLLOUT}.top_k"),
+    _m("algorithm.rollout_correction.bypass_mode", "algorithm.rollout_correction.bypass_mode",
+       note="true: verl takes the old log-probs from its rollout engine (vLLM/SGLang), whose numerics differ from "
+            "the trainer's more than miniverl's (one model for both); verl's PPO ratio then also corrects that gap"),
     # ---- recipe
     _na("recipe.name", "a label (written into the launch's README and script header)"),
     _na("recipe.profile", "a label (written into the launch's README and script header)"),
@@ -379,6 +384,9 @@ FIXED: tuple[tuple[str, Any, str], ...] = (
                                         "both default to true)"),
     ("algorithm.adv_estimator", "grpo", "no critic (verl's default gae needs one); task advantages are unused"),
     (f"{ROLLOUT}.n", 1, "one sample per prompt, as miniverl"),
+    (f"{ROLLOUT}.calculate_log_probs", True, "miniverl records every sampled token's log-prob (rollout_log_probs): "
+                                             "verl then logs training/rollout_probs_diff_* as miniverl does, and "
+                                             "bypass_mode needs them"),
     (f"{TEACHER}.inference.temperature", 1.0, "verl scores the teacher at temperature 1.0 only (it inherits the "
                                               "rollout temperature otherwise)"),
     ("trainer.val_before_train", False, "verl's validation scores task rewards, which pure distillation does not "
@@ -563,6 +571,9 @@ def runtime_violations(cfg: Mapping) -> list[str]:
     if g(f"{inference}.temperature") != 1.0:
         out.append(f"{inference}.temperature={g(f'{inference}.temperature')} must be 1.0 (verl computes the "
                    "teacher's prompt log-probs at temperature 1 only)")
+    if g("algorithm.rollout_correction.bypass_mode") and not g(f"{ROLLOUT}.calculate_log_probs"):
+        out.append(f"algorithm.rollout_correction.bypass_mode=True needs {ROLLOUT}.calculate_log_probs=True (the "
+                   "rollout's log-probs are then the old log-probs)")
     if g(f"{ACTOR}.loss_agg_mode") not in LOSS_AGG_MODES:
         out.append(f"{ACTOR}.loss_agg_mode={g(f'{ACTOR}.loss_agg_mode')!r} is not one of verl's")
     # LoRA: served by vLLM up to its largest rank.

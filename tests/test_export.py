@@ -55,6 +55,7 @@ EVERYTHING_CHANGED = [
     "rollout.top_k=50", "data.val_files=[recipes/data/held_out.parquet]", "data.shuffle=true", "data.seed=7", "data.filter_overlong_prompts=true",
     "+data.apply_chat_template_kwargs.enable_thinking=false", "trainer.seed=5", "trainer.logger=[console,tensorboard]",
     "trainer.save_freq=-1", "trainer.experiment_name=sweep_a", "hardware.deterministic=false",
+    "algorithm.rollout_correction.bypass_mode=true",
 ]
 
 
@@ -347,7 +348,7 @@ def test_the_type_check_catches_a_wrong_type(verl_root, verl_default):
     assert len(type_errors(verl_root, verl_default, wrong)) == len(wrong)
 
 
-BROKEN = {  # an override appended to a valid launch -> what verl would refuse at run time
+BROKEN = {  # overrides appended to a valid launch -> what verl would refuse at run time
     "teacher_pool_not_replicas_x_tp": ("distillation.n_gpus_per_node=2", "teacher pool size 2"),
     "empty_teacher_pool": ("distillation.nnodes=0", "teacher pool is empty"),
     "no_micro_batch_without_dynamic_bsz": ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null",
@@ -360,13 +361,16 @@ BROKEN = {  # an override appended to a valid launch -> what verl would refuse a
     "task_rewards_on": (f"{LOSS}.use_task_rewards=True", "use_task_rewards must be False"),
     "rollout_tp_not_dividing_trainer": ("actor_rollout_ref.rollout.tensor_model_parallel_size=2", "not divisible"),
     "critic_built": ("algorithm.adv_estimator=gae", "critic"),
+    "bypass_without_rollout_log_probs": ("algorithm.rollout_correction.bypass_mode=True "
+                                         "actor_rollout_ref.rollout.calculate_log_probs=False",
+                                         "needs actor_rollout_ref.rollout.calculate_log_probs=True"),
 }
 
 
 @pytest.mark.parametrize("case", BROKEN)
 def test_run_time_rules_catch_what_verl_would_refuse(verl_root, recipe_lines, case):
     extra, message = BROKEN[case]
-    resolved = OmegaConf.to_container(compose_verl(verl_root, [*recipe_lines, extra]), resolve=True)
+    resolved = OmegaConf.to_container(compose_verl(verl_root, [*recipe_lines, *extra.split()]), resolve=True)
     problems = runtime_violations(resolved)
     assert any(message in p for p in problems), problems
 

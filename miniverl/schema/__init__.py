@@ -14,6 +14,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from miniverl.schema.actor import ActorConfig, RolloutConfig
+from miniverl.schema.algorithm import AlgorithmConfig
 from miniverl.schema.data import DataConfig
 from miniverl.schema.estimator import EstimatorConfig
 from miniverl.schema.evaluation import EvalConfig
@@ -35,6 +36,7 @@ class MiniverlConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     recipe: RecipeConfig = field(default_factory=RecipeConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
