@@ -1,10 +1,16 @@
 """Actor role (verl: `compute_log_prob`, `update_actor`): the student's LoRA update.
 
-`compute_log_prob` recomputes the old log-probs in eval mode without autograd (the same path as
-the rollout). `update_actor` runs one optimizer step over the whole logical batch (one
-mini-batch, one epoch): the rows are processed in update chunks (verl's micro-batches) in train
-mode with gradient checkpointing, each chunk's loss normalised by the token and sequence counts
-of the whole mini-batch, so the accumulated gradient does not depend on the chunking.
+`update_actor` runs one optimizer step over the whole logical batch (one mini-batch, one epoch):
+the rows are processed in update chunks (verl's micro-batches) in train mode with gradient
+checkpointing, each chunk's loss normalised by the token and sequence counts of the whole
+mini-batch, so the accumulated gradient does not depend on the chunking.
+
+Old log-probs. One mini-batch and one epoch make the update on-policy: the weights being updated
+are the ones that sampled. So when the batch has no `old_log_probs`, the update's own forward
+gives them (detached: the PPO ratio is exactly 1) and fills the column — verl v0.6/v0.7's
+`on_policy` rule (verl PR #3119), one forward pass fewer than verl v0.8.0, which recomputes them
+in a pass of their own before the update. On the CPU the two are bitwise equal (tested).
+`compute_log_prob` is that separate pass (eval mode, no autograd), for callers that want it.
 """
 
 from __future__ import annotations
@@ -52,7 +58,7 @@ class ActorWorker:
         return torch.cat(parts) * batch.response_mask
 
     def update_actor(self, batch: Batch, chunks: list[int]) -> tuple[dict[str, float], torch.Tensor]:
-        """One optimizer step on `batch` (needs old_log_probs and the teacher's columns).
+        """One optimizer step on `batch` (needs the teacher's columns; fills old_log_probs if unset).
 
         Returns the metrics and the per-token distillation loss (B, R) the step used.
         """
@@ -78,15 +84,18 @@ class ActorWorker:
         normalisers = dict(batch_num_tokens=float(batch.response_mask.sum()),
                            global_batch_size=int((batch.response_mask.sum(-1) > 0).sum()),
                            loss_scale_factor=self.loss_scale_factor)
-        total_loss, parts, per_token, start = 0.0, [], [], 0
+        total_loss, parts, per_token, log_probs, start = 0.0, [], [], [], 0
         for size in chunks:
             chunk = batch.rows(start, start + size)
             start += size
-            loss, chunk_per_token, metrics = self._chunk_loss(chunk, normalisers)
+            loss, chunk_per_token, metrics, log_prob = self._chunk_loss(chunk, normalisers)
             loss.backward()
             total_loss += float(loss.detach())
             parts.append((metrics, float(chunk.response_mask.sum())))
             per_token.append(chunk_per_token.detach())
+            log_probs.append(log_prob.detach())  # (size, R): the policy before this step
+        if batch.old_log_probs is None:  # on-policy: this forward's log-probs are the old ones
+            batch.old_log_probs = torch.cat(log_probs) * batch.response_mask
         metrics = {f"actor/{k}": float(v) for k, v in combine_metrics(parts).items()}
         metrics["actor/distillation/loss"] = total_loss
         for name in ("pg_clipfrac", "ppo_kl", "pg_clipfrac_lower"):  # pure distillation: the actor's PG
@@ -95,13 +104,14 @@ class ActorWorker:
         return metrics, torch.cat(per_token) * batch.response_mask
 
     def _chunk_loss(self, chunk: Batch, normalisers: dict):
+        """(loss, per-token loss, metrics, log_prob (b, R) with its graph); old_log_probs None: on-policy."""
         est = self.estimator
         if not est.uses_topk:
             log_prob = response_log_probs(self.model, chunk, temperature=self.temperature, chunk=self.logprob_chunk)
-            return distillation_loss(est, log_prob, chunk.old_log_probs, chunk.teacher_logprobs,
-                                     chunk.response_mask, **normalisers)
+            return (*distillation_loss(est, log_prob, chunk.old_log_probs, chunk.teacher_logprobs,
+                                       chunk.response_mask, **normalisers), log_prob)
         log_prob, terms = response_topk_terms(self.model, chunk, chunk.teacher_ids, chunk.teacher_topk_logprobs,
                                               temperature=self.temperature, log_prob_min_clamp=est.log_prob_min_clamp,
                                               chunk=self.logprob_chunk)
-        return topk_distillation_loss(est, terms, chunk.response_mask, log_prob=log_prob,
-                                      old_log_prob=chunk.old_log_probs, **normalisers)
+        return (*topk_distillation_loss(est, terms, chunk.response_mask, log_prob=log_prob,
+                                        old_log_prob=chunk.old_log_probs, **normalisers), log_prob)

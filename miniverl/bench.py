@@ -12,9 +12,7 @@ student (as the opd_k1 recipe). It measures
    `log_softmax(logits.float()).gather(...)` on the model's full logits;
 3. one whole OPD update (rollout, teacher, old log-probs, update) vs one on-policy step of TRL's
    `DistillationTrainer` (beta=1, the same models, batch, lengths and LoRA) — TRL comes with the
-   optional extra `pip install -e .[bench]`; without it that ratio is null, with the reason. Twice:
-   with the old log-probs recomputed (verl's default) and with
-   `algorithm.rollout_correction.bypass_mode=true` (the rollout's log-probs are the old ones);
+   optional extra `pip install -e .[bench]`; without it that ratio is null, with the reason;
 4. update positions/s vs a bare forward+backward of the same LoRA model
    (`model(..., labels=...).loss.backward()`).
 
@@ -53,12 +51,11 @@ import torch
 
 SCHEMA = "miniverl-bench/1"
 RATIO_KEYS = ("rollout_vs_hf_generate", "rollout_vs_no_cache", "scoring_time_vs_naive",
-              "scoring_peak_memory_vs_naive", "opd_step_vs_trl", "opd_step_bypass_vs_trl", "update_vs_bare_fwd_bwd")
+              "scoring_peak_memory_vs_naive", "opd_step_vs_trl", "update_vs_bare_fwd_bwd")
 # Targets from the issue, for --scale bench on a 2-core CPU: (comparison, bound).
 TARGETS = {"rollout_vs_hf_generate": (">=", 1.5), "rollout_vs_no_cache": (">=", 5.0),
            "scoring_time_vs_naive": ("<=", 1.1), "scoring_peak_memory_vs_naive": ("<=", 0.25),
-           "opd_step_vs_trl": ("<=", 0.5), "opd_step_bypass_vs_trl": ("<=", 0.5),
-           "update_vs_bare_fwd_bwd": (">=", 0.8)}
+           "opd_step_vs_trl": ("<=", 0.5), "update_vs_bare_fwd_bwd": (">=", 0.8)}
 
 # Architecture presets (Qwen3). The vocabulary of `toy` is the toy tokenizer's (259).
 SCALES = {
@@ -341,11 +338,11 @@ def bench_scoring_time(s: Setup, batch, hw, repeats: int) -> dict:
 
 
 class OursOPDStep:
-    """One whole miniverl OPD update (as trainer.fit_step): rollout, teacher, old log-probs, update.
-    `bypass`: algorithm.rollout_correction.bypass_mode (old log-probs = the rollout's)."""
+    """One whole miniverl OPD update (as trainer.fit_step): rollout, teacher, then the update, whose
+    own forward gives the old log-probs (on-policy; see actor.py)."""
 
-    def __init__(self, s: Setup, rollout, score, actor, *, bypass: bool = False):
-        self.s, self.rollout, self.score, self.actor, self.bypass = s, rollout, score, actor, bypass
+    def __init__(self, s: Setup, rollout, score, actor):
+        self.s, self.rollout, self.score, self.actor = s, rollout, score, actor
         self.count, self.steps, self.phases = 0, [], []
 
     def __call__(self, record: bool = True) -> None:
@@ -362,11 +359,6 @@ class OursOPDStep:
         times["gen"], batch = seconds(lambda: self.rollout.generate_sequences(
             s.prompt_ids, list(range(BATCH)), seeds, response_limit=NEW_TOKENS, physical_batches=[BATCH]), s.device)
         times["teacher"], batch = seconds(lambda: self.score(batch), s.device)
-        if self.bypass:
-            batch.old_log_probs = batch.rollout_log_probs
-        else:
-            times["old_log_prob"], batch.old_log_probs = seconds(lambda: self.actor.compute_log_prob(batch, BATCH),
-                                                                 s.device)
         times["update_actor"], _ = seconds(lambda: self.actor.update_actor(batch, [BATCH]), s.device)
         times["tokens"] = float(batch.response_mask.sum())
 
@@ -486,9 +478,7 @@ def markdown(result: dict) -> str:
          "scoring_peak_memory_vs_naive"),
         ("one OPD update vs TRL `DistillationTrainer` step (beta=1)", f"{step['miniverl']['best_step_seconds']:.3f} s",
          f"{trl['best_step_seconds']:.3f} s" if trl else "n/a", "opd_step_vs_trl"),
-        ("the same, `algorithm.rollout_correction.bypass_mode=true`",
-         f"{step['miniverl_bypass']['best_step_seconds']:.3f} s", f"{trl['best_step_seconds']:.3f} s" if trl else "n/a",
-         "opd_step_bypass_vs_trl"),
+
         ("update positions/s vs bare forward+backward", f"{up['miniverl_positions_per_s']:.1f}",
          f"{up['bare_fwd_bwd_positions_per_s']:.1f}", "update_vs_bare_fwd_bwd"),
     ]
@@ -583,26 +573,19 @@ def run(args: argparse.Namespace) -> dict:
         scoring = bench_scoring_time(s, batch, hw, repeats)
         log.info("OPD step")
         ours = OursOPDStep(s, rollout, score, actor)
-        bypass = OursOPDStep(s, rollout, score, actor, bypass=True)
         ours(record=False)  # warm-up
-        bypass(record=False)
-
-        def both() -> None:  # interleaved with TRL's steps, the order alternating
-            first, second = (ours, bypass) if len(ours.steps) % 2 == 0 else (bypass, ours)
-            first()
-            second()
         null_reasons = {}
         if args.no_trl:
             trl_result, reason = None, "skipped (--no-trl)"
         else:
             with tempfile.TemporaryDirectory(dir=out) as workdir:
-                trl_result, reason = bench_opd_step_trl(s, trl_student, repeats, Path(workdir), between=both)
+                trl_result, reason = bench_opd_step_trl(s, trl_student, repeats, Path(workdir), between=ours)
         if reason:
-            null_reasons["opd_step_vs_trl"] = null_reasons["opd_step_bypass_vs_trl"] = reason
+            null_reasons["opd_step_vs_trl"] = reason
         del trl_student
         while len(ours.steps) < repeats:  # without TRL (or if it stopped early)
-            both()
-        ours_step, bypass_step = ours.summary(), bypass.summary()
+            ours()
+        ours_step = ours.summary()
         log.info("update")
         update_batch = score(batch)
         update_batch.old_log_probs = actor.compute_log_prob(update_batch, BATCH)
@@ -614,12 +597,9 @@ def run(args: argparse.Namespace) -> dict:
     ratios = {**rollout_result["ratios"], **scoring["ratios"], **update["ratios"],
               "scoring_peak_memory_vs_naive": (peaks["miniverl"] / peaks["naive"]) if peaks["naive"] else None,
               "opd_step_vs_trl": (ours_step["best_step_seconds"] / trl_result["best_step_seconds"])
-              if trl_result else None,
-              "opd_step_bypass_vs_trl": (bypass_step["best_step_seconds"] / trl_result["best_step_seconds"])
               if trl_result else None}
     if trl_result:  # the medians' ratio too: the best-of ratio is the table's
-        for summary in (ours_step, bypass_step):
-            summary["median_ratio_vs_trl"] = round(summary["median_step_seconds"] / trl_result["median_step_seconds"], 4)
+        ours_step["median_ratio_vs_trl"] = round(ours_step["median_step_seconds"] / trl_result["median_step_seconds"], 4)
     shape = {k: v for k, v in SCALES[args.scale].items() if k != "repeats"}
     shape["vocab_size"] = s.student.get_base_model().config.vocab_size
     result = {
@@ -639,7 +619,7 @@ def run(args: argparse.Namespace) -> dict:
             "rollout": rollout_result["measurements"],
             "scoring": {**scoring["measurements"], "miniverl_peak_bytes": peaks["miniverl"],
                         "naive_peak_bytes": peaks["naive"]},
-            "opd_step": {"miniverl": ours_step, "miniverl_bypass": bypass_step, "trl": trl_result},
+            "opd_step": {"miniverl": ours_step, "trl": trl_result},
             "update": update["measurements"],
         },
         "machine": machine_facts(device),

@@ -4,7 +4,7 @@
 Which numerical path each role takes (measured on bitsandbytes 0.50, see tests/test_models.py):
 on a CPU with AVX512-BF16, bitsandbytes repacks an NF4 weight in place for a bf16 kernel the
 first time its layer runs in eval mode without grad; from then on that layer differs from the
-dequantized base by ~0.5%, permanently. Rollout and `compute_log_prob` run in eval mode without
+dequantized base by ~0.5%, permanently. Rollout and teacher scoring run in eval mode without
 grad, the update in train mode with grad, so the repack would make the rollout's log-probs and
 the update's gradients disagree with each other. miniverl therefore switches the repack off for
 every NF4 layer it loads: every role computes against the same dequantized weights, and the

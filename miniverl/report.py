@@ -26,7 +26,7 @@ from miniverl.schema import MiniverlConfig
 SCHEMA_VERSION = 1
 PROFILE_SCHEMA_VERSION = 1
 # Report phase -> the timing_s/* keys of metrics.jsonl it adds up.
-PHASES = {"rollout": ("gen",), "teacher_scoring": ("teacher",), "actor_update": ("old_log_prob", "update_actor")}
+PHASES = {"rollout": ("gen",), "teacher_scoring": ("teacher",), "actor_update": ("update_actor",)}
 THROUGHPUTS = {"rollout": "rollout_tokens_per_second", "teacher_scoring": "teacher_scored_positions_per_second",
                "actor_update": "update_positions_per_second"}
 SCIENTIFIC_SCOPE = {"algorithm_comparison": False, "runtime_correctness_only": True, "task_quality_evaluated": False}
@@ -62,7 +62,7 @@ def steady_state(history: list[dict]) -> tuple[dict, dict]:
     steady = history[1:] or history
     seconds, throughput = {}, {}
     for phase, keys in PHASES.items():
-        per_update = [sum(m.get(f"timing_s/{k}", 0.0) for k in keys) for m in steady]  # bypass_mode: no old_log_prob
+        per_update = [sum(m[f"timing_s/{k}"] for k in keys) for m in steady]
         rates = [m["response_length/sum"] / s for m, s in zip(steady, per_update) if s > 0]
         seconds[phase] = round(statistics.median(per_update), 4) if per_update else None
         throughput[THROUGHPUTS[phase]] = round(statistics.median(rates), 4) if rates else None

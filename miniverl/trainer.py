@@ -5,7 +5,8 @@
     trainer.train()            # the fit loop over the plan's updates, checkpointing as it goes
     trainer.finish(status)     # PEFT adapter and report
 
-Each update is timed phase by phase under verl's `timing_s/*` names.
+Each update is timed phase by phase under verl's `timing_s/*` names (no `timing_s/old_log_prob`:
+the update's own forward gives the old log-probs, see actor.py).
 """
 
 from __future__ import annotations
@@ -193,7 +194,7 @@ class OPDTrainer:
             log.info("update %d/%d %s", update, len(self.plan.updates), console_line(metrics))
 
     def fit_step(self, update: UpdatePlan) -> dict:
-        cfg, timings, shift, extra = self.cfg, {}, self.downshift, {}
+        cfg, timings, shift = self.cfg, {}, self.downshift
         prompts = self.prompts.token_ids_of(update.prompt_rows)
         n = len(prompts)
         with timed("step", timings, self.device):
@@ -205,17 +206,15 @@ class OPDTrainer:
             with timed("teacher", timings, self.device):
                 batch = shift.run("update_chunk", n, lambda sizes: self.teacher.compute_teacher_log_prob(batch, sizes[0]))
             self.mark_first("teacher_targets")
-            if cfg.algorithm.rollout_correction.bypass_mode:  # verl's bypass mode: no recompute pass
+            bypass = cfg.algorithm.rollout_correction.bypass_mode
+            if bypass:  # verl's bypass mode: the rollout's log-probs are the old ones
                 batch.old_log_probs = batch.rollout_log_probs.clone()  # own storage: safetensors refuses shared ones
-            else:
-                with timed("old_log_prob", timings, self.device):
-                    batch.old_log_probs = shift.run("update_chunk", n,
-                                                    lambda sizes: self.actor.compute_log_prob(batch, sizes[0]))
-                extra = rollout_actor_metrics(batch)
+            # Otherwise the update's own forward gives old_log_probs (on-policy; see actor.py).
             with timed("update_actor", timings, self.device):
                 actor_metrics, distillation_losses = shift.run("update_chunk", n,
                                                                lambda sizes: self.actor.update_actor(batch, sizes))
             self.mark_first("update")
+            extra = {} if bypass else rollout_actor_metrics(batch)
             if cfg.estimator.use_policy_gradient:
                 batch.advantages = -distillation_losses  # what the PG step maximised at each token
             self.out.write_trajectory(update.update, batch)

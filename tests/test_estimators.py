@@ -3,6 +3,8 @@ one mini-batch gives the same loss and LoRA gradients however it is split into u
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import math
 
@@ -116,6 +118,27 @@ def test_loss_and_lora_gradients_do_not_depend_on_the_update_chunks(scored_batch
         torch.testing.assert_close(per_token, t1, rtol=1e-5, atol=1e-6)
         for name in g1:
             torch.testing.assert_close(grads[name], g1[name], rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("family", ["k1", "k3", "topk"])
+@pytest.mark.parametrize("chunks", [[4], [2, 2]])
+def test_the_updates_own_old_log_probs_equal_a_separate_recompute_bitwise(scored_batches, family, chunks):
+    """On-policy, update_actor fills old_log_probs from its own forward: the same bits as verl's
+    separate compute_log_prob pass (eval mode, no autograd), and the same LoRA gradients."""
+    trainer, batch = scored_batches[family]
+    actor = trainer.actor
+    recomputed = actor.compute_log_prob(batch, rows_per_forward=chunks[0])
+    grads = []
+    for old in (recomputed, None):
+        each = dataclasses.replace(batch, old_log_probs=old)
+        metrics, _ = actor.accumulate_gradients(each, chunks)
+        grads.append({n: p.grad.clone() for n, p in trainer.student.named_parameters() if p.requires_grad})
+        assert torch.equal(each.old_log_probs, recomputed)
+        assert metrics.get("actor/ppo_kl", 0.0) == 0.0 and metrics.get("actor/pg_clipfrac", 0.0) == 0.0
+    actor.optimizer.zero_grad(set_to_none=True)
+    assert any(g.abs().sum() > 0 for g in grads[0].values())
+    for name in grads[0]:
+        assert torch.equal(grads[0][name], grads[1][name]), name
 
 
 @pytest.mark.parametrize("family", ["k1", "k3", "topk"])

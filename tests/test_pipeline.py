@@ -20,7 +20,7 @@ from miniverl.trainer import OPDTrainer
 
 VERL_METRICS = ["actor/distillation/loss", "actor/distillation/abs_loss", "actor/pg_clipfrac", "actor/ppo_kl",
                 "actor/grad_norm", "response_length/mean", "timing_s/gen", "timing_s/teacher",
-                "timing_s/old_log_prob", "timing_s/update_actor"]
+                "timing_s/update_actor", "training/rollout_probs_diff_max"]
 
 
 def snapshot(module: torch.nn.Module, *, trainable: bool) -> dict[str, torch.Tensor]:
