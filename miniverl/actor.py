@@ -7,10 +7,12 @@ mini-batch, so the accumulated gradient does not depend on the chunking.
 
 Old log-probs. One mini-batch and one epoch make the update on-policy: the weights being updated
 are the ones that sampled. So when the batch has no `old_log_probs`, the update's own forward
-gives them (detached: the PPO ratio is exactly 1) and fills the column — verl v0.6/v0.7's
-`on_policy` rule (verl PR #3119), one forward pass fewer than verl v0.8.0, which recomputes them
-in a pass of their own before the update. On the CPU the two are bitwise equal (tested).
-`compute_log_prob` is that separate pass (eval mode, no autograd), for callers that want it.
+gives them (detached: the PPO ratio is exactly 1) and fills the column. verl computes them in a
+pass of its own before the update (`compute_log_prob`, eval mode, no autograd); verl v0.6/v0.7
+then used `log_prob.detach()` in the loss anyway when on-policy (PR #3119), as miniverl does, but
+still ran that pass. miniverl skips it: one forward pass fewer per update, bitwise the same values
+on the CPU (tested). With dropout in the model (e.g. `model.lora.dropout` > 0) the train-mode
+forward is a random draw, not the policy, so the separate pass runs instead.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ class ActorWorker:
         self.params = [p for _, p in trainable]
         self.optimizer = torch.optim.AdamW(self.params, lr=actor.optim.lr, betas=tuple(actor.optim.betas),
                                            eps=actor.optim.eps, weight_decay=actor.optim.weight_decay)
+        self.dropout_in_train_mode = (any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
+                                      or getattr(self.model.config, "attention_dropout", 0.0) > 0)
 
     @torch.no_grad()
     def compute_log_prob(self, batch: Batch, rows_per_forward: int) -> torch.Tensor:
@@ -62,6 +66,17 @@ class ActorWorker:
 
         Returns the metrics and the per-token distillation loss (B, R) the step used.
         """
+        filled_here = batch.old_log_probs is None
+        if filled_here and self.dropout_in_train_mode:  # the train forward is a random draw: a pass of their own
+            batch.old_log_probs = self.compute_log_prob(batch, chunks[0])
+        try:
+            return self._step(batch, chunks)
+        except BaseException:
+            if filled_here:  # an OOM retry at smaller chunks takes them again from its own forward
+                batch.old_log_probs = None
+            raise
+
+    def _step(self, batch: Batch, chunks: list[int]) -> tuple[dict[str, float], torch.Tensor]:
         metrics, per_token_loss = self.accumulate_gradients(batch, chunks)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip))
         if not (math.isfinite(grad_norm) and math.isfinite(metrics["actor/distillation/loss"])):

@@ -15,7 +15,7 @@ response of the logical batch), L = P + R.
     teacher_logprobs   (B, R)  float32  log nu(y_t), the teacher's              [teacher]
     teacher_topk_logprobs (B, R, k) float32  the teacher's k largest log-probs  [teacher, top-k only]
     teacher_ids        (B, R, k) long  their token ids                          [teacher, top-k only]
-    old_log_probs      (B, R)  float32  log pi_old(y_t), recomputed by the actor [actor]
+    old_log_probs      (B, R)  float32  log pi_old(y_t), from the update's own forward [actor]
     advantages         (B, R)  float32  -(distillation loss), clamped: the PG advantage  [actor, PG only]
 
 verl's batch carries the teacher's output as `teacher_logprobs`/`teacher_ids` with a last

@@ -10,7 +10,8 @@ student (as the opd_k1 recipe). It measures
    `model.generate(use_cache=False)` (what a model left in gradient-checkpointing train mode does);
 2. sampled-token scoring by the teacher: time and peak memory vs
    `log_softmax(logits.float()).gather(...)` on the model's full logits;
-3. one whole OPD update (rollout, teacher, old log-probs, update) vs one on-policy step of TRL's
+3. one whole OPD update (rollout, teacher, update, whose forward also gives the old log-probs) vs
+   one on-policy step of TRL's
    `DistillationTrainer` (beta=1, the same models, batch, lengths and LoRA) — TRL comes with the
    optional extra `pip install -e .[bench]`; without it that ratio is null, with the reason;
 4. update positions/s vs a bare forward+backward of the same LoRA model
@@ -435,6 +436,7 @@ def bench_update(s: Setup, actor, batch, repeats: int) -> dict:
     labels[:, batch.prompt_length:] = batch.responses.masked_fill(batch.response_mask == 0, -100)
 
     def ours():
+        batch.old_log_probs = None  # as in the trainer: the update's own forward gives them
         actor.update_actor(batch, [BATCH])
 
     def bare():
@@ -478,7 +480,6 @@ def markdown(result: dict) -> str:
          "scoring_peak_memory_vs_naive"),
         ("one OPD update vs TRL `DistillationTrainer` step (beta=1)", f"{step['miniverl']['best_step_seconds']:.3f} s",
          f"{trl['best_step_seconds']:.3f} s" if trl else "n/a", "opd_step_vs_trl"),
-
         ("update positions/s vs bare forward+backward", f"{up['miniverl_positions_per_s']:.1f}",
          f"{up['bare_fwd_bwd_positions_per_s']:.1f}", "update_vs_bare_fwd_bwd"),
     ]
@@ -587,9 +588,7 @@ def run(args: argparse.Namespace) -> dict:
             ours()
         ours_step = ours.summary()
         log.info("update")
-        update_batch = score(batch)
-        update_batch.old_log_probs = actor.compute_log_prob(update_batch, BATCH)
-        update = bench_update(s, actor, update_batch, repeats)
+        update = bench_update(s, actor, score(batch), repeats)
         log.info("peak memory")
         peaks = peak_memory(memory, scoring["calls"])
     if memory.reason:

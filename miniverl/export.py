@@ -511,8 +511,10 @@ def readme(config: MiniverlConfig, overrides: list[Override], warnings: list[str
         "nor exactly resumable; its checkpoints are verl's, not miniverl's.",
         "- verl v0.8.0 normalises the first micro-batch of each update with the previous update's token count; "
         "miniverl uses the exact token mean (docs/losses.md).",
-        "- verl v0.8.0 recomputes the old log-probs in a pass of their own before each update; miniverl takes them "
-        "from the update's own forward (on-policy, ratio exactly 1). They differ by rounding (docs/losses.md).",
+        *([] if config.algorithm.rollout_correction.bypass_mode else [
+            "- verl v0.8.0 recomputes the old log-probs in a pass of their own before each update; miniverl takes "
+            "them from the update's own forward (on-policy, ratio exactly 1). They differ by rounding "
+            "(docs/losses.md)."]),
         "",
         "Also written, because the recipe is pure on-policy distillation: "
         + "; ".join(f"`{key}`" for key, _, _ in FIXED) + ". Every other key takes verl's YAML default.",

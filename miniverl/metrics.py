@@ -23,9 +23,10 @@ def batch_metrics(batch: Batch, response_limit: int) -> dict:
 
 
 def rollout_actor_metrics(batch: Batch) -> dict:
-    """How far the rollout's log-probs are from the actor's recomputed old log-probs (verl's
+    """How far the rollout's log-probs are from the actor's old log-probs (verl's
     `training/rollout_probs_diff_*` debug metrics: absolute differences of the probabilities, over
-    response tokens). Near zero says bypass_mode would change nothing but rounding."""
+    response tokens). miniverl's old log-probs come from the update's train-mode forward, verl's
+    from its eval-mode recompute. Near zero says bypass_mode would change nothing but rounding."""
     mask = batch.response_mask.bool()
     if not mask.any():
         nan = float("nan")

@@ -5,6 +5,7 @@ the naive log-softmax, and `python -m miniverl.bench` writes its ratios under st
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -83,9 +84,14 @@ def test_decode_loop_samples_what_the_reference_loop_samples(model, static_cache
         assert torch.equal(other.responses, whole.responses) and torch.equal(other.response_mask, whole.response_mask)
 
 
+@pytest.mark.skipif(not any(shutil.which(cc) for cc in ("g++", "c++", "clang++")),
+                    reason="inductor compiles C++ on the CPU: no compiler here")
 def test_compiled_decode_step_samples_what_the_eager_loop_samples_on_the_cpu(model):
     """hardware.rollout_compile through a real torch.compile (inductor; a CUDA graph only on CUDA),
     with the static cache it implies: the same tokens and log-probs as the eager loop."""
+    from torch._dynamo.utils import counters
+
+    counters.clear()
     plain = RolloutWorker(model, RolloutConfig(), eos_id=EOS, pad_id=PAD, device=torch.device("cpu"))
     compiled = RolloutWorker(model, RolloutConfig(), eos_id=EOS, pad_id=PAD, device=torch.device("cpu"),
                              compile_decode=True)
@@ -95,7 +101,7 @@ def test_compiled_decode_step_samples_what_the_eager_loop_samples_on_the_cpu(mod
         b = compiled.generate_sequences(PROMPTS, [0, 1, 2, 3], SEEDS, response_limit=16, physical_batches=[4])
         assert torch.equal(a.responses, b.responses)
         torch.testing.assert_close(a.rollout_log_probs, b.rollout_log_probs, rtol=1e-5, atol=1e-5)
-    assert compiled._compiled_step is not None
+    assert counters["stats"]["unique_graphs"] >= 1  # a graph was captured and compiled, not run eagerly
 
 
 @pytest.mark.gpu

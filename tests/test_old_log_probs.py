@@ -1,6 +1,8 @@
-"""algorithm.rollout_correction.bypass_mode (verl's key): the rollout's log-probs are the old
-log-probs, and training is what the on-policy default (old log-probs from the update's own
-forward) gives, up to rounding. Without it, verl's debug metrics compare the two."""
+"""Where the PPO ratio's old log-probs come from. By default the update's own forward (on-policy;
+bitwise the separate pass: tests/test_estimators.py), a pass of their own when dropout makes the
+train forward random, and never a failed attempt's. With algorithm.rollout_correction.bypass_mode
+(verl's key) the rollout's log-probs, and training is the default's up to rounding; without it,
+verl's debug metrics compare the two."""
 
 from __future__ import annotations
 
@@ -61,7 +63,6 @@ def test_on_policy_logs_how_far_the_rollout_is_from_the_actor(runs):
     _, run_dir = runs["on_policy"]
     for m in metrics(run_dir):
         assert "timing_s/old_log_prob" not in m  # no separate pass: the update's forward gives them
-        assert m["actor/ppo_kl"] == 0.0  # ratio exactly 1
         assert m["training/rollout_probs_diff_valid"] == 1
         assert 0 <= m["training/rollout_probs_diff_mean"] <= m["training/rollout_probs_diff_max"] < 1e-5
         assert m["training/rollout_actor_probs_pearson_corr"] > 0.999999
@@ -96,3 +97,63 @@ def test_a_bypass_run_resumes_exactly(runs, tmp_path):
     report = run(compose_config([*ARGS, BYPASS]), stopped)  # resume_mode=auto continues the folder
     assert report["status"] == "completed" and report["resume"]["status"] == "resumed"
     assert first_difference(reference, stopped)[1] is None
+
+
+# ---------------------------------------------------------------- the actor on its own
+
+
+def tiny_actor(dropout: float):
+    """A 2-layer Qwen3 with LoRA (non-zero B, `dropout` on its input), its ActorWorker (k1, PG) and
+    a rolled-out batch whose teacher is the student itself."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from miniverl.actor import ActorWorker
+    from miniverl.rollout import RolloutWorker
+    from miniverl.schema.actor import ActorConfig, RolloutConfig
+    from miniverl.schema.estimator import EstimatorConfig
+
+    config = Qwen3Config(vocab_size=61, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
+                         eos_token_id=7, pad_token_id=0, bos_token_id=None)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    student = get_peft_model(Qwen3ForCausalLM(config), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                                                  lora_dropout=dropout, task_type="CAUSAL_LM"))
+    with torch.no_grad():
+        for name, param in student.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0.0, 0.5)
+    rollout = RolloutWorker(student.get_base_model(), RolloutConfig(), eos_id=7, pad_id=0, device=torch.device("cpu"))
+    batch = rollout.generate_sequences([[3, 9, 12], [11, 2], [30, 31, 32, 33], [50]], [0, 1, 2, 3], [1, 2, 3, 4],
+                                       response_limit=10, physical_batches=[4])
+    batch.teacher_logprobs = batch.rollout_log_probs.clone()
+    actor = ActorWorker(student, ActorConfig(), EstimatorConfig(loss_mode="k1", use_policy_gradient=True),
+                        temperature=1.0, logprob_chunk=64, loss_scale_factor=10)
+    return actor, batch
+
+
+def test_with_dropout_the_old_log_probs_come_from_a_pass_of_their_own():
+    actor, batch = tiny_actor(dropout=0.5)
+    assert actor.dropout_in_train_mode
+    expected = actor.compute_log_prob(batch, rows_per_forward=4)  # eval mode: the policy itself
+    torch.manual_seed(1)
+    actor.update_actor(batch, [4])
+    assert torch.equal(batch.old_log_probs, expected)
+    torch.testing.assert_close(batch.old_log_probs, batch.rollout_log_probs, atol=1e-5, rtol=0)
+
+
+def test_a_failed_update_leaves_no_old_log_probs_behind():
+    actor, batch = tiny_actor(dropout=0.0)
+    assert not actor.dropout_in_train_mode
+
+    def out_of_memory():
+        raise torch.OutOfMemoryError("simulated, after the backward pass")
+
+    actor.optimizer.step = out_of_memory
+    with pytest.raises(torch.OutOfMemoryError):
+        actor.update_actor(batch, [4])
+    assert batch.old_log_probs is None  # the retry (smaller chunks) takes them from its own forward
+    del actor.optimizer.step
+    actor.update_actor(batch, [2, 2])
+    torch.testing.assert_close(batch.old_log_probs, batch.rollout_log_probs, atol=1e-5, rtol=0)
