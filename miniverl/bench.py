@@ -11,9 +11,9 @@ student (as the opd_k1 recipe). It measures
 2. sampled-token scoring by the teacher: time and peak memory vs
    `log_softmax(logits.float()).gather(...)` on the model's full logits;
 3. one whole OPD update (rollout, teacher, update, whose forward also gives the old log-probs) vs
-   one on-policy step of TRL's
-   `DistillationTrainer` (beta=1, the same models, batch, lengths and LoRA) — TRL comes with the
-   optional extra `pip install -e .[bench]`; without it that ratio is null, with the reason;
+   one on-policy step of TRL's `DistillationTrainer` (beta=1, the same models, batch, lengths and
+   LoRA) — TRL comes with the optional extra `pip install -e .[bench]`; without it that ratio is
+   null, with the reason;
 4. update positions/s vs a bare forward+backward of the same LoRA model
    (`model(..., labels=...).loss.backward()`).
 
