@@ -35,13 +35,14 @@ class NonFiniteLoss(Exception):
 
 class ActorWorker:
     def __init__(self, model: PeftModel, actor: ActorConfig, estimator: EstimatorConfig, *,
-                 temperature: float, logprob_chunk: int, loss_scale_factor: int):
+                 temperature: float, logprob_chunk: int, loss_scale_factor: int, tokenizer_vocab: int | None = None):
         self.peft_model = model
         self.model = model.get_base_model()  # LoRA layers are injected in place
         self.estimator = estimator
         self.grad_clip = actor.grad_clip
         self.temperature = temperature
         self.logprob_chunk = logprob_chunk
+        self.tokenizer_vocab = tokenizer_vocab  # output rows past it are padding: never scored
         # seq-mean-token-sum-norm divides by the padded response length; verl pads responses to
         # max_response_length, so that (not the batch's longest response) is the divisor.
         self.loss_scale_factor = loss_scale_factor
@@ -58,7 +59,8 @@ class ActorWorker:
         """(B, R) float32 old log-probs of the current policy."""
         self.peft_model.eval()
         parts = [response_log_probs(self.model, batch.rows(s, s + rows_per_forward), temperature=self.temperature,
-                                    chunk=self.logprob_chunk) for s in range(0, len(batch), rows_per_forward)]
+                                    chunk=self.logprob_chunk, tokenizer_vocab=self.tokenizer_vocab)
+                 for s in range(0, len(batch), rows_per_forward)]
         return torch.cat(parts) * batch.response_mask
 
     def update_actor(self, batch: Batch, chunks: list[int]) -> tuple[dict[str, float], torch.Tensor]:
@@ -122,11 +124,12 @@ class ActorWorker:
         """(loss, per-token loss, metrics, log_prob (b, R) with its graph); old_log_probs None: on-policy."""
         est = self.estimator
         if not est.uses_topk:
-            log_prob = response_log_probs(self.model, chunk, temperature=self.temperature, chunk=self.logprob_chunk)
+            log_prob = response_log_probs(self.model, chunk, temperature=self.temperature, chunk=self.logprob_chunk,
+                                          tokenizer_vocab=self.tokenizer_vocab)
             return (*distillation_loss(est, log_prob, chunk.old_log_probs, chunk.teacher_logprobs,
                                        chunk.response_mask, **normalisers), log_prob)
         log_prob, terms = response_topk_terms(self.model, chunk, chunk.teacher_ids, chunk.teacher_topk_logprobs,
                                               temperature=self.temperature, log_prob_min_clamp=est.log_prob_min_clamp,
-                                              chunk=self.logprob_chunk)
+                                              chunk=self.logprob_chunk, tokenizer_vocab=self.tokenizer_vocab)
         return (*topk_distillation_loss(est, terms, chunk.response_mask, log_prob=log_prob,
                                         old_log_prob=chunk.old_log_probs, **normalisers), log_prob)

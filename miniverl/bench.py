@@ -257,7 +257,7 @@ def miniverl_workers(s: Setup, hw):
     from miniverl.teacher import TeacherWorker
 
     base = s.student.get_base_model()
-    rollout = RolloutWorker(base, RolloutConfig(), eos_id=s.eos_id, pad_id=s.pad_id, device=s.device,
+    rollout = RolloutWorker(base, RolloutConfig(), eos_ids=[s.eos_id], pad_id=s.pad_id, device=s.device,
                             static_cache=hw.rollout_static_cache, compile_decode=hw.rollout_compile,
                             cpu_gemv=hw.rollout_cpu_gemv)
     params = inspect.signature(TeacherWorker.__init__).parameters

@@ -24,15 +24,41 @@ def resolve_device(hardware: HardwareConfig) -> torch.device:
     return torch.device("cpu")
 
 
+# cuBLAS is deterministic only with a fixed workspace; these are the two sizes torch accepts.
+CUBLAS_WORKSPACES = (":4096:8", ":16:8")
+
+
 def set_determinism(device: torch.device, deterministic: bool) -> None:
+    """`hardware.deterministic`: strict deterministic kernels, the ground of byte-exact resume.
+
+    Strict (`warn_only=False`): an op without a deterministic kernel stops the run instead of
+    warning while it silently breaks exactness. On CUDA also: cuBLAS with a fixed workspace
+    (CUBLAS_WORKSPACE_CONFIG=:4096:8, set before cuBLAS's first use), cuDNN without benchmarking
+    (which may pick a different algorithm per process), no TF32, and scaled-dot-product attention
+    on its math backend only: the flash, memory-efficient and cuDNN backends are switched off,
+    since their backward passes accumulate in a nondeterministic order.
+
+    Cost: the math backend materialises the (heads, L, L) attention matrix, so attention takes
+    more memory and time than on the flash / memory-efficient kernels, most at long sequences.
+    `hardware.deterministic=false` leaves torch's defaults (fused attention kernels, TF32 as
+    torch sets it, nondeterministic ops allowed), at the price of byte-exact resume on CUDA.
+    On the CPU only the strict mode applies (its kernels are deterministic already).
+    """
     if not deterministic:
         return
     if device.type == "cuda":
-        # cuBLAS needs a fixed workspace to be deterministic; set before its first use.
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        if os.environ.get("CUBLAS_WORKSPACE_CONFIG") not in CUBLAS_WORKSPACES:
+            os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACES[0]
         torch.backends.cudnn.benchmark = False
+        torch.backends.cudnn.deterministic = True
         torch.backends.cuda.matmul.allow_tf32 = False
-    torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.enable_flash_sdp(False)
+        torch.backends.cuda.enable_mem_efficient_sdp(False)
+        if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):  # torch >= 2.3
+            torch.backends.cuda.enable_cudnn_sdp(False)
+        torch.backends.cuda.enable_math_sdp(True)
+    torch.use_deterministic_algorithms(True, warn_only=False)
 
 
 def synchronize(device: torch.device) -> None:

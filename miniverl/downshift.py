@@ -11,8 +11,10 @@ For tests, `hardware.simulate_oom_above_rows=N` makes any forward of more than N
 
 from __future__ import annotations
 
+import gc
 import logging
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 
@@ -25,7 +27,7 @@ KINDS = ("rollout", "update_chunk")
 
 
 class OutOfMemoryAtOneRow(Exception):
-    def __init__(self, kind: str, error: BaseException):
+    def __init__(self, kind: str, error: BaseException | str):
         super().__init__(f"out of memory in a {kind.replace('_', ' ')} of a single row ({error}); "
                          "use a smaller recipe.response_limit or prompt_limit, a smaller model, or a larger device")
         self.kind = kind
@@ -49,12 +51,18 @@ class Downshift:
                                                  f"hardware.simulate_oom_above_rows={self.simulate_above}")
                 result = work(sizes)
             except torch.OutOfMemoryError as error:
-                free_device_cache(self.device)  # give back what the failed attempt cached
-                if self.rows[kind] == 1:
-                    raise OutOfMemoryAtOneRow(kind, error) from None
-                self.rows[kind] = max(1, self.rows[kind] // 2)
-                self.counts[f"{kind}_oom"] += 1
-                log.warning("out of memory in a %s of %d rows: retrying at %d", kind, max(sizes), self.rows[kind])
-                continue
-            self.observed[kind].update(sizes)
-            return result
+                # Only the message leaves this block: the error's traceback holds the frames, and
+                # through them the tensors, of the failed attempt.
+                failure = str(error)
+            else:
+                self.observed[kind].update(sizes)
+                return result
+            # Out of the except block the failed attempt is unreferenced, so its memory can go
+            # back (the collect breaks any frame cycles) before the retry needs it.
+            gc.collect()
+            free_device_cache(self.device)
+            if self.rows[kind] == 1:
+                raise OutOfMemoryAtOneRow(kind, failure)
+            self.rows[kind] = max(1, self.rows[kind] // 2)
+            self.counts[f"{kind}_oom"] += 1
+            log.warning("out of memory in a %s of %d rows: retrying at %d", kind, max(sizes), self.rows[kind])

@@ -8,6 +8,10 @@ new samples — and the teacher scores it:
     exact_reverse_kl  mean over response positions of sum_v pi(v) (log pi(v) - log nu(v)), the exact
                       KL(student || teacher) of the next-token distributions (vocabularies up to
                       eval.exact_kl_max_vocab; null above)
+
+Every forward goes through the run's out-of-memory downshift (`Downshift`): the rollout at the
+rollout physical batch, the teacher and the exact KL at the update chunk, so an out-of-memory
+error in the probe halves its rows as it would in an update (and the smaller size sticks).
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ import torch
 
 from miniverl.batch import Batch
 from miniverl.data import PromptSet
+from miniverl.downshift import Downshift
 from miniverl.logprobs import response_hidden_states
-from miniverl.plan import derive_seed, split
+from miniverl.plan import derive_seed
 from miniverl.rollout import RolloutWorker
 from miniverl.teacher import TeacherWorker
 
@@ -30,29 +35,38 @@ def full_log_probs(model, batch: Batch) -> torch.Tensor:
 
 class DistillationProbe:
     def __init__(self, prompts: PromptSet, rollout: RolloutWorker, teacher: TeacherWorker, student_model, *,
-                 seed: int, response_limit: int, rows_per_forward: int, exact_kl_max_vocab: int):
+                 seed: int, response_limit: int, exact_kl_max_vocab: int):
         self.prompts, self.rollout, self.teacher, self.student_model = prompts, rollout, teacher, student_model
         self.seeds = [derive_seed(seed, "eval", i) for i in range(len(prompts))]  # the same streams every time
         self.response_limit = response_limit
-        self.rows_per_forward = rows_per_forward
         vocab = student_model.get_output_embeddings().weight.shape[0]
         self.exact = vocab <= exact_kl_max_vocab
 
     @torch.no_grad()
-    def measure(self) -> dict[str, float | None]:
-        batch = self.rollout.generate_sequences(
+    def measure(self, shift: Downshift) -> dict[str, float | None]:
+        n = len(self.prompts)
+        batch = shift.run("rollout", n, lambda sizes: self.rollout.generate_sequences(
             self.prompts.token_ids, self.prompts.rows, self.seeds, response_limit=self.response_limit,
-            physical_batches=split(len(self.prompts), self.rows_per_forward))
-        batch = self.teacher.compute_teacher_log_prob(batch, self.rows_per_forward)
+            physical_batches=sizes))
+        batch = shift.run("update_chunk", n, lambda sizes: self.teacher.compute_teacher_log_prob(batch, sizes[0]))
         mask = batch.response_mask  # (B, R)
         tokens = mask.sum().clamp_min(1)
         k1 = float(((batch.rollout_log_probs - batch.teacher_logprobs) * mask).sum() / tokens)
         exact = None
         if self.exact:
-            student = full_log_probs(self.student_model, batch)  # (B, R, V)
-            self.teacher.model.eval()
-            with self.teacher.context():
-                teacher = full_log_probs(self.teacher.model, batch)
-            per_position = (student.exp() * (student - teacher)).sum(-1)  # (B, R)
+            per_position = shift.run("update_chunk", n, lambda sizes: self.exact_reverse_kl(batch, sizes[0]))
             exact = float((per_position * mask).sum() / tokens)
         return {"k1_mean": k1, "exact_reverse_kl": exact}
+
+    def exact_reverse_kl(self, batch: Batch, rows_per_forward: int) -> torch.Tensor:
+        """(B, R) KL(student || teacher) of the next-token distributions, `rows_per_forward` rows
+        at a time (each forward holds a (rows, R, V) float32 block per model)."""
+        parts = []
+        for start in range(0, len(batch), rows_per_forward):
+            rows = batch.rows(start, start + rows_per_forward)
+            student = full_log_probs(self.student_model, rows)  # (b, R, V)
+            self.teacher.model.eval()
+            with self.teacher.context():
+                teacher = full_log_probs(self.teacher.model, rows)
+            parts.append((student.exp() * (student - teacher)).sum(-1))  # (b, R)
+        return torch.cat(parts)

@@ -16,6 +16,12 @@ Sampled-token log-probs, log p(y) = z_y - logsumexp(z) with z = lm_head(h) / T:
   (two lm_head-sized matmuls per chunk in all, as a plain forward + backward has);
 - otherwise (a trainable head, other outputs): each chunk is recomputed in backward (activation
   checkpointing), so autograd never holds more than one chunk's logits either.
+
+Padding rows. An output layer may have more rows than the tokenizer has ids (Qwen3: 151,936 rows
+for 151,669 tokens). `tokenizer_vocab` (len(tokenizer)) cuts every distribution to the real ids:
+the rollout samples from it and the teacher and the actor score with it, so all three use one
+and the same distribution, and no role ever yields an id the tokenizer cannot decode. None: all
+rows.
 """
 
 from __future__ import annotations
@@ -52,8 +58,10 @@ def map_position_chunks(fn: Callable[..., tuple[torch.Tensor, ...]], hidden: tor
     return tuple(torch.cat(parts).reshape(B, T, *parts[0].shape[1:]) for parts in zip(*outputs))
 
 
-def _logits(lm_head: torch.nn.Module, hidden: torch.Tensor, temperature: float) -> torch.Tensor:
-    logits = lm_head(hidden).float()  # (N, V)
+def token_logits(lm_head: torch.nn.Module, hidden: torch.Tensor, tokenizer_vocab: int | None,
+                 temperature: float = 1.0) -> torch.Tensor:
+    """(N, V) float32 logits over the tokenizer's ids (padding rows cut), divided by the temperature."""
+    logits = lm_head(hidden)[..., :tokenizer_vocab].float()  # (N, V)
     return logits / temperature if temperature != 1.0 else logits
 
 
@@ -79,7 +87,7 @@ class _SampledLogProbFrozenHead(torch.autograd.Function):
     """log p(token) from hidden states through a frozen linear head; d/dh is formed in forward."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, tokens, temperature, rows):
+    def forward(ctx, hidden, weight, bias, tokens, temperature, rows):  # weight (V, H): padding rows cut
         out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
         grad = torch.empty(hidden.shape, dtype=torch.float32, device=hidden.device)  # (N, H)
         for start in range(0, hidden.shape[0], rows):
@@ -107,27 +115,33 @@ class _SampledLogProbFrozenHead(torch.autograd.Function):
         return (grad * grad_out[:, None]).to(ctx.hidden_dtype), None, None, None, None, None
 
 
+def output_rows(lm_head: torch.nn.Module, tokenizer_vocab: int | None) -> int:
+    rows = lm_head.weight.shape[0]
+    return rows if tokenizer_vocab is None else min(rows, tokenizer_vocab)
+
+
 def sampled_log_probs(lm_head: torch.nn.Module, hidden: torch.Tensor, tokens: torch.Tensor, *,
-                      temperature: float = 1.0, chunk: int = 256) -> torch.Tensor:
+                      temperature: float = 1.0, chunk: int = 256, tokenizer_vocab: int | None = None) -> torch.Tensor:
     """log p(tokens) for hidden (B, T, H) and tokens (B, T): (B, T) float32, never holding more
     than one chunk of logits (forward or backward)."""
     B, T = tokens.shape
-    vocab = lm_head.weight.shape[0] if hasattr(lm_head, "weight") else lm_head(hidden[:1, :1]).shape[-1]
+    vocab = output_rows(lm_head, tokenizer_vocab)
     rows = rows_per_chunk(chunk, vocab)
     grad = torch.is_grad_enabled() and hidden.requires_grad
     flat_h, flat_t = hidden.reshape(B * T, -1), tokens.reshape(B * T)
     if grad and frozen_linear_head(lm_head):
-        out = _SampledLogProbFrozenHead.apply(flat_h, lm_head.weight, lm_head.bias, flat_t, temperature, rows)
+        bias = None if lm_head.bias is None else lm_head.bias[:vocab]
+        out = _SampledLogProbFrozenHead.apply(flat_h, lm_head.weight[:vocab], bias, flat_t, temperature, rows)
         return out.reshape(B, T)
     if grad:
         def fn(h, tok):
-            return (_sampled(_logits(lm_head, h, temperature), tok),)
+            return (_sampled(token_logits(lm_head, h, tokenizer_vocab, temperature), tok),)
 
         return map_position_chunks(fn, hidden, tokens, chunk=rows)[0]
     out = torch.empty(B * T, dtype=torch.float32, device=hidden.device)
     for start in range(0, B * T, rows):
-        out[start:start + rows] = _sampled_in_place(_logits(lm_head, flat_h[start:start + rows], temperature),
-                                                    flat_t[start:start + rows])
+        logits = token_logits(lm_head, flat_h[start:start + rows], tokenizer_vocab, temperature)
+        out[start:start + rows] = _sampled_in_place(logits, flat_t[start:start + rows])
     return out.reshape(B, T)
 
 
@@ -144,39 +158,39 @@ def response_hidden_states(model: PreTrainedModel, batch: Batch) -> torch.Tensor
 
 
 def response_log_probs(model: PreTrainedModel, batch: Batch, *, temperature: float = 1.0,
-                       chunk: int = 256) -> torch.Tensor:
+                       chunk: int = 256, tokenizer_vocab: int | None = None) -> torch.Tensor:
     """log p(response token t | prompt, response_<t) for every row: (B, R) float32."""
     return sampled_log_probs(model.get_output_embeddings(), response_hidden_states(model, batch), batch.responses,
-                             temperature=temperature, chunk=chunk)
+                             temperature=temperature, chunk=chunk, tokenizer_vocab=tokenizer_vocab)
 
 
-def response_log_probs_and_topk(model: PreTrainedModel, batch: Batch, *, k: int,
-                                chunk: int = 256) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def response_log_probs_and_topk(model: PreTrainedModel, batch: Batch, *, k: int, chunk: int = 256,
+                                tokenizer_vocab: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sampled-token log-probs (B, R) and the top-k log-probs (B, R, k) with their ids (B, R, k)."""
     lm_head = model.get_output_embeddings()
 
     def fn(h, tokens):
-        logits = _logits(lm_head, h, 1.0)  # (N, V): one chunk at a time
+        logits = token_logits(lm_head, h, tokenizer_vocab)  # (N, V): one chunk at a time
         log_z = torch.logsumexp(logits, dim=-1, keepdim=True)
         top = logits.topk(k, dim=-1)
         return logits.gather(-1, tokens[:, None]).squeeze(-1) - log_z.squeeze(-1), top.values - log_z, top.indices
 
-    rows = rows_per_chunk(chunk, lm_head.weight.shape[0])
+    rows = rows_per_chunk(chunk, output_rows(lm_head, tokenizer_vocab))
     return map_position_chunks(fn, response_hidden_states(model, batch), batch.responses, chunk=rows)
 
 
 def response_topk_terms(model: PreTrainedModel, batch: Batch, teacher_ids: torch.Tensor,
                         teacher_topk_logprobs: torch.Tensor, *, temperature: float, log_prob_min_clamp,
-                        chunk: int = 256) -> tuple[torch.Tensor, TopkTerms]:
+                        chunk: int = 256, tokenizer_vocab: int | None = None) -> tuple[torch.Tensor, TopkTerms]:
     """The student's sampled-token log-probs (B, R) and the top-k forward-KL terms, each (B, R)."""
     lm_head = model.get_output_embeddings()
 
     def fn(h, tokens, ids, t_lp):
-        logits = _logits(lm_head, h, temperature)
+        logits = token_logits(lm_head, h, tokenizer_vocab, temperature)
         terms = forward_kl_topk_terms(logits, t_lp, ids, log_prob_min_clamp=log_prob_min_clamp)
         return (_sampled(logits, tokens), *terms)
 
-    rows = rows_per_chunk(chunk, lm_head.weight.shape[0])
+    rows = rows_per_chunk(chunk, output_rows(lm_head, tokenizer_vocab))
     log_prob, *terms = map_position_chunks(fn, response_hidden_states(model, batch), batch.responses,
                                            teacher_ids, teacher_topk_logprobs, chunk=rows)
     return log_prob, TopkTerms(*terms)

@@ -30,7 +30,8 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str] = ()) -> dict:
     config = to_config(cfg)
     # bitsandbytes logs a warning at import when the optional `kernels` package is absent.
     logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
-    from miniverl.trainer import OPDTrainer  # heavy imports (torch, transformers) after validation
+    # Heavy imports (torch, transformers) after validation.
+    from miniverl.trainer import OPDTrainer
 
     preflight(config)
     trainer = OPDTrainer(config, resolved_config(cfg), run_dir)
@@ -78,7 +79,10 @@ def check_own_resume(trainer, run_dir: Path, overrides, k: int) -> dict:
     from miniverl.resume_check import verify_resume
 
     log.info("resume check: interrupting a fresh run after update %d and resuming it in a new process", k)
-    report = trainer.finish("completed", resume_check=verify_resume(run_dir, list(overrides), k))
+    # The children load the same models: this process's copies (on CUDA, device memory) would
+    # only crowd them. The adapter is saved already; the report is rebuilt without the models.
+    trainer.release_models()
+    report = trainer.finish("measured", resume_check=verify_resume(run_dir, list(overrides), k))
     if report["resume"]["status"] != "exact_match":
         raise MiniverlError(f"resume check failed: {report['resume']['first_difference']} "
                             f"(see {run_dir / 'report.json'})")

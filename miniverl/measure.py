@@ -3,6 +3,7 @@ the identity of the code that drove the workload."""
 
 from __future__ import annotations
 
+import gc
 import os
 import resource
 import subprocess
@@ -45,6 +46,17 @@ def cuda_peaks(device: torch.device) -> tuple[float | None, float | None]:
 def free_device_cache(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+def release_memory(device: torch.device, *, compiled: bool = False) -> None:
+    """Give back the memory of objects just dropped: collect reference cycles (models and their
+    hooks form some), and on CUDA return the allocator's cached blocks to the driver, so that
+    another process can use them. `compiled`: also drop torch.compile's caches, whose graphs
+    (CUDA graphs included) keep the compiled model and its memory pool alive."""
+    if compiled:
+        torch._dynamo.reset()
+    gc.collect()
+    free_device_cache(device)
 
 
 def folder_bytes(folder: Path, exclude: tuple[str, ...] = ()) -> int:

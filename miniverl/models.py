@@ -71,19 +71,20 @@ def materialize_toys(student: StudentConfig, teacher: TeacherConfig | None, fold
 
 
 def _materialize_toys(student, teacher, folder, student_seed, corpus_texts) -> dict[str, Path]:
-    tokenizer = toy.build_toy_tokenizer()
     paths = {}
     if student.model_id == "toy":
+        tokenizer = toy.build_toy_tokenizer(student.toy.tokenizer)
         model = toy.build_toy_model(student.toy, tokenizer, seed=student_seed)
-        paths["student"] = toy.save_toy(model, tokenizer, folder / "student")
+        paths["student"] = toy.save_toy(model, tokenizer, folder / "student", student.toy.dtype)
     if teacher is not None and teacher.model_id == "toy":
+        tokenizer = toy.build_toy_tokenizer(teacher.toy.tokenizer)
         seed = student_seed if teacher.toy_teacher_seed is None else teacher.toy_teacher_seed
         model = toy.build_toy_model(teacher.toy, tokenizer, seed=seed)
         corpus = [tokenizer.apply_chat_template(conv, tokenize=False) for conv in corpus_texts]
         corpus_ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in corpus]
         toy.pretrain_on_corpus(model, corpus_ids, steps=teacher.toy_pretrain_steps, lr=teacher.toy_pretrain_lr,
                                seed=seed, pad_id=tokenizer.pad_token_id)
-        paths["teacher"] = toy.save_toy(model, tokenizer, folder / "teacher")
+        paths["teacher"] = toy.save_toy(model, tokenizer, folder / "teacher", teacher.toy.dtype)
     return paths
 
 
@@ -107,7 +108,7 @@ def offline_error(where: str, source: Source, error: Exception) -> MiniverlError
 def load_tokenizer(where: str, block: StudentConfig | TeacherConfig, source: Source | None):
     """The toy tokenizer (built in memory), or the model's tokenizer through AutoTokenizer."""
     if block.model_id == "toy" and block.tokenizer_id is None:
-        return toy.build_toy_tokenizer()
+        return toy.build_toy_tokenizer(block.toy.tokenizer)
     trust_remote_code = block.trust_remote_code
     try:
         with quiet_loading():
@@ -202,16 +203,39 @@ def load_teacher(block: TeacherConfig, source: Source, device: torch.device) -> 
     return model.eval()
 
 
+def stop_token_ids(tokenizer, model: PreTrainedModel) -> list[int]:
+    """Every id that ends a response: the tokenizer's EOS and the generation config's EOS ids
+    (Qwen3's generation config ends on `<|im_end|>` and `<|endoftext|>`)."""
+    ids = {tokenizer.eos_token_id}
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids.update([configured] if isinstance(configured, int) else (configured or []))
+    return sorted(i for i in ids if i is not None)
+
+
+def output_rows_problem(student_rows: int, teacher_rows: int, tokens: int) -> str | None:
+    """Why a teacher's output layer cannot score the student's ids, or None when it can.
+
+    Rows past the shared tokenizer are padding (Qwen3: 151,936 rows for 151,669 tokens); no role
+    ever samples or scores them, so padding counts may differ (Qwen2.5-7B's 152,064 rows against
+    Qwen2.5-1.5B's 151,936)."""
+    short = [f"{who} has {rows}" for who, rows in (("teacher", teacher_rows), ("student", student_rows))
+             if rows < tokens]
+    if short:
+        return (f"the tokenizer has {tokens} tokens but the {' and the '.join(short)} output rows: its output "
+                "layer cannot score every token id; pick a model of the tokenizer's vocabulary")
+    return None
+
+
 def check_tokenizers_compatible(student_tok, teacher_tok, student: PreTrainedModel, teacher: PreTrainedModel) -> None:
     """The teacher scores the student's token ids: both must mean the same thing by each id."""
     if student_tok.get_vocab() != teacher_tok.get_vocab():
         raise MiniverlError(
             f"teacher and student tokenizers differ (vocabulary {len(teacher_tok)} vs {len(student_tok)} tokens): "
             "on-policy distillation needs a teacher of the same tokenizer family; pick a teacher that shares it")
-    s_rows = student.get_output_embeddings().weight.shape[0]
-    t_rows = teacher.get_output_embeddings().weight.shape[0]
-    if s_rows != t_rows:
-        raise MiniverlError(f"teacher and student output layers have different vocabulary rows ({t_rows} vs {s_rows})")
+    problem = output_rows_problem(student.get_output_embeddings().weight.shape[0],
+                                  teacher.get_output_embeddings().weight.shape[0], len(student_tok))
+    if problem:
+        raise MiniverlError(f"teacher and student output layers: {problem}")
     probe = [student_tok.apply_chat_template(PROBE_CONVERSATION, add_generation_prompt=True, tokenize=False),
              teacher_tok.apply_chat_template(PROBE_CONVERSATION, add_generation_prompt=True, tokenize=False)]
     if probe[0] != probe[1]:

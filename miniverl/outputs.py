@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -19,9 +20,11 @@ import yaml
 from safetensors.torch import save_file
 
 from miniverl.batch import Batch
+from miniverl.checkpoint import checkpoints_in
 from miniverl.errors import MiniverlError
 from miniverl.identity import canonical_json, sha256_file, sha256_json
 
+log = logging.getLogger(__name__)
 FINISHED_MARKERS = ("metrics.jsonl", "report.json", "plan.json")
 # What a run writes into its folder (Hydra's own .hydra/ and <job>.log are left alone).
 RUN_OUTPUTS = (*FINISHED_MARKERS, "resolved_config.yaml", "trajectories", "checkpoints", "peft_adapter", "toy_models",
@@ -39,11 +42,20 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 class RunFolder:
-    def __init__(self, root: Path, *, continuing: bool = False, overwrite: bool = False):
+    def __init__(self, root: Path, *, continuing: bool = False, overwrite: bool = False,
+                 plan_digest: str | None = None):
         """`continuing`: resuming this folder's own checkpoint, so its earlier outputs are expected;
-        `overwrite`: the user asked to replace a previous run's outputs (trainer.overwrite=true)."""
+        `overwrite`: the user asked to replace a previous run's outputs (trainer.overwrite=true);
+        `plan_digest`: this run's compiled_plan_sha256. A run of the same plan that died before its
+        first checkpoint (SIGKILL, preemption: plan.json of that digest, no checkpoint, no report)
+        left nothing to resume from, so, like verl's resume_mode=auto without a checkpoint, the run
+        starts again in its folder."""
         self.root = Path(root)
         taken = [name for name in FINISHED_MARKERS if (self.root / name).exists()]
+        if taken and not continuing and not overwrite and self.died_before_first_checkpoint(plan_digest):
+            log.warning("run folder %s holds a run of this plan that stopped before its first checkpoint "
+                        "(no checkpoint, no report): starting it again", self.root)
+            overwrite = True
         if taken and overwrite and not continuing:
             for name in RUN_OUTPUTS:
                 target = self.root / name
@@ -63,6 +75,11 @@ class RunFolder:
         except OSError as error:
             raise MiniverlError(f"cannot create the run folder {self.root}: {error.strerror}") from None
         self.trajectory_digests: list[str] = []
+
+    def died_before_first_checkpoint(self, plan_digest: str | None) -> bool:
+        plan = self.root / "plan.json"
+        return (plan_digest is not None and plan.is_file() and not (self.root / "report.json").exists()
+                and not checkpoints_in(self.root) and sha256_file(plan) == plan_digest)
 
     def path(self, name: str) -> Path:
         return self.root / name

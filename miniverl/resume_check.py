@@ -2,8 +2,10 @@
 
 After the uninterrupted run (the reference) finishes, the same command runs twice more in fresh
 processes: once stopped after update k (`trainer.stop_after_updates=k`), once resumed from that
-stop (`trainer.resume_from=...`). The resumed run's final checkpoint and trajectory log must equal
-the reference's byte for byte; the result fills the report's `resume` block.
+stop (`trainer.resume_from=...`). The interrupted run must have stopped at update k, the resumed
+run's report must show it resumed from that checkpoint (a run that started afresh ends byte-equal
+too, proving nothing), and its final checkpoint and trajectory log must equal the reference's
+byte for byte; the result fills the report's `resume` block.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from miniverl.checkpoint import checkpoints_in
+from miniverl.checkpoint import checkpoint_update, checkpoints_in
 
 # Differs between the three runs by construction (their trainer.stop_after_updates/resume_from).
 EXCLUDED_RUN_IDENTITY_FIELD = "resolved_config_digest"
@@ -25,7 +27,7 @@ TRAINING_STATE_FIELDS = ("global_optimizer_steps", "task_cursor", "compiled_plan
 def run_child(overrides: list[str], extra: list[str], run_dir: Path) -> None:
     command = [sys.executable, "-m", "miniverl.main", *overrides, *extra, "trainer.progress_bar=false",
                f"hydra.run.dir={run_dir}"]
-    result = subprocess.run(command, capture_output=True, text=True, env=os.environ.copy())
+    result = subprocess.run(command, capture_output=True, text=True, env=os.environ.copy(), check=False)
     if result.returncode != 0:
         tail = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise RuntimeError(f"{' '.join(extra)} exited {result.returncode}: {tail}")
@@ -69,6 +71,18 @@ def first_difference(reference: Path, resumed: Path) -> tuple[dict, str | None]:
     return verdicts, (differences[0] if differences else None)
 
 
+def resumed_from_difference(resumed_block: dict, stop_ckpt: Path, k: int) -> str | None:
+    """Why the resumed run's own `resume` block does not show a resume from `stop_ckpt` after
+    update k; None when it does."""
+    source = resumed_block.get("resumed_from")
+    if resumed_block.get("status") == "resumed" and source and Path(source).resolve() == stop_ckpt.resolve() \
+            and resumed_block.get("resumed_after_update") == k:
+        return None
+    return (f"the resumed run did not resume from {stop_ckpt} after update {k} (its report's resume block: status "
+            f"{resumed_block.get('status')}, resumed_from {source}, resumed_after_update "
+            f"{resumed_block.get('resumed_after_update')})")
+
+
 def verify_resume(run_dir: Path, overrides: list[str], interrupt_after: int) -> dict:
     """Run the interrupted and resumed twins of this run; returns the report's `resume` block."""
     interrupted, resumed = run_dir / "resume_check" / "interrupted", run_dir / "resume_check" / "resumed"
@@ -76,16 +90,26 @@ def verify_resume(run_dir: Path, overrides: list[str], interrupt_after: int) -> 
              "interrupted_run": str(interrupted), "resumed_run": str(resumed), "adapter_and_optimizer_byte_identical":
              False, "trajectories_byte_identical": False, "training_state_fields_identical": False,
              "global_optimizer_steps": None, "task_cursor": None, "interrupt_checkpoint_bytes": None,
-             "resume_load_seconds": None, "first_difference": None}
+             "resume_load_seconds": None, "resumed_from_checkpoint": None, "resumed_after_update": None,
+             "first_difference": None}
     try:
         run_child(overrides, [f"trainer.stop_after_updates={interrupt_after}"], interrupted)
         stop_ckpt = checkpoints_in(interrupted)[-1]
         block["interrupt_checkpoint_bytes"] = sum(p.stat().st_size for p in stop_ckpt.iterdir() if p.is_file())
+        if checkpoint_update(stop_ckpt) != interrupt_after:
+            block["first_difference"] = (f"the interrupted run stopped at {stop_ckpt.name}, not after update "
+                                         f"{interrupt_after}")
+            return block
         run_child(overrides, [f"trainer.resume_from={interrupted}"], resumed)
-    except (RuntimeError, IndexError) as error:
+        resumed_block = json.loads((resumed / "report.json").read_text())["resume"]
+    except (RuntimeError, IndexError, OSError, ValueError, KeyError) as error:
         block["first_difference"] = f"the interrupted or resumed run failed: {error}"
         return block
-    block["resume_load_seconds"] = json.loads((resumed / "report.json").read_text())["resume"]["resume_load_seconds"]
+    block.update(resume_load_seconds=resumed_block.get("resume_load_seconds"),
+                 resumed_from_checkpoint=resumed_block.get("resumed_from"),
+                 resumed_after_update=resumed_block.get("resumed_after_update"))
+    not_resumed = resumed_from_difference(resumed_block, stop_ckpt, interrupt_after)
     verdicts, difference = first_difference(run_dir, resumed)
+    difference = not_resumed or difference
     block.update(verdicts, first_difference=difference, status="exact_match" if difference is None else "mismatch")
     return block

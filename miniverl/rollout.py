@@ -13,7 +13,11 @@ measurements that shaped it):
   (lm_head included) computed as W @ x^T, a faster GEMM shape there (`hardware.rollout_cpu_gemv`);
 - the lm_head on the last hidden state only, then sampling and the sampled token's log-prob from
   one exp pass over the (b, V) float32 logits; the full logits are never kept;
-- rows stop at EOS (later tokens are padding, masked out); the loop ends when every row has;
+- rows stop at any EOS id (the tokenizer's and the generation config's: Qwen3 ends on
+  `<|im_end|>` and `<|endoftext|>`); later tokens are padding, masked out; the loop ends when
+  every row has;
+- the distribution is cut to the tokenizer's ids (`tokenizer_vocab`): output rows past it are
+  padding and are never sampled (see logprobs.py; teacher and actor cut the same rows);
 - with `hardware.rollout_compile` (CUDA; implies the static cache) the per-step decoder call is
   compiled with `torch.compile(mode="reduce-overhead")`, i.e. replayed as a CUDA graph.
 
@@ -30,6 +34,8 @@ from __future__ import annotations
 import inspect
 import types
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, StaticCache
@@ -138,30 +144,122 @@ def _plain_lora(module: torch.nn.Module) -> bool:
             and hasattr(module, "cast_input_dtype_enabled"))
 
 
+def _lean_lora4bit_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    """peft's LoRA forward over a bitsandbytes 4-bit base (`peft.tuners.lora.bnb.Linear4bit`) for
+    its plain case, the same operations in the same order (the adapter's output cast to the base
+    output's dtype, then added), without its per-call bookkeeping."""
+    if args or kwargs or torch.is_autocast_enabled():
+        return type(self).forward(self, x, *args, **kwargs)
+    result = self.base_layer(x)
+    name = self.active_adapters[0]
+    lora_a, lora_b = self.lora_A[name], self.lora_B[name]
+    output = lora_b(lora_a(self._cast_input_dtype(x, lora_a.weight.dtype))) * self.scaling[name]
+    return result + output.to(result.dtype)
+
+
+def _plain_lora_4bit(module: torch.nn.Module) -> bool:
+    try:
+        from peft.tuners.lora.bnb import Linear4bit as Lora4bit
+    except ImportError:  # peft without bitsandbytes
+        return False
+    if type(module) is not Lora4bit or module.merged or module.disable_adapters:
+        return False
+    active = list(module.active_adapters)
+    return (len(active) == 1 and active[0] in module.lora_A and active[0] not in module.lora_variant
+            and isinstance(module.lora_dropout[active[0]], torch.nn.Identity))
+
+
+# While decoding on the CPU, each bitsandbytes NF4/FP4 weight is dequantized once per rollout
+# instead of once per call (bitsandbytes' CPU path dequantizes the whole weight on every call,
+# i.e. every token). Measured on a 2-core AVX2 CPU: docs/bench.md. Tests switch it off to compare.
+DEQUANTIZE_4BIT_ONCE_ON_CPU = True
+
+
+def _dense_4bit_weight(module: torch.nn.Module) -> torch.Tensor | None:
+    """The dequantized weight of a bitsandbytes Linear4bit whose forward is exactly
+    `F.linear(x.to(compute_dtype), dequantize_4bit(W), bias.to(compute_dtype)).to(x.dtype)`, or
+    None when the layer takes another path (packed for bitsandbytes' AVX512-BF16 kernel, a
+    transposed quant state, a compute dtype other than the stored one, not on the CPU)."""
+    try:
+        import bitsandbytes as bnb
+    except ImportError:
+        return None
+    if not isinstance(module, bnb.nn.Linear4bit) or module.weight.device.type != "cpu":
+        return None
+    state = getattr(module.weight, "quant_state", None)
+    if (state is None or getattr(state, "packing_format_for_cpu", False) or module.compute_dtype is None
+            or getattr(module, "support_avx512bf16_for_cpu", False)
+            or tuple(state.shape) != (module.out_features, module.in_features)):
+        return None
+    # bitsandbytes' CPU gemm dequantizes to the input's dtype after the cast to compute_dtype; the
+    # stored dtype (quant_state.dtype) is what dequantize_4bit gives, so the two must agree.
+    if state.dtype != module.compute_dtype:
+        return None
+    return bnb.functional.dequantize_4bit(module.weight.data, state)
+
+
+def _dense_4bit_forward(module: torch.nn.Module, weight: torch.Tensor):
+    """Linear4bit.forward with a dequantized weight: bitsandbytes 0.50's CPU path (Linear4bit.forward
+    -> matmul_4bit -> gemm_4bit's default kernel) without the per-call dequantization."""
+    compute_dtype = module.compute_dtype
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        bias = None if module.bias is None else module.bias.to(compute_dtype)
+        return torch.nn.functional.linear(x.to(compute_dtype), weight, bias).to(x.dtype)
+
+    return forward
+
+
+@dataclass
+class LeanDecode:
+    """What `lean_decode_modules` did: modules given a lean forward, and the bytes of the dense
+    copies of 4-bit weights it held while decoding (freed on exit)."""
+
+    patched: int = 0
+    dequantized_layers: int = 0
+    dequantized_bytes: int = 0
+
+
 @contextmanager
-def lean_decode_modules(model: torch.nn.Module, few_row_gemv: bool):
+def lean_decode_modules(model: torch.nn.Module, few_row_gemv: bool, dequantize_4bit: bool | None = None):
     """While decoding: plain LoRA layers skip peft's per-call bookkeeping (same arithmetic), and
     with `few_row_gemv` (the CPU) every plain float32 nn.Linear (the LoRA matrices and the lm_head
     included) computes up to GEMV_MAX_ROWS rows as W @ x^T, a GEMM shape MKL runs 1.5-4x faster
     than F.linear's x @ W^T for 2-8 rows (measured, docs/bench.md); the values differ from
-    F.linear's only in float rounding. Quantized (bitsandbytes) layers are not nn.Linear and are
-    left alone. Everything is restored on exit."""
-    patched = []
+    F.linear's only in float rounding.
+
+    bitsandbytes 4-bit layers on the CPU (`dequantize_4bit`, default DEQUANTIZE_4BIT_ONCE_ON_CPU):
+    each weight is dequantized once on entry, and the layer multiplies with that dense copy (in its
+    compute dtype, as bitsandbytes' own CPU path does after dequantizing on every call: the same
+    values, bitwise); the copies are freed on exit, their bytes reported in the yielded LeanDecode.
+    Everything is restored on exit."""
+    if dequantize_4bit is None:
+        dequantize_4bit = DEQUANTIZE_4BIT_ONCE_ON_CPU
+    state, patched = LeanDecode(), []
     for module in model.modules():
         if "forward" in vars(module):  # someone else's instance-level forward (hooks): leave it
             continue
         if _plain_lora(module):
             module.forward = types.MethodType(_lean_lora_forward, module)
-            patched.append(module)
+        elif _plain_lora_4bit(module):
+            module.forward = types.MethodType(_lean_lora4bit_forward, module)
         elif few_row_gemv and type(module) is torch.nn.Linear and module.weight.dtype == torch.float32 \
                 and module.weight.device.type == "cpu":
             module.forward = types.MethodType(_few_row_linear, module)
-            patched.append(module)
+        elif dequantize_4bit and (weight := _dense_4bit_weight(module)) is not None:
+            module.forward = _dense_4bit_forward(module, weight)
+            state.dequantized_layers += 1
+            state.dequantized_bytes += weight.numel() * weight.element_size()
+            del weight
+        else:
+            continue
+        patched.append(module)
+    state.patched = len(patched)
     try:
-        yield
+        yield state
     finally:
         for module in patched:
-            del module.forward
+            del module.forward  # drops the dense copies with the closures that hold them
 
 
 def full_attention_only(model: PreTrainedModel) -> bool:
@@ -184,12 +282,16 @@ def layer_by_layer(decoder: torch.nn.Module) -> bool:
 
 
 class RolloutWorker:
-    def __init__(self, model: PreTrainedModel, config: RolloutConfig, *, eos_id: int, pad_id: int,
-                 device: torch.device, static_cache: bool = False, compile_decode: bool = False,
-                 cpu_gemv: bool = True):
+    dequantized_bytes = 0  # bytes of the 4-bit weights' dense copies during the last decode (freed after)
+
+    def __init__(self, model: PreTrainedModel, config: RolloutConfig, *, eos_ids: Sequence[int], pad_id: int,
+                 device: torch.device, tokenizer_vocab: int | None = None, static_cache: bool = False,
+                 compile_decode: bool = False, cpu_gemv: bool = True):
         self.model = model  # the student (LoRA active); shared with the actor
         self.config = config
-        self.eos_id, self.pad_id, self.device = eos_id, pad_id, device
+        self.pad_id, self.device = pad_id, device
+        self.eos_ids = torch.tensor(sorted(eos_ids), dtype=torch.long, device=device)  # (E,)
+        self.tokenizer_vocab = tokenizer_vocab  # None: every output row is a token
         self.cache_kw = cache_keyword(model.get_decoder())
         self.direct_mask = full_attention_only(model)
         self.compile_decode = compile_decode and self.direct_mask
@@ -221,8 +323,9 @@ class RolloutWorker:
     def _decode(self, ids: torch.Tensor, mask: torch.Tensor, seeds: list[int], limit: int):
         """One physical batch: returns responses (b, R'), response mask (b, R'), log-probs (b, R')."""
         u = draw_uniforms(seeds, limit, self.device)  # (b, limit)
-        with torch.inference_mode(), lean_decode_modules(self.model, self.cpu_gemv and self.device.type == "cpu"):
+        with torch.inference_mode(), lean_decode_modules(self.model, self.cpu_gemv and self.device.type == "cpu") as lean:
             tokens, alive, log_probs, steps = self._decode_inference(ids, mask, u, limit)
+        self.dequantized_bytes = lean.dequantized_bytes  # dense copies of 4-bit weights held while decoding
         # Plain (non-inference) tensors: the actor's autograd graph reads the responses.
         alive = alive[:, :steps].clone()
         return tokens[:, :steps].clone(), alive.long(), log_probs[:, :steps].clone() * alive
@@ -251,7 +354,7 @@ class RolloutWorker:
         step_fn = self._step_function(decoder)
         steps = limit
         for step in range(limit):
-            logits = lm_head(hidden).float()  # (b, V)
+            logits = lm_head(hidden)[:, :self.tokenizer_vocab].float()  # (b, V): padding rows cut
             if temperature != 1.0:
                 logits = logits / temperature
             token, log_prob = sample_token(logits, u[:, step], top_k=top_k, top_p=top_p)
@@ -259,7 +362,7 @@ class RolloutWorker:
             tokens[:, step] = token
             log_probs[:, step] = log_prob
             alive[:, step] = ~done
-            done = done | token.eq(self.eos_id)
+            done = done | torch.isin(token, self.eos_ids)
             if step == limit - 1 or ((step + 1) % self.check_every == 0 and bool(done.all())):
                 steps = step + 1
                 break

@@ -24,6 +24,9 @@ from hydra.experimental.callback import Callback
 from miniverl.tables import format_value
 
 ERROR_FILE = "error.txt"  # written by main.py in a job folder whose job failed
+# A job's report status when every update ran: "measured", as in the reference report
+# ("completed" in reports written before the status took that name).
+DONE = ("measured", "completed")
 COLUMNS = ["job", "swept", "status", "error", "final_loss", "mean_loss", "rollout_tokens_per_second",
            "teacher_scored_positions_per_second", "update_positions_per_second", "peak_reserved_gib", "peak_rss_gib",
            "resume", "run_dir", "overrides"]
@@ -60,7 +63,8 @@ def summarize_job(job: Path) -> tuple[dict, list[float]]:
 
 
 def write_summary(sweep_dir: Path) -> list[dict]:
-    from miniverl.outputs import atomic_write_bytes  # imports torch: not at Hydra start-up
+    # Imports torch: not at Hydra start-up.
+    from miniverl.outputs import atomic_write_bytes
 
     jobs = [summarize_job(job) for job in job_dirs(sweep_dir)]
     rows = [row for row, _ in jobs]
@@ -101,7 +105,7 @@ def plot(jobs: list[tuple[dict, list[float]]], path: Path) -> None:
     for row, losses in jobs:
         if losses:
             ax.plot(range(1, len(losses) + 1), losses, marker="o", markersize=3,
-                    label=f"#{row['job']} {row['swept']}"[:80] + ("" if row["status"] == "completed" else " (failed)"))
+                    label=f"#{row['job']} {row['swept']}"[:80] + ("" if row["status"] in DONE else " (failed)"))
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_xlabel("optimizer update")
     ax.set_ylabel("actor/distillation/loss")
@@ -129,7 +133,7 @@ class SweepSummaryCallback(Callback):
     def on_multirun_end(self, config, **kwargs) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         rows = write_summary(sweep_dir)
-        failed = [row["job"] for row in rows if row["status"] != "completed"]
+        failed = [row["job"] for row in rows if row["status"] not in DONE]
         print(f"sweep: {len(rows) - len(failed)} of {len(rows)} jobs completed; summary in {sweep_dir}/sweep_summary.md",
               flush=True)
         if failed:

@@ -19,13 +19,14 @@ from miniverl.logprobs import response_log_probs, response_log_probs_and_topk
 
 class TeacherWorker:
     def __init__(self, model: PreTrainedModel, *, logprob_chunk: int, topk: int | None,
-                 context: Callable[[], ContextManager] = nullcontext):
+                 context: Callable[[], ContextManager] = nullcontext, tokenizer_vocab: int | None = None):
         """`model` is the teacher; in the ref and shared_base modes it is the student's own base
         model, and `context` switches its adapters for the teacher's forward."""
         self.model = model
         self.context = context
         self.logprob_chunk = logprob_chunk
         self.topk = topk  # None: only the sampled token is needed
+        self.tokenizer_vocab = tokenizer_vocab  # output rows past it are padding: never scored
 
     @torch.no_grad()  # not inference_mode: the actor's autograd graph reads these tensors
     def compute_teacher_log_prob(self, batch: Batch, rows_per_forward: int) -> Batch:
@@ -45,7 +46,9 @@ class TeacherWorker:
         for start in range(0, len(batch), rows_per_forward):
             rows = batch.rows(start, start + rows_per_forward)
             if self.topk is None:
-                parts.append((response_log_probs(self.model, rows, chunk=self.logprob_chunk),))
+                parts.append((response_log_probs(self.model, rows, chunk=self.logprob_chunk,
+                                                 tokenizer_vocab=self.tokenizer_vocab),))
             else:
-                parts.append(response_log_probs_and_topk(self.model, rows, k=self.topk, chunk=self.logprob_chunk))
+                parts.append(response_log_probs_and_topk(self.model, rows, k=self.topk, chunk=self.logprob_chunk,
+                                                         tokenizer_vocab=self.tokenizer_vocab))
         return parts

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from miniverl.schema.model import ToyArchitecture
 
@@ -24,14 +24,61 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+# Qwen3's layout, written for the toy: earlier assistant turns keep only their answer (the
+# reasoning before `</think>` is dropped), and `enable_thinking=false` pre-fills an empty
+# reasoning block after the generation prompt.
+QWEN3_CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{%- set content = message['content'] %}"
+    "{%- if message['role'] == 'assistant' and '</think>' in content %}"
+    "{%- set content = content.split('</think>')[-1].lstrip('\n') %}"
+    "{%- endif %}"
+    "{{- '<|im_start|>' + message['role'] + '\n' + content + '<|im_end|>\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}"
+    "{{- '<|im_start|>assistant\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\n\n</think>\n\n' }}{%- endif %}"
+    "{%- endif %}"
+)
+QWEN3_REGULAR_TOKENS = 151_643  # ids below Qwen3's first added token
+QWEN3_VOCAB_ROWS = 151_936  # Qwen3's embedding rows: padded past the tokenizer's 151,669 ids
+# Qwen3's 26 added tokens in id order from 151,643, and whether each is special.
+QWEN3_ADDED_TOKENS = (
+    *((t, True) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>",
+                          "<|object_ref_end|>", "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>",
+                          "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")),
+    ("<tool_call>", False), ("</tool_call>", False),
+    *((t, True) for t in ("<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>",
+                          "<|file_sep|>")),
+    ("<tool_response>", False), ("</tool_response>", False), ("<think>", False), ("</think>", False),
+)
 
 
-def build_toy_tokenizer() -> PreTrainedTokenizerFast:
-    """256 byte tokens (any UTF-8 text round-trips) + 3 special tokens; vocabulary 259."""
+def tokenizer_length(layout: str) -> int:
+    """len(build_toy_tokenizer(layout)), without building it."""
+    return QWEN3_REGULAR_TOKENS + len(QWEN3_ADDED_TOKENS) if layout == "qwen3" else 256 + 3
+
+
+def build_toy_tokenizer(layout: str = "bytes") -> PreTrainedTokenizerFast:
+    """An offline byte-level tokenizer: any UTF-8 text round-trips through the 256 byte tokens.
+
+    bytes: + 3 special tokens, vocabulary 259. qwen3: Qwen3's id layout — the byte tokens, filler
+    tokens up to id 151,642 (never produced by encoding, but real ids a model can sample), then
+    Qwen3's 26 added tokens at their real ids; vocabulary 151,669.
+    """
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    backend = Tokenizer(models.BPE(vocab={symbol: i for i, symbol in enumerate(alphabet)}, merges=[]))
+    vocab = {symbol: i for i, symbol in enumerate(alphabet)}
+    if layout == "qwen3":
+        vocab.update({f"<|toy_{i}|>": i for i in range(len(vocab), QWEN3_REGULAR_TOKENS)})
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
+    if layout == "qwen3":
+        # One call: adding them one at a time rebuilds the added vocabulary each time (seconds).
+        backend.add_tokens([AddedToken(token, special=special, normalized=False) for token, special in QWEN3_ADDED_TOKENS])
+        tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=IM_END, pad_token=PAD)
+        tokenizer.chat_template = QWEN3_CHAT_TEMPLATE
+        return tokenizer
     backend.add_special_tokens([PAD, IM_START, IM_END])
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=IM_END, pad_token=PAD)
     tokenizer.chat_template = CHAT_TEMPLATE
@@ -40,27 +87,38 @@ def build_toy_tokenizer() -> PreTrainedTokenizerFast:
 
 def toy_qwen3_config(arch: ToyArchitecture, tokenizer: PreTrainedTokenizerFast) -> Qwen3Config:
     return Qwen3Config(
-        vocab_size=len(tokenizer),
+        vocab_size=arch.vocab_rows or len(tokenizer),
         hidden_size=arch.hidden_size,
         intermediate_size=arch.intermediate_size,
         num_hidden_layers=arch.num_layers,
         num_attention_heads=arch.num_heads,
-        num_key_value_heads=arch.num_heads,
-        head_dim=arch.hidden_size // arch.num_heads,
+        num_key_value_heads=arch.kv_heads,
+        head_dim=arch.attention_head_dim,
         max_position_embeddings=arch.max_position_embeddings,
-        tie_word_embeddings=False,
+        tie_word_embeddings=arch.tie_word_embeddings,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None,
-        dtype="float32",
+        dtype=arch.dtype,
     )
 
 
+def stop_token_ids(arch: ToyArchitecture, tokenizer: PreTrainedTokenizerFast) -> list[int]:
+    """The generation config's EOS ids: Qwen3's ends on `<|im_end|>` and `<|endoftext|>`."""
+    if arch.tokenizer == "qwen3":
+        return [tokenizer.convert_tokens_to_ids(IM_END), tokenizer.convert_tokens_to_ids(PAD)]
+    return [tokenizer.eos_token_id]
+
+
 def build_toy_model(arch: ToyArchitecture, tokenizer: PreTrainedTokenizerFast, seed: int) -> Qwen3ForCausalLM:
+    """Random weights from `seed`, in float32 (toy pretraining runs in float32; `save_toy`
+    writes `arch.dtype`)."""
     config = toy_qwen3_config(arch, tokenizer)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen3ForCausalLM(config)
+    model.generation_config = GenerationConfig(eos_token_id=stop_token_ids(arch, tokenizer),
+                                               pad_token_id=tokenizer.pad_token_id)
     return model.float().eval()
 
 
@@ -93,8 +151,9 @@ def pretrain_on_corpus(model: Qwen3ForCausalLM, corpus: Sequence[Sequence[int]],
     return losses
 
 
-def save_toy(model: Qwen3ForCausalLM, tokenizer: PreTrainedTokenizerFast, folder: Path) -> Path:
+def save_toy(model: Qwen3ForCausalLM, tokenizer: PreTrainedTokenizerFast, folder: Path, dtype: str = "float32"
+             ) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder)  # safetensors
+    model.to(getattr(torch, dtype)).save_pretrained(folder)  # safetensors, config.json, generation_config.json
     tokenizer.save_pretrained(folder)
     return folder

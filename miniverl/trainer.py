@@ -79,13 +79,17 @@ class OPDTrainer:
                                            self.device, lora_seed=derive_seed(cfg.trainer.seed, "lora"))
         hw = cfg.hardware
         # The rollout and the actor share one model object (verl's hybrid engine on one device).
-        self.rollout = RolloutWorker(self.student.get_base_model(), cfg.rollout, eos_id=self.tokenizer.eos_token_id,
+        # Output rows past the tokenizer are padding: no role samples or scores them.
+        self.tokenizer_vocab = len(self.tokenizer)
+        self.rollout = RolloutWorker(self.student.get_base_model(), cfg.rollout,
+                                     eos_ids=models.stop_token_ids(self.tokenizer, self.student.get_base_model()),
                                      pad_id=self.tokenizer.pad_token_id, device=self.device,
-                                     static_cache=hw.rollout_static_cache, compile_decode=hw.rollout_compile,
-                                     cpu_gemv=hw.rollout_cpu_gemv)
+                                     tokenizer_vocab=self.tokenizer_vocab, static_cache=hw.rollout_static_cache,
+                                     compile_decode=hw.rollout_compile, cpu_gemv=hw.rollout_cpu_gemv)
         self.teacher = self.build_teacher(toy_paths.get("teacher"))
         self.actor = ActorWorker(self.student, cfg.actor, cfg.estimator, temperature=cfg.rollout.temperature,
-                                 logprob_chunk=hw.logprob_chunk, loss_scale_factor=cfg.recipe.response_limit)
+                                 logprob_chunk=hw.logprob_chunk, loss_scale_factor=cfg.recipe.response_limit,
+                                 tokenizer_vocab=self.tokenizer_vocab)
         self.probe = self.build_probe() if cfg.eval.every != -1 else None
         self.downshift = Downshift(self.device, rollout_rows=hw.rollout_physical_batch, update_rows=hw.update_chunk,
                                    simulate_above=hw.simulate_oom_above_rows)
@@ -101,13 +105,15 @@ class OPDTrainer:
             teacher = models.load_teacher(cfg.teacher, source, self.device)
             models.check_tokenizers_compatible(self.tokenizer, models.load_tokenizer("teacher", cfg.teacher, source),
                                                self.student.get_base_model(), teacher)
-            return TeacherWorker(teacher, logprob_chunk=cfg.hardware.logprob_chunk, topk=topk)
+            return TeacherWorker(teacher, logprob_chunk=cfg.hardware.logprob_chunk, topk=topk,
+                                 tokenizer_vocab=self.tokenizer_vocab)
         # ref / shared_base: the teacher runs on the student's own base weights, no second copy.
         if cfg.teacher.mode == "shared_base":
             with models.quiet_loading():
                 adapters.attach_shared_teacher(self.student, cfg.teacher.adapter)
         return TeacherWorker(self.student.get_base_model(), logprob_chunk=cfg.hardware.logprob_chunk, topk=topk,
-                             context=adapters.teacher_context(self.student, cfg.teacher.mode))
+                             context=adapters.teacher_context(self.student, cfg.teacher.mode),
+                             tokenizer_vocab=self.tokenizer_vocab)
 
     def build_probe(self) -> DistillationProbe:
         cfg = self.cfg
@@ -115,12 +121,11 @@ class OPDTrainer:
                                    cfg.recipe.prompt_limit)
         return DistillationProbe(heldout, self.rollout, self.teacher, self.student.get_base_model(),
                                  seed=cfg.trainer.seed, response_limit=cfg.eval.response_limit or cfg.recipe.response_limit,
-                                 rows_per_forward=cfg.hardware.rollout_physical_batch,
                                  exact_kl_max_vocab=cfg.eval.exact_kl_max_vocab)
 
     def evaluate(self, update: int) -> dict:
         """Held-out progress after `update` updates (0: before training), into self.progress."""
-        values = self.probe.measure()
+        values = self.probe.measure(self.downshift)  # its rows halve on out-of-memory like an update's
         for key, value in values.items():
             self.progress.setdefault(key, []).append({"update": update, "value": value})
         return {f"val/distillation/{k}": v for k, v in values.items()}
@@ -154,13 +159,18 @@ class OPDTrainer:
 
     # ------------------------------------------------------------------ train
     def train(self) -> str:
-        """Runs the remaining updates; returns the run status (completed or interrupted)."""
+        """Runs the remaining updates; returns the run status: measured (every update done),
+        interrupted or failed."""
         stop = self.cfg.trainer.stop_after_updates
         todo = self.plan.updates[len(self.history):]
         bar = tqdm(todo, desc="opd", unit="update", disable=not self.cfg.trainer.progress_bar, dynamic_ncols=True,
                    initial=len(self.history), total=len(self.plan.updates))
         if self.probe is not None and not self.history:
-            self.evaluate(0)
+            try:
+                self.evaluate(0)
+            except OutOfMemoryAtOneRow as error:  # before any update: nothing to checkpoint
+                self.failure = {"update": 0, "reason": f"held-out probe before training: {error}"}
+                return "failed"
         with deferred_signals() as stop_request:
             for update in bar:
                 try:
@@ -181,7 +191,7 @@ class OPDTrainer:
                     log.info("stopped after update %d (%s); resume with trainer.resume_from=%s", update.update,
                              stop_request.name or "trainer.stop_after_updates", self.run_dir)
                     return "interrupted"
-        return "completed"
+        return "measured"
 
     def log_update(self, update: int, metrics: dict, bar) -> None:
         self.history.append(metrics)
@@ -259,14 +269,16 @@ class OPDTrainer:
         return self.last_checkpoint
 
     # ------------------------------------------------------------------ finish
-    def finish(self, status: str = "completed", resume_check: dict | None = None) -> dict:
-        """Save the PEFT adapter and write report.json; `resume_check` is the recipe's exact-resume
-        verdict when it ran (it then becomes the report's `resume` block)."""
-        self.student.save_pretrained(str(self.out.path("peft_adapter")), safe_serialization=True,
-                                     selected_adapters=["default"])  # not a shared_base teacher's
+    def finish(self, status: str = "measured", resume_check: dict | None = None) -> dict:
+        """Save the PEFT adapter (once: after release_models it is on disk already) and write
+        report.json; `resume_check` is the recipe's exact-resume verdict when it ran (it then
+        becomes the report's `resume` block)."""
+        if not self.adapter_saved:
+            self.save_adapter()
         peak_allocated, peak_reserved = cuda_peaks(self.device)
         resume = resume_check or {"status": "resumed" if self.resumed else "not_checked",
                   "resumed_from": str(self.resumed.path) if self.resumed else None,
+                  "resumed_after_update": self.resumed.update if self.resumed else None,
                   "resume_load_seconds": round(self.resume_load_seconds, 4) if self.resumed else None,
                   "global_optimizer_steps": len(self.history),
                   "task_cursor": sum(len(u.prompt_rows) for u in self.plan.updates[: len(self.history)])}
@@ -279,7 +291,28 @@ class OPDTrainer:
             observed_rollout_physical_batch_sizes=sorted(self.downshift.observed["rollout"]),
             trajectory_sha256=self.out.trajectory_sha256, resolved_config_digest=sha256_json(self.resolved),
             resume=resume, failure=self.failure, workload_seconds=seconds_since_start(),
-            distillation_progress=self.progress if self.probe is not None else None)
+            distillation_progress=self.progress if self.probe is not None or self.probe_released else None)
         report = build_report(self.cfg, self.plan, facts)
         self.out.write_json("report.json", report)
         return report
+
+    def release_models(self) -> None:
+        """Drop the models, workers and optimizer and give their memory back (the device's cache
+        included), saving the adapter first if finish has not: the recipe's resume check then runs
+        its two fresh processes with the device to themselves. finish() still writes the report."""
+        from miniverl.measure import release_memory
+
+        if not self.adapter_saved:
+            self.save_adapter()
+        self.probe_released = self.probe is not None
+        self.probe = self.actor = self.teacher = self.rollout = self.student = None
+        release_memory(self.device, compiled=self.cfg.hardware.rollout_compile)
+
+    def save_adapter(self) -> None:
+        self.student.save_pretrained(str(self.out.path("peft_adapter")), safe_serialization=True,
+                                     selected_adapters=["default"])  # not a shared_base teacher's
+        self.adapter_saved = True
+
+    # False until save_adapter / release_models run.
+    adapter_saved = False
+    probe_released = False

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import copy
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from miniverl import VERL_COMMIT, VERL_TAG
+from miniverl.schema.model import ToyArchitecture
 
 VERL_VERSION = "0.8.0"
 ENTRY_POINT = "python3 -m verl.trainer.main_ppo"
@@ -184,6 +185,7 @@ def _none(fieldname: str, note: str) -> Rule:
     return Rule(fieldname, "no_verl_equivalent", note=note)
 
 
+TOY_FIELDS = tuple(f.name for f in fields(ToyArchitecture))
 _TOY = "the toy architecture is built inside miniverl; verl loads Hugging Face models only"
 _MAX_LEN = (f"{ROLLOUT}.max_model_len", f"{TEACHER}.inference.max_model_len")
 _MAX_LEN_T = "max_model_len = recipe.prompt_limit + recipe.response_limit + 1 (student rollout and teacher)"
@@ -221,8 +223,7 @@ RULES: tuple[Rule, ...] = (
     _m("model.adapter", f"{MODEL}.lora_adapter_path", transform="absolute path",
        note="a PEFT adapter folder to start from (null: a fresh LoRA); verl loads it with PeftModel.from_pretrained, "
             "and lora_rank, lora_alpha and target_modules are then written from its adapter_config.json"),
-    *(_na(f"model.toy.{k}", _TOY) for k in
-      ("hidden_size", "intermediate_size", "max_position_embeddings", "num_heads", "num_layers")),
+    *(_na(f"model.toy.{k}", _TOY) for k in TOY_FIELDS),
     # ---- teacher
     _m("teacher.mode", "distillation.enabled", f"{TEACHER}.model_path",
        transform="standard: distillation.enabled=True, teacher_model.model_path=teacher.model_id; ref: "
@@ -247,8 +248,7 @@ RULES: tuple[Rule, ...] = (
     _none("teacher.adapter", "verl's teacher entry has no adapter key: merge the adapter into its base "
                              "(PeftModel.merge_and_unload, save_pretrained) and export teacher.mode=standard with "
                              "teacher.model_id=<merged folder>; the export refuses a teacher adapter"),
-    *(_na(f"teacher.toy.{k}", _TOY) for k in
-      ("hidden_size", "intermediate_size", "max_position_embeddings", "num_heads", "num_layers")),
+    *(_na(f"teacher.toy.{k}", _TOY) for k in TOY_FIELDS),
     _na("teacher.toy_teacher_seed", _TOY),
     _na("teacher.toy_pretrain_steps", _TOY),
     _na("teacher.toy_pretrain_lr", _TOY),

@@ -67,7 +67,7 @@ def reference_loop(model, prompt, seed, limit, *, temperature, top_k, top_p):
                                       dict(temperature=0.8, top_k=20, top_p=0.9)])
 def test_decode_loop_samples_what_the_reference_loop_samples(model, static_cache, sampling):
     limit = 24
-    worker = RolloutWorker(model, RolloutConfig(**sampling), eos_id=EOS, pad_id=PAD, device=torch.device("cpu"),
+    worker = RolloutWorker(model, RolloutConfig(**sampling), eos_ids=[EOS], pad_id=PAD, device=torch.device("cpu"),
                            static_cache=static_cache)
     whole = worker.generate_sequences(PROMPTS, [0, 1, 2, 3], SEEDS, response_limit=limit, physical_batches=[4])
     stopped = 0
@@ -92,8 +92,8 @@ def test_compiled_decode_step_samples_what_the_eager_loop_samples_on_the_cpu(mod
     from torch._dynamo.utils import counters
 
     counters.clear()
-    plain = RolloutWorker(model, RolloutConfig(), eos_id=EOS, pad_id=PAD, device=torch.device("cpu"))
-    compiled = RolloutWorker(model, RolloutConfig(), eos_id=EOS, pad_id=PAD, device=torch.device("cpu"),
+    plain = RolloutWorker(model, RolloutConfig(), eos_ids=[EOS], pad_id=PAD, device=torch.device("cpu"))
+    compiled = RolloutWorker(model, RolloutConfig(), eos_ids=[EOS], pad_id=PAD, device=torch.device("cpu"),
                              compile_decode=True)
     assert compiled.static_cache and compiled.compile_decode
     a = plain.generate_sequences(PROMPTS, [0, 1, 2, 3], SEEDS, response_limit=16, physical_batches=[4])
@@ -110,8 +110,8 @@ def test_cuda_graph_decode_samples_what_the_eager_loop_samples(model):
     cuda = torch.device("cuda")
     gpu_model = model.to(cuda)
     try:
-        eager = RolloutWorker(gpu_model, RolloutConfig(), eos_id=EOS, pad_id=PAD, device=cuda)
-        graph = RolloutWorker(gpu_model, RolloutConfig(), eos_id=EOS, pad_id=PAD, device=cuda, compile_decode=True)
+        eager = RolloutWorker(gpu_model, RolloutConfig(), eos_ids=[EOS], pad_id=PAD, device=cuda)
+        graph = RolloutWorker(gpu_model, RolloutConfig(), eos_ids=[EOS], pad_id=PAD, device=cuda, compile_decode=True)
         a = eager.generate_sequences(PROMPTS, [0, 1, 2, 3], SEEDS, response_limit=16, physical_batches=[4])
         for _ in range(2):
             b = graph.generate_sequences(PROMPTS, [0, 1, 2, 3], SEEDS, response_limit=16, physical_batches=[4])
@@ -160,7 +160,7 @@ def test_chunks_are_capped_by_the_vocabulary(monkeypatch):
 
 
 def test_response_log_probs_equal_a_plain_forward(model):
-    worker = RolloutWorker(model, RolloutConfig(), eos_id=EOS, pad_id=PAD, device=torch.device("cpu"))
+    worker = RolloutWorker(model, RolloutConfig(), eos_ids=[EOS], pad_id=PAD, device=torch.device("cpu"))
     batch = worker.generate_sequences(PROMPTS, [0, 1, 2, 3], SEEDS, response_limit=12, physical_batches=[4])
     with torch.no_grad():
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,

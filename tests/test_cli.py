@@ -21,7 +21,7 @@ def test_the_toy_recipe_runs_from_the_command_line(toy_run):
     result, run_dir = toy_run
     assert result.returncode == 0, result.stderr
     report = json.loads((run_dir / "report.json").read_text())
-    assert report["status"] == "completed" and report["recipe"]["optimizer_updates"] == 3
+    assert report["status"] == "measured" and report["recipe"]["optimizer_updates"] == 3
     assert report["models"]["student"]["model_id"] == "toy"
     assert (run_dir / ".hydra" / "config.yaml").is_file()
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 3
@@ -38,6 +38,9 @@ def test_the_recipe_checks_its_own_exact_resume(toy_run):
     assert resume["global_optimizer_steps"] == 3 and resume["task_cursor"] == 12
     assert resume["excluded_run_identity_field"] == "resolved_config_digest"
     assert resume["interrupt_checkpoint_bytes"] > 0 and resume["resume_load_seconds"] >= 0
+    # The resumed run's own report says it resumed from the interrupted run's checkpoint at update 1.
+    assert resume["resumed_from_checkpoint"] == str(run_dir / "resume_check" / "interrupted" / "checkpoints" / "update_1")
+    assert resume["resumed_after_update"] == 1
     assert (run_dir / "resume_check" / "interrupted" / "checkpoints" / "update_1").is_dir()
 
 

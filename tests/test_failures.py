@@ -63,10 +63,10 @@ def test_bad_train_files_are_one_line_naming_the_file_and_the_fix(tmp_path, make
 
 def test_a_finished_run_folder_is_replaced_only_when_told(tmp_path):
     run_toy(tmp_path / "run")
-    with pytest.raises(MiniverlError, match=r"already holds a run \(status completed: .* trainer.overwrite=true"):
+    with pytest.raises(MiniverlError, match=r"already holds a run \(status measured: .* trainer.overwrite=true"):
         run_toy(tmp_path / "run", "trainer.resume_mode=disable")
     report = run_toy(tmp_path / "run", "trainer.overwrite=true", "recipe.optimizer_updates=2")
-    assert report["status"] == "completed" and report["recipe"]["optimizer_updates"] == 2
+    assert report["status"] == "measured" and report["recipe"]["optimizer_updates"] == 2
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 2
     assert [p.name for p in checkpoint.checkpoints_in(tmp_path / "run")] == ["update_1", "update_2"]
 

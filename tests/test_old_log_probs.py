@@ -124,7 +124,7 @@ def tiny_actor(dropout: float):
         for name, param in student.named_parameters():
             if "lora_B" in name:
                 param.normal_(0.0, 0.5)
-    rollout = RolloutWorker(student.get_base_model(), RolloutConfig(), eos_id=7, pad_id=0, device=torch.device("cpu"))
+    rollout = RolloutWorker(student.get_base_model(), RolloutConfig(), eos_ids=[7], pad_id=0, device=torch.device("cpu"))
     batch = rollout.generate_sequences([[3, 9, 12], [11, 2], [30, 31, 32, 33], [50]], [0, 1, 2, 3], [1, 2, 3, 4],
                                        response_limit=10, physical_batches=[4])
     batch.teacher_logprobs = batch.rollout_log_probs.clone()

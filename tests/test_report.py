@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
+import weakref
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from conftest import ROOT, SHORT, compose_config
+from miniverl import downshift
 from miniverl import report as report_module
 from miniverl.errors import MiniverlError
 from miniverl.main import run
@@ -133,6 +136,54 @@ def test_an_oom_at_one_row_fails_keeps_the_last_update_and_reports_failed(tmp_pa
     assert report["status"] == "failed" and report["failure"]["update"] == 2
     assert report["measurements"]["batch_downshifts"]["rollout_oom"] == 2
     assert (tmp_path / "run" / "checkpoints" / "update_1" / "state.json").is_file()
+
+
+def test_the_failed_attempt_is_released_before_the_cache_is_freed_and_the_rows_halved(monkeypatch):
+    at_free = []
+    attempts = []
+
+    def record(device):
+        at_free.append((sys.exc_info(), attempts[-1]() is None))
+
+    def work(sizes):
+        activations = torch.ones(max(sizes), 256)  # what a failed forward leaves behind
+        attempts.append(weakref.ref(activations))
+        if max(sizes) > 1:
+            raise torch.OutOfMemoryError("CUDA out of memory (test)")
+        return sizes
+
+    monkeypatch.setattr(downshift, "free_device_cache", record)
+    shift = downshift.Downshift(torch.device("cpu"), rollout_rows=4, update_rows=4, simulate_above=None)
+    assert shift.run("rollout", 4, work) == [1, 1, 1, 1]
+    # Both times outside the except block, with the failed attempt's tensors already gone.
+    assert at_free == [((None, None, None), True)] * 2
+    assert shift.counts["rollout_oom"] == 2 and shift.rows["rollout"] == 1
+
+
+def test_an_oom_in_the_held_out_probe_halves_its_rows_too(tmp_path, monkeypatch):
+    from miniverl.rollout import RolloutWorker
+    from miniverl.teacher import TeacherWorker
+    rollout_rows, teacher_rows = [], []
+    real_rollout, real_teacher = RolloutWorker.generate_sequences, TeacherWorker.compute_teacher_log_prob
+
+    def rollout(self, *args, physical_batches, **kwargs):
+        rollout_rows.extend(physical_batches)
+        return real_rollout(self, *args, physical_batches=physical_batches, **kwargs)
+
+    def teacher(self, batch, rows):
+        teacher_rows.append(rows)
+        return real_teacher(self, batch, rows)
+
+    monkeypatch.setattr(RolloutWorker, "generate_sequences", rollout)
+    monkeypatch.setattr(TeacherWorker, "compute_teacher_log_prob", teacher)
+    report = run_toy(tmp_path, "probe", "hardware.simulate_oom_above_rows=1",
+                     "data.val_files=recipes/data/toy_prompts_heldout.parquet", "eval.every=2")
+    assert report["status"] == "measured"
+    # The probe runs first (update 0): it meets the out-of-memory errors, 4 -> 2 -> 1 rows ...
+    assert report["measurements"]["batch_downshifts"] == {"rollout_oom": 2, "update_chunk_oom": 2}
+    # ... and no forward of the run, the probe's included, ever held more than one row.
+    assert set(rollout_rows) == {1} and set(teacher_rows) == {1}
+    assert [p["update"] for p in report["distillation_progress"]["k1_mean"]] == [0, 2]
 
 
 def test_report_compare_prints_both_runs_side_by_side(plain_and_downshifted, capsys):

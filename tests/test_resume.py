@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+import weakref
 
 import pytest
 import torch
@@ -17,12 +19,13 @@ from peft import PeftModel
 from safetensors.torch import load_file
 
 from conftest import ROOT, compose_config, main
-from miniverl import checkpoint, models
+from miniverl import checkpoint, models, resume_check
 from miniverl.batch import Batch
 from miniverl.errors import MiniverlError
 from miniverl.identity import resolved_config, sha256_file
 from miniverl.logprobs import response_log_probs
 from miniverl.main import run
+from miniverl.outputs import RunFolder
 from miniverl.resume_check import first_difference
 from miniverl.schema import to_config
 from miniverl.trainer import OPDTrainer
@@ -46,7 +49,7 @@ def tree_digest(folder):
 def reference(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("reference") / "run"
     report = run_in_process(run_dir)
-    assert report["status"] == "completed"
+    assert report["status"] == "measured"
     return run_dir
 
 
@@ -74,7 +77,9 @@ def test_resume_mode_auto_continues_a_stopped_run_in_its_own_folder(reference, t
     folder = tmp_path / "run"
     run_in_process(folder, "trainer.stop_after_updates=2")
     report = run_in_process(folder)  # same hydra.run.dir, trainer.resume_mode=auto (the default)
-    assert report["status"] == "completed" and report["resume"]["status"] == "resumed"
+    assert report["status"] == "measured" and report["resume"]["status"] == "resumed"
+    assert report["resume"]["resumed_from"] == str(folder / "checkpoints" / "update_2")
+    assert report["resume"]["resumed_after_update"] == 2
     assert first_difference(reference, folder)[1] is None
 
 
@@ -183,3 +188,132 @@ def test_only_the_newest_checkpoints_are_kept_when_asked_and_resume_still_works(
     assert report["resume"]["resumed_from"].endswith("update_3")
     assert [p.name for p in checkpoint.checkpoints_in(folder)] == ["update_3", "update_4"]
     assert first_difference(reference, folder)[1] is None
+
+
+# ------------------------------------------------------------------ the recipe's resume check
+def test_a_resumed_child_that_started_afresh_fails_the_resume_check(tmp_path, monkeypatch):
+    run_dir = tmp_path / "run"
+    run_in_process(run_dir)
+    real = resume_check.run_child
+
+    def ignores_resume_from(overrides, extra, child_dir):
+        if any(e.startswith("trainer.resume_from=") for e in extra):
+            extra = ["trainer.resume_mode=disable"]  # the same plan from scratch: byte-equal, yet no resume
+        real(overrides, extra, child_dir)
+
+    monkeypatch.setattr(resume_check, "run_child", ignores_resume_from)
+    block = resume_check.verify_resume(run_dir, ARGS, 2)
+    stop_ckpt = run_dir / "resume_check" / "interrupted" / "checkpoints" / "update_2"
+    assert block["status"] == "mismatch"
+    assert block["first_difference"].startswith(f"the resumed run did not resume from {stop_ckpt} after update 2")
+    assert block["resumed_from_checkpoint"] is None and block["resumed_after_update"] is None
+    assert block["adapter_and_optimizer_byte_identical"] and block["trajectories_byte_identical"]  # bytes alone pass
+
+
+def test_the_parent_releases_its_models_before_the_resume_checks_children_run(tmp_path, monkeypatch):
+    loaded = []
+
+    def recording(real):
+        def load(*args, **kwargs):
+            model = real(*args, **kwargs)
+            loaded.append(weakref.ref(model))
+            return model
+        return load
+
+    for name in ("load_student", "load_teacher"):
+        monkeypatch.setattr(models, name, recording(getattr(models, name)))
+    alive_at_children = []
+
+    def child(overrides, extra, run_dir):
+        alive_at_children.append([ref() is not None for ref in loaded])
+        raise RuntimeError("no child in this test")
+
+    monkeypatch.setattr(resume_check, "run_child", child)
+    run_dir = tmp_path / "run"
+    args = [a for a in ARGS if not a.startswith("recipe.interrupt_after_updates")]
+    with pytest.raises(MiniverlError, match="resume check failed: the interrupted or resumed run failed"):
+        run(compose_config([*args, "recipe.interrupt_after_updates=1", "recipe.optimizer_updates=2"]), run_dir)
+    assert len(loaded) == 2 and alive_at_children == [[False, False]]
+    report = json.loads((run_dir / "report.json").read_text())  # rebuilt after the check, without the models
+    assert report["status"] == "measured" and report["resume"]["status"] == "mismatch"
+    assert report["artifacts"]["standard_peft_adapter_sha256"] == sha256_file(
+        run_dir / "peft_adapter" / "adapter_model.safetensors")
+    assert report["measurements"]["steady_state_median_seconds"]["rollout"] > 0
+
+
+# ------------------------------------------------------------------ a run that died before its first checkpoint
+def dead_run(folder, plan_json: bytes):
+    """What a run killed during update 1 leaves: its plan, config, a trajectory, no checkpoint."""
+    (folder / "trajectories").mkdir(parents=True)
+    (folder / "plan.json").write_bytes(plan_json)
+    (folder / "resolved_config.yaml").write_text("killed: true\n")
+    (folder / "trajectories" / "update_000001.safetensors").write_bytes(b"partial")
+    (folder / "checkpoints" / ".update_1.tmp").mkdir(parents=True)  # a torn checkpoint write
+    return folder
+
+
+def test_a_folder_whose_run_of_this_plan_died_before_a_checkpoint_is_started_again(reference, tmp_path):
+    plan_json = (reference / "plan.json").read_bytes()
+    folder = dead_run(tmp_path / "dead", plan_json)
+    RunFolder(folder, plan_digest=sha256_file(reference / "plan.json"))
+    assert sorted(p.name for p in folder.iterdir()) == ["trajectories"]
+    assert not list((folder / "trajectories").iterdir())
+
+
+@pytest.mark.parametrize("leftover", ["another plan", "a report", "a checkpoint", "no plan digest"])
+def test_a_died_run_is_not_started_again_over_another_plan_a_report_or_a_checkpoint(reference, tmp_path, leftover):
+    folder = dead_run(tmp_path / "dead", (reference / "plan.json").read_bytes())
+    digest = sha256_file(reference / "plan.json")
+    if leftover == "another plan":
+        digest = "0" * 64
+    elif leftover == "a report":
+        (folder / "report.json").write_text('{"status": "failed"}')
+    elif leftover == "a checkpoint":
+        (folder / "checkpoints" / "update_1").mkdir()
+    before = tree_digest(folder)
+    with pytest.raises(MiniverlError, match="already holds a run") as info:
+        RunFolder(folder, plan_digest=None if leftover == "no plan digest" else digest)
+    assert "\n" not in str(info.value)
+    assert tree_digest(folder) == before
+
+
+HANG_BEFORE_CHECKPOINT = """
+import sys, time
+from pathlib import Path
+sys.path[:0] = [{root!r}, {tests!r}]
+from miniverl import checkpoint
+def hang(*args, **kwargs):
+    Path({signal!r}).write_text("update 1 done, no checkpoint yet")
+    time.sleep(120)
+checkpoint.save_checkpoint = hang
+from test_resume import run_in_process
+run_in_process(Path({run_dir!r}))
+"""
+
+
+def test_the_same_command_restarts_a_run_killed_before_its_first_checkpoint(reference, tmp_path):
+    run_dir, flag = tmp_path / "killed", tmp_path / "flag"
+    script = HANG_BEFORE_CHECKPOINT.format(root=str(ROOT), tests=str(ROOT / "tests"), signal=str(flag),
+                                           run_dir=str(run_dir))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
+    child = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env=env, stderr=subprocess.PIPE)
+    deadline = time.time() + 240
+    while not flag.exists() and child.poll() is None and time.time() < deadline:
+        time.sleep(0.1)
+    assert flag.exists(), child.stderr.read().decode()[-2000:]
+    child.send_signal(signal.SIGKILL)  # as a preemption would: no handler runs
+    child.wait()
+    assert (run_dir / "plan.json").is_file() and not checkpoint.checkpoints_in(run_dir)
+    assert (run_dir / "trajectories" / "update_000001.safetensors").is_file()
+    other = shutil.copytree(run_dir, tmp_path / "killed_too")
+
+    again = main(*ARGS, f"hydra.run.dir={run_dir}")  # the same command
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "stopped before its first checkpoint (no checkpoint, no report): starting it again" in again.stdout
+    assert json.loads((run_dir / "report.json").read_text())["status"] == "measured"
+    assert first_difference(reference, run_dir)[1] is None
+
+    refused = main(*ARGS, "recipe.logical_batch=2", f"hydra.run.dir={other}")  # another plan
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    lines = refused.stderr.strip().splitlines()
+    assert lines[-1].startswith(f"miniverl: error: run folder {other} already holds a run (metrics.jsonl, plan.json)")

@@ -52,7 +52,7 @@ def test_a_2x2_sweep_leaves_four_reports_and_a_summary(sweep_2x2):
     assert {row["swept"] for row in rows} == {"estimator=k1 model.lora.r=8", "estimator=k1 model.lora.r=16",
                                               "estimator=k3 model.lora.r=8", "estimator=k3 model.lora.r=16"}
     for row, report in zip(rows, reports):
-        assert row["status"] == "completed"
+        assert row["status"] == "measured"
         losses = [json.loads(x)["actor/distillation/loss"]
                   for x in (sweep_dir / row["job"] / "metrics.jsonl").read_text().splitlines()]
         assert float(row["final_loss"]) == pytest.approx(losses[-1])
@@ -60,7 +60,7 @@ def test_a_2x2_sweep_leaves_four_reports_and_a_summary(sweep_2x2):
             report["measurements"]["steady_state_median_throughput"]["rollout_tokens_per_second"])
         assert float(row["peak_rss_gib"]) > 0 and row["resume"] == "not_checked"
     md = (sweep_dir / "sweep_summary.md").read_text()
-    assert md.count("| completed |") == 4
+    assert md.count("| measured |") == 4
     png = (sweep_dir / "sweep_summary.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     import matplotlib.image
@@ -74,7 +74,7 @@ def test_a_failing_job_is_listed_and_the_others_finish(tmp_path):
     assert result.returncode == 1
     assert "miniverl: error: sweep job(s) 1 failed" in result.stderr
     rows = read_csv(sweep_dir / "sweep_summary.csv")
-    assert [row["status"] for row in rows] == ["completed", "failed", "completed"]
+    assert [row["status"] for row in rows] == ["measured", "failed", "measured"]
     assert rows[1]["error"] == "recipe.logical_batch must be >= 1"
     assert (sweep_dir / "0" / "report.json").is_file() and (sweep_dir / "2" / "report.json").is_file()
     assert "| failed | recipe.logical_batch must be >= 1 |" in (sweep_dir / "sweep_summary.md").read_text()

@@ -10,19 +10,51 @@ QUANTIZATIONS = ("nf4", "none")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
+TOY_TOKENIZERS = ("bytes", "qwen3")
+TOY_DTYPES = ("float32", "bfloat16")
+
+
 @dataclass
 class ToyArchitecture:
-    """Sizes of a randomly initialised Qwen3 built when `model_id: toy`."""
+    """A randomly initialised Qwen3 built when `model_id: toy`, and its offline tokenizer.
+
+    `tokenizer: bytes` is 256 byte tokens + 3 special ones (259 ids); `tokenizer: qwen3` lays the
+    ids out as Qwen3's tokenizer does (151,643 regular ids, bytes first, then Qwen3's 26 added
+    tokens at their real ids 151,643..151,668, a chat template with `enable_thinking`, and a
+    generation config that ends on `<|im_end|>` and `<|endoftext|>`). `vocab_rows` pads the
+    embedding past the tokenizer (Qwen3: 151,936 rows); null: one row per token.
+    """
 
     hidden_size: int = 64
     intermediate_size: int = 128
     max_position_embeddings: int = 1024
     num_heads: int = 4
     num_layers: int = 2
+    num_kv_heads: Optional[int] = None  # grouped KV heads; null: num_heads
+    head_dim: Optional[int] = None  # null: hidden_size // num_heads
+    tie_word_embeddings: bool = False
+    tokenizer: str = "bytes"
+    vocab_rows: Optional[int] = None
+    dtype: str = "float32"  # the dtype the weights are written in (`dtype: auto` then loads it)
 
     def __post_init__(self) -> None:
-        if self.hidden_size % self.num_heads:
-            raise ValueError(f"toy.hidden_size={self.hidden_size} must be a multiple of toy.num_heads={self.num_heads}")
+        if self.head_dim is None and self.hidden_size % self.num_heads:
+            raise ValueError(f"toy.hidden_size={self.hidden_size} must be a multiple of toy.num_heads={self.num_heads}"
+                             " (or set toy.head_dim)")
+        if self.num_kv_heads is not None and (self.num_kv_heads < 1 or self.num_heads % self.num_kv_heads):
+            raise ValueError(f"toy.num_kv_heads={self.num_kv_heads} must divide toy.num_heads={self.num_heads}")
+        if self.tokenizer not in TOY_TOKENIZERS:
+            raise ValueError(f"toy.tokenizer={self.tokenizer!r}; choose one of {', '.join(TOY_TOKENIZERS)}")
+        if self.dtype not in TOY_DTYPES:
+            raise ValueError(f"toy.dtype={self.dtype!r}; choose one of {', '.join(TOY_DTYPES)}")
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def attention_head_dim(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_heads
 
 
 @dataclass

@@ -1,0 +1,35 @@
+"""The compute precision of a model, and how closely two computations of the same log-prob may
+agree in it — the one place the exactness checks (the doctor, the tests) take tolerances from.
+
+Two kernels that compute the same log-prob (the rollout's one-token decode step and the
+full-sequence forward of the teacher or the actor) round in different places. In float32 they
+agree to ~1e-5. bfloat16 keeps 8 bits of mantissa: one rounding moves a value by up to 2^-9
+(0.2%) of itself, so a logit of magnitude 20 moves by 0.04, and a few such roundings per layer
+add up. A misaligned position, by contrast, is off by the log-prob itself (several nats).
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Largest |log p_a - log p_b| of one token (nats) and the largest mean over tokens.
+LOG_PROB_TOLERANCE = {torch.float32: (1e-3, 1e-4), torch.float16: (0.1, 0.01), torch.bfloat16: (0.25, 0.02)}
+# Largest relative difference of two LoRA gradients computed along the same arithmetic path, in
+# any precision: the NF4 layers and their dequantized twin multiply the same values in the same
+# dtype (measured: 0 on the CPU in bfloat16; a float32 twin of a bfloat16 model differs by ~7e-3).
+GRADIENT_TOLERANCE = 1e-3
+_PRECISION_ORDER = (torch.bfloat16, torch.float16, torch.float32)  # fewest mantissa bits first
+
+
+def compute_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The least precise dtype the model computes in: a 4-bit layer's compute dtype, or a
+    floating parameter's dtype (the NF4 student keeps float32 embeddings and norms, but its
+    matrix products run in the NF4 layers' bfloat16)."""
+    seen = {p.dtype for p in model.parameters() if p.dtype.is_floating_point}
+    seen |= {m.compute_dtype for m in model.modules() if getattr(m, "compute_dtype", None) is not None}
+    return next((d for d in _PRECISION_ORDER if d in seen), torch.float32)
+
+
+def log_prob_tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    """(largest per-token difference, largest mean difference) in nats."""
+    return LOG_PROB_TOLERANCE.get(dtype, LOG_PROB_TOLERANCE[torch.float32])

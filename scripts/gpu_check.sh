@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# The GPU check (README, "A GPU check"): on a CUDA machine, in under 8 minutes,
+#   (a) the tests marked `gpu`                          MINIVERL_GPU_TESTS=1 python -m pytest -m gpu
+#   (b) +recipe=opd_k1, exact-resume check on, on randomly initialised models of Qwen3-0.6B's and
+#       Qwen3-1.7B's exact configurations, written here from their config values (no download)
+#   (c) python -m miniverl.bench --scale qwen3-0.6b-shape
+# then a summary: test result, report status, resume status, bench ratios.
+#
+#   bash scripts/gpu_check.sh                    # reports into ${OUT:-outputs/gpu_check}
+#
+# Reports and logs go flat into OUT_DIR (a few files); models and run folders into WORK_DIR.
+# Environment: OUT (report folder), GPU_CHECK_WORK (work folder, default outputs/gpu_check_work),
+# GPU_CHECK_STEPS (default "tests recipe bench"), GPU_CHECK_HARDWARE (default rtx4080_16gb),
+# PYTHON (default python), GPU_CHECK_TINY=1 (2-layer models of the same vocabulary and the toy
+# bench scale: checks the command lines on a CPU, e.g. with GPU_CHECK_HARDWARE=cpu).
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+OUT_DIR="$(realpath -m "${OUT:-outputs/gpu_check}")"
+WORK_DIR="$(realpath -m "${GPU_CHECK_WORK:-outputs/gpu_check_work}")"
+STEPS="${GPU_CHECK_STEPS:-tests recipe bench}"
+HARDWARE="${GPU_CHECK_HARDWARE:-rtx4080_16gb}"
+PYTHON="${PYTHON:-python}"
+TINY="${GPU_CHECK_TINY:-0}"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
+mkdir -p "$OUT_DIR" "$WORK_DIR"
+STATUS_FILE="$OUT_DIR/steps.txt"
+: > "$STATUS_FILE"
+
+# step NAME SECONDS COMMAND...: runs COMMAND under a time limit, its output into OUT_DIR/NAME.log;
+# a failure is recorded and the next step still runs.
+step() {
+    local name="$1" seconds="$2"
+    shift 2
+    local start=$SECONDS rc=0
+    echo "== $name (limit ${seconds} s): $*"
+    timeout --kill-after=10 "$seconds" "$@" > "$OUT_DIR/$name.log" 2>&1 || rc=$?
+    echo "$name rc=$rc seconds=$((SECONDS - start))" | tee -a "$STATUS_FILE"
+    [ "$rc" -eq 0 ] || tail -n 20 "$OUT_DIR/$name.log"
+    return 0
+}
+
+wants() { [[ " $STEPS " == *" $1 "* ]]; }
+
+if wants tests; then
+    step tests 150 env MINIVERL_GPU_TESTS=1 "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider
+fi
+
+if wants recipe; then
+    STUDENT="$WORK_DIR/qwen3_0_6b_shape" TEACHER="$WORK_DIR/qwen3_1_7b_shape"
+    step write_models 150 "$PYTHON" - "$STUDENT" "$TEACHER" "$TINY" <<'PY'
+"""Qwen3-0.6B's and Qwen3-1.7B's configurations (their config.json values), random weights."""
+import inspect
+import sys
+
+import torch
+from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+from miniverl.toy import IM_END, build_toy_tokenizer
+
+student_dir, teacher_dir, tiny = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+# Qwen3's id layout when this miniverl's toy tokenizer offers it, else the byte-level toy one;
+# either way fewer ids than the 151,936 embedding rows (a padded vocabulary, as Qwen3's).
+layout = "qwen3" if "layout" in inspect.signature(build_toy_tokenizer).parameters else None
+tokenizer = build_toy_tokenizer(layout) if layout else build_toy_tokenizer()
+eos, pad = tokenizer.convert_tokens_to_ids(IM_END), tokenizer.pad_token_id
+common = dict(vocab_size=151936, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+              tie_word_embeddings=True, rope_theta=1_000_000.0, max_position_embeddings=40960, rms_norm_eps=1e-6,
+              hidden_act="silu", attention_bias=False, attention_dropout=0.0, use_sliding_window=False,
+              bos_token_id=pad, eos_token_id=eos, pad_token_id=pad)
+shapes = {student_dir: dict(hidden_size=1024, intermediate_size=3072), teacher_dir: dict(hidden_size=2048,
+                                                                                         intermediate_size=6144)}
+if tiny:  # same vocabulary and layout, a fraction of the compute
+    common.update(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    shapes = {student_dir: dict(hidden_size=64, intermediate_size=128), teacher_dir: dict(hidden_size=96,
+                                                                                        intermediate_size=192)}
+device = "cuda" if torch.cuda.is_available() else "cpu"  # random init of 2 B parameters is slow on a CPU
+torch.set_default_dtype(torch.bfloat16)
+for seed, (folder, shape) in enumerate(shapes.items()):
+    config = Qwen3Config(**common, **shape)
+    config.dtype = torch.bfloat16
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = Qwen3ForCausalLM(config)
+    model.to(torch.bfloat16).save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+    GenerationConfig(bos_token_id=pad, eos_token_id=[eos, pad], pad_token_id=pad, do_sample=True, temperature=0.6,
+                     top_k=20, top_p=0.95).save_pretrained(folder)
+    print(f"{folder}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters, "
+          f"{len(tokenizer)} tokenizer ids, {config.vocab_size} embedding rows ({layout or 'bytes'} layout)")
+    del model
+PY
+    RUN_DIR="$WORK_DIR/recipe_qwen3_shapes"
+    rm -rf "$RUN_DIR"  # a fresh run each time: a finished run folder is never overwritten
+    step recipe 270 "$PYTHON" -m miniverl.main +recipe=opd_k1 "hardware=$HARDWARE" \
+        "model.model_id=$STUDENT" model.revision=null "teacher.model_id=$TEACHER" teacher.revision=null \
+        trainer.progress_bar=false "hydra.run.dir=$RUN_DIR"
+    if [ -f "$RUN_DIR/report.json" ]; then cp "$RUN_DIR/report.json" "$OUT_DIR/recipe_report.json"; fi
+fi
+
+if wants bench; then
+    SCALE=qwen3-0.6b-shape
+    if [ "$TINY" = 1 ]; then SCALE=toy; fi
+    step bench 150 "$PYTHON" -m miniverl.bench --scale "$SCALE" --out "$WORK_DIR/bench"
+    for f in bench.json bench.md; do
+        if [ -f "$WORK_DIR/bench/$f" ]; then cp "$WORK_DIR/bench/$f" "$OUT_DIR/$f"; fi
+    done
+fi
+
+"$PYTHON" - "$OUT_DIR" <<'PY' | tee "$OUT_DIR/summary.txt"
+import json
+import sys
+from pathlib import Path
+
+out = Path(sys.argv[1])
+print("gpu check summary")
+for line in (out / "steps.txt").read_text().splitlines():
+    print(f"  step {line}")
+tests = out / "tests.log"
+if tests.is_file():
+    print(f"  tests: {(tests.read_text().strip().splitlines() or ['(no output)'])[-1]}")
+report = out / "recipe_report.json"
+if report.is_file():
+    r = json.loads(report.read_text())
+    m = r["measurements"]
+    print(f"  recipe: status {r['status']}, resume {r['resume']['status']}"
+          f"{' (' + str(r['resume'].get('first_difference')) + ')' if r['resume'].get('first_difference') else ''}, "
+          f"gpu {r['hardware']['gpu']}, peak reserved {m['peak_reserved_gib']} GiB, "
+          f"downshifts {m['batch_downshifts']}")
+    print(f"  recipe: steady-state s/update {m['steady_state_median_seconds']}")
+bench = out / "bench.json"
+if bench.is_file():
+    b = json.loads(bench.read_text())
+    print(f"  bench ({b['scale']}, {b['bench_seconds']} s): " + ", ".join(
+        f"{k} {v}" for k, v in b["ratios"].items()))
+    for key, reason in b.get("null_reasons", {}).items():
+        print(f"  bench: {key} null: {reason}")
+PY
+# Exit non-zero when any step failed, or the recipe did not measure with an exact resume.
+if grep -qv " rc=0 " "$STATUS_FILE"; then exit 1; fi
+if [ -f "$OUT_DIR/recipe_report.json" ]; then
+    "$PYTHON" -c 'import json, sys; r = json.load(open(sys.argv[1])); sys.exit(r["status"] != "measured" or r["resume"]["status"] != "exact_match")' \
+        "$OUT_DIR/recipe_report.json"
+fi

@@ -1,0 +1,91 @@
+"""Determinism switches: strict deterministic kernels and the math attention backend on CUDA
+(checked on the CPU by recording what set_determinism switches), and on a GPU, bitwise-equal
+attention gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from miniverl import device as device_module
+from miniverl.device import set_determinism
+
+SDP_SWITCHES = ("enable_flash_sdp", "enable_mem_efficient_sdp", "enable_cudnn_sdp", "enable_math_sdp")
+
+
+@pytest.fixture
+def switches(monkeypatch):
+    """Records every switch set_determinism flips, leaving this process's torch settings alone."""
+    calls: dict[str, object] = {}
+    for name in SDP_SWITCHES:
+        monkeypatch.setattr(torch.backends.cuda, name, lambda on, name=name: calls.__setitem__(name, on), raising=False)
+    monkeypatch.setattr(torch, "use_deterministic_algorithms",
+                        lambda mode, *, warn_only=False: calls.__setitem__("deterministic", (mode, warn_only)))
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    # torch.backends' flags are properties monkeypatch cannot undo: restored by hand.
+    flags = [(torch.backends.cudnn, "benchmark"), (torch.backends.cudnn, "deterministic"),
+             (torch.backends.cudnn, "allow_tf32"), (torch.backends.cuda.matmul, "allow_tf32")]
+    saved = [getattr(module, attr) for module, attr in flags]
+    yield calls
+    for (module, attr), value in zip(flags, saved):
+        setattr(module, attr, value)
+
+
+def test_on_cuda_attention_runs_on_the_math_backend_only_with_strict_determinism(switches):
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cuda.matmul.allow_tf32 = True
+    set_determinism(torch.device("cuda", 0), True)  # only switches are set: no GPU needed
+    assert switches == {"enable_flash_sdp": False, "enable_mem_efficient_sdp": False, "enable_cudnn_sdp": False,
+                        "enable_math_sdp": True, "deterministic": (True, False)}
+    assert device_module.os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    assert torch.backends.cudnn.benchmark is False and torch.backends.cudnn.deterministic is True
+    assert torch.backends.cuda.matmul.allow_tf32 is False and torch.backends.cudnn.allow_tf32 is False
+
+
+def test_a_cublas_workspace_torch_rejects_is_replaced_and_one_it_accepts_is_kept(switches, monkeypatch):
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":1:1")
+    set_determinism(torch.device("cuda", 0), True)
+    assert device_module.os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+    set_determinism(torch.device("cuda", 0), True)
+    assert device_module.os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+
+
+def test_on_the_cpu_determinism_is_strict_and_attention_backends_are_left_alone(switches):
+    set_determinism(torch.device("cpu"), True)
+    assert switches == {"deterministic": (True, False)}
+    assert "CUBLAS_WORKSPACE_CONFIG" not in device_module.os.environ
+
+
+def test_hardware_deterministic_false_changes_nothing(switches):
+    set_determinism(torch.device("cuda", 0), False)
+    assert switches == {} and "CUBLAS_WORKSPACE_CONFIG" not in device_module.os.environ
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_sdpa_gradients_are_bitwise_equal_across_two_runs_on_cuda():
+    cuda = torch.device("cuda")
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+              *(getattr(torch.backends.cuda, f"{n}_sdp_enabled")() for n in ("flash", "mem_efficient", "math")))
+    try:
+        set_determinism(cuda, True)
+        generator = torch.Generator(device=cuda).manual_seed(0)
+        # (batch, heads, L, head_dim): long enough that a fused kernel would split the work.
+        q, k, v = (torch.randn(2, 8, 512, 64, device=cuda, dtype=torch.bfloat16, generator=generator)
+                   for _ in range(3))
+        upstream = torch.randn(2, 8, 512, 64, device=cuda, dtype=torch.bfloat16, generator=generator)
+
+        def gradients():
+            leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+            out = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=True)
+            out.backward(upstream)
+            return [t.grad for t in leaves]
+
+        first, second = gradients(), gradients()
+        for a, b in zip(first, second):
+            assert torch.equal(a.view(torch.int16), b.view(torch.int16))  # bit for bit, NaNs included
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        for name, on in zip(("flash", "mem_efficient", "math"), before[2:]):
+            getattr(torch.backends.cuda, f"enable_{name}_sdp")(on)
