@@ -1,25 +1,39 @@
 """`python -m miniverl.bench`: miniverl's OPD pieces side by side with what a user would pick
 instead, in one process, on the same randomly initialised models and prompts (no downloads).
 
-    python -m miniverl.bench [--scale toy|bench|qwen3-0.6b-shape] [--out DIR]
+    python -m miniverl.bench [--scale toy|bench|mid|qwen3-0.6b-shape] [--path both|recipe|float32] [--out DIR]
 
 Batch 4, 64 new tokens, LoRA r16 (alpha 32) on q_proj/v_proj, gradient checkpointing on the
-student (as the opd_k1 recipe). It measures
+student. Two paths, each with its own models:
 
-1. rollout tokens/s: miniverl's decode loop vs `model.generate(use_cache=True)` vs
-   `model.generate(use_cache=False)` (what a model left in gradient-checkpointing train mode does);
+- `recipe` (the default's headline, keys `recipe_*`): what `+recipe=opd_k1` runs. Random Qwen3
+  models of the scale's shape are written in bfloat16 and loaded by miniverl's own
+  `models.load_student` / `models.load_teacher`: NF4 student (bitsandbytes, bf16 compute,
+  `prepare_model_for_kbit_training`, LoRA r16 on q/v, gradient checkpointing) and NF4 teacher;
+- `float32` (extra rows, today's keys): the same shapes unquantized, float32 on the CPU
+  (bfloat16 on CUDA).
+
+On each path it measures
+
+1. rollout tokens/s: miniverl's decode loop vs `model.generate(use_cache=True)` (batch 4) and vs
+   one row at a time (`model.generate(use_cache=True)` per prompt, batch 1: what a simple
+   trainer's rollout does); on the recipe path also vs the same loop on bitsandbytes' per-call
+   dequantization (the dense copies' memory is reported);
 2. sampled-token scoring by the teacher: time and peak memory vs
    `log_softmax(logits.float()).gather(...)` on the model's full logits;
-3. one whole OPD update (rollout, teacher, update, whose forward also gives the old log-probs) vs
-   one on-policy step of TRL's `DistillationTrainer` (beta=1, the same models, batch, lengths and
-   LoRA) — TRL comes with the optional extra `pip install -e .[bench]`; without it that ratio is
-   null, with the reason;
+3. one whole OPD update (rollout, teacher, update, whose forward also gives the old log-probs;
+   k1 on the sampled token) vs one on-policy step of TRL's `DistillationTrainer` (beta=1: the
+   full-vocabulary reverse KL, plus the entropy, at every response position of both models) and
+   vs TRL's experimental `IWOPDTrainer` configured as k1 (`distillation_objective="iw_opd"`,
+   `iw_opd_gamma=0`: the sampled-token k1 policy gradient, computed from both models' full
+   logits) — the same models, batch, lengths and LoRA; TRL comes with the optional extra
+   `pip install -e .[bench]`; without it those ratios are null, with the reason;
 4. update positions/s vs a bare forward+backward of the same LoRA model
    (`model(..., labels=...).loss.backward()`).
 
 It writes `bench.json` (ratios under stable keys, every measurement behind them, the machine) and
-`bench.md` (the table) to --out, and prints the table. Each timing is the best of several rounds
-after a warm-up, the methods interleaved round by round (timeit's convention: on a shared
+`bench.md` (the tables) to --out, and prints the tables. Each timing is the best of several
+rounds after a warm-up, the methods interleaved round by round (timeit's convention: on a shared
 machine the least disturbed run is the best estimate of a method's own cost; medians are kept in
 bench.json too); peak memory is measured last (on the CPU from the process's peak RSS,
 with glibc's mmap threshold pinned so that freed buffers leave the RSS; on CUDA from the
@@ -32,7 +46,7 @@ import argparse
 import contextlib
 import copy
 import ctypes
-import inspect
+import gc
 import io
 import json
 import logging
@@ -43,36 +57,51 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
-SCHEMA = "miniverl-bench/1"
-RATIO_KEYS = ("rollout_vs_hf_generate", "rollout_vs_no_cache", "scoring_time_vs_naive",
-              "scoring_peak_memory_vs_naive", "opd_step_vs_trl", "update_vs_bare_fwd_bwd")
-# Targets from the issue, for --scale bench on a 2-core CPU: (comparison, bound).
-TARGETS = {"rollout_vs_hf_generate": (">=", 1.5), "rollout_vs_no_cache": (">=", 5.0),
+SCHEMA = "miniverl-bench/2"
+PATHS = ("recipe", "float32")
+PREFIX = {"recipe": "recipe_", "float32": ""}
+# Each miniverl ÷ other. The float32 path keeps the keys it had (the no-KV-cache baseline and its
+# `rollout_vs_no_cache` are gone: one row at a time replaces it); the recipe path's carry `recipe_`.
+PATH_RATIO_KEYS = {
+    "recipe": ("recipe_rollout_vs_hf_generate", "recipe_rollout_vs_per_call_dequantize",
+               "recipe_rollout_vs_one_row_generate", "recipe_scoring_time_vs_naive",
+               "recipe_scoring_peak_memory_vs_naive", "recipe_opd_step_vs_trl", "recipe_opd_step_vs_trl_k1",
+               "recipe_update_vs_bare_fwd_bwd"),
+    "float32": ("rollout_vs_hf_generate", "rollout_vs_one_row_generate", "scoring_time_vs_naive",
+                "scoring_peak_memory_vs_naive", "opd_step_vs_trl", "update_vs_bare_fwd_bwd"),
+}
+RATIO_KEYS = (*PATH_RATIO_KEYS["recipe"], *PATH_RATIO_KEYS["float32"])
+# Targets from the issues, for --scale bench on a 2-core CPU: (comparison, bound).
+TARGETS = {"recipe_rollout_vs_hf_generate": (">=", 2.0), "recipe_opd_step_vs_trl": ("<=", 0.5),
+           "rollout_vs_hf_generate": (">=", 1.5), "rollout_vs_one_row_generate": (">=", 3.0),
            "scoring_time_vs_naive": ("<=", 1.1), "scoring_peak_memory_vs_naive": ("<=", 0.25),
            "opd_step_vs_trl": ("<=", 0.5), "update_vs_bare_fwd_bwd": (">=", 0.8)}
 
-# Architecture presets (Qwen3). The vocabulary of `toy` is the toy tokenizer's (259).
+# Architecture presets (Qwen3). The vocabulary of `toy` is the toy tokenizer's (259). `repeats`:
+# timed rounds on the float32 path, `recipe_repeats` on the recipe path (NF4 on the CPU is slow).
 SCALES = {
-    "toy": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=4, head_dim=16, vocab_size=None, tie_word_embeddings=False,
-                max_position_embeddings=1024, repeats=3),
-    "bench": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=64, vocab_size=32768, tie_word_embeddings=False,
-                  max_position_embeddings=1024, repeats=5),
-    "mid": dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
-                num_key_value_heads=4, head_dim=64, vocab_size=32768, tie_word_embeddings=False,
-                max_position_embeddings=1024, repeats=5),
-    "qwen3-0.6b-shape": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-                             num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True,
-                             max_position_embeddings=40960, rope_theta=1_000_000.0, repeats=3),
+    "toy": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 4, "head_dim": 16, "vocab_size": None, "tie_word_embeddings": False,
+            "max_position_embeddings": 1024, "repeats": 3, "recipe_repeats": 2},
+    "bench": {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 32768, "tie_word_embeddings": False,
+              "max_position_embeddings": 1024, "repeats": 2, "recipe_repeats": 2},
+    "mid": {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 8, "num_attention_heads": 8,
+            "num_key_value_heads": 4, "head_dim": 64, "vocab_size": 32768, "tie_word_embeddings": False,
+            "max_position_embeddings": 1024, "repeats": 3, "recipe_repeats": 2},
+    "qwen3-0.6b-shape": {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+                         "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+                         "tie_word_embeddings": True, "max_position_embeddings": 40960, "rope_theta": 1_000_000.0,
+                         "repeats": 3, "recipe_repeats": 2},
 }
+RUN_KEYS = ("repeats", "recipe_repeats")
 PROMPTS = (
     "What is 12 + 30?",
     "Name the three primary colours of light and say in one sentence why they are called primary.",
@@ -80,7 +109,9 @@ PROMPTS = (
     "Explain in two sentences what a key-value cache does in a transformer decoder, and why it saves time.",
 )
 BATCH, NEW_TOKENS = 4, 64
-LORA = dict(r=16, alpha=32, target_modules=("q_proj", "v_proj"))
+LORA = {"r": 16, "alpha": 32, "target_modules": ("q_proj", "v_proj")}
+# DistillationTrainer(beta=1); IWOPDTrainer(iw_opd, gamma=0), the k1 row, on the recipe path only.
+TRL_KINDS = {"recipe": ("full_vocab", "k1"), "float32": ("full_vocab",)}
 
 log = logging.getLogger("miniverl.bench")
 
@@ -88,20 +119,22 @@ log = logging.getLogger("miniverl.bench")
 # ---------------------------------------------------------------------------------------------- setup
 @dataclass
 class Setup:
+    path: str  # "recipe" or "float32"
     scale: str
     device: torch.device
-    dtype: torch.dtype
+    dtype: torch.dtype  # the weights' dtype as written (recipe: bfloat16, NF4 layers compute in it)
     tokenizer: object
     prompt_ids: list[list[int]]
     student: object  # PeftModel (LoRA r16 on q/v), gradient checkpointing on
-    teacher: object  # frozen Qwen3ForCausalLM, another seed
+    teacher: object  # frozen, another seed
     eos_id: int
     pad_id: int
+    description: dict
 
 
 def qwen3_config(scale: str, vocab: int, eos_id: int, pad_id: int, dtype: torch.dtype):
     from transformers import Qwen3Config
-    shape = {k: v for k, v in SCALES[scale].items() if k != "repeats"}
+    shape = {k: v for k, v in SCALES[scale].items() if k not in RUN_KEYS}
     shape["vocab_size"] = shape["vocab_size"] or vocab
     config = Qwen3Config(**shape, eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=None,
                          dtype={torch.float32: "float32", torch.bfloat16: "bfloat16"}[dtype])
@@ -109,30 +142,46 @@ def qwen3_config(scale: str, vocab: int, eos_id: int, pad_id: int, dtype: torch.
     return config
 
 
-def build_setup(scale: str, device: torch.device, dtype: torch.dtype) -> Setup:
-    from peft import LoraConfig, get_peft_model
-    from transformers import Qwen3ForCausalLM
-
+def bench_tokenizer():
     from miniverl import toy
-    from miniverl.models import quiet_loading
-
     tokenizer = toy.build_toy_tokenizer()
     tokenizer.padding_side = "left"
-    eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
     prompt_ids = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
                                                 tokenize=True, return_dict=True)["input_ids"] for p in PROMPTS]
+    return tokenizer, prompt_ids
+
+
+def random_qwen3(config, seed: int, device: torch.device, dtype: torch.dtype, eos_id: int, pad_id: int):
+    from transformers import Qwen3ForCausalLM
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        with torch.device(device):
+            model = Qwen3ForCausalLM(config).to(dtype)
+    model.generation_config.eos_token_id = eos_id
+    model.generation_config.pad_token_id = pad_id
+    return model.eval()
+
+
+def nonzero_lora_b(student) -> None:
+    """A non-zero LoRA B, so that the adapter carries signal (the same draw on both paths)."""
+    with torch.no_grad():
+        for name, param in student.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0.0, 0.01, generator=torch.Generator(device=param.device).manual_seed(3))
+
+
+def build_float32_setup(scale: str, device: torch.device, workdir: Path) -> Setup:
+    """Unquantized models built in memory: float32 on the CPU, bfloat16 on CUDA."""
+    from peft import LoraConfig, get_peft_model
+
+    from miniverl.models import quiet_loading
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    tokenizer, prompt_ids = bench_tokenizer()
+    eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
     config = qwen3_config(scale, len(tokenizer), eos_id, pad_id, dtype)
-    models = []
     with quiet_loading():
-        for seed in (0, 1):
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(seed)
-                with torch.device(device):
-                    model = Qwen3ForCausalLM(config).to(dtype)
-            model.generation_config.eos_token_id = eos_id
-            model.generation_config.pad_token_id = pad_id
-            models.append(model.eval())
-        student, teacher = models
+        student, teacher = (random_qwen3(config, seed, device, dtype, eos_id, pad_id) for seed in (0, 1))
         student.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         student.enable_input_require_grads()
         lora = LoraConfig(r=LORA["r"], lora_alpha=LORA["alpha"], lora_dropout=0.0,
@@ -140,12 +189,50 @@ def build_setup(scale: str, device: torch.device, dtype: torch.dtype) -> Setup:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(2)
             student = get_peft_model(student, lora).eval()
-        with torch.no_grad():  # a non-zero B, so that the adapter carries signal
-            for name, param in student.named_parameters():
-                if "lora_B" in name:
-                    param.normal_(0.0, 0.01, generator=torch.Generator(device=param.device).manual_seed(3))
+        nonzero_lora_b(student)
     teacher.requires_grad_(False)
-    return Setup(scale, device, dtype, tokenizer, prompt_ids, student, teacher, eos_id, pad_id)
+    # TRL's IWOPDTrainer loads the teacher's tokenizer from the teacher's folder.
+    tokenizer.save_pretrained(workdir / "tokenizer")
+    teacher.config._name_or_path = str(workdir / "tokenizer")
+    described = {"student": f"{str(dtype).replace('torch.', '')}, LoRA r{LORA['r']} on q/v, gradient checkpointing",
+                 "teacher": f"{str(dtype).replace('torch.', '')}, frozen, another seed", "quantization": None}
+    return Setup("float32", scale, device, dtype, tokenizer, prompt_ids, student, teacher, eos_id, pad_id, described)
+
+
+def build_recipe_setup(scale: str, device: torch.device, workdir: Path) -> Setup:
+    """What `+recipe=opd_k1` runs: bfloat16 checkpoints loaded by miniverl's own loaders (NF4 via
+    bitsandbytes with bf16 compute, prepare_model_for_kbit_training, LoRA r16 alpha 32 on q/v,
+    gradient checkpointing; the teacher NF4, frozen)."""
+    from miniverl import models
+    from miniverl.schema.model import LoraSettings, StudentConfig
+    from miniverl.schema.teacher import TeacherConfig
+
+    tokenizer, prompt_ids = bench_tokenizer()
+    eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
+    config = qwen3_config(scale, len(tokenizer), eos_id, pad_id, torch.bfloat16)
+    folders = {}
+    with models.quiet_loading():
+        for name, seed in (("student", 0), ("teacher", 1)):
+            model = random_qwen3(config, seed, torch.device("cpu"), torch.bfloat16, eos_id, pad_id)
+            folders[name] = workdir / name
+            model.save_pretrained(folders[name])
+            tokenizer.save_pretrained(folders[name])
+            del model
+    lora = LoraSettings(r=LORA["r"], alpha=LORA["alpha"], dropout=0.0, target_modules=list(LORA["target_modules"]))
+    student_block = StudentConfig(model_id=str(folders["student"]), dtype="auto", quantization="nf4", lora=lora)
+    teacher_block = TeacherConfig(model_id=str(folders["teacher"]), dtype="auto", quantization="nf4")
+    student = models.load_student(student_block, models.source_of(student_block, None), device, lora_seed=2)
+    teacher = models.load_teacher(teacher_block, models.source_of(teacher_block, None), device)
+    nonzero_lora_b(student)
+    for model in (student.get_base_model(), teacher):
+        model.generation_config.eos_token_id = eos_id
+        model.generation_config.pad_token_id = pad_id
+    described = {"student": "NF4 (bitsandbytes, bf16 compute) + prepare_model_for_kbit_training, "
+                            f"LoRA r{LORA['r']} on q/v, gradient checkpointing (models.load_student)",
+                 "teacher": "NF4 (bf16 compute), frozen, another seed (models.load_teacher)",
+                 "quantization": "nf4", "checkpoint_dtype": "bfloat16"}
+    return Setup("recipe", scale, device, torch.bfloat16, tokenizer, prompt_ids, student, teacher, eos_id, pad_id,
+                 described)
 
 
 # ---------------------------------------------------------------------------------------------- measuring
@@ -248,6 +335,35 @@ def response_tokens(completions: torch.Tensor, eos_id: int) -> int:
     return int(first.sum())
 
 
+def four_bit_storage_bytes(model: torch.nn.Module) -> int:
+    """Bytes of a model's bitsandbytes 4-bit weights as stored (packed weight + block scales)."""
+    try:
+        import bitsandbytes as bnb
+    except ImportError:
+        return 0
+    total = 0
+    for module in model.modules():
+        if isinstance(module, bnb.nn.Linear4bit):
+            weight, state = module.weight, module.weight.quant_state
+            total += weight.data.numel() * weight.data.element_size()
+            for tensor in (state.absmax, getattr(getattr(state, "state2", None), "absmax", None)):
+                if tensor is not None:
+                    total += tensor.numel() * tensor.element_size()
+    return total
+
+
+@contextmanager
+def per_call_dequantize():
+    """The rollout on bitsandbytes' own per-call path (each 4-bit weight dequantized every call)."""
+    from miniverl import rollout
+    previous = rollout.DEQUANTIZE_4BIT_ONCE_ON_CPU
+    rollout.DEQUANTIZE_4BIT_ONCE_ON_CPU = False
+    try:
+        yield
+    finally:
+        rollout.DEQUANTIZE_4BIT_ONCE_ON_CPU = previous
+
+
 # ---------------------------------------------------------------------------------------------- the pieces
 def miniverl_workers(s: Setup, hw):
     from miniverl.actor import ActorWorker
@@ -260,54 +376,93 @@ def miniverl_workers(s: Setup, hw):
     rollout = RolloutWorker(base, RolloutConfig(), eos_ids=[s.eos_id], pad_id=s.pad_id, device=s.device,
                             static_cache=hw.rollout_static_cache, compile_decode=hw.rollout_compile,
                             cpu_gemv=hw.rollout_cpu_gemv)
-    params = inspect.signature(TeacherWorker.__init__).parameters
-    if "rows_per_forward" in params:  # older TeacherWorker
-        teacher_worker = TeacherWorker(s.teacher, rows_per_forward=BATCH, logprob_chunk=hw.logprob_chunk, topk=None)
-        score = teacher_worker.compute_teacher_log_prob
-    else:
-        teacher_worker = TeacherWorker(s.teacher, logprob_chunk=hw.logprob_chunk, topk=None)
-        score = lambda batch: teacher_worker.compute_teacher_log_prob(batch, BATCH)  # noqa: E731
+    teacher_worker = TeacherWorker(s.teacher, logprob_chunk=hw.logprob_chunk, topk=None)
+
+    def score(batch):
+        return teacher_worker.compute_teacher_log_prob(batch, BATCH)
+
     k1 = EstimatorConfig(loss_mode="k1", use_policy_gradient=True, loss_max_clamp=10.0, log_prob_min_clamp=-10.0)
     actor = ActorWorker(s.student, ActorConfig(), k1, temperature=1.0, logprob_chunk=hw.logprob_chunk,
                         loss_scale_factor=NEW_TOKENS)
     return rollout, score, actor
 
 
-def bench_rollout(s: Setup, rollout, repeats: int) -> tuple[dict, object]:
+def bench_rollout(s: Setup, rollout, repeats: int) -> tuple[dict, dict, object]:
+    """miniverl's loop vs generate (batch 4) vs one row at a time; on the recipe path (CPU) also vs
+    the same loop on bitsandbytes' per-call dequantization, with the same seeds round by round."""
     from miniverl.rollout import left_pad
     ids, mask = left_pad(s.prompt_ids, s.pad_id, s.device)
     base = s.student.get_base_model()
-    counter = iter(range(10**9))
-    batches = []
+    round_of = {}  # method -> calls so far: the same seeds for the same round of every method
+    batches = {"miniverl": [], "miniverl_per_call_dequantize": []}
+    held = []
 
-    def ours():
-        seeds = [1000 * next(counter) + i for i in range(BATCH)]
-        batch = rollout.generate_sequences(s.prompt_ids, list(range(BATCH)), seeds, response_limit=NEW_TOKENS,
-                                           physical_batches=[BATCH])
-        batches.append(batch)
-        return int(batch.response_mask.sum())
-
-    def hf(use_cache: bool):
+    def ours(name: str):
         def run():
-            s.student.eval()
-            torch.manual_seed(next(counter))
-            with torch.no_grad():
-                out = base.generate(input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=NEW_TOKENS,
-                                    use_cache=use_cache, temperature=1.0, top_k=0, top_p=1.0, eos_token_id=s.eos_id,
-                                    pad_token_id=s.pad_id)
-            return response_tokens(out[:, ids.shape[1]:], s.eos_id)
+            n = round_of[name] = round_of.get(name, -1) + 1
+            seeds = [1000 * n + i for i in range(BATCH)]
+            context = per_call_dequantize() if name == "miniverl_per_call_dequantize" else contextlib.nullcontext()
+            with context:
+                batch = rollout.generate_sequences(s.prompt_ids, list(range(BATCH)), seeds, response_limit=NEW_TOKENS,
+                                                   physical_batches=[BATCH])
+            if name == "miniverl":
+                held.append(rollout.dequantized_bytes)
+            batches[name].append(batch)
+            return int(batch.response_mask.sum())
         return run
 
-    fast = rounds({"miniverl": ours, "hf_generate": hf(True)}, s.device, repeats)
-    slow = rounds({"no_cache": hf(False)}, s.device, max(1, min(2, repeats)), warmup=0)
+    def sample_kwargs(name: str) -> dict:
+        n = round_of[name] = round_of.get(name, -1) + 1
+        torch.manual_seed(10_000 + n)
+        return {"do_sample": True, "max_new_tokens": NEW_TOKENS, "use_cache": True, "temperature": 1.0, "top_k": 0,
+                "top_p": 1.0, "eos_token_id": s.eos_id, "pad_token_id": s.pad_id}
+
+    def hf_generate():
+        s.student.eval()
+        with torch.no_grad():
+            out = base.generate(input_ids=ids, attention_mask=mask, **sample_kwargs("hf_generate"))
+        return response_tokens(out[:, ids.shape[1]:], s.eos_id)
+
+    def one_row_generate():  # each prompt alone, batch 1, KV cache: a simple trainer's rollout
+        s.student.eval()
+        kwargs, tokens = sample_kwargs("one_row_generate"), 0
+        with torch.no_grad():
+            for prompt in s.prompt_ids:
+                row = torch.tensor([prompt], dtype=torch.long, device=s.device)
+                out = base.generate(input_ids=row, attention_mask=torch.ones_like(row), **kwargs)
+                tokens += response_tokens(out[:, row.shape[1]:], s.eos_id)
+        return tokens
+
+    methods = {"miniverl": ours("miniverl"), "hf_generate": hf_generate}
+    four_bit = four_bit_storage_bytes(base)
+    null_reasons = {}
+    per_call_key = PREFIX[s.path] + "rollout_vs_per_call_dequantize"
+    if s.path == "recipe":
+        if s.device.type == "cpu":
+            methods["miniverl_per_call_dequantize"] = ours("miniverl_per_call_dequantize")
+        else:
+            null_reasons[per_call_key] = "the rollout dequantizes each 4-bit weight once only on the CPU"
+    fast = rounds(methods, s.device, repeats)
+    # The slowest method: fewer rounds, no warm-up of its own (generate is warm by now).
+    slow = rounds({"one_row_generate": one_row_generate}, s.device, max(1, min(2, repeats - 1)), warmup=0)
     result = {}
     for name, runs in {**fast, **slow}.items():
         rates = [tokens / sec for sec, tokens in runs]
         result[name] = {"tokens_per_s": round(max(rates), 2), "median_tokens_per_s": round(median(rates), 2),
                         "runs": [[round(sec, 4), tokens] for sec, tokens in runs]}
-    ratios = {"rollout_vs_hf_generate": result["miniverl"]["tokens_per_s"] / result["hf_generate"]["tokens_per_s"],
-              "rollout_vs_no_cache": result["miniverl"]["tokens_per_s"] / result["no_cache"]["tokens_per_s"]}
-    return {"measurements": result, "ratios": ratios}, batches[-1]
+    speed = {name: r["tokens_per_s"] for name, r in result.items()}
+    prefix = PREFIX[s.path]
+    ratios = {prefix + "rollout_vs_hf_generate": speed["miniverl"] / speed["hf_generate"],
+              prefix + "rollout_vs_one_row_generate": speed["miniverl"] / speed["one_row_generate"]}
+    result["miniverl"]["dequantized_bytes"] = max(held) if held else 0
+    result["miniverl"]["four_bit_storage_bytes"] = four_bit
+    if "miniverl_per_call_dequantize" in speed:
+        ratios[per_call_key] = speed["miniverl"] / speed["miniverl_per_call_dequantize"]
+        pairs = list(zip(batches["miniverl"], batches["miniverl_per_call_dequantize"]))
+        result["miniverl"]["same_tokens_and_log_probs_as_per_call_dequantize"] = all(
+            torch.equal(a.responses, b.responses) and torch.equal(a.rollout_log_probs, b.rollout_log_probs)
+            for a, b in pairs)
+    return {"measurements": result, "ratios": ratios, "null_reasons": null_reasons}, batches["miniverl"][-1]
 
 
 def naive_teacher_log_probs(teacher, batch) -> torch.Tensor:
@@ -328,28 +483,34 @@ def bench_scoring_time(s: Setup, batch, hw, repeats: int) -> dict:
         with torch.no_grad():
             return naive_teacher_log_probs(s.teacher, batch)
 
-    runs = rounds({"miniverl": ours, "naive": naive}, s.device, repeats)
+    # No warm-up: the teacher has run in the warm-up OPD step; the naive path's first call only
+    # adds its page faults, and the best of the rounds counts.
+    runs = rounds({"miniverl": ours, "naive": naive}, s.device, repeats, warmup=0)
     mask = batch.response_mask
     diff = float(((runs["miniverl"][0][1] - runs["naive"][0][1]) * mask).abs().max())
     times = {name: best([sec for sec, _ in r]) for name, r in runs.items()}
     return {"measurements": {"positions": int(mask.numel()), "max_abs_diff_vs_naive": diff,
                              **{f"{name}_seconds": round(t, 5) for name, t in times.items()},
                              "runs": {name: [round(sec, 5) for sec, _ in r] for name, r in runs.items()}},
-            "ratios": {"scoring_time_vs_naive": times["miniverl"] / times["naive"]}, "calls": {"miniverl": ours, "naive": naive}}
+            "ratios": {PREFIX[s.path] + "scoring_time_vs_naive": times["miniverl"] / times["naive"]},
+            "calls": {"miniverl": ours, "naive": naive}}
 
 
 class OursOPDStep:
     """One whole miniverl OPD update (as trainer.fit_step): rollout, teacher, then the update, whose
-    own forward gives the old log-probs (on-policy; see actor.py)."""
+    own forward gives the old log-probs (on-policy; see actor.py). Each instance records its own
+    steps (one per TRL comparison); `count` is shared so that every step samples new seeds."""
+
+    count = 0
 
     def __init__(self, s: Setup, rollout, score, actor):
         self.s, self.rollout, self.score, self.actor = s, rollout, score, actor
-        self.count, self.steps, self.phases = 0, [], []
+        self.steps, self.phases = [], []
 
     def __call__(self, record: bool = True) -> None:
         s, times = self.s, {}
-        self.count += 1
-        seeds = [5000 + 1000 * self.count + i for i in range(BATCH)]
+        OursOPDStep.count += 1
+        seeds = [5000 + 1000 * OursOPDStep.count + i for i in range(BATCH)]
         total, _ = seconds(lambda: self._step(seeds, times), s.device)
         if record:
             self.steps.append((total, int(times.pop("tokens"))))
@@ -363,7 +524,9 @@ class OursOPDStep:
         times["update_actor"], _ = seconds(lambda: self.actor.update_actor(batch, [BATCH]), s.device)
         times["tokens"] = float(batch.response_mask.sum())
 
-    def summary(self) -> dict:
+    def summary(self) -> dict | None:
+        if not self.steps:
+            return None
         return {"step_seconds": [round(sec, 4) for sec, _ in self.steps],
                 "best_step_seconds": round(best([sec for sec, _ in self.steps]), 4),
                 "median_step_seconds": round(median([sec for sec, _ in self.steps]), 4),
@@ -371,15 +534,61 @@ class OursOPDStep:
                 "median_phase_seconds": {k: round(median([p[k] for p in self.phases]), 4) for k in self.phases[0]}}
 
 
-def bench_opd_step_trl(s: Setup, student, repeats: int, workdir: Path,
+TRL_COMPUTES = {
+    "full_vocab": "DistillationTrainer, beta=1: the full-vocabulary reverse KL (and the entropy) at every response "
+                  "position, from both models' lm_head over the whole vocabulary (chunked)",
+    "k1": "experimental IWOPDTrainer, distillation_objective='iw_opd', iw_opd_gamma=0: the sampled-token k1 policy "
+          "gradient, -log p(y) * (log q(y) - log p(y)), the same objective as miniverl's, computed from both models' "
+          "full (B, L, V) logits and log-softmax",
+}
+
+
+def trl_trainer(kind: str, s: Setup, student, repeats: int, workdir: Path, callbacks: list):
+    """TRL's trainer of `kind`, on-policy (it generates with model.generate), the same models,
+    batch, lengths, sampling, LoRA and gradient checkpointing as miniverl's step."""
+    from datasets import Dataset
+
+    cuda = s.device.type == "cuda"
+    common = {"per_device_train_batch_size": BATCH, "gradient_accumulation_steps": 1, "max_steps": repeats,
+              "max_completion_length": NEW_TOKENS, "temperature": 1.0, "top_k": 0, "top_p": 1.0,
+              "learning_rate": 1e-5, "lr_scheduler_type": "constant", "warmup_steps": 0, "weight_decay": 0.01,
+              "max_grad_norm": 1.0, "gradient_checkpointing": True,
+              "gradient_checkpointing_kwargs": {"use_reentrant": False},
+              # The recipe path's NF4 layers compute in bf16 as loaded, the rest in float32, as for
+              # miniverl: no autocast. The float32 path on CUDA holds bfloat16 weights: autocast on.
+              "bf16": cuda and s.path == "float32" and s.dtype == torch.bfloat16,
+              "use_cpu": not cuda, "seed": 0, "logging_strategy": "no", "save_strategy": "no", "report_to": "none",
+              "disable_tqdm": True, "dataloader_num_workers": 0}
+    conversations = [[{"role": "user", "content": p}] for p in PROMPTS]
+    if kind == "full_vocab":
+        from trl import DistillationConfig, DistillationTrainer
+        args = DistillationConfig(output_dir=str(workdir / "trl_full_vocab"), beta=1.0, shuffle_dataset=False,
+                                  **common)
+        return DistillationTrainer(model=student, teacher_model=s.teacher, args=args,
+                                   train_dataset=Dataset.from_dict({"prompt": conversations}),
+                                   processing_class=s.tokenizer, callbacks=callbacks)
+    from trl.experimental.iw_opd import IWOPDConfig, IWOPDTrainer
+    args = IWOPDConfig(output_dir=str(workdir / "trl_k1"), distillation_objective="iw_opd", iw_opd_gamma=0.0, lmbda=1.0,
+                       max_length=1024, **common)
+    trainer = IWOPDTrainer(model=student, teacher_model=s.teacher, args=args,
+                           train_dataset=Dataset.from_dict({"messages": conversations}),
+                           processing_class=s.tokenizer, callbacks=callbacks)
+    # transformers counts the loss's tokens from the dataset's labels, before on-policy generation:
+    # none for prompts only, and IWOPDTrainer (TRL 1.16) then divides by 0. Without the count it
+    # takes the mean over the generated tokens (its own fallback).
+    trainer.model_accepts_loss_kwargs = False
+    return trainer
+
+
+def bench_opd_step_trl(kind: str, s: Setup, student, repeats: int, workdir: Path,
                        between: Callable[[], None]) -> tuple[dict | None, str | None]:
-    """TRL's DistillationTrainer, on-policy (it always generates), beta=1 (reverse KL): a warm-up
-    step, then `repeats` timed steps, each followed by `between()` (miniverl's step: interleaved)."""
+    """`repeats` timed steps of TRL's trainer, each followed by `between()` (miniverl's step:
+    interleaved, so a busy machine slows both alike). No warm-up step of its own: the kernels are
+    warm from miniverl's warm-up step on the same models, and a first TRL step measured no slower
+    than the later ones here (docs/bench.md); the best of the steps counts."""
     try:
         import trl
-        from datasets import Dataset
         from transformers import TrainerCallback
-        from trl import DistillationConfig, DistillationTrainer
     except ImportError as error:
         return None, f"TRL is not installed ({error}); install the optional extra: pip install -e .[bench]"
 
@@ -394,40 +603,29 @@ def bench_opd_step_trl(s: Setup, student, repeats: int, workdir: Path,
         def on_step_end(self, args, state, control, **kwargs):
             synchronize(s.device)
             self.times.append(time.perf_counter() - self.start)
-            if len(self.times) > 1:
-                try:
-                    between()
-                except Exception as error:  # noqa: BLE001 — miniverl's own failure, raised below
-                    self.error = error
-                    control.should_training_stop = True
+            try:
+                between()
+            except Exception as error:  # noqa: BLE001 — miniverl's own failure, raised below
+                self.error = error
+                control.should_training_stop = True
 
-    cuda = s.device.type == "cuda"
-    args = DistillationConfig(
-        output_dir=str(workdir / "trl"), per_device_train_batch_size=BATCH, gradient_accumulation_steps=1,
-        max_steps=1 + repeats, max_completion_length=NEW_TOKENS, beta=1.0, temperature=1.0, top_k=0, top_p=1.0,
-        learning_rate=1e-5, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.01, max_grad_norm=1.0,
-        gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": False},
-        bf16=cuda and s.dtype == torch.bfloat16, use_cpu=not cuda, shuffle_dataset=False, seed=0,
-        logging_strategy="no", save_strategy="no", report_to="none", disable_tqdm=True, dataloader_num_workers=0)
-    dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": p}] for p in PROMPTS]})
     timer = StepTimer()
     try:
-        trainer = DistillationTrainer(model=student, teacher_model=s.teacher, args=args, train_dataset=dataset,
-                                      processing_class=s.tokenizer, callbacks=[timer])
+        trainer = trl_trainer(kind, s, student, repeats, workdir, [timer])
         with contextlib.redirect_stdout(io.StringIO()):  # the Trainer prints its closing metrics
             trainer.train()
     except Exception as error:  # noqa: BLE001 — any failure of the peer is reported, not fatal
         if timer.error is not None:
             raise timer.error from None
-        return None, f"TRL {trl.__version__} DistillationTrainer failed here: {type(error).__name__}: {error}"
+        return None, f"TRL {trl.__version__} ({kind}) failed here: {type(error).__name__}: {error}"
     if timer.error is not None:
         raise timer.error
-    if len(timer.times) < 2:
-        return None, f"TRL ran {len(timer.times)} steps; need a warm-up and at least one timed step"
-    measured = timer.times[1:]
-    return {"trl_version": trl.__version__, "step_seconds": [round(t, 4) for t in measured],
-            "best_step_seconds": round(best(measured), 4), "median_step_seconds": round(median(measured), 4),
-            "warmup_step_seconds": round(timer.times[0], 4)}, None
+    if not timer.times:
+        return None, "TRL ran no step"
+    measured = timer.times
+    return {"trl_version": trl.__version__, "computes": TRL_COMPUTES[kind],
+            "step_seconds": [round(t, 4) for t in measured], "best_step_seconds": round(best(measured), 4),
+            "median_step_seconds": round(median(measured), 4)}, None
 
 
 def bench_update(s: Setup, actor, batch, repeats: int) -> dict:
@@ -447,52 +645,140 @@ def bench_update(s: Setup, actor, batch, repeats: int) -> dict:
         student.zero_grad(set_to_none=True)
         student.eval()
 
-    runs = rounds({"miniverl": ours, "bare_fwd_bwd": bare}, s.device, repeats)
+    # No warm-up: the OPD steps before have run every kernel of both.
+    runs = rounds({"miniverl": ours, "bare_fwd_bwd": bare}, s.device, repeats, warmup=0)
     positions = int(batch.response_mask.numel())
     rates = {name: positions / best([sec for sec, _ in r]) for name, r in runs.items()}
     return {"measurements": {"positions": positions, **{f"{n}_positions_per_s": round(v, 2) for n, v in rates.items()},
                              "runs": {n: [round(sec, 4) for sec, _ in r] for n, r in runs.items()}},
-            "ratios": {"update_vs_bare_fwd_bwd": rates["miniverl"] / rates["bare_fwd_bwd"]}}
+            "ratios": {PREFIX[s.path] + "update_vs_bare_fwd_bwd": rates["miniverl"] / rates["bare_fwd_bwd"]}}
+
+
+def measure_path(s: Setup, hw, repeats: int, no_trl: bool, workdir: Path) -> dict:
+    """Every timing of one path (peak memory comes later, after both paths' timings)."""
+    prefix = PREFIX[s.path]
+    # TRL trains its own copies: the same weights and LoRA, taken before any update.
+    trl_students = {} if no_trl else {kind: copy.deepcopy(s.student) for kind in TRL_KINDS[s.path]}
+    rollout, score, actor = miniverl_workers(s, hw)
+    log.info("%s: rollout", s.path)
+    rollout_result, batch = bench_rollout(s, rollout, repeats)
+    OursOPDStep(s, rollout, score, actor)(record=False)  # warm-up (the teacher's forward too)
+    log.info("%s: scoring", s.path)
+    scoring = bench_scoring_time(s, batch, hw, repeats)
+    null_reasons = dict(rollout_result["null_reasons"])
+    ratios = {**rollout_result["ratios"], **scoring["ratios"]}
+    steps = {}
+    for kind in TRL_KINDS[s.path]:
+        key = prefix + ("opd_step_vs_trl" if kind == "full_vocab" else "opd_step_vs_trl_k1")
+        log.info("%s: OPD step vs TRL (%s)", s.path, kind)
+        ours = OursOPDStep(s, rollout, score, actor)
+        if no_trl:
+            trl_result, reason = None, "skipped (--no-trl)"
+        else:
+            trl_result, reason = bench_opd_step_trl(kind, s, trl_students.pop(kind), repeats, workdir, between=ours)
+            gc.collect()
+        if reason:
+            null_reasons[key] = reason
+        while len(ours.steps) < repeats:  # without TRL (or if it stopped early)
+            ours()
+        ours_step = ours.summary()
+        if trl_result:  # the medians' ratio too: the best-of ratio is the table's
+            ours_step["median_ratio_vs_trl"] = round(ours_step["median_step_seconds"]
+                                                     / trl_result["median_step_seconds"], 4)
+        ratios[key] = ours_step["best_step_seconds"] / trl_result["best_step_seconds"] if trl_result else None
+        steps[kind] = {"miniverl": ours_step, "trl": trl_result}
+    log.info("%s: update", s.path)
+    update = bench_update(s, actor, score(batch), repeats)
+    ratios.update(update["ratios"])
+    return {"ratios": ratios, "null_reasons": null_reasons, "calls": scoring["calls"],
+            "measurements": {"rollout": rollout_result["measurements"], "scoring": scoring["measurements"],
+                             "opd_step": steps, "update": update["measurements"]}}
 
 
 # ---------------------------------------------------------------------------------------------- report
 def verdict(key: str, value: float | None) -> str:
+    if key not in TARGETS:
+        return "—"
     if value is None:
         return "n/a"
     op, bound = TARGETS[key]
     return "yes" if (value >= bound if op == ">=" else value <= bound) else "no"
 
 
-def markdown(result: dict) -> str:
-    r, m = result["ratios"], result["measurements"]
-    ro, sc, up = m["rollout"], m["scoring"], m["update"]
-    step = m["opd_step"]
-    mib = lambda b: f"{b / 2**20:.1f} MiB" if b is not None else "n/a"  # noqa: E731
-    trl = step.get("trl")
-    rows = [
-        ("rollout tokens/s vs `model.generate(use_cache=True)`", f"{ro['miniverl']['tokens_per_s']:.1f}",
-         f"{ro['hf_generate']['tokens_per_s']:.1f}", "rollout_vs_hf_generate"),
-        ("rollout tokens/s vs generation without a KV cache", f"{ro['miniverl']['tokens_per_s']:.1f}",
-         f"{ro['no_cache']['tokens_per_s']:.1f}", "rollout_vs_no_cache"),
+def mib(b: int | None) -> str:
+    return f"{b / 2**20:.1f} MiB" if b is not None else "n/a"
+
+
+def path_rows(result: dict, path: str) -> list[tuple[str, str, str, str | None, float | None]]:
+    """(label, miniverl, other, ratio key or None, ratio) of one path's table."""
+    m, r, prefix = result["measurements"][path], result["ratios"], PREFIX[path]
+    ro, sc, up, step = m["rollout"], m["scoring"], m["update"], m["opd_step"]
+
+    def tps(name: str) -> str:
+        return f"{ro[name]['tokens_per_s']:.1f}" if name in ro else "n/a"
+
+    def seconds_of(part: dict | None) -> str:
+        return f"{part['best_step_seconds']:.3f} s" if part else "n/a"
+
+    rows = [("rollout tokens/s vs `model.generate(use_cache=True)`, batch 4", tps("miniverl"), tps("hf_generate"),
+             prefix + "rollout_vs_hf_generate")]
+    if path == "recipe":
+        rows.append(("rollout tokens/s vs the same loop on bitsandbytes' per-call dequantization (every token)",
+                     tps("miniverl"), tps("miniverl_per_call_dequantize"), "recipe_rollout_vs_per_call_dequantize"))
+    rows += [
+        ("rollout tokens/s vs one row at a time (`generate(use_cache=True)`, batch 1, each prompt alone)",
+         tps("miniverl"), tps("one_row_generate"), prefix + "rollout_vs_one_row_generate"),
         ("teacher scoring time vs `log_softmax(logits.float()).gather`", f"{sc['miniverl_seconds']:.4f} s",
-         f"{sc['naive_seconds']:.4f} s", "scoring_time_vs_naive"),
+         f"{sc['naive_seconds']:.4f} s", prefix + "scoring_time_vs_naive"),
         ("teacher scoring peak memory vs the same", mib(sc.get("miniverl_peak_bytes")), mib(sc.get("naive_peak_bytes")),
-         "scoring_peak_memory_vs_naive"),
-        ("one OPD update vs TRL `DistillationTrainer` step (beta=1)", f"{step['miniverl']['best_step_seconds']:.3f} s",
-         f"{trl['best_step_seconds']:.3f} s" if trl else "n/a", "opd_step_vs_trl"),
+         prefix + "scoring_peak_memory_vs_naive"),
+        (("one OPD update (k1 on the sampled token) vs TRL `DistillationTrainer` step (beta=1: full-vocabulary "
+         "reverse KL + entropy at every response position, both models)"), seconds_of(step["full_vocab"]["miniverl"]),
+         seconds_of(step["full_vocab"]["trl"]), prefix + "opd_step_vs_trl"),
         ("update positions/s vs bare forward+backward", f"{up['miniverl_positions_per_s']:.1f}",
-         f"{up['bare_fwd_bwd_positions_per_s']:.1f}", "update_vs_bare_fwd_bwd"),
+         f"{up['bare_fwd_bwd_positions_per_s']:.1f}", prefix + "update_vs_bare_fwd_bwd"),
     ]
-    lines = [f"miniverl bench, scale `{result['scale']}` on {result['machine']['device_name']} "
+    if "k1" in step:
+        rows.insert(-1, (("one OPD update vs TRL as close to k1 as it goes: experimental `IWOPDTrainer` (`iw_opd`, "
+                          "gamma=0: the same sampled-token k1 policy gradient, from both models' full logits)"),
+                         seconds_of(step["k1"]["miniverl"]), seconds_of(step["k1"]["trl"]), prefix + "opd_step_vs_trl_k1"))
+    out = [(label, ours, other, key, r.get(key)) for label, ours, other, key in rows]
+    if path == "recipe" and ro["miniverl"]["four_bit_storage_bytes"]:
+        held, stored = ro["miniverl"]["dequantized_bytes"], ro["miniverl"]["four_bit_storage_bytes"]
+        out.insert(2, (("rollout memory: dense copies of the student's 4-bit weights while decoding (freed after) vs "
+                       "their NF4 storage"), mib(held), mib(stored), None, held / stored))
+    return out
+
+
+PATH_TITLES = {
+    "recipe": "Recipe path (what `+recipe=opd_k1` runs): NF4 student (bf16 compute, prepare_model_for_kbit_training, "
+              "LoRA r16 on q/v, gradient checkpointing) and NF4 teacher, loaded by miniverl's own loaders",
+    "float32": "Unquantized float32 models (bfloat16 on CUDA), the same shapes: extra rows",
+}
+
+
+def markdown(result: dict) -> str:
+    s = result["settings"]
+    lines = [(f"miniverl bench, scale `{result['scale']}` on {result['machine']['device_name']} "
              f"({result['machine']['torch_threads']} torch threads), batch {BATCH}, {NEW_TOKENS} new tokens, "
-             f"LoRA r{LORA['r']} on q/v; `{result['command']}`", "",
-             "| measurement | miniverl | other | ratio (miniverl ÷ other) | target | met |", "|---|---|---|---|---|---|"]
-    for label, ours, other, key in rows:
-        op, bound = TARGETS[key]
-        value = r[key]
-        shown = f"{value:.2f}" if value is not None else "null"
-        lines.append(f"| {label} | {ours} | {other} | {shown} | {'≥' if op == '>=' else '≤'} {bound} | "
-                     f"{verdict(key, value)} |")
+             f"LoRA r{LORA['r']} on q/v; `{result['command']}`")]
+    for path in result["paths"]:
+        lines += ["", f"{PATH_TITLES[path]} (best of {s['repeats'][path]} interleaved rounds):", "",
+                  "| measurement | miniverl | other | ratio (miniverl ÷ other) | target | met |",
+                  "|---|---|---|---|---|---|"]
+        for label, ours, other, key, value in path_rows(result, path):
+            shown = f"{value:.2f}" if value is not None else "null"
+            if key in TARGETS:
+                op, bound = TARGETS[key]
+                target = f"{'≥' if op == '>=' else '≤'} {bound}"
+            else:
+                target = "—"
+            lines.append(f"| {label} | {ours} | {other} | {shown} | {target} | {verdict(key, value)} |")
+    lines += ["", ("What each TRL row computes: `DistillationTrainer` (beta=1) the full-vocabulary reverse KL and "
+              "the entropy at every response position of both models, miniverl the single-sample k1 on the "
+              "sampled token; `IWOPDTrainer` with `iw_opd_gamma=0` the same sampled-token k1 policy gradient as "
+              "miniverl, from both models' full (B, L, V) logits. `DistillationTrainer` itself has no sampled-token "
+              "option: its loss is always the chunked full-vocabulary generalized JSD.")]
     for key, reason in result["null_reasons"].items():
         lines.append(f"\n`{key}` is null: {reason}")
     return "\n".join(lines) + "\n"
@@ -531,10 +817,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     defaults = HardwareConfig()
     p = argparse.ArgumentParser(prog="python -m miniverl.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--scale", choices=sorted(SCALES), default="bench")
+    p.add_argument("--path", choices=("both", *PATHS), default="both",
+                   help="recipe: NF4 + LoRA as +recipe=opd_k1 (keys recipe_*); float32: unquantized (today's keys)")
     p.add_argument("--out", default=None, help="output folder (default outputs/bench/<scale>)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    p.add_argument("--repeats", type=int, default=None, help="timed rounds per measurement (default per scale)")
-    p.add_argument("--no-trl", action="store_true", help="skip TRL (opd_step_vs_trl is then null)")
+    p.add_argument("--repeats", type=int, default=None, help="timed rounds per measurement (default per scale "
+                                                             "and path)")
+    p.add_argument("--no-trl", action="store_true", help="skip TRL (the opd_step_vs_trl* ratios are then null)")
     p.add_argument("--logprob-chunk", type=int, default=defaults.logprob_chunk, help="hardware.logprob_chunk")
     p.add_argument("--static-cache", action=argparse.BooleanOptionalAction, default=defaults.rollout_static_cache,
                    help="hardware.rollout_static_cache")
@@ -554,73 +843,59 @@ def run(args: argparse.Namespace) -> dict:
         raise SystemExit("--device cuda: torch sees no GPU")
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    dtype = torch.bfloat16 if cuda else torch.float32
     hw = HardwareConfig(device=device.type, logprob_chunk=args.logprob_chunk, rollout_static_cache=args.static_cache,
                         rollout_compile=args.compile_decode, rollout_cpu_gemv=args.cpu_gemv)
-    repeats = args.repeats or SCALES[args.scale]["repeats"]
+    paths = PATHS if args.path == "both" else (args.path,)
+    repeats = {path: args.repeats or SCALES[args.scale]["recipe_repeats" if path == "recipe" else "repeats"]
+               for path in PATHS}
     out = Path(args.out or Path("outputs") / "bench" / args.scale)
     out.mkdir(parents=True, exist_ok=True)
     command = " ".join(["python -m miniverl.bench", *args.argv])
     started = time.perf_counter()
     memory = PeakMemory(device)
-    with quiet():
-        s = build_setup(args.scale, device, dtype)
-        # TRL trains its own copy: the same weights and LoRA, taken before any update.
-        trl_student = None if args.no_trl else copy.deepcopy(s.student)
-        rollout, score, actor = miniverl_workers(s, hw)
-        log.info("rollout")
-        rollout_result, batch = bench_rollout(s, rollout, repeats)
-        log.info("scoring")
-        scoring = bench_scoring_time(s, batch, hw, repeats)
-        log.info("OPD step")
-        ours = OursOPDStep(s, rollout, score, actor)
-        ours(record=False)  # warm-up
-        null_reasons = {}
-        if args.no_trl:
-            trl_result, reason = None, "skipped (--no-trl)"
-        else:
-            with tempfile.TemporaryDirectory(dir=out) as workdir:
-                trl_result, reason = bench_opd_step_trl(s, trl_student, repeats, Path(workdir), between=ours)
-        if reason:
-            null_reasons["opd_step_vs_trl"] = reason
-        del trl_student
-        while len(ours.steps) < repeats:  # without TRL (or if it stopped early)
-            ours()
-        ours_step = ours.summary()
-        log.info("update")
-        update = bench_update(s, actor, score(batch), repeats)
-        log.info("peak memory")
-        peaks = peak_memory(memory, scoring["calls"])
-    if memory.reason:
-        null_reasons["scoring_peak_memory_vs_naive"] = memory.reason
-    ratios = {**rollout_result["ratios"], **scoring["ratios"], **update["ratios"],
-              "scoring_peak_memory_vs_naive": (peaks["miniverl"] / peaks["naive"]) if peaks["naive"] else None,
-              "opd_step_vs_trl": (ours_step["best_step_seconds"] / trl_result["best_step_seconds"])
-              if trl_result else None}
-    if trl_result:  # the medians' ratio too: the best-of ratio is the table's
-        ours_step["median_ratio_vs_trl"] = round(ours_step["median_step_seconds"] / trl_result["median_step_seconds"], 4)
-    shape = {k: v for k, v in SCALES[args.scale].items() if k != "repeats"}
-    shape["vocab_size"] = s.student.get_base_model().config.vocab_size
+    ratios = dict.fromkeys(RATIO_KEYS)
+    null_reasons, measured, setups = {}, {}, {}
+    builders = {"recipe": build_recipe_setup, "float32": build_float32_setup}
+    with quiet(), tempfile.TemporaryDirectory(dir=out) as workdir:
+        for path in paths:
+            folder = Path(workdir) / path
+            folder.mkdir()
+            log.info("%s: models", path)
+            s = setups[path] = builders[path](args.scale, device, folder)
+            measured[path] = measure_path(s, hw, repeats[path], args.no_trl, folder)
+            ratios.update(measured[path]["ratios"])
+            null_reasons.update(measured[path]["null_reasons"])
+        log.info("peak memory")  # last: pinning glibc's mmap threshold slows allocation
+        for path in paths:
+            peaks = peak_memory(memory, measured[path]["calls"], rounds=2 if path == "recipe" else 3)
+            measured[path]["measurements"]["scoring"].update(miniverl_peak_bytes=peaks["miniverl"],
+                                                             naive_peak_bytes=peaks["naive"])
+            key = PREFIX[path] + "scoring_peak_memory_vs_naive"
+            ratios[key] = peaks["miniverl"] / peaks["naive"] if peaks["naive"] else None
+            if memory.reason:
+                null_reasons[key] = memory.reason
+    for path in PATHS:
+        if path not in paths:
+            null_reasons.update(dict.fromkeys(PATH_RATIO_KEYS[path], f"not measured (--path {args.path})"))
+    shape = {k: v for k, v in SCALES[args.scale].items() if k not in RUN_KEYS}
+    shape["vocab_size"] = next(iter(setups.values())).student.get_base_model().config.vocab_size
     result = {
         "schema": SCHEMA,
         "command": command,
         "scale": args.scale,
+        "paths": list(paths),
         "ratios": {k: (round(ratios[k], 4) if ratios[k] is not None else None) for k in RATIO_KEYS},
         "targets": {k: f"{op} {bound}" for k, (op, bound) in TARGETS.items()},
         "null_reasons": null_reasons,
-        "settings": {"batch": BATCH, "new_tokens": NEW_TOKENS, "lora": {**LORA, "target_modules": list(LORA["target_modules"])},
-                     "student_gradient_checkpointing": True, "dtype": str(dtype).replace("torch.", ""),
-                     "repeats": repeats, "shape": shape, "teacher": "the student's shape, another seed",
+        "settings": {"batch": BATCH, "new_tokens": NEW_TOKENS,
+                     "lora": {**LORA, "target_modules": list(LORA["target_modules"])},
+                     "student_gradient_checkpointing": True, "repeats": {p: repeats[p] for p in paths},
+                     "shape": shape, "models": {p: setups[p].description for p in paths},
+                     "trl": TRL_COMPUTES,
                      "hardware": {"logprob_chunk": hw.logprob_chunk, "rollout_static_cache": hw.rollout_static_cache,
                                   "rollout_compile": hw.rollout_compile, "rollout_cpu_gemv": hw.rollout_cpu_gemv},
-                     "prompt_tokens": [len(p) for p in s.prompt_ids]},
-        "measurements": {
-            "rollout": rollout_result["measurements"],
-            "scoring": {**scoring["measurements"], "miniverl_peak_bytes": peaks["miniverl"],
-                        "naive_peak_bytes": peaks["naive"]},
-            "opd_step": {"miniverl": ours_step, "trl": trl_result},
-            "update": update["measurements"],
-        },
+                     "prompt_tokens": [len(p) for p in next(iter(setups.values())).prompt_ids]},
+        "measurements": {p: measured[p]["measurements"] for p in paths},
         "machine": machine_facts(device),
         "bench_seconds": round(time.perf_counter() - started, 2),
     }

@@ -21,16 +21,17 @@ import torch
 from miniverl.batch import Batch
 from miniverl.data import PromptSet
 from miniverl.downshift import Downshift
-from miniverl.logprobs import response_hidden_states
+from miniverl.logprobs import response_hidden_states, token_logits
 from miniverl.plan import derive_seed
 from miniverl.rollout import RolloutWorker
 from miniverl.teacher import TeacherWorker
 
 
-def full_log_probs(model, batch: Batch) -> torch.Tensor:
-    """(B, R, V) float32 next-token log-probs at the response positions (small vocabularies only)."""
+def full_log_probs(model, batch: Batch, tokenizer_vocab: int | None) -> torch.Tensor:
+    """(B, R, V) float32 next-token log-probs over the tokenizer's ids at the response positions
+    (small vocabularies only)."""
     hidden = response_hidden_states(model, batch)
-    return model.get_output_embeddings()(hidden).float().log_softmax(-1)
+    return token_logits(model.get_output_embeddings(), hidden, tokenizer_vocab).log_softmax(-1)
 
 
 class DistillationProbe:
@@ -39,8 +40,9 @@ class DistillationProbe:
         self.prompts, self.rollout, self.teacher, self.student_model = prompts, rollout, teacher, student_model
         self.seeds = [derive_seed(seed, "eval", i) for i in range(len(prompts))]  # the same streams every time
         self.response_limit = response_limit
+        self.tokenizer_vocab = rollout.tokenizer_vocab  # the rows every role samples and scores
         vocab = student_model.get_output_embeddings().weight.shape[0]
-        self.exact = vocab <= exact_kl_max_vocab
+        self.exact = min(vocab, self.tokenizer_vocab or vocab) <= exact_kl_max_vocab
 
     @torch.no_grad()
     def measure(self, shift: Downshift) -> dict[str, float | None]:
@@ -64,9 +66,9 @@ class DistillationProbe:
         parts = []
         for start in range(0, len(batch), rows_per_forward):
             rows = batch.rows(start, start + rows_per_forward)
-            student = full_log_probs(self.student_model, rows)  # (b, R, V)
+            student = full_log_probs(self.student_model, rows, self.tokenizer_vocab)  # (b, R, V)
             self.teacher.model.eval()
             with self.teacher.context():
-                teacher = full_log_probs(self.teacher.model, rows)
+                teacher = full_log_probs(self.teacher.model, rows, self.tokenizer_vocab)
             parts.append((student.exp() * (student - teacher)).sum(-1))  # (b, R)
         return torch.cat(parts)

@@ -26,7 +26,9 @@ from which it draws exactly one uniform number u_t (float64, [0, 1)) per respons
 `response_limit` of them at the start of its rollout. Step t picks, by inverse CDF, the first
 token whose cumulative (filtered) probability exceeds u_t: the tokens a sample gets depend only
 on its seed and its own logits, never on which other samples share its physical batch, and the
-draw is the same on every device. The cumulative sum is taken in float64.
+draw is the same on every device. The cumulative sum is taken in fixed point (int64 units of
+2^-52 of the row's mass): exact, and deterministic on CUDA too, which has no deterministic
+floating-point cumsum (`torch.use_deterministic_algorithms` refuses one).
 """
 
 from __future__ import annotations
@@ -62,6 +64,17 @@ def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device) -> tup
     return ids.to(device), mask.to(device)
 
 
+FIXED_POINT_ONE = 2**52  # a row's whole probability mass, in integer units
+
+
+def fixed_point_units(weights: torch.Tensor) -> torch.Tensor:
+    """(b, V) non-negative weights -> (b, V) int64 shares of FIXED_POINT_ONE (rounded down),
+    whose integer cumsum is exact and deterministic on every device. A token below 2^-52 of the
+    mass gets 0."""
+    total = weights.sum(-1, keepdim=True, dtype=torch.float64)
+    return (weights.double() * (FIXED_POINT_ONE / total)).long()
+
+
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     """verl/vLLM-style top-k then top-p filtering of (B, V) logits (-inf outside the kept set)."""
     if top_k > 0 and top_k < logits.shape[-1]:
@@ -69,8 +82,9 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p < 1.0:
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        cumulative = sorted_logits.softmax(-1).cumsum(-1)
-        drop = cumulative - sorted_logits.softmax(-1) > top_p  # keep the first token that crosses top_p
+        units = fixed_point_units(sorted_logits.softmax(-1))
+        before = units.cumsum(-1) - units  # the mass ahead of each token
+        drop = before > round(top_p * FIXED_POINT_ONE)  # keep the first token that crosses top_p
         logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
     return logits
 
@@ -94,12 +108,12 @@ def sample_token(logits: torch.Tensor, u: torch.Tensor, *, top_k: int = -1, top_
     if (0 < top_k < logits.shape[-1]) or top_p < 1.0:
         # The kept set always holds the argmax, so `top` stays the right shift.
         weights = (filter_logits(logits, top_k, top_p) - top).exp_()
-    cdf = weights.cumsum(-1, dtype=torch.float64)  # (b, V)
+    cdf = fixed_point_units(weights).cumsum(-1)  # (b, V) int64
     total = cdf[:, -1:]
     # x < total strictly, so the first cdf entry above x is a token of non-zero weight.
-    x = torch.minimum(u[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+    x = torch.minimum((u[:, None] * total).long(), total - 1)
     # (The clamp only matters for non-finite logits, whose NaN log-prob the actor then refuses.)
-    token = torch.searchsorted(cdf, x, right=True).squeeze(-1).clamp_(max=logits.shape[-1] - 1)  # (b,)
+    token = torch.searchsorted(cdf, x, right=True).squeeze(-1).clamp_(0, logits.shape[-1] - 1)  # (b,)
     log_prob = logits.gather(-1, token[:, None]).squeeze(-1) - log_z
     return token, log_prob
 
@@ -144,17 +158,27 @@ def _plain_lora(module: torch.nn.Module) -> bool:
             and hasattr(module, "cast_input_dtype_enabled"))
 
 
-def _lean_lora4bit_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+def _lean_lora4bit_forward(module: torch.nn.Module):
     """peft's LoRA forward over a bitsandbytes 4-bit base (`peft.tuners.lora.bnb.Linear4bit`) for
-    its plain case, the same operations in the same order (the adapter's output cast to the base
-    output's dtype, then added), without its per-call bookkeeping."""
-    if args or kwargs or torch.is_autocast_enabled():
-        return type(self).forward(self, x, *args, **kwargs)
-    result = self.base_layer(x)
-    name = self.active_adapters[0]
-    lora_a, lora_b = self.lora_A[name], self.lora_B[name]
-    output = lora_b(lora_a(self._cast_input_dtype(x, lora_a.weight.dtype))) * self.scaling[name]
-    return result + output.to(result.dtype)
+    its plain case, the same operations in the same order (the input cast to the adapter's dtype,
+    lora_B(lora_A(x)) * scaling cast to the base output's dtype, then added), without its per-call
+    bookkeeping: the adapter's weights are read once, when decoding starts (they do not change
+    while it runs), and its two matrices are applied with F.linear, as their nn.Linear does."""
+    name = module.active_adapters[0]
+    lora_a, lora_b, scaling = module.lora_A[name], module.lora_B[name], module.scaling[name]
+    a_weight, a_bias, b_weight, b_bias = lora_a.weight, lora_a.bias, lora_b.weight, lora_b.bias
+    cast = module.cast_input_dtype_enabled
+    base, linear, plain_forward = module.base_layer, torch.nn.functional.linear, type(module).forward
+
+    def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        if args or kwargs or torch.is_autocast_enabled():
+            return plain_forward(module, x, *args, **kwargs)
+        result = base(x)
+        if cast and x.dtype != a_weight.dtype:
+            x = x.to(a_weight.dtype)
+        return result + (linear(linear(x, a_weight, a_bias), b_weight, b_bias) * scaling).to(result.dtype)
+
+    return forward
 
 
 def _plain_lora_4bit(module: torch.nn.Module) -> bool:
@@ -165,8 +189,13 @@ def _plain_lora_4bit(module: torch.nn.Module) -> bool:
     if type(module) is not Lora4bit or module.merged or module.disable_adapters:
         return False
     active = list(module.active_adapters)
-    return (len(active) == 1 and active[0] in module.lora_A and active[0] not in module.lora_variant
-            and isinstance(module.lora_dropout[active[0]], torch.nn.Identity))
+    name = active[0] if len(active) == 1 else None
+    return (name in module.lora_A and name not in module.lora_variant
+            and isinstance(module.lora_dropout[name], torch.nn.Identity)
+            and type(module.lora_A[name]) is torch.nn.Linear and type(module.lora_B[name]) is torch.nn.Linear
+            and not any(vars(m).get("forward") or m._forward_hooks or m._forward_pre_hooks
+                        for m in (module.lora_A[name], module.lora_B[name]))
+            and hasattr(module, "cast_input_dtype_enabled"))
 
 
 # While decoding on the CPU, each bitsandbytes NF4/FP4 weight is dequantized once per rollout
@@ -201,11 +230,11 @@ def _dense_4bit_weight(module: torch.nn.Module) -> torch.Tensor | None:
 def _dense_4bit_forward(module: torch.nn.Module, weight: torch.Tensor):
     """Linear4bit.forward with a dequantized weight: bitsandbytes 0.50's CPU path (Linear4bit.forward
     -> matmul_4bit -> gemm_4bit's default kernel) without the per-call dequantization."""
-    compute_dtype = module.compute_dtype
+    compute_dtype, linear = module.compute_dtype, torch.nn.functional.linear
+    bias = None if module.bias is None else module.bias.to(compute_dtype)  # frozen while decoding
 
     def forward(x: torch.Tensor) -> torch.Tensor:
-        bias = None if module.bias is None else module.bias.to(compute_dtype)
-        return torch.nn.functional.linear(x.to(compute_dtype), weight, bias).to(x.dtype)
+        return linear(x.to(compute_dtype), weight, bias).to(x.dtype)
 
     return forward
 
@@ -242,7 +271,7 @@ def lean_decode_modules(model: torch.nn.Module, few_row_gemv: bool, dequantize_4
         if _plain_lora(module):
             module.forward = types.MethodType(_lean_lora_forward, module)
         elif _plain_lora_4bit(module):
-            module.forward = types.MethodType(_lean_lora4bit_forward, module)
+            module.forward = _lean_lora4bit_forward(module)
         elif few_row_gemv and type(module) is torch.nn.Linear and module.weight.dtype == torch.float32 \
                 and module.weight.device.type == "cpu":
             module.forward = types.MethodType(_few_row_linear, module)

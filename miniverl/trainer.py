@@ -28,7 +28,7 @@ from miniverl.plan import Plan, UpdatePlan, compile_plan, derive_seed
 from miniverl.downshift import Downshift, OutOfMemoryAtOneRow
 from miniverl.evaluate import DistillationProbe
 from miniverl.metrics import batch_metrics, console_line, rollout_actor_metrics
-from miniverl.measure import cuda_peaks, peak_rss_gib, seconds_since_start
+from miniverl.measure import cuda_peaks, peak_rss_gib, release_memory, seconds_since_start
 from miniverl.report import RunFacts, build_report
 from miniverl.rollout import RolloutWorker
 from miniverl.schema import MiniverlConfig
@@ -50,6 +50,8 @@ class OPDTrainer:
         self.stopped_by: int | None = None  # the signal that stopped the run, if one did
         self.seconds_to_first: dict[str, float | None] = {"rollout": None, "teacher_targets": None, "update": None}
         self.progress: dict[str, list[dict]] = {}  # held-out k1_mean / exact_reverse_kl per evaluated update
+        self.adapter_saved = False  # peft_adapter/ written (by finish, or before release_models)
+        self.probe_released = False
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -65,7 +67,7 @@ class OPDTrainer:
         if source is not None:
             self.resumed = checkpoint.verify_checkpoint(source, self.plan.digest)
         self.out = RunFolder(self.run_dir, continuing=self.resumed is not None and self.in_place,
-                             overwrite=cfg.trainer.overwrite)
+                             overwrite=cfg.trainer.overwrite, plan_digest=self.plan.digest)
         self.tensorboard = TensorBoardLogger(self.run_dir) if "tensorboard" in cfg.trainer.logger else None
         self.out.write_yaml("resolved_config.yaml", self.resolved)
         self.out.write_json("plan.json", self.plan.to_dict(), canonical=True)
@@ -300,8 +302,6 @@ class OPDTrainer:
         """Drop the models, workers and optimizer and give their memory back (the device's cache
         included), saving the adapter first if finish has not: the recipe's resume check then runs
         its two fresh processes with the device to themselves. finish() still writes the report."""
-        from miniverl.measure import release_memory
-
         if not self.adapter_saved:
             self.save_adapter()
         self.probe_released = self.probe is not None
@@ -312,7 +312,3 @@ class OPDTrainer:
         self.student.save_pretrained(str(self.out.path("peft_adapter")), safe_serialization=True,
                                      selected_adapters=["default"])  # not a shared_base teacher's
         self.adapter_saved = True
-
-    # False until save_adapter / release_models run.
-    adapter_saved = False
-    probe_released = False

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU check (README, "A GPU check"): on a CUDA machine, in under 8 minutes,
 #   (a) the tests marked `gpu`                          MINIVERL_GPU_TESTS=1 python -m pytest -m gpu
-#   (b) +recipe=opd_k1, exact-resume check on, on randomly initialised models of Qwen3-0.6B's and
-#       Qwen3-1.7B's exact configurations, written here from their config values (no download)
+#   (b) the doctor, then +recipe=opd_k1 with its exact-resume check, on randomly initialised models
+#       of Qwen3-0.6B's and Qwen3-1.7B's exact configurations, written here from their config
+#       values with Qwen3's token layout (no download)
 #   (c) python -m miniverl.bench --scale qwen3-0.6b-shape
 # then a summary: test result, report status, resume status, bench ratios.
 #
@@ -11,8 +12,9 @@
 # Reports and logs go flat into OUT_DIR (a few files); models and run folders into WORK_DIR.
 # Environment: OUT (report folder), GPU_CHECK_WORK (work folder, default outputs/gpu_check_work),
 # GPU_CHECK_STEPS (default "tests recipe bench"), GPU_CHECK_HARDWARE (default rtx4080_16gb),
-# PYTHON (default python), GPU_CHECK_TINY=1 (2-layer models of the same vocabulary and the toy
-# bench scale: checks the command lines on a CPU, e.g. with GPU_CHECK_HARDWARE=cpu).
+# PYTHON (default python), GPU_CHECK_BUDGET (seconds for all steps, default 465), GPU_CHECK_TINY=1
+# (2-layer models of the same vocabulary and the toy bench scale: checks the command lines on a
+# CPU, e.g. with GPU_CHECK_HARDWARE=cpu).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -22,17 +24,23 @@ STEPS="${GPU_CHECK_STEPS:-tests recipe bench}"
 HARDWARE="${GPU_CHECK_HARDWARE:-rtx4080_16gb}"
 PYTHON="${PYTHON:-python}"
 TINY="${GPU_CHECK_TINY:-0}"
+DEADLINE=$((SECONDS + ${GPU_CHECK_BUDGET:-465}))  # the whole check ends within 8 minutes
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 mkdir -p "$OUT_DIR" "$WORK_DIR"
 STATUS_FILE="$OUT_DIR/steps.txt"
 : > "$STATUS_FILE"
 
-# step NAME SECONDS COMMAND...: runs COMMAND under a time limit, its output into OUT_DIR/NAME.log;
-# a failure is recorded and the next step still runs.
+# step NAME SECONDS COMMAND...: runs COMMAND under a time limit (SECONDS, or what is left of the
+# budget), its output into OUT_DIR/NAME.log; a failure is recorded and the next step still runs.
 step() {
     local name="$1" seconds="$2"
     shift 2
-    local start=$SECONDS rc=0
+    local start=$SECONDS rc=0 left=$((DEADLINE - SECONDS))
+    if [ "$left" -lt "$seconds" ]; then seconds=$left; fi
+    if [ "$seconds" -lt 10 ]; then
+        echo "$name rc=124 seconds=0 (skipped: the time budget is spent)" | tee -a "$STATUS_FILE"
+        return 0
+    fi
     echo "== $name (limit ${seconds} s): $*"
     timeout --kill-after=10 "$seconds" "$@" > "$OUT_DIR/$name.log" 2>&1 || rc=$?
     echo "$name rc=$rc seconds=$((SECONDS - start))" | tee -a "$STATUS_FILE"
@@ -43,14 +51,13 @@ step() {
 wants() { [[ " $STEPS " == *" $1 "* ]]; }
 
 if wants tests; then
-    step tests 150 env MINIVERL_GPU_TESTS=1 "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider
+    step tests 120 env MINIVERL_GPU_TESTS=1 "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider
 fi
 
 if wants recipe; then
     STUDENT="$WORK_DIR/qwen3_0_6b_shape" TEACHER="$WORK_DIR/qwen3_1_7b_shape"
-    step write_models 150 "$PYTHON" - "$STUDENT" "$TEACHER" "$TINY" <<'PY'
+    step write_models 90 "$PYTHON" - "$STUDENT" "$TEACHER" "$TINY" <<'PY'
 """Qwen3-0.6B's and Qwen3-1.7B's configurations (their config.json values), random weights."""
-import inspect
 import sys
 
 import torch
@@ -59,10 +66,8 @@ from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 from miniverl.toy import IM_END, build_toy_tokenizer
 
 student_dir, teacher_dir, tiny = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
-# Qwen3's id layout when this miniverl's toy tokenizer offers it, else the byte-level toy one;
-# either way fewer ids than the 151,936 embedding rows (a padded vocabulary, as Qwen3's).
-layout = "qwen3" if "layout" in inspect.signature(build_toy_tokenizer).parameters else None
-tokenizer = build_toy_tokenizer(layout) if layout else build_toy_tokenizer()
+# Qwen3's id layout (151,669 ids, its added tokens at their real ids) under 151,936 embedding rows.
+tokenizer = build_toy_tokenizer("qwen3")
 eos, pad = tokenizer.convert_tokens_to_ids(IM_END), tokenizer.pad_token_id
 common = dict(vocab_size=151936, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
               tie_word_embeddings=True, rope_theta=1_000_000.0, max_position_embeddings=40960, rms_norm_eps=1e-6,
@@ -87,13 +92,16 @@ for seed, (folder, shape) in enumerate(shapes.items()):
     GenerationConfig(bos_token_id=pad, eos_token_id=[eos, pad], pad_token_id=pad, do_sample=True, temperature=0.6,
                      top_k=20, top_p=0.95).save_pretrained(folder)
     print(f"{folder}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters, "
-          f"{len(tokenizer)} tokenizer ids, {config.vocab_size} embedding rows ({layout or 'bytes'} layout)")
+          f"{len(tokenizer)} tokenizer ids, {config.vocab_size} embedding rows")
     del model
 PY
+    MODELS=("model.model_id=$STUDENT" model.revision=null "teacher.model_id=$TEACHER" teacher.revision=null)
+    # The doctor on the recipe's real precision and kernels: self-test and nf4-gradients on CUDA.
+    step doctor 90 "$PYTHON" -m miniverl.doctor +recipe=opd_k1 "hardware=$HARDWARE" "${MODELS[@]}" \
+        "hydra.run.dir=$WORK_DIR/doctor"
     RUN_DIR="$WORK_DIR/recipe_qwen3_shapes"
     rm -rf "$RUN_DIR"  # a fresh run each time: a finished run folder is never overwritten
-    step recipe 270 "$PYTHON" -m miniverl.main +recipe=opd_k1 "hardware=$HARDWARE" \
-        "model.model_id=$STUDENT" model.revision=null "teacher.model_id=$TEACHER" teacher.revision=null \
+    step recipe 300 "$PYTHON" -m miniverl.main +recipe=opd_k1 "hardware=$HARDWARE" "${MODELS[@]}" \
         trainer.progress_bar=false "hydra.run.dir=$RUN_DIR"
     if [ -f "$RUN_DIR/report.json" ]; then cp "$RUN_DIR/report.json" "$OUT_DIR/recipe_report.json"; fi
 fi
@@ -119,6 +127,11 @@ for line in (out / "steps.txt").read_text().splitlines():
 tests = out / "tests.log"
 if tests.is_file():
     print(f"  tests: {(tests.read_text().strip().splitlines() or ['(no output)'])[-1]}")
+doctor = out / "doctor.log"
+if doctor.is_file():
+    for line in doctor.read_text().splitlines():
+        if line[:4] in ("PASS", "WARN", "FAIL"):
+            print(f"  doctor: {line}")
 report = out / "recipe_report.json"
 if report.is_file():
     r = json.loads(report.read_text())

@@ -1,23 +1,27 @@
 """The fast paths are exact: the decode loop samples what a straightforward reference loop samples
-with the same per-sample streams, the chunked sampled-token log-probs (and their gradients) equal
-the naive log-softmax, and `python -m miniverl.bench` writes its ratios under stable keys."""
+with the same per-sample streams, over NF4 layers dequantized once per rollout it samples exactly
+what bitsandbytes' per-call path samples, the chunked sampled-token log-probs (and their
+gradients) equal the naive log-softmax, and `python -m miniverl.bench` writes its ratios under
+stable keys."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import math
 import shutil
 import subprocess
 import sys
 
 import pytest
 import torch
+from conftest import ROOT
 from peft import LoraConfig, get_peft_model
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from conftest import ROOT
-from miniverl import logprobs
+from miniverl import logprobs, rollout
 from miniverl.logprobs import response_log_probs, sampled_log_probs
-from miniverl.rollout import RolloutWorker, filter_logits
+from miniverl.rollout import RolloutWorker, filter_logits, lean_decode_modules
 from miniverl.schema.actor import RolloutConfig
 
 VOCAB, EOS, PAD = 61, 7, 0  # a vocabulary no chunk size divides
@@ -63,8 +67,8 @@ def reference_loop(model, prompt, seed, limit, *, temperature, top_k, top_p):
 
 
 @pytest.mark.parametrize("static_cache", [False, True])
-@pytest.mark.parametrize("sampling", [dict(temperature=1.0, top_k=-1, top_p=1.0),
-                                      dict(temperature=0.8, top_k=20, top_p=0.9)])
+@pytest.mark.parametrize("sampling", [{"temperature": 1.0, "top_k": -1, "top_p": 1.0},
+                                      {"temperature": 0.8, "top_k": 20, "top_p": 0.9}])
 def test_decode_loop_samples_what_the_reference_loop_samples(model, static_cache, sampling):
     limit = 24
     worker = RolloutWorker(model, RolloutConfig(**sampling), eos_ids=[EOS], pad_id=PAD, device=torch.device("cpu"),
@@ -121,6 +125,105 @@ def test_cuda_graph_decode_samples_what_the_eager_loop_samples(model):
         model.to("cpu")
 
 
+@pytest.fixture(scope="module")
+def nf4_student(tmp_path_factory):
+    """The recipe's student path: a bfloat16 Qwen3 checkpoint loaded by models.load_student (NF4,
+    bf16 compute, prepare_model_for_kbit_training, LoRA r16 on q/v), a non-zero LoRA B."""
+    from miniverl import models, toy
+    from miniverl.schema.model import StudentConfig
+
+    folder = tmp_path_factory.mktemp("nf4") / "student"
+    tokenizer = toy.build_toy_tokenizer()
+    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=192, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+                         tie_word_embeddings=False, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id, bos_token_id=None, dtype="bfloat16")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        Qwen3ForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    block = StudentConfig(model_id=str(folder), dtype="auto", quantization="nf4")
+    student = models.load_student(block, models.source_of(block, None), torch.device("cpu"), lora_seed=1)
+    with torch.no_grad():
+        for name, param in student.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0.0, 0.05, generator=torch.Generator().manual_seed(2))
+    return student, tokenizer
+
+
+def linear_4bit_layers(model):
+    import bitsandbytes as bnb
+    return [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
+
+
+@pytest.mark.parametrize("double_quant", [False, True])
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_4bit_layer_dequantized_once_computes_what_bitsandbytes_computes(double_quant, bias):
+    import bitsandbytes as bnb
+
+    torch.manual_seed(3)
+    dense = torch.nn.Linear(128, 96, bias=bias).to(torch.bfloat16)
+    layer = bnb.nn.Linear4bit(128, 96, bias=bias, compute_dtype=torch.bfloat16, quant_type="nf4",
+                              compress_statistics=double_quant)
+    layer.weight = bnb.nn.Params4bit(dense.weight.data.clone(), requires_grad=False, quant_type="nf4",
+                                     compress_statistics=double_quant)._quantize("cpu")
+    if bias:
+        layer.bias = torch.nn.Parameter(dense.bias.data.clone(), requires_grad=False)
+    layer.support_avx512bf16_for_cpu = False  # as models.disable_cpu_nf4_repack leaves every NF4 layer
+    layer.eval()
+    shell = torch.nn.Sequential(layer)
+    for shape in ((4, 1, 128), (3, 17, 128)):  # a decode step, a prefill
+        x = torch.randn(*shape)  # float32 in, as the recipe's (float32) norms hand it over
+        with torch.inference_mode():
+            expected = layer(x)
+            with lean_decode_modules(shell, few_row_gemv=True, dequantize_4bit=True) as lean:
+                assert "forward" in vars(layer) and lean.dequantized_layers == 1
+                assert lean.dequantized_bytes == 96 * 128 * 2  # one bfloat16 copy
+                got = layer(x)
+        assert "forward" not in vars(layer)  # bitsandbytes' own forward again
+        assert got.dtype == expected.dtype == torch.float32 and torch.equal(got, expected)
+
+
+def test_nf4_rollout_dequantized_once_samples_what_the_per_call_path_samples(nf4_student, monkeypatch):
+    """Over the recipe's NF4 student: the same tokens and, bitwise, the same log-probs with every
+    weight dequantized once per rollout as with bitsandbytes dequantizing on every call; and the
+    actor's recompute (its eval pass, and the update's train-mode forward with gradients through
+    bitsandbytes' per-call path) agrees with the rollout's log-probs."""
+    from miniverl.actor import ActorWorker
+    from miniverl.schema.actor import ActorConfig
+    from miniverl.schema.estimator import EstimatorConfig
+
+    student, tokenizer = nf4_student
+    base = student.get_base_model()
+    layers = linear_4bit_layers(base)
+    assert len(layers) == 2 * 7 and all(m.compute_dtype == torch.bfloat16 for m in layers)
+    worker = RolloutWorker(base, RolloutConfig(), eos_ids=[tokenizer.eos_token_id], pad_id=tokenizer.pad_token_id,
+                           device=torch.device("cpu"))
+    limit = 24
+    once = worker.generate_sequences(PROMPTS, [0, 1, 2, 3], SEEDS, response_limit=limit, physical_batches=[4])
+    assert worker.dequantized_bytes == sum(m.out_features * m.in_features * 2 for m in layers)
+    assert not any("forward" in vars(m) for m in base.modules())  # every forward restored
+    monkeypatch.setattr(rollout, "DEQUANTIZE_4BIT_ONCE_ON_CPU", False)
+    per_call = worker.generate_sequences(PROMPTS, [0, 1, 2, 3], SEEDS, response_limit=limit, physical_batches=[4])
+    assert worker.dequantized_bytes == 0
+    assert torch.equal(once.responses, per_call.responses)
+    assert torch.equal(once.response_mask, per_call.response_mask)
+    assert torch.equal(once.rollout_log_probs, per_call.rollout_log_probs)
+
+    k1 = EstimatorConfig(loss_mode="k1", use_policy_gradient=True)
+    actor = ActorWorker(student, ActorConfig(), k1, temperature=1.0, logprob_chunk=16, loss_scale_factor=limit)
+    mask = once.response_mask
+    torch.testing.assert_close(actor.compute_log_prob(once, 4), once.rollout_log_probs, rtol=1e-5, atol=1e-5)
+    student.train()  # gradient checkpointing on, bitsandbytes' autograd path
+    try:
+        with torch.enable_grad():
+            trained = response_log_probs(base, once, chunk=16)
+        assert trained.requires_grad
+    finally:
+        student.eval()
+    torch.testing.assert_close(trained.detach() * mask, once.rollout_log_probs, rtol=1e-5, atol=1e-5)
+
+
 def naive(head, hidden, tokens, temperature):
     return torch.log_softmax(head(hidden).float() / temperature, -1).gather(-1, tokens[..., None]).squeeze(-1)
 
@@ -174,16 +277,36 @@ def test_response_log_probs_equal_a_plain_forward(model):
 
 
 def test_bench_toy_smoke_run_writes_every_ratio(tmp_path):
+    from miniverl.bench import PATH_RATIO_KEYS, RATIO_KEYS, TARGETS
+
     out = tmp_path / "bench"
     done = subprocess.run([sys.executable, "-m", "miniverl.bench", "--scale", "toy", "--repeats", "1", "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+                          check=False, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((out / "bench.json").read_text())
-    assert result["schema"] == "miniverl-bench/1" and result["scale"] == "toy"
-    assert set(result["ratios"]) == {"rollout_vs_hf_generate", "rollout_vs_no_cache", "scoring_time_vs_naive",
-                                     "scoring_peak_memory_vs_naive", "opd_step_vs_trl", "update_vs_bare_fwd_bwd"}
+    assert result["schema"] == "miniverl-bench/2" and result["scale"] == "toy"
+    assert result["paths"] == ["recipe", "float32"]  # the recipe's own path is the default's headline
+    assert set(result["ratios"]) == set(RATIO_KEYS)
+    assert {"recipe_rollout_vs_hf_generate", "recipe_opd_step_vs_trl", "recipe_opd_step_vs_trl_k1",
+            "recipe_rollout_vs_one_row_generate", "recipe_rollout_vs_per_call_dequantize"} <= set(RATIO_KEYS)
+    assert set(PATH_RATIO_KEYS["float32"]) == {"rollout_vs_hf_generate", "rollout_vs_one_row_generate",
+                                               "scoring_time_vs_naive", "scoring_peak_memory_vs_naive",
+                                               "opd_step_vs_trl", "update_vs_bare_fwd_bwd"}  # today's keys
+    assert "rollout_vs_no_cache" not in result["ratios"]  # the no-KV-cache baseline is gone
+    assert TARGETS["recipe_rollout_vs_hf_generate"] == (">=", 2.0) and TARGETS["recipe_opd_step_vs_trl"] == ("<=", 0.5)
     for key, value in result["ratios"].items():
-        assert (isinstance(value, float) and value > 0) or (value is None and key in result["null_reasons"]), key
-    assert result["measurements"]["scoring"]["max_abs_diff_vs_naive"] < 1e-4
+        assert (isinstance(value, float) and math.isfinite(value) and value > 0) \
+            or (value is None and key in result["null_reasons"]), key
+    with_trl = importlib.util.find_spec("trl") is not None  # the optional extra .[bench]
+    for key in ("recipe_rollout_vs_hf_generate", "recipe_rollout_vs_per_call_dequantize",
+                *(("recipe_opd_step_vs_trl", "recipe_opd_step_vs_trl_k1") if with_trl else ())):
+        assert isinstance(result["ratios"][key], float) and result["ratios"][key] > 0, result["null_reasons"]
+    recipe = result["measurements"]["recipe"]
+    assert recipe["rollout"]["miniverl"]["same_tokens_and_log_probs_as_per_call_dequantize"] is True
+    assert recipe["rollout"]["miniverl"]["dequantized_bytes"] > recipe["rollout"]["miniverl"]["four_bit_storage_bytes"] > 0
+    assert "NF4" in result["settings"]["models"]["recipe"]["student"]
+    for path in ("recipe", "float32"):
+        assert result["measurements"][path]["scoring"]["max_abs_diff_vs_naive"] < 1e-4
     table = (out / "bench.md").read_text()
-    assert "| measurement | miniverl | other |" in table and table.count("\n|") >= 8
+    assert "| measurement | miniverl | other |" in table and table.count("\n|") >= 18
+    assert "full-vocabulary" in table and "IWOPDTrainer" in table

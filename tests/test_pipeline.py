@@ -57,7 +57,7 @@ def test_run_writes_every_output(finished_run):
     for metrics in lines:
         assert set(VERL_METRICS) <= set(metrics)
         assert math.isfinite(metrics["actor/distillation/loss"])
-    assert report["status"] == "completed"
+    assert report["status"] == "measured"
     assert set(report) >= {"recipe", "models", "hardware", "measurements", "artifacts"}
     assert report["recipe"]["compiled_plan_sha256"] == trainer.plan.digest
     assert set(report["measurements"]["steady_state_median_seconds"]) == {"rollout", "teacher_scoring", "actor_update"}

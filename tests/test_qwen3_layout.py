@@ -207,3 +207,19 @@ def test_the_recipe_on_qwen3s_layout_runs_and_resumes_exactly_from_the_command_l
     for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines():
         assert json.loads(line)["training/rollout_probs_diff_max"] <= worst_allowed
     assert toy.QWEN3_VOCAB_ROWS == ROWS
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_sampling_equals_scoring_within_the_bf16_tolerance_and_the_doctor_passes(tmp_path):
+    cfg = compose_config([("hardware=auto" if o == "hardware=cpu" else o) for o in QWEN3])
+    trainer = OPDTrainer(to_config(cfg), resolved_config(cfg), tmp_path)
+    trainer.setup()
+    assert trainer.device.type == "cuda"
+    batch = trainer.teacher.compute_teacher_log_prob(rollout(trainer), 4)
+    worst_allowed, mean_allowed = precision.log_prob_tolerance(torch.bfloat16)
+    diff = (batch.rollout_log_probs - trainer.actor.compute_log_prob(batch, rows_per_forward=4)) * batch.response_mask
+    assert float(diff.abs().max()) <= worst_allowed and abs(float(diff.sum() / batch.response_mask.sum())) <= mean_allowed
+    source = models.source_of(trainer.cfg.model, trainer.run_dir / "toy_models" / "student")
+    for check in (doctor.check_self_test(trainer), doctor.check_nf4_gradients(trainer, source)):
+        assert check.status == "PASS", str(check)
