@@ -23,8 +23,8 @@ On each path it measures
    `log_softmax(logits.float()).gather(...)` on the model's full logits;
 3. one whole OPD update (rollout, teacher, update, whose forward also gives the old log-probs;
    k1 on the sampled token) vs one on-policy step of TRL's `DistillationTrainer` (beta=1: the
-   full-vocabulary reverse KL, plus the entropy, at every response position of both models) and
-   vs TRL's experimental `IWOPDTrainer` configured as k1 (`distillation_objective="iw_opd"`,
+   full-vocabulary reverse KL, plus the entropy, at every response position of both models) and,
+   on the recipe path, vs TRL's experimental `IWOPDTrainer` configured as k1 (`distillation_objective="iw_opd"`,
    `iw_opd_gamma=0`: the sampled-token k1 policy gradient, computed from both models' full
    logits) — the same models, batch, lengths and LoRA; TRL comes with the optional extra
    `pip install -e .[bench]`; without it those ratios are null, with the reason;
@@ -33,7 +33,8 @@ On each path it measures
 
 It writes `bench.json` (ratios under stable keys, every measurement behind them, the machine) and
 `bench.md` (the tables) to --out, and prints the tables. Each timing is the best of several
-rounds after a warm-up, the methods interleaved round by round (timeit's convention: on a shared
+rounds once warm (a warm-up round of its own, or after a warm-up OPD step that ran the same
+kernels), the methods interleaved round by round (timeit's convention: on a shared
 machine the least disturbed run is the best estimate of a method's own cost; medians are kept in
 bench.json too); peak memory is measured last (on the CPU from the process's peak RSS,
 with glibc's mmap threshold pinned so that freed buffers leave the RSS; on CUDA from the
@@ -353,15 +354,14 @@ def four_bit_storage_bytes(model: torch.nn.Module) -> int:
 
 
 @contextmanager
-def per_call_dequantize():
+def per_call_dequantize(worker):
     """The rollout on bitsandbytes' own per-call path (each 4-bit weight dequantized every call)."""
-    from miniverl import rollout
-    previous = rollout.DEQUANTIZE_4BIT_ONCE_ON_CPU
-    rollout.DEQUANTIZE_4BIT_ONCE_ON_CPU = False
+    previous = worker.dequantize_4bit_once
+    worker.dequantize_4bit_once = False
     try:
         yield
     finally:
-        rollout.DEQUANTIZE_4BIT_ONCE_ON_CPU = previous
+        worker.dequantize_4bit_once = previous
 
 
 # ---------------------------------------------------------------------------------------------- the pieces
@@ -375,7 +375,7 @@ def miniverl_workers(s: Setup, hw):
     base = s.student.get_base_model()
     rollout = RolloutWorker(base, RolloutConfig(), eos_ids=[s.eos_id], pad_id=s.pad_id, device=s.device,
                             static_cache=hw.rollout_static_cache, compile_decode=hw.rollout_compile,
-                            cpu_gemv=hw.rollout_cpu_gemv)
+                            cpu_gemv=hw.rollout_cpu_gemv, dequantize_4bit_once=hw.rollout_dequantize_4bit_once)
     teacher_worker = TeacherWorker(s.teacher, logprob_chunk=hw.logprob_chunk, topk=None)
 
     def score(batch):
@@ -401,7 +401,8 @@ def bench_rollout(s: Setup, rollout, repeats: int) -> tuple[dict, dict, object]:
         def run():
             n = round_of[name] = round_of.get(name, -1) + 1
             seeds = [1000 * n + i for i in range(BATCH)]
-            context = per_call_dequantize() if name == "miniverl_per_call_dequantize" else contextlib.nullcontext()
+            context = (per_call_dequantize(rollout) if name == "miniverl_per_call_dequantize"
+                       else contextlib.nullcontext())
             with context:
                 batch = rollout.generate_sequences(s.prompt_ids, list(range(BATCH)), seeds, response_limit=NEW_TOKENS,
                                                    physical_batches=[BATCH])
@@ -584,8 +585,8 @@ def bench_opd_step_trl(kind: str, s: Setup, student, repeats: int, workdir: Path
                        between: Callable[[], None]) -> tuple[dict | None, str | None]:
     """`repeats` timed steps of TRL's trainer, each followed by `between()` (miniverl's step:
     interleaved, so a busy machine slows both alike). No warm-up step of its own: the kernels are
-    warm from miniverl's warm-up step on the same models, and a first TRL step measured no slower
-    than the later ones here (docs/bench.md); the best of the steps counts."""
+    warm from miniverl's warm-up step on the same models, and a first TRL step measured within the
+    spread of the later ones here (docs/bench.md); the best of the steps counts."""
     try:
         import trl
         from transformers import TrainerCallback

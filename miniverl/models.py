@@ -13,7 +13,6 @@ LoRA gradients equal those through the dequantized base.
 
 from __future__ import annotations
 
-import logging
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass

@@ -198,12 +198,6 @@ def _plain_lora_4bit(module: torch.nn.Module) -> bool:
             and hasattr(module, "cast_input_dtype_enabled"))
 
 
-# While decoding on the CPU, each bitsandbytes NF4/FP4 weight is dequantized once per rollout
-# instead of once per call (bitsandbytes' CPU path dequantizes the whole weight on every call,
-# i.e. every token). Measured on a 2-core AVX2 CPU: docs/bench.md. Tests switch it off to compare.
-DEQUANTIZE_4BIT_ONCE_ON_CPU = True
-
-
 def _dense_4bit_weight(module: torch.nn.Module) -> torch.Tensor | None:
     """The dequantized weight of a bitsandbytes Linear4bit whose forward is exactly
     `F.linear(x.to(compute_dtype), dequantize_4bit(W), bias.to(compute_dtype)).to(x.dtype)`, or
@@ -250,20 +244,19 @@ class LeanDecode:
 
 
 @contextmanager
-def lean_decode_modules(model: torch.nn.Module, few_row_gemv: bool, dequantize_4bit: bool | None = None):
+def lean_decode_modules(model: torch.nn.Module, few_row_gemv: bool, dequantize_4bit: bool = False):
     """While decoding: plain LoRA layers skip peft's per-call bookkeeping (same arithmetic), and
     with `few_row_gemv` (the CPU) every plain float32 nn.Linear (the LoRA matrices and the lm_head
     included) computes up to GEMV_MAX_ROWS rows as W @ x^T, a GEMM shape MKL runs 1.5-4x faster
     than F.linear's x @ W^T for 2-8 rows (measured, docs/bench.md); the values differ from
     F.linear's only in float rounding.
 
-    bitsandbytes 4-bit layers on the CPU (`dequantize_4bit`, default DEQUANTIZE_4BIT_ONCE_ON_CPU):
-    each weight is dequantized once on entry, and the layer multiplies with that dense copy (in its
+    bitsandbytes 4-bit layers on the CPU (`dequantize_4bit`, `hardware.rollout_dequantize_4bit_once`;
+    bitsandbytes' CPU path dequantizes the whole weight on every call, i.e. every token): each
+    weight is dequantized once on entry, and the layer multiplies with that dense copy (in its
     compute dtype, as bitsandbytes' own CPU path does after dequantizing on every call: the same
     values, bitwise); the copies are freed on exit, their bytes reported in the yielded LeanDecode.
     Everything is restored on exit."""
-    if dequantize_4bit is None:
-        dequantize_4bit = DEQUANTIZE_4BIT_ONCE_ON_CPU
     state, patched = LeanDecode(), []
     for module in model.modules():
         if "forward" in vars(module):  # someone else's instance-level forward (hooks): leave it
@@ -315,7 +308,7 @@ class RolloutWorker:
 
     def __init__(self, model: PreTrainedModel, config: RolloutConfig, *, eos_ids: Sequence[int], pad_id: int,
                  device: torch.device, tokenizer_vocab: int | None = None, static_cache: bool = False,
-                 compile_decode: bool = False, cpu_gemv: bool = True):
+                 compile_decode: bool = False, cpu_gemv: bool = True, dequantize_4bit_once: bool = True):
         self.model = model  # the student (LoRA active); shared with the actor
         self.config = config
         self.pad_id, self.device = pad_id, device
@@ -326,6 +319,7 @@ class RolloutWorker:
         self.compile_decode = compile_decode and self.direct_mask
         self.static_cache = static_cache or self.compile_decode
         self.cpu_gemv = cpu_gemv
+        self.dequantize_4bit_once = dequantize_4bit_once  # CPU only: see lean_decode_modules
         self._static_caches: dict[tuple[int, int], StaticCache] = {}
         self._compiled_step = None
         # A device sync per step costs a CUDA pipeline stall; check for "all rows done" less often there.
@@ -352,7 +346,9 @@ class RolloutWorker:
     def _decode(self, ids: torch.Tensor, mask: torch.Tensor, seeds: list[int], limit: int):
         """One physical batch: returns responses (b, R'), response mask (b, R'), log-probs (b, R')."""
         u = draw_uniforms(seeds, limit, self.device)  # (b, limit)
-        with torch.inference_mode(), lean_decode_modules(self.model, self.cpu_gemv and self.device.type == "cpu") as lean:
+        cpu = self.device.type == "cpu"
+        with torch.inference_mode(), lean_decode_modules(self.model, self.cpu_gemv and cpu,
+                                                         dequantize_4bit=self.dequantize_4bit_once and cpu) as lean:
             tokens, alive, log_probs, steps = self._decode_inference(ids, mask, u, limit)
         self.dequantized_bytes = lean.dequantized_bytes  # dense copies of 4-bit weights held while decoding
         # Plain (non-inference) tensors: the actor's autograd graph reads the responses.

@@ -87,7 +87,8 @@ class OPDTrainer:
                                      eos_ids=models.stop_token_ids(self.tokenizer, self.student.get_base_model()),
                                      pad_id=self.tokenizer.pad_token_id, device=self.device,
                                      tokenizer_vocab=self.tokenizer_vocab, static_cache=hw.rollout_static_cache,
-                                     compile_decode=hw.rollout_compile, cpu_gemv=hw.rollout_cpu_gemv)
+                                     compile_decode=hw.rollout_compile, cpu_gemv=hw.rollout_cpu_gemv,
+                                     dequantize_4bit_once=hw.rollout_dequantize_4bit_once)
         self.teacher = self.build_teacher(toy_paths.get("teacher"))
         self.actor = ActorWorker(self.student, cfg.actor, cfg.estimator, temperature=cfg.rollout.temperature,
                                  logprob_chunk=hw.logprob_chunk, loss_scale_factor=cfg.recipe.response_limit,

@@ -4,7 +4,7 @@
 #   (b) the doctor, then +recipe=opd_k1 with its exact-resume check, on randomly initialised models
 #       of Qwen3-0.6B's and Qwen3-1.7B's exact configurations, written here from their config
 #       values with Qwen3's token layout (no download)
-#   (c) python -m miniverl.bench --scale qwen3-0.6b-shape
+#   (c) python -m miniverl.bench --scale qwen3-0.6b-shape --path recipe
 # then a summary: test result, report status, resume status, bench ratios.
 #
 #   bash scripts/gpu_check.sh                    # reports into ${OUT:-outputs/gpu_check}
@@ -109,7 +109,7 @@ fi
 if wants bench; then
     SCALE=qwen3-0.6b-shape
     if [ "$TINY" = 1 ]; then SCALE=toy; fi
-    step bench 150 "$PYTHON" -m miniverl.bench --scale "$SCALE" --out "$WORK_DIR/bench"
+    step bench 150 "$PYTHON" -m miniverl.bench --scale "$SCALE" --path recipe --out "$WORK_DIR/bench"
     for f in bench.json bench.md; do
         if [ -f "$WORK_DIR/bench/$f" ]; then cp "$WORK_DIR/bench/$f" "$OUT_DIR/$f"; fi
     done

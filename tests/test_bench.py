@@ -19,7 +19,7 @@ from conftest import ROOT
 from peft import LoraConfig, get_peft_model
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from miniverl import logprobs, rollout
+from miniverl import logprobs
 from miniverl.logprobs import response_log_probs, sampled_log_probs
 from miniverl.rollout import RolloutWorker, filter_logits, lean_decode_modules
 from miniverl.schema.actor import RolloutConfig
@@ -184,7 +184,7 @@ def test_a_4bit_layer_dequantized_once_computes_what_bitsandbytes_computes(doubl
         assert got.dtype == expected.dtype == torch.float32 and torch.equal(got, expected)
 
 
-def test_nf4_rollout_dequantized_once_samples_what_the_per_call_path_samples(nf4_student, monkeypatch):
+def test_nf4_rollout_dequantized_once_samples_what_the_per_call_path_samples(nf4_student):
     """Over the recipe's NF4 student: the same tokens and, bitwise, the same log-probs with every
     weight dequantized once per rollout as with bitsandbytes dequantizing on every call; and the
     actor's recompute (its eval pass, and the update's train-mode forward with gradients through
@@ -203,7 +203,7 @@ def test_nf4_rollout_dequantized_once_samples_what_the_per_call_path_samples(nf4
     once = worker.generate_sequences(PROMPTS, [0, 1, 2, 3], SEEDS, response_limit=limit, physical_batches=[4])
     assert worker.dequantized_bytes == sum(m.out_features * m.in_features * 2 for m in layers)
     assert not any("forward" in vars(m) for m in base.modules())  # every forward restored
-    monkeypatch.setattr(rollout, "DEQUANTIZE_4BIT_ONCE_ON_CPU", False)
+    worker.dequantize_4bit_once = False  # hardware.rollout_dequantize_4bit_once=false
     per_call = worker.generate_sequences(PROMPTS, [0, 1, 2, 3], SEEDS, response_limit=limit, physical_batches=[4])
     assert worker.dequantized_bytes == 0
     assert torch.equal(once.responses, per_call.responses)

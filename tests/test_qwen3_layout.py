@@ -198,8 +198,8 @@ def test_the_memory_estimate_counts_the_tied_embedding_once_in_float32():
 
 @pytest.mark.slow
 def test_the_recipe_on_qwen3s_layout_runs_and_resumes_exactly_from_the_command_line(tmp_path):
-    result = main("+recipe=opd_k1", "model=toy_qwen3", "teacher=toy_qwen3", "recipe.optimizer_updates=3",
-                  "recipe.interrupt_after_updates=1", "recipe.response_limit=8", f"hydra.run.dir={tmp_path}/run")
+    result = main("+recipe=opd_k1", "model=toy_qwen3", "teacher=toy_qwen3", "recipe.optimizer_updates=2",
+                  "recipe.interrupt_after_updates=1", "recipe.response_limit=6", f"hydra.run.dir={tmp_path}/run")
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert report["resume"]["status"] == "exact_match", report["resume"]
