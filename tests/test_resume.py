@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import weakref
+from pathlib import Path
 
 import pytest
 import torch
@@ -139,9 +140,9 @@ run_in_process(Path({run_dir!r}))
 """
 
 
-def test_a_process_killed_while_writing_a_checkpoint_leaves_the_previous_one_loadable(reference, tmp_path):
-    run_dir, flag = tmp_path / "killed", tmp_path / "writing"
-    script = KILL_SCRIPT.format(root=str(ROOT), tests=str(ROOT / "tests"), signal=str(flag), run_dir=str(run_dir))
+def sigkill_once_flagged(script: str, flag: Path) -> None:
+    """Run `script` in a fresh process and SIGKILL it (as a preemption would: no handler runs)
+    as soon as it creates `flag`."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
     child = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env=env, stderr=subprocess.PIPE)
     deadline = time.time() + 240
@@ -150,6 +151,12 @@ def test_a_process_killed_while_writing_a_checkpoint_leaves_the_previous_one_loa
     assert flag.exists(), child.stderr.read().decode()[-2000:]
     child.send_signal(signal.SIGKILL)
     child.wait()
+
+
+def test_a_process_killed_while_writing_a_checkpoint_leaves_the_previous_one_loadable(reference, tmp_path):
+    run_dir, flag = tmp_path / "killed", tmp_path / "writing"
+    sigkill_once_flagged(KILL_SCRIPT.format(root=str(ROOT), tests=str(ROOT / "tests"), signal=str(flag),
+                                            run_dir=str(run_dir)), flag)
     assert [p.name for p in checkpoint.checkpoints_in(run_dir)] == ["update_1", "update_2"]
     assert (run_dir / "checkpoints" / ".update_3.tmp").is_dir()  # the torn write, invisible
     report = run_in_process(run_dir)  # auto-resume from update_2, in the same folder
@@ -292,16 +299,8 @@ run_in_process(Path({run_dir!r}))
 
 def test_the_same_command_restarts_a_run_killed_before_its_first_checkpoint(reference, tmp_path):
     run_dir, flag = tmp_path / "killed", tmp_path / "flag"
-    script = HANG_BEFORE_CHECKPOINT.format(root=str(ROOT), tests=str(ROOT / "tests"), signal=str(flag),
-                                           run_dir=str(run_dir))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
-    child = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env=env, stderr=subprocess.PIPE)
-    deadline = time.time() + 240
-    while not flag.exists() and child.poll() is None and time.time() < deadline:
-        time.sleep(0.1)
-    assert flag.exists(), child.stderr.read().decode()[-2000:]
-    child.send_signal(signal.SIGKILL)  # as a preemption would: no handler runs
-    child.wait()
+    sigkill_once_flagged(HANG_BEFORE_CHECKPOINT.format(root=str(ROOT), tests=str(ROOT / "tests"), signal=str(flag),
+                                                       run_dir=str(run_dir)), flag)
     assert (run_dir / "plan.json").is_file() and not checkpoint.checkpoints_in(run_dir)
     assert (run_dir / "trajectories" / "update_000001.safetensors").is_file()
 
