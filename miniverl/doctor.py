@@ -199,7 +199,7 @@ def check_self_test(trainer) -> Check:
     mask = batch.response_mask
     k1 = (batch.rollout_log_probs - batch.teacher_logprobs) * mask
     mean, worst = float(k1.sum() / mask.sum().clamp_min(1)), float(k1.abs().max())
-    dtype = precision.compute_dtype(trainer.student)
+    dtype = precision.least_precise_dtype(trainer.student)
     worst_allowed, mean_allowed = precision.log_prob_tolerance(dtype)
     ok = worst <= worst_allowed and abs(mean) <= mean_allowed
     line = (f"k1 mean {mean:.2e}, largest |k1| {worst:.2e} over {int(mask.sum())} tokens "
@@ -267,7 +267,7 @@ def check_nf4_gradients(trainer, source: models.Source) -> Check:
         model.eval()
     worst = max(float((grads[0][n] - grads[1][n]).abs().max() / grads[1][n].abs().max().clamp_min(1e-12))
                 for n in grads[1])
-    dtype = precision.compute_dtype(nf4)
+    dtype = precision.least_precise_dtype(nf4)
     allowed = precision.GRADIENT_TOLERANCE
     line = (f"largest relative difference of the LoRA gradients: {worst:.1e} against the dequantized base in the "
             f"same {str(dtype).replace('torch.', '')} compute (allowed {allowed:g})")

@@ -21,7 +21,7 @@ GRADIENT_TOLERANCE = 1e-3
 _PRECISION_ORDER = (torch.bfloat16, torch.float16, torch.float32)  # fewest mantissa bits first
 
 
-def compute_dtype(model: torch.nn.Module) -> torch.dtype:
+def least_precise_dtype(model: torch.nn.Module) -> torch.dtype:
     """The least precise dtype the model computes in: a 4-bit layer's compute dtype, or a
     floating parameter's dtype (the NF4 student keeps float32 embeddings and norms, but its
     matrix products run in the NF4 layers' bfloat16)."""

@@ -304,8 +304,6 @@ def layer_by_layer(decoder: torch.nn.Module) -> bool:
 
 
 class RolloutWorker:
-    dequantized_bytes = 0  # bytes of the 4-bit weights' dense copies during the last decode (freed after)
-
     def __init__(self, model: PreTrainedModel, config: RolloutConfig, *, eos_ids: Sequence[int], pad_id: int,
                  device: torch.device, tokenizer_vocab: int | None = None, static_cache: bool = False,
                  compile_decode: bool = False, cpu_gemv: bool = True, dequantize_4bit_once: bool = True):
@@ -320,6 +318,7 @@ class RolloutWorker:
         self.static_cache = static_cache or self.compile_decode
         self.cpu_gemv = cpu_gemv
         self.dequantize_4bit_once = dequantize_4bit_once  # CPU only: see lean_decode_modules
+        self.dequantized_bytes = 0  # the 4-bit weights' dense copies during the last decode (freed after)
         self._static_caches: dict[tuple[int, int], StaticCache] = {}
         self._compiled_step = None
         # A device sync per step costs a CUDA pipeline stall; check for "all rows done" less often there.

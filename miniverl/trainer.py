@@ -51,7 +51,6 @@ class OPDTrainer:
         self.seconds_to_first: dict[str, float | None] = {"rollout": None, "teacher_targets": None, "update": None}
         self.progress: dict[str, list[dict]] = {}  # held-out k1_mean / exact_reverse_kl per evaluated update
         self.adapter_saved = False  # peft_adapter/ written (by finish, or before release_models)
-        self.probe_released = False
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -294,7 +293,7 @@ class OPDTrainer:
             observed_rollout_physical_batch_sizes=sorted(self.downshift.observed["rollout"]),
             trajectory_sha256=self.out.trajectory_sha256, resolved_config_digest=sha256_json(self.resolved),
             resume=resume, failure=self.failure, workload_seconds=seconds_since_start(),
-            distillation_progress=self.progress if self.probe is not None or self.probe_released else None)
+            distillation_progress=self.progress if self.cfg.eval.every != -1 else None)
         report = build_report(self.cfg, self.plan, facts)
         self.out.write_json("report.json", report)
         return report
@@ -305,7 +304,6 @@ class OPDTrainer:
         its two fresh processes with the device to themselves. finish() still writes the report."""
         if not self.adapter_saved:
             self.save_adapter()
-        self.probe_released = self.probe is not None
         self.probe = self.actor = self.teacher = self.rollout = self.student = None
         release_memory(self.device, compiled=self.cfg.hardware.rollout_compile)
 

@@ -66,8 +66,8 @@ def test_the_qwen3_toy_has_qwen3s_tokens_shapes_and_precision(trainer):
     # bf16 compute over NF4 in both models, as the recipe loads Qwen3 (dtype: auto).
     nf4 = [m for m in student.modules() if isinstance(m, bnb.nn.Linear4bit)]
     assert nf4 and {m.compute_dtype for m in nf4} == {torch.bfloat16}
-    assert precision.compute_dtype(student) == torch.bfloat16
-    assert precision.compute_dtype(trainer.teacher.model) == torch.bfloat16
+    assert precision.least_precise_dtype(student) == torch.bfloat16
+    assert precision.least_precise_dtype(trainer.teacher.model) == torch.bfloat16
     prompt = [{"role": "user", "content": "2+2?"}]
     thinking_off = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False, enable_thinking=False)
     assert thinking_off.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
