@@ -22,6 +22,7 @@ import math
 import torch
 from peft import PeftModel
 
+from miniverl import cpu_gemm
 from miniverl.batch import Batch
 from miniverl.logprobs import response_log_probs, response_topk_terms
 from miniverl.losses import combine_metrics, distillation_loss, topk_distillation_loss
@@ -35,7 +36,8 @@ class NonFiniteLoss(Exception):
 
 class ActorWorker:
     def __init__(self, model: PeftModel, actor: ActorConfig, estimator: EstimatorConfig, *,
-                 temperature: float, logprob_chunk: int, loss_scale_factor: int, tokenizer_vocab: int | None = None):
+                 temperature: float, logprob_chunk: int, loss_scale_factor: int, tokenizer_vocab: int | None = None,
+                 float32_gemm: bool = False):
         self.peft_model = model
         self.model = model.get_base_model()  # LoRA layers are injected in place
         self.estimator = estimator
@@ -43,6 +45,7 @@ class ActorWorker:
         self.temperature = temperature
         self.logprob_chunk = logprob_chunk
         self.tokenizer_vocab = tokenizer_vocab  # output rows past it are padding: never scored
+        self.float32_gemm = float32_gemm  # CPU only: see cpu_gemm
         # seq-mean-token-sum-norm divides by the padded response length; verl pads responses to
         # max_response_length, so that (not the batch's longest response) is the divisor.
         self.loss_scale_factor = loss_scale_factor
@@ -58,9 +61,10 @@ class ActorWorker:
     def compute_log_prob(self, batch: Batch, rows_per_forward: int) -> torch.Tensor:
         """(B, R) float32 old log-probs of the current policy."""
         self.peft_model.eval()
-        parts = [response_log_probs(self.model, batch.rows(s, s + rows_per_forward), temperature=self.temperature,
-                                    chunk=self.logprob_chunk, tokenizer_vocab=self.tokenizer_vocab)
-                 for s in range(0, len(batch), rows_per_forward)]
+        with cpu_gemm.float32_products(self.model, self.float32_gemm):
+            parts = [response_log_probs(self.model, batch.rows(s, s + rows_per_forward), temperature=self.temperature,
+                                        chunk=self.logprob_chunk, tokenizer_vocab=self.tokenizer_vocab)
+                     for s in range(0, len(batch), rows_per_forward)]
         return torch.cat(parts) * batch.response_mask
 
     def update_actor(self, batch: Batch, chunks: list[int]) -> tuple[dict[str, float], torch.Tensor]:
@@ -72,7 +76,8 @@ class ActorWorker:
         if filled_here and self.dropout_in_train_mode:  # the train forward is a random draw: a pass of their own
             batch.old_log_probs = self.compute_log_prob(batch, chunks[0])
         try:
-            return self._step(batch, chunks)
+            with cpu_gemm.float32_products(self.model, self.float32_gemm):  # the recomputed forward too
+                return self._step(batch, chunks)
         except BaseException:
             if filled_here:  # an OOM retry at smaller chunks takes them again from its own forward
                 batch.old_log_probs = None

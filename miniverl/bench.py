@@ -365,6 +365,13 @@ def per_call_dequantize(worker):
 
 
 # ---------------------------------------------------------------------------------------------- the pieces
+def products_in_float32(s: Setup, hw) -> bool:
+    """Whether miniverl's roles multiply half-precision layers in float32 here (cpu_gemm.py): the
+    in-house baselines (naive scoring, bare forward+backward) then do too, so that they differ from
+    miniverl's roles only in what they are meant to; the peers (generate, TRL) run as shipped."""
+    return hw.cpu_float32_gemm and s.device.type == "cpu"
+
+
 def miniverl_workers(s: Setup, hw):
     from miniverl.actor import ActorWorker
     from miniverl.rollout import RolloutWorker
@@ -373,17 +380,19 @@ def miniverl_workers(s: Setup, hw):
     from miniverl.teacher import TeacherWorker
 
     base = s.student.get_base_model()
+    float32_gemm = products_in_float32(s, hw)
     rollout = RolloutWorker(base, RolloutConfig(), eos_ids=[s.eos_id], pad_id=s.pad_id, device=s.device,
                             static_cache=hw.rollout_static_cache, compile_decode=hw.rollout_compile,
-                            cpu_gemv=hw.rollout_cpu_gemv, dequantize_4bit_once=hw.rollout_dequantize_4bit_once)
-    teacher_worker = TeacherWorker(s.teacher, logprob_chunk=hw.logprob_chunk, topk=None)
+                            cpu_gemv=hw.rollout_cpu_gemv, dequantize_4bit_once=hw.rollout_dequantize_4bit_once,
+                            float32_gemm=float32_gemm)
+    teacher_worker = TeacherWorker(s.teacher, logprob_chunk=hw.logprob_chunk, topk=None, float32_gemm=float32_gemm)
 
     def score(batch):
         return teacher_worker.compute_teacher_log_prob(batch, BATCH)
 
     k1 = EstimatorConfig(loss_mode="k1", use_policy_gradient=True, loss_max_clamp=10.0, log_prob_min_clamp=-10.0)
     actor = ActorWorker(s.student, ActorConfig(), k1, temperature=1.0, logprob_chunk=hw.logprob_chunk,
-                        loss_scale_factor=NEW_TOKENS)
+                        loss_scale_factor=NEW_TOKENS, float32_gemm=float32_gemm)
     return rollout, score, actor
 
 
@@ -474,14 +483,17 @@ def naive_teacher_log_probs(teacher, batch) -> torch.Tensor:
 
 
 def bench_scoring_time(s: Setup, batch, hw, repeats: int) -> dict:
+    from miniverl.cpu_gemm import float32_products
     from miniverl.logprobs import response_log_probs
 
+    float32_gemm = products_in_float32(s, hw)
+
     def ours():
-        with torch.no_grad():
+        with torch.no_grad(), float32_products(s.teacher, float32_gemm):
             return response_log_probs(s.teacher, batch, chunk=hw.logprob_chunk)
 
     def naive():
-        with torch.no_grad():
+        with torch.no_grad(), float32_products(s.teacher, float32_gemm):
             return naive_teacher_log_probs(s.teacher, batch)
 
     # No warm-up: the teacher has run in the warm-up OPD step; the naive path's first call only
@@ -630,6 +642,8 @@ def bench_opd_step_trl(kind: str, s: Setup, student, repeats: int, workdir: Path
 
 
 def bench_update(s: Setup, actor, batch, repeats: int) -> dict:
+    from miniverl.cpu_gemm import float32_products
+
     student = s.student
     labels = torch.full_like(batch.input_ids, -100)
     labels[:, batch.prompt_length:] = batch.responses.masked_fill(batch.response_mask == 0, -100)
@@ -640,9 +654,10 @@ def bench_update(s: Setup, actor, batch, repeats: int) -> dict:
 
     def bare():
         student.train()
-        loss = student(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                       position_ids=batch.position_ids, labels=labels).loss
-        loss.backward()
+        with float32_products(student, actor.float32_gemm):
+            loss = student(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                           position_ids=batch.position_ids, labels=labels).loss
+            loss.backward()
         student.zero_grad(set_to_none=True)
         student.eval()
 
@@ -780,6 +795,13 @@ def markdown(result: dict) -> str:
               "sampled token; `IWOPDTrainer` with `iw_opd_gamma=0` the same sampled-token k1 policy gradient as "
               "miniverl, from both models' full (B, L, V) logits. `DistillationTrainer` itself has no sampled-token "
               "option: its loss is always the chunked full-vocabulary generalized JSD.")]
+    if result["machine"]["device"] == "cpu" and s["hardware"]["cpu_float32_gemm"]:
+        lines += ["", ("Kernels: miniverl's roles and its in-house baselines (naive scoring, bare forward+backward) "
+                       "multiply the bf16 layers as float32 GEMMs of the same bf16 operands, rounded to bf16 "
+                       "(`hardware.cpu_float32_gemm`, miniverl/cpu_gemm.py); `generate` and TRL run bitsandbytes' "
+                       "and PyTorch's bf16 products as shipped. On a CPU without bf16 instructions that choice "
+                       "alone is most of the recipe path's lead; on CUDA both sides run bf16 kernels. "
+                       "`--no-cpu-float32-gemm` measures miniverl on the shipped products too.")]
     for key, reason in result["null_reasons"].items():
         lines.append(f"\n`{key}` is null: {reason}")
     return "\n".join(lines) + "\n"
@@ -832,6 +854,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="hardware.rollout_compile")
     p.add_argument("--cpu-gemv", action=argparse.BooleanOptionalAction, default=defaults.rollout_cpu_gemv,
                    help="hardware.rollout_cpu_gemv")
+    p.add_argument("--cpu-float32-gemm", action=argparse.BooleanOptionalAction, default=defaults.cpu_float32_gemm,
+                   help="hardware.cpu_float32_gemm (miniverl's roles and in-house baselines; never the peers)")
     args = p.parse_args(argv)
     args.argv = list(argv)
     return args
@@ -845,7 +869,8 @@ def run(args: argparse.Namespace) -> dict:
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     hw = HardwareConfig(device=device.type, logprob_chunk=args.logprob_chunk, rollout_static_cache=args.static_cache,
-                        rollout_compile=args.compile_decode, rollout_cpu_gemv=args.cpu_gemv)
+                        rollout_compile=args.compile_decode, rollout_cpu_gemv=args.cpu_gemv,
+                        cpu_float32_gemm=args.cpu_float32_gemm)
     paths = PATHS if args.path == "both" else (args.path,)
     repeats = {path: args.repeats or SCALES[args.scale]["recipe_repeats" if path == "recipe" else "repeats"]
                for path in PATHS}
@@ -894,7 +919,9 @@ def run(args: argparse.Namespace) -> dict:
                      "shape": shape, "models": {p: setups[p].description for p in paths},
                      "trl": TRL_COMPUTES,
                      "hardware": {"logprob_chunk": hw.logprob_chunk, "rollout_static_cache": hw.rollout_static_cache,
-                                  "rollout_compile": hw.rollout_compile, "rollout_cpu_gemv": hw.rollout_cpu_gemv},
+                                  "rollout_compile": hw.rollout_compile, "rollout_cpu_gemv": hw.rollout_cpu_gemv,
+                                  "rollout_dequantize_4bit_once": hw.rollout_dequantize_4bit_once,
+                                  "cpu_float32_gemm": hw.cpu_float32_gemm},
                      "prompt_tokens": [len(p) for p in next(iter(setups.values())).prompt_ids]},
         "measurements": {p: measured[p]["measurements"] for p in paths},
         "machine": machine_facts(device),

@@ -30,7 +30,7 @@ import psutil
 import torch
 from omegaconf import DictConfig
 
-from miniverl import models, precision
+from miniverl import cpu_gemm, models, precision
 from miniverl.data import read_conversations
 from miniverl.errors import MiniverlError
 from miniverl.schema import MiniverlConfig, to_config
@@ -194,7 +194,7 @@ def check_self_test(trainer) -> Check:
                                                response_limit=trainer.cfg.recipe.response_limit,
                                                physical_batches=list(update.rollout_physical_batches))
     own = TeacherWorker(trainer.student.get_base_model(), logprob_chunk=trainer.cfg.hardware.logprob_chunk, topk=None,
-                        tokenizer_vocab=trainer.tokenizer_vocab)
+                        tokenizer_vocab=trainer.tokenizer_vocab, float32_gemm=trainer.float32_gemm)
     batch = own.compute_teacher_log_prob(batch, trainer.cfg.hardware.update_chunk)
     mask = batch.response_mask
     k1 = (batch.rollout_log_probs - batch.teacher_logprobs) * mask
@@ -208,11 +208,12 @@ def check_self_test(trainer) -> Check:
                  line + ": sampling and scoring disagree (alignment or a numerical path differs)")
 
 
-def dequantized_twin(nf4_model, source: models.Source, block):
+def dequantized_twin(nf4_model, source: models.Source, block, float32_gemm: bool):
     """A dense copy of an NF4 model that computes what its NF4 layers should: each linear layer
     holds exactly the dequantized weight and multiplies in the layer's compute dtype (bitsandbytes
-    casts the input to it and the output back), every other weight in the NF4 model's dtype. The
-    comparison is like with like: only the NF4 path itself can make the two differ."""
+    casts the input to it and the output back; with `float32_gemm` as cpu_gemm does), every other
+    weight in the NF4 model's dtype. The comparison is like with like: only the NF4 path itself can
+    make the two differ."""
     import bitsandbytes as bnb
     from transformers import AutoModelForCausalLM
 
@@ -224,7 +225,7 @@ def dequantized_twin(nf4_model, source: models.Source, block):
             src = quantized.get(name)
             if isinstance(src, bnb.nn.Linear4bit):
                 module.weight.copy_(bnb.functional.dequantize_4bit(src.weight.data, src.weight.quant_state).float())
-                module.forward = types.MethodType(_linear_in(src.compute_dtype or torch.float32), module)
+                module.forward = types.MethodType(_linear_in(src.compute_dtype or torch.float32, float32_gemm), module)
         unquantized = {n.replace(".base_layer", ""): p for n, p in nf4_model.named_parameters()
                        if p.dtype.is_floating_point and "lora_" not in n}
         for name, param in dense.named_parameters():
@@ -233,10 +234,10 @@ def dequantized_twin(nf4_model, source: models.Source, block):
     return dense
 
 
-def _linear_in(compute: torch.dtype):
+def _linear_in(compute: torch.dtype, float32_gemm: bool):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = None if self.bias is None else self.bias.to(compute)
-        return torch.nn.functional.linear(x.to(compute), self.weight.to(compute), bias).to(x.dtype)
+        return cpu_gemm.linear(x.to(compute), self.weight.to(compute), bias, float32_gemm=float32_gemm).to(x.dtype)
     return forward
 
 
@@ -246,8 +247,8 @@ def check_nf4_gradients(trainer, source: models.Source) -> Check:
         return Check("PASS", "nf4-gradients", "the student is not quantized")
     if block.adapter:
         return Check("PASS", "nf4-gradients", "skipped: the student starts from an adapter")
-    dense = models._wrap_student(dequantized_twin(trainer.student.get_base_model(), source, block), block,
-                                 torch.device("cpu"), lora_seed=0)
+    twin = dequantized_twin(trainer.student.get_base_model(), source, block, trainer.float32_gemm)
+    dense = models._wrap_student(twin, block, torch.device("cpu"), lora_seed=0)
     nf4 = trainer.student
     ids = torch.tensor([trainer.prompts.token_ids[0]], device=trainer.device)
     grads = []
@@ -258,10 +259,12 @@ def check_nf4_gradients(trainer, source: models.Source) -> Check:
                     p.copy_(torch.full_like(p, 0.01) if "lora_B" in name else q)
         model.train()
         model.zero_grad()
-        logits = model(input_ids=ids).logits.float()
-        # log_softmax + gather, not cross_entropy: CUDA's NLLLoss has no deterministic kernel.
-        loss = -logits[0, :-1].log_softmax(-1).gather(-1, ids[0, 1:, None]).mean()
-        loss.backward()
+        # The products training uses, in the backward's recomputed forward too.
+        with cpu_gemm.float32_products(model, trainer.float32_gemm):
+            logits = model(input_ids=ids).logits.float()
+            # log_softmax + gather, not cross_entropy: CUDA's NLLLoss has no deterministic kernel.
+            loss = -logits[0, :-1].log_softmax(-1).gather(-1, ids[0, 1:, None]).mean()
+            loss.backward()
         grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.requires_grad})
         model.zero_grad(set_to_none=True)
         model.eval()

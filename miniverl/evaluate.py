@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from miniverl import cpu_gemm
 from miniverl.batch import Batch
 from miniverl.data import PromptSet
 from miniverl.downshift import Downshift
@@ -66,9 +67,10 @@ class DistillationProbe:
         parts = []
         for start in range(0, len(batch), rows_per_forward):
             rows = batch.rows(start, start + rows_per_forward)
-            student = full_log_probs(self.student_model, rows, self.tokenizer_vocab)  # (b, R, V)
+            with cpu_gemm.float32_products(self.student_model, self.rollout.float32_gemm):
+                student = full_log_probs(self.student_model, rows, self.tokenizer_vocab)  # (b, R, V)
             self.teacher.model.eval()
-            with self.teacher.context():
+            with self.teacher.scoring():
                 teacher = full_log_probs(self.teacher.model, rows, self.tokenizer_vocab)
             parts.append((student.exp() * (student - teacher)).sum(-1))  # (b, R)
         return torch.cat(parts)

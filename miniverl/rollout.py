@@ -42,6 +42,7 @@ from typing import Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel, StaticCache
 
+from miniverl import cpu_gemm
 from miniverl.batch import Batch
 from miniverl.schema.actor import RolloutConfig
 
@@ -198,37 +199,15 @@ def _plain_lora_4bit(module: torch.nn.Module) -> bool:
             and hasattr(module, "cast_input_dtype_enabled"))
 
 
-def _dense_4bit_weight(module: torch.nn.Module) -> torch.Tensor | None:
-    """The dequantized weight of a bitsandbytes Linear4bit whose forward is exactly
-    `F.linear(x.to(compute_dtype), dequantize_4bit(W), bias.to(compute_dtype)).to(x.dtype)`, or
-    None when the layer takes another path (packed for bitsandbytes' AVX512-BF16 kernel, a
-    transposed quant state, a compute dtype other than the stored one, not on the CPU)."""
-    try:
-        import bitsandbytes as bnb
-    except ImportError:
-        return None
-    if not isinstance(module, bnb.nn.Linear4bit) or module.weight.device.type != "cpu":
-        return None
-    state = getattr(module.weight, "quant_state", None)
-    if (state is None or getattr(state, "packing_format_for_cpu", False) or module.compute_dtype is None
-            or getattr(module, "support_avx512bf16_for_cpu", False)
-            or tuple(state.shape) != (module.out_features, module.in_features)):
-        return None
-    # bitsandbytes' CPU gemm dequantizes to the input's dtype after the cast to compute_dtype; the
-    # stored dtype (quant_state.dtype) is what dequantize_4bit gives, so the two must agree.
-    if state.dtype != module.compute_dtype:
-        return None
-    return bnb.functional.dequantize_4bit(module.weight.data, state)
-
-
-def _dense_4bit_forward(module: torch.nn.Module, weight: torch.Tensor):
-    """Linear4bit.forward with a dequantized weight: bitsandbytes 0.50's CPU path (Linear4bit.forward
-    -> matmul_4bit -> gemm_4bit's default kernel) without the per-call dequantization."""
-    compute_dtype, linear = module.compute_dtype, torch.nn.functional.linear
+def _dense_4bit_forward(module: torch.nn.Module, weight: torch.Tensor, float32_gemm: bool):
+    """Linear4bit.forward with its dequantized weight (bitsandbytes 0.50's CPU path: Linear4bit.forward
+    -> matmul_4bit -> gemm_4bit's default kernel) without the per-call dequantization; the product
+    as cpu_gemm's, like every other role's."""
+    compute_dtype = module.compute_dtype
     bias = None if module.bias is None else module.bias.to(compute_dtype)  # frozen while decoding
 
     def forward(x: torch.Tensor) -> torch.Tensor:
-        return linear(x.to(compute_dtype), weight, bias).to(x.dtype)
+        return cpu_gemm.linear(x.to(compute_dtype), weight, bias, float32_gemm=float32_gemm).to(x.dtype)
 
     return forward
 
@@ -244,7 +223,8 @@ class LeanDecode:
 
 
 @contextmanager
-def lean_decode_modules(model: torch.nn.Module, few_row_gemv: bool, dequantize_4bit: bool = False):
+def lean_decode_modules(model: torch.nn.Module, few_row_gemv: bool, dequantize_4bit: bool = False,
+                        float32_gemm: bool = False):
     """While decoding: plain LoRA layers skip peft's per-call bookkeeping (same arithmetic), and
     with `few_row_gemv` (the CPU) every plain float32 nn.Linear (the LoRA matrices and the lm_head
     included) computes up to GEMV_MAX_ROWS rows as W @ x^T, a GEMM shape MKL runs 1.5-4x faster
@@ -253,10 +233,11 @@ def lean_decode_modules(model: torch.nn.Module, few_row_gemv: bool, dequantize_4
 
     bitsandbytes 4-bit layers on the CPU (`dequantize_4bit`, `hardware.rollout_dequantize_4bit_once`;
     bitsandbytes' CPU path dequantizes the whole weight on every call, i.e. every token): each
-    weight is dequantized once on entry, and the layer multiplies with that dense copy (in its
-    compute dtype, as bitsandbytes' own CPU path does after dequantizing on every call: the same
-    values, bitwise); the copies are freed on exit, their bytes reported in the yielded LeanDecode.
-    Everything is restored on exit."""
+    weight is dequantized once on entry, and the layer multiplies with that dense copy (the values
+    bitsandbytes' own CPU path dequantizes on every call, bitwise; with `float32_gemm` multiplied as
+    cpu_gemm does, else in the compute dtype); the copies are freed on exit, their bytes reported in
+    the yielded LeanDecode. Every other frozen half-precision layer multiplies as cpu_gemm's
+    `float32_products` says. Everything is restored on exit."""
     state, patched = LeanDecode(), []
     for module in model.modules():
         if "forward" in vars(module):  # someone else's instance-level forward (hooks): leave it
@@ -268,8 +249,9 @@ def lean_decode_modules(model: torch.nn.Module, few_row_gemv: bool, dequantize_4
         elif few_row_gemv and type(module) is torch.nn.Linear and module.weight.dtype == torch.float32 \
                 and module.weight.device.type == "cpu":
             module.forward = types.MethodType(_few_row_linear, module)
-        elif dequantize_4bit and (weight := _dense_4bit_weight(module)) is not None:
-            module.forward = _dense_4bit_forward(module, weight)
+        elif dequantize_4bit and cpu_gemm.plain_cpu_4bit(module) and module.compute_type_is_set:
+            weight = cpu_gemm.dequantized_weight(module)
+            module.forward = _dense_4bit_forward(module, weight, float32_gemm)
             state.dequantized_layers += 1
             state.dequantized_bytes += weight.numel() * weight.element_size()
             del weight
@@ -278,7 +260,8 @@ def lean_decode_modules(model: torch.nn.Module, few_row_gemv: bool, dequantize_4
         patched.append(module)
     state.patched = len(patched)
     try:
-        yield state
+        with cpu_gemm.float32_products(model, float32_gemm):
+            yield state
     finally:
         for module in patched:
             del module.forward  # drops the dense copies with the closures that hold them
@@ -306,7 +289,8 @@ def layer_by_layer(decoder: torch.nn.Module) -> bool:
 class RolloutWorker:
     def __init__(self, model: PreTrainedModel, config: RolloutConfig, *, eos_ids: Sequence[int], pad_id: int,
                  device: torch.device, tokenizer_vocab: int | None = None, static_cache: bool = False,
-                 compile_decode: bool = False, cpu_gemv: bool = True, dequantize_4bit_once: bool = True):
+                 compile_decode: bool = False, cpu_gemv: bool = True, dequantize_4bit_once: bool = True,
+                 float32_gemm: bool = False):
         self.model = model  # the student (LoRA active); shared with the actor
         self.config = config
         self.pad_id, self.device = pad_id, device
@@ -318,6 +302,7 @@ class RolloutWorker:
         self.static_cache = static_cache or self.compile_decode
         self.cpu_gemv = cpu_gemv
         self.dequantize_4bit_once = dequantize_4bit_once  # CPU only: see lean_decode_modules
+        self.float32_gemm = float32_gemm  # CPU only: see cpu_gemm
         self.dequantized_bytes = 0  # the 4-bit weights' dense copies during the last decode (freed after)
         self._static_caches: dict[tuple[int, int], StaticCache] = {}
         self._compiled_step = None
@@ -347,7 +332,8 @@ class RolloutWorker:
         u = draw_uniforms(seeds, limit, self.device)  # (b, limit)
         cpu = self.device.type == "cpu"
         with torch.inference_mode(), lean_decode_modules(self.model, self.cpu_gemv and cpu,
-                                                         dequantize_4bit=self.dequantize_4bit_once and cpu) as lean:
+                                                         dequantize_4bit=self.dequantize_4bit_once and cpu,
+                                                         float32_gemm=self.float32_gemm and cpu) as lean:
             tokens, alive, log_probs, steps = self._decode_inference(ids, mask, u, limit)
         self.dequantized_bytes = lean.dequantized_bytes  # dense copies of 4-bit weights held while decoding
         # Plain (non-inference) tensors: the actor's autograd graph reads the responses.

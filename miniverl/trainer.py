@@ -82,16 +82,18 @@ class OPDTrainer:
         # The rollout and the actor share one model object (verl's hybrid engine on one device).
         # Output rows past the tokenizer are padding: no role samples or scores them.
         self.tokenizer_vocab = len(self.tokenizer)
+        self.float32_gemm = hw.cpu_float32_gemm and self.device.type == "cpu"  # every role alike: cpu_gemm.py
         self.rollout = RolloutWorker(self.student.get_base_model(), cfg.rollout,
                                      eos_ids=models.stop_token_ids(self.tokenizer, self.student.get_base_model()),
                                      pad_id=self.tokenizer.pad_token_id, device=self.device,
                                      tokenizer_vocab=self.tokenizer_vocab, static_cache=hw.rollout_static_cache,
                                      compile_decode=hw.rollout_compile, cpu_gemv=hw.rollout_cpu_gemv,
-                                     dequantize_4bit_once=hw.rollout_dequantize_4bit_once)
+                                     dequantize_4bit_once=hw.rollout_dequantize_4bit_once,
+                                     float32_gemm=self.float32_gemm)
         self.teacher = self.build_teacher(toy_paths.get("teacher"))
         self.actor = ActorWorker(self.student, cfg.actor, cfg.estimator, temperature=cfg.rollout.temperature,
                                  logprob_chunk=hw.logprob_chunk, loss_scale_factor=cfg.recipe.response_limit,
-                                 tokenizer_vocab=self.tokenizer_vocab)
+                                 tokenizer_vocab=self.tokenizer_vocab, float32_gemm=self.float32_gemm)
         self.probe = self.build_probe() if cfg.eval.every != -1 else None
         self.downshift = Downshift(self.device, rollout_rows=hw.rollout_physical_batch, update_rows=hw.update_chunk,
                                    simulate_above=hw.simulate_oom_above_rows)
@@ -108,14 +110,14 @@ class OPDTrainer:
             models.check_tokenizers_compatible(self.tokenizer, models.load_tokenizer("teacher", cfg.teacher, source),
                                                self.student.get_base_model(), teacher)
             return TeacherWorker(teacher, logprob_chunk=cfg.hardware.logprob_chunk, topk=topk,
-                                 tokenizer_vocab=self.tokenizer_vocab)
+                                 tokenizer_vocab=self.tokenizer_vocab, float32_gemm=self.float32_gemm)
         # ref / shared_base: the teacher runs on the student's own base weights, no second copy.
         if cfg.teacher.mode == "shared_base":
             with models.quiet_loading():
                 adapters.attach_shared_teacher(self.student, cfg.teacher.adapter)
         return TeacherWorker(self.student.get_base_model(), logprob_chunk=cfg.hardware.logprob_chunk, topk=topk,
                              context=adapters.teacher_context(self.student, cfg.teacher.mode),
-                             tokenizer_vocab=self.tokenizer_vocab)
+                             tokenizer_vocab=self.tokenizer_vocab, float32_gemm=self.float32_gemm)
 
     def build_probe(self) -> DistillationProbe:
         cfg = self.cfg

@@ -292,6 +292,7 @@ RULES: tuple[Rule, ...] = (
     _na("hardware.rollout_cpu_gemv", "a CPU kernel choice of miniverl's decode loop; verl rolls out on GPUs"),
     _na("hardware.rollout_dequantize_4bit_once", "a CPU choice of miniverl's decode loop over NF4 layers; verl's "
                                                  "rollout has no 4-bit student"),
+    _na("hardware.cpu_float32_gemm", "a CPU kernel choice of miniverl's roles; verl trains on GPUs"),
     # ---- data
     _m("data.train_files", "data.train_files", transform="list of absolute paths",
        note="relative paths are taken from the directory export runs in. verl's reward manager reads each row's "

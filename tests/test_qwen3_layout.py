@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from conftest import compose_config, main
-from miniverl import doctor, models, precision, toy
+from miniverl import cpu_gemm, doctor, models, precision, toy
 from miniverl.errors import MiniverlError
 from miniverl.identity import resolved_config
 from miniverl.schema import to_config
@@ -171,18 +171,21 @@ def test_a_teacher_padded_to_another_row_count_is_accepted_and_scores_the_same(t
     assert "\n" not in str(info.value)
 
 
-def test_the_doctor_passes_the_recipes_precision_and_fails_a_broken_nf4_path(trainer, monkeypatch):
+@pytest.mark.parametrize("float32_gemm", [True, False], ids=["cpu_float32_gemm", "bitsandbytes_products"])
+def test_the_doctor_passes_the_recipes_precision_and_fails_a_broken_nf4_path(trainer, monkeypatch, float32_gemm):
+    monkeypatch.setattr(trainer, "float32_gemm", float32_gemm)
     source = models.source_of(trainer.cfg.model, trainer.run_dir / "toy_models" / "student")
     self_test = doctor.check_self_test(trainer)
     assert self_test.status == "PASS" and "bfloat16 compute" in self_test.reason
     gradients = doctor.check_nf4_gradients(trainer, source)
     assert gradients.status == "PASS" and "bfloat16" in gradients.reason
-    real = bnb.matmul_4bit
-
-    def off_by_one_percent(A, B, *args, **kwargs):  # an NF4 kernel that no longer computes its weights
-        return real(A, B, *args, **kwargs) * 1.01
-
-    monkeypatch.setattr(bnb, "matmul_4bit", off_by_one_percent)
+    # An NF4 path that no longer computes its weights: the kernel the products go through.
+    if float32_gemm:
+        real = cpu_gemm.dequantized_weight
+        monkeypatch.setattr(cpu_gemm, "dequantized_weight", lambda module: real(module) * 1.01)
+    else:
+        real = bnb.matmul_4bit
+        monkeypatch.setattr(bnb, "matmul_4bit", lambda A, B, *args, **kwargs: real(A, B, *args, **kwargs) * 1.01)
     assert doctor.check_nf4_gradients(trainer, source).status == "FAIL"
 
 

@@ -35,6 +35,11 @@ class HardwareConfig:
     # instead of on every call (the same values, bitwise); the dense copies are held during the
     # rollout (bf16: about 3.6x the NF4 storage, ~0.9 GB for a Qwen3-0.6B student) and freed after.
     rollout_dequantize_4bit_once: bool = True
+    # CPU only: every role (rollout, teacher, actor, probe) multiplies frozen half-precision layers
+    # (NF4 layers with bf16 compute, a bf16 lm_head) as float32 GEMMs of the same bf16 operands,
+    # rounded to bf16 (miniverl/cpu_gemm.py): CPUs without bf16 instructions run bf16 GEMMs 7-40x
+    # slower. Set false on CPUs with AMX/AVX512-BF16 if their native bf16 GEMM is faster there.
+    cpu_float32_gemm: bool = True
     # Resource contract of this hardware option (null: no limit).
     gpu_hour_limit: Optional[float] = None
     peak_reserved_limit_gib: Optional[float] = None

@@ -1,0 +1,84 @@
+"""cpu_gemm: frozen half-precision CPU layers multiply their own bf16 operands in float32, forward
+and backward, and the models are untouched outside the context."""
+
+from __future__ import annotations
+
+import bitsandbytes as bnb
+import pytest
+import torch
+
+from miniverl import cpu_gemm
+from miniverl.rollout import lean_decode_modules
+
+BF16_ULP = 2.0**-8  # relative spacing of bfloat16 values: one rounding step
+
+
+def nf4_layer(seed: int = 0) -> bnb.nn.Linear4bit:
+    torch.manual_seed(seed)
+    dense = torch.nn.Linear(96, 64, bias=True).to(torch.bfloat16)
+    layer = bnb.nn.Linear4bit(96, 64, bias=True, compute_dtype=torch.bfloat16, quant_type="nf4",
+                              quant_storage=torch.uint8)
+    layer.weight = bnb.nn.Params4bit(dense.weight.data, requires_grad=False, quant_type="nf4")
+    layer.bias = torch.nn.Parameter(dense.bias.data, requires_grad=False)
+    return layer.to("cpu")  # quantizes
+
+
+def model_of(layer: torch.nn.Module) -> torch.nn.Module:
+    return torch.nn.Sequential(layer)
+
+
+def test_an_nf4_layer_multiplies_its_bf16_operands_in_float32_forward_and_backward():
+    layer = nf4_layer()
+    x = torch.randn(5, 96, dtype=torch.float32, requires_grad=True)  # float32 in: prepare_model_for_kbit_training
+    stock = layer(x)
+    with cpu_gemm.float32_products(model_of(layer), enabled=True) as switched:
+        assert switched == 1
+        ours = layer(x)
+        grad = torch.randn_like(ours)
+        (grad_ours,) = torch.autograd.grad(ours, x, grad)
+    weight = cpu_gemm.dequantized_weight(layer).float()  # (64, 96), the values bitsandbytes multiplies
+    expected = (x.detach().bfloat16().float() @ weight.T + layer.bias.float()).bfloat16().float()
+    assert torch.equal(ours.detach(), expected)
+    assert ours.dtype == stock.dtype == torch.float32
+    # bitsandbytes' own bf16 product: the same values up to the float32 accumulation order.
+    assert float(((ours - stock).detach().abs() / stock.abs().clamp_min(1e-2)).max()) <= 2 * BF16_ULP
+    assert torch.equal(grad_ours, (grad.bfloat16().float() @ weight).bfloat16().float())
+    assert "forward" not in vars(layer)  # restored on exit
+
+
+def test_frozen_bf16_linears_switch_and_trainable_or_float32_ones_do_not():
+    frozen = torch.nn.Linear(32, 16, bias=False).to(torch.bfloat16).requires_grad_(False)
+    trainable = torch.nn.Linear(32, 16).to(torch.bfloat16)
+    full = torch.nn.Linear(32, 16).requires_grad_(False)
+    x = torch.randn(3, 32).bfloat16()
+    with cpu_gemm.float32_products(torch.nn.ModuleList([frozen, trainable, full]), enabled=True) as switched:
+        assert switched == 1 and "forward" in vars(frozen)
+        assert torch.equal(frozen(x), (x.float() @ frozen.weight.float().T).bfloat16())
+    with cpu_gemm.float32_products(frozen, enabled=False) as switched:
+        assert switched == 0 and "forward" not in vars(frozen)
+
+
+def test_a_backward_after_the_context_still_multiplies_in_float32_and_keeps_no_float32_weight():
+    layer = nf4_layer(1)
+    x = torch.randn(4, 96, dtype=torch.bfloat16, requires_grad=True)
+    with cpu_gemm.float32_products(model_of(layer), enabled=True):
+        y = layer(x)  # (4, 64)
+    assert type(y.grad_fn).__name__ == "_Float32ProductBackward"
+    assert y.grad_fn.saved_tensors == ()  # the weight is dequantized again in backward, not kept
+    y.sum().backward()
+    weight = cpu_gemm.dequantized_weight(layer).float()
+    assert torch.equal(x.grad, (torch.ones(4, 64) @ weight).bfloat16())
+
+
+@pytest.mark.parametrize("float32_gemm", [True, False])
+def test_the_rollouts_dense_copies_multiply_as_the_per_call_layer_does(float32_gemm):
+    layer = nf4_layer(2)
+    x = torch.randn(3, 96)
+    with torch.inference_mode():
+        with cpu_gemm.float32_products(model_of(layer), enabled=float32_gemm):
+            per_call = layer(x)
+        with lean_decode_modules(model_of(layer), few_row_gemv=False, dequantize_4bit=True,
+                                 float32_gemm=float32_gemm) as lean:
+            once = layer(x)
+    assert lean.dequantized_layers == 1
+    assert torch.equal(once, per_call)
