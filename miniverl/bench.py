@@ -144,7 +144,7 @@ def qwen3_config(scale: str, vocab: int, eos_id: int, pad_id: int, dtype: torch.
 
 
 def bench_tokenizer():
-    from miniverl import toy
+    from miniverl.models import toy
     tokenizer = toy.build_toy_tokenizer()
     tokenizer.padding_side = "left"
     prompt_ids = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
@@ -175,7 +175,7 @@ def build_float32_setup(scale: str, device: torch.device, workdir: Path) -> Setu
     """Unquantized models built in memory: float32 on the CPU, bfloat16 on CUDA."""
     from peft import LoraConfig, get_peft_model
 
-    from miniverl.models import quiet_loading
+    from miniverl.models.loading import quiet_loading
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     tokenizer, prompt_ids = bench_tokenizer()
@@ -204,9 +204,9 @@ def build_recipe_setup(scale: str, device: torch.device, workdir: Path) -> Setup
     """What `+recipe=opd_k1` runs: bfloat16 checkpoints loaded by miniverl's own loaders (NF4 via
     bitsandbytes with bf16 compute, prepare_model_for_kbit_training, LoRA r16 alpha 32 on q/v,
     gradient checkpointing; the teacher NF4, frozen)."""
-    from miniverl import models
-    from miniverl.schema.model import LoraSettings, StudentConfig
-    from miniverl.schema.teacher import TeacherConfig
+    from miniverl.models import loading as models
+    from miniverl.config.model import LoraSettings, StudentConfig
+    from miniverl.config.teacher import TeacherConfig
 
     tokenizer, prompt_ids = bench_tokenizer()
     eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
@@ -373,11 +373,11 @@ def products_in_float32(s: Setup, hw) -> bool:
 
 
 def miniverl_workers(s: Setup, hw):
-    from miniverl.actor import ActorWorker
-    from miniverl.rollout import RolloutWorker
-    from miniverl.schema.actor import ActorConfig, RolloutConfig
-    from miniverl.schema.estimator import EstimatorConfig
-    from miniverl.teacher import TeacherWorker
+    from miniverl.workers.actor import ActorWorker
+    from miniverl.workers.rollout import RolloutWorker
+    from miniverl.config.actor import ActorConfig, RolloutConfig
+    from miniverl.config.estimator import EstimatorConfig
+    from miniverl.workers.teacher import TeacherWorker
 
     base = s.student.get_base_model()
     float32_gemm = products_in_float32(s, hw)
@@ -399,7 +399,7 @@ def miniverl_workers(s: Setup, hw):
 def bench_rollout(s: Setup, rollout, repeats: int) -> tuple[dict, dict, object]:
     """miniverl's loop vs generate (batch 4) vs one row at a time; on the recipe path (CPU) also vs
     the same loop on bitsandbytes' per-call dequantization, with the same seeds round by round."""
-    from miniverl.rollout import left_pad
+    from miniverl.workers.rollout import left_pad
     ids, mask = left_pad(s.prompt_ids, s.pad_id, s.device)
     base = s.student.get_base_model()
     round_of = {}  # method -> calls so far: the same seeds for the same round of every method
@@ -483,8 +483,8 @@ def naive_teacher_log_probs(teacher, batch) -> torch.Tensor:
 
 
 def bench_scoring_time(s: Setup, batch, hw, repeats: int) -> dict:
-    from miniverl.cpu_gemm import float32_products
-    from miniverl.logprobs import response_log_probs
+    from miniverl.models.cpu_gemm import float32_products
+    from miniverl.workers.logprobs import response_log_probs
 
     float32_gemm = products_in_float32(s, hw)
 
@@ -642,7 +642,7 @@ def bench_opd_step_trl(kind: str, s: Setup, student, repeats: int, workdir: Path
 
 
 def bench_update(s: Setup, actor, batch, repeats: int) -> dict:
-    from miniverl.cpu_gemm import float32_products
+    from miniverl.models.cpu_gemm import float32_products
 
     student = s.student
     labels = torch.full_like(batch.input_ids, -100)
@@ -808,7 +808,7 @@ def markdown(result: dict) -> str:
 
 
 def machine_facts(device: torch.device) -> dict:
-    from miniverl.device import hardware_facts
+    from miniverl.utils.device import hardware_facts
     facts = hardware_facts(device)
     facts["torch_threads"] = torch.get_num_threads()
     facts["device_name"] = facts["gpu"] if device.type == "cuda" else f"{facts['cpu']} ({facts['cpu_count']} cores)"
@@ -836,7 +836,7 @@ def quiet():
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    from miniverl.schema.hardware import HardwareConfig
+    from miniverl.config.hardware import HardwareConfig
     defaults = HardwareConfig()
     p = argparse.ArgumentParser(prog="python -m miniverl.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--scale", choices=sorted(SCALES), default="bench")
@@ -862,7 +862,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from miniverl.schema.hardware import HardwareConfig
+    from miniverl.config.hardware import HardwareConfig
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: torch sees no GPU")

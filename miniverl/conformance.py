@@ -1,204 +1,19 @@
-"""Check miniverl.losses against golden vectors computed by verl v0.8.0's own functions.
-
-    python -m miniverl.conformance tests/data/verl-0.8.0-opd-loss.json [--dtype float64|float32] [--rtol R]
-
-Every case runs through the same functions the actor uses (miniverl.losses), with gradients from
-torch.autograd. Each mismatch is printed as `case <i> (<description>): <quantity>: expected <e> got <g>`;
-the last line is `conformance: N/M cases match verl v0.8.0`. The file's `refused` configurations must
-be refused by EstimatorConfig and its `warned` ones accepted with a warning. Exit status: 0 when
-everything matches, 1 on any mismatch, 2 when the file cannot be read.
-"""
+"""`python -m miniverl.conformance FILE [--dtype float64|float32] [--rtol R]`: miniverl's losses
+against golden vectors computed by verl v0.8.0's own functions (miniverl/verl_compat/conformance.py
+says what is checked; exit 0 when everything matches, 1 on a mismatch, 2 when FILE cannot be read)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-import warnings
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 
 from miniverl import VERL_TAG
-from miniverl.losses import distillation_loss, forward_kl_topk, forward_kl_topk_terms
-from miniverl.schema.estimator import EstimatorConfig
-
-# Relative tolerances. Estimator cases reproduce verl's float64 arithmetic closely; verl computed the
-# top-k KL in float32, so float64 runs can only agree with it to float32 precision.
-DEFAULT_RTOL = {
-    "float64": {"estimator": 1e-9, "forward_kl_topk": 1e-6},
-    "float32": {"estimator": 1e-5, "forward_kl_topk": 1e-5},
-}
-# Scale floor of the tolerance (see _close). In float32 the inputs themselves (O(1) log-probs) are
-# rounded by ~1e-7 absolute, so quantities formed by cancellation (ppo_kl ~1e-4, a k3 of ~1e-6) can
-# only be checked absolutely: float32 compares within rtol * max(|expected|, 1).
-SCALE_FLOOR = {"float64": 0.0, "float32": 1.0}
-
-_ESTIMATOR_FIELDS = (
-    "loss_mode", "use_policy_gradient", "loss_agg_mode", "loss_max_clamp",
-    "clip_ratio", "clip_ratio_low", "clip_ratio_high", "clip_ratio_c",
-)  # fmt: skip
-_TOPK_FIELDS = ("loss_mode", "use_policy_gradient", "topk", "log_prob_min_clamp", "loss_agg_mode", "loss_max_clamp")
-
-
-def describe(case: dict) -> str:
-    """Short human label of a case, e.g. `k3 direct seq-mean-token-mean clamp=0.5`."""
-    if case.get("kind") == "forward_kl_topk":
-        parts = [f"forward_kl_topk k={case.get('topk')}", case.get("loss_agg_mode", "?")]
-        if case.get("log_prob_min_clamp") is not None:
-            parts.append(f"log_prob_min_clamp={case['log_prob_min_clamp']}")
-        return " ".join(parts)
-    path = "pg" if case.get("use_policy_gradient") else "direct"
-    parts = [str(case.get("loss_mode")), path, str(case.get("loss_agg_mode"))]
-    if case.get("loss_max_clamp") is not None:
-        parts.append(f"clamp={case['loss_max_clamp']}")
-    if case.get("use_policy_gradient") and (
-        (case.get("clip_ratio_low"), case.get("clip_ratio_high"), case.get("clip_ratio_c")) != (0.2, 0.2, 3.0)
-    ):
-        parts.append(f"clip={case.get('clip_ratio_low')}/{case.get('clip_ratio_high')} c={case.get('clip_ratio_c')}")
-    return " ".join(parts)
-
-
-def _close(expected: Any, got: torch.Tensor, rtol: float, floor: float = 0.0) -> bool:
-    """Max-norm relative check: max|got - expected| <= rtol * max(max|expected|, floor).
-
-    Scaling by the largest element keeps tiny entries of a tensor (e.g. near-cancelled gradients)
-    from demanding more precision than the tensor as a whole carries; NaN matches only NaN.
-    """
-    exp = torch.as_tensor(expected, dtype=torch.float64)
-    got = got.detach().to(torch.float64).cpu()
-    if exp.shape != got.shape:
-        return False
-    if exp.numel() == 0:
-        return True
-    both_nan = torch.isnan(exp) & torch.isnan(got)
-    exp, got = torch.where(both_nan, 0.0, exp), torch.where(both_nan, 0.0, got)
-    scale = max(float(exp.abs().max()), floor)
-    err = float((got - exp).abs().max())
-    return err <= rtol * scale  # False for a NaN error
-
-
-def _fmt(x: Any) -> str:
-    if isinstance(x, torch.Tensor):
-        x = x.detach().to(torch.float64).cpu().tolist()
-    return json.dumps(x) if isinstance(x, list) else repr(x)
-
-
-def _first_diff(expected: Any, got: torch.Tensor) -> str:
-    """Index of the worst element, to keep mismatch lines short for tensors."""
-    exp = torch.as_tensor(expected, dtype=torch.float64)
-    got64 = got.detach().to(torch.float64).cpu()
-    if exp.shape != got64.shape or exp.dim() == 0:
-        return f"expected {_fmt(expected)} got {_fmt(got)}"
-    idx = torch.nan_to_num((got64 - exp).abs(), nan=float("inf")).argmax()
-    where = tuple(int(i) for i in torch.unravel_index(idx, exp.shape))
-    return (
-        f"expected {exp[where].item()!r} got {got64[where].item()!r} "
-        f"(at {list(where)}, worst of shape {list(exp.shape)})"
-    )
-
-
-def _run_case(case: dict, dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-    """Run one case; return the quantities to compare (tensors) and the metrics."""
-    inp = case["inputs"]
-    mask = torch.tensor(inp["response_mask"], dtype=dtype)  # (B, T)
-    # Single device, whole batch in one call: normalisers are this batch's own, T for ...-sum-norm.
-    norms = dict(
-        batch_num_tokens=mask.sum(),
-        global_batch_size=(mask.sum(-1) > 0).sum(),
-        loss_scale_factor=mask.shape[-1],
-    )
-    if case["kind"] == "estimator":
-        est = EstimatorConfig(**{k: case[k] for k in _ESTIMATOR_FIELDS if k in case})
-        log_prob = torch.tensor(inp["log_prob"], dtype=dtype, requires_grad=True)  # (B, T)
-        loss, per_token, metrics = distillation_loss(
-            est,
-            log_prob,
-            torch.tensor(inp["old_log_prob"], dtype=dtype),
-            torch.tensor(inp["teacher_log_prob"], dtype=dtype),
-            mask,
-            **norms,
-        )
-        loss.backward()
-        got = {"per_token_loss": per_token, "loss": loss, "grad_log_prob": log_prob.grad}
-        return got, metrics
-    if case["kind"] == "forward_kl_topk":
-        est = EstimatorConfig(**{k: case[k] for k in _TOPK_FIELDS if k in case})
-        logits = torch.tensor(inp["student_logits"], dtype=dtype, requires_grad=True)  # (B, T, V)
-        t_lp = torch.tensor(inp["teacher_topk_log_probs"], dtype=dtype)  # (B, T, k)
-        t_ids = torch.tensor(inp["teacher_topk_ids"], dtype=torch.long)  # (B, T, k)
-        loss, per_token, metrics = forward_kl_topk(est, logits, t_lp, t_ids, mask, **norms)
-        loss.backward()
-        terms = forward_kl_topk_terms(logits.detach(), t_lp, t_ids, log_prob_min_clamp=est.log_prob_min_clamp)
-        got = {
-            "per_token_loss": per_token,
-            "loss": loss,
-            "grad_student_logits": logits.grad,
-            "student_mass": terms.student_mass,
-            "teacher_mass": terms.teacher_mass,
-            "overlap_count": terms.overlap_count,
-            "overlap_token_advantage": terms.overlap_token_advantage,
-        }
-        return got, metrics
-    raise ValueError(f"unknown case kind {case.get('kind')!r}")
-
-
-def check_case(case: dict, dtype: torch.dtype, rtol: float, floor: float = 0.0) -> list[str]:
-    """Mismatch descriptions (`<quantity>: expected .. got ..`) for one case; empty when it matches."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # a case may be a warned configuration; that is checked apart
-            got, metrics = _run_case(case, dtype)
-        expected = case["expected"]
-    except Exception as exc:  # a malformed or unsupported case is a mismatch, not a crash
-        return [f"could not run: {type(exc).__name__}: {exc}"]
-    problems = []
-    for name, exp in expected.items():
-        if name == "metrics":
-            for key, exp_val in exp.items():
-                if key not in metrics:
-                    problems.append(f"metric {key}: expected {exp_val!r} got (missing)")
-                elif not _close(exp_val, torch.tensor(metrics[key], dtype=torch.float64), rtol, floor):
-                    problems.append(f"metric {key}: expected {exp_val!r} got {metrics[key]!r}")
-        elif name not in got or got[name] is None:
-            problems.append(f"{name}: expected a value got (missing)")
-        elif not _close(exp, got[name], rtol, floor):
-            problems.append(f"{name}: {_first_diff(exp, got[name])}")
-    return problems
-
-
-def _config_kwargs(entry: dict) -> dict:
-    return {k: v for k, v in entry.items() if k != "verl"}
-
-
-def check_refused(entry: dict) -> tuple[bool, str]:
-    """(refused as verl refuses?, message)."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            EstimatorConfig(**_config_kwargs(entry))
-    except (ValueError, NotImplementedError) as exc:
-        return True, f"{type(exc).__name__}: {exc}"
-    except Exception as exc:  # e.g. TypeError for an unknown field: refused, but not clearly
-        return False, f"raised {type(exc).__name__}: {exc} (expected ValueError/NotImplementedError)"
-    return False, f"accepted; verl refuses it ({entry.get('verl', '?')})"
-
-
-def check_warned(entry: dict) -> tuple[bool, str]:
-    """(accepted with a warning, as verl?, message)."""
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            EstimatorConfig(**_config_kwargs(entry))
-    except Exception as exc:
-        return False, f"refused ({type(exc).__name__}: {exc}); verl accepts it with a warning"
-    if not caught:
-        return False, "accepted without a warning; verl warns"
-    return True, f"warns: {caught[0].message}"
-
-
-def _describe_config(entry: dict) -> str:
-    return " ".join(f"{k}={v}" for k, v in _config_kwargs(entry).items())
+from miniverl.verl_compat.conformance import (DEFAULT_RTOL, SCALE_FLOOR, check_case, check_refused, check_warned,
+                                              describe, describe_config)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -247,7 +62,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         for i, entry in enumerate(entries):
             good, msg = check(entry)
             counts[kind] = (counts[kind][0] + good, len(entries))
-            print(f"{kind} {i} ({_describe_config(entry)}): {'ok, ' if good else 'MISMATCH: '}{msg}")
+            print(f"{kind} {i} ({describe_config(entry)}): {'ok, ' if good else 'MISMATCH: '}{msg}")
     (n_refused, n_ref_total), (n_warned, n_warn_total) = counts["refused"], counts["warned"]
     ok = ok and n_refused == n_ref_total and n_warned == n_warn_total
     print(f"refused: {n_refused}/{n_ref_total} configurations refused as in verl; "

@@ -14,10 +14,10 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from miniverl.errors import MiniverlError, RunStopped
-from miniverl.identity import resolved_config
-from miniverl.schema import to_config
-from miniverl.sweep_summary import ERROR_FILE
+from miniverl.utils.errors import MiniverlError, RunStopped
+from miniverl.utils.identity import resolved_config
+from miniverl.config import to_config
+from miniverl.utils.run_folder import ERROR_FILE
 
 log = logging.getLogger("miniverl")
 # A full disk, a read-only folder, no permission: the user's to fix, not a bug.
@@ -31,7 +31,7 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str] = ()) -> dict:
     # bitsandbytes logs a warning at import when the optional `kernels` package is absent.
     logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
     # Heavy imports (torch, transformers) after validation.
-    from miniverl.trainer import OPDTrainer
+    from miniverl.trainer.opd_trainer import OPDTrainer
 
     preflight(config)
     trainer = OPDTrainer(config, resolved_config(cfg), run_dir)
@@ -62,8 +62,8 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str] = ()) -> dict:
 
 def preflight(config) -> None:
     """The doctor's cheap checks (data, tokenizers, memory) before any model is loaded."""
-    from miniverl.device import resolve_device
-    from miniverl.doctor import cheap_checks
+    from miniverl.utils.device import resolve_device
+    from miniverl.trainer.preflight import cheap_checks
 
     checks = cheap_checks(config, resolve_device(config.hardware))
     for check in checks:
@@ -76,7 +76,7 @@ def preflight(config) -> None:
 
 def check_own_resume(trainer, run_dir: Path, overrides, k: int) -> dict:
     """recipe.interrupt_after_updates: rerun stopped after k and resumed, in fresh processes."""
-    from miniverl.resume_check import verify_resume
+    from miniverl.trainer.resume_check import verify_resume
 
     log.info("resume check: interrupting a fresh run after update %d and resuming it in a new process", k)
     # The children load the same models: this process's copies (on CUDA, device memory) would

@@ -21,9 +21,8 @@ from pathlib import Path
 import yaml
 from hydra.experimental.callback import Callback
 
-from miniverl.tables import format_value
+from miniverl.utils.tables import format_value
 
-ERROR_FILE = "error.txt"  # written by main.py in a job folder whose job failed
 # A job's report status when every update ran: "measured", as in the reference report
 # ("completed" in reports written before the status took that name).
 DONE = ("measured", "completed")
@@ -39,6 +38,8 @@ def job_dirs(sweep_dir: Path) -> list[Path]:
 
 
 def summarize_job(job: Path) -> tuple[dict, list[float]]:
+    from miniverl.utils.run_folder import ERROR_FILE  # imports torch: not at Hydra start-up
+
     overrides = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text()) or []
     row = {column: None for column in COLUMNS}
     row.update(job=job.name, overrides=" ".join(overrides), run_dir=str(job))
@@ -64,7 +65,7 @@ def summarize_job(job: Path) -> tuple[dict, list[float]]:
 
 def write_summary(sweep_dir: Path) -> list[dict]:
     # Imports torch: not at Hydra start-up.
-    from miniverl.outputs import atomic_write_bytes
+    from miniverl.utils.run_folder import atomic_write_bytes
 
     jobs = [summarize_job(job) for job in job_dirs(sweep_dir)]
     rows = [row for row, _ in jobs]

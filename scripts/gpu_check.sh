@@ -63,7 +63,7 @@ import sys
 import torch
 from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
-from miniverl.toy import IM_END, build_toy_tokenizer
+from miniverl.models.toy import IM_END, build_toy_tokenizer
 
 student_dir, teacher_dir, tiny = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 # Qwen3's id layout (151,669 ids, its added tokens at their real ids) under 151,936 embedding rows.

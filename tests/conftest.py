@@ -17,7 +17,7 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
-import miniverl.schema  # noqa: E402,F401  (registers the schemas)
+import miniverl.config  # noqa: E402,F401  (registers the schemas)
 
 _connect = socket.socket.connect
 

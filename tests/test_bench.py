@@ -19,10 +19,10 @@ from conftest import ROOT
 from peft import LoraConfig, get_peft_model
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from miniverl import logprobs
-from miniverl.logprobs import response_log_probs, sampled_log_probs
-from miniverl.rollout import RolloutWorker, filter_logits, lean_decode_modules
-from miniverl.schema.actor import RolloutConfig
+from miniverl.workers import logprobs
+from miniverl.workers.logprobs import response_log_probs, sampled_log_probs
+from miniverl.workers.rollout import RolloutWorker, filter_logits, lean_decode_modules
+from miniverl.config.actor import RolloutConfig
 
 VOCAB, EOS, PAD = 61, 7, 0  # a vocabulary no chunk size divides
 
@@ -129,8 +129,9 @@ def test_cuda_graph_decode_samples_what_the_eager_loop_samples(model):
 def nf4_student(tmp_path_factory):
     """The recipe's student path: a bfloat16 Qwen3 checkpoint loaded by models.load_student (NF4,
     bf16 compute, prepare_model_for_kbit_training, LoRA r16 on q/v), a non-zero LoRA B."""
-    from miniverl import models, toy
-    from miniverl.schema.model import StudentConfig
+    from miniverl.models import loading as models
+    from miniverl.models import toy
+    from miniverl.config.model import StudentConfig
 
     folder = tmp_path_factory.mktemp("nf4") / "student"
     tokenizer = toy.build_toy_tokenizer()
@@ -189,9 +190,9 @@ def test_nf4_rollout_dequantized_once_samples_what_the_per_call_path_samples(nf4
     weight dequantized once per rollout as with bitsandbytes dequantizing on every call; and the
     actor's recompute (its eval pass, and the update's train-mode forward with gradients through
     bitsandbytes' per-call path) agrees with the rollout's log-probs."""
-    from miniverl.actor import ActorWorker
-    from miniverl.schema.actor import ActorConfig
-    from miniverl.schema.estimator import EstimatorConfig
+    from miniverl.workers.actor import ActorWorker
+    from miniverl.config.actor import ActorConfig
+    from miniverl.config.estimator import EstimatorConfig
 
     student, tokenizer = nf4_student
     base = student.get_base_model()

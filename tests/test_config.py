@@ -7,8 +7,8 @@ import pytest
 from hydra.errors import ConfigCompositionException
 
 from conftest import CONF, compose_config
-from miniverl.errors import MiniverlError
-from miniverl.schema import MiniverlConfig, to_config
+from miniverl.utils.errors import MiniverlError
+from miniverl.config import MiniverlConfig, to_config
 
 GROUPS = ["model", "teacher", "estimator", "hardware", "data", "trainer"]
 OPTIONS = [(group, path.stem) for group in GROUPS for path in sorted((CONF / group).glob("*.yaml"))]

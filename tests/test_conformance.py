@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from miniverl.conformance import main
-from miniverl.schema.estimator import EstimatorConfig
+from miniverl.config.estimator import EstimatorConfig
 
 GOLDEN = Path(__file__).parent / "data" / "verl-0.8.0-opd-loss.json"
 N_CASES = 54

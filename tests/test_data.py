@@ -11,12 +11,12 @@ import pytest
 from safetensors.torch import load_file
 
 from conftest import ROOT, SHORT, compose_config
-from miniverl.data import read_conversations, tokenize_prompts
-from miniverl.errors import MiniverlError
-from miniverl.identity import resolved_config
-from miniverl.schema import to_config
-from miniverl.toy import build_toy_tokenizer
-from miniverl.trainer import OPDTrainer
+from miniverl.utils.dataset import read_conversations, tokenize_prompts
+from miniverl.utils.errors import MiniverlError
+from miniverl.utils.identity import resolved_config
+from miniverl.config import to_config
+from miniverl.models.toy import build_toy_tokenizer
+from miniverl.trainer.opd_trainer import OPDTrainer
 
 USER_ROWS = [
     ([("system", "Tu es un assistant précis."), ("user", "Combien font 1234 + 5678 ? Réponds en chiffres.")], "6912"),

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from miniverl import device as device_module
-from miniverl.device import set_determinism
+from miniverl.utils import device as device_module
+from miniverl.utils.device import set_determinism
 
 SDP_SWITCHES = ("enable_flash_sdp", "enable_mem_efficient_sdp", "enable_cudnn_sdp", "enable_math_sdp")
 

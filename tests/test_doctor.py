@@ -12,17 +12,18 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import ROOT, SHORT, compose_config
-from miniverl import doctor, toy
-from miniverl.errors import MiniverlError
+from miniverl.trainer import preflight
+from miniverl.models import toy
+from miniverl.utils.errors import MiniverlError
 from miniverl.main import run
-from miniverl.schema import to_config
+from miniverl.config import to_config
 
 BASE = ["+recipe=opd_k1", "model=toy", "teacher=toy"]
 
 
 def checks_of(*overrides):
     import torch
-    return {c.name: c for c in doctor.cheap_checks(to_config(compose_config([*BASE, *overrides])), torch.device("cpu"))}
+    return {c.name: c for c in preflight.cheap_checks(to_config(compose_config([*BASE, *overrides])), torch.device("cpu"))}
 
 
 def tokenizer_folder(tmp_path, edit):
@@ -83,15 +84,15 @@ def test_the_training_command_stops_on_a_cheap_fail(tmp_path):
 
 
 def test_the_self_test_fails_when_scoring_disagrees_with_sampling(tmp_path, monkeypatch):
-    from miniverl.trainer import OPDTrainer
+    from miniverl.trainer.opd_trainer import OPDTrainer
     cfg = compose_config([*BASE, *SHORT])
     trainer = OPDTrainer(to_config(cfg), {}, tmp_path / "run")
     trainer.setup()
-    assert doctor.check_self_test(trainer).status == "PASS"
+    assert preflight.check_self_test(trainer).status == "PASS"
     import miniverl.teacher as teacher_module
     real = teacher_module.response_log_probs
     monkeypatch.setattr(teacher_module, "response_log_probs", lambda *a, **k: real(*a, **k) + 0.01)  # misaligned
-    assert doctor.check_self_test(trainer).status == "FAIL"
+    assert preflight.check_self_test(trainer).status == "FAIL"
 
 
 def test_progress_is_measured_before_training_and_every_n_updates(tmp_path):

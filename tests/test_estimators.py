@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from conftest import CONF, SHORT, compose_config
-from miniverl.errors import MiniverlError
-from miniverl.identity import resolved_config
-from miniverl.schema import to_config
-from miniverl.schema.estimator import ESTIMATOR_MODES, LOSS_AGG_MODES
-from miniverl.trainer import OPDTrainer
+from miniverl.utils.errors import MiniverlError
+from miniverl.utils.identity import resolved_config
+from miniverl.config import to_config
+from miniverl.config.estimator import ESTIMATOR_MODES, LOSS_AGG_MODES
+from miniverl.trainer.opd_trainer import OPDTrainer
 
 OPTIONS = sorted(p.stem for p in (CONF / "estimator").glob("*.yaml"))
 RUNS = [(m, pg) for m in ESTIMATOR_MODES for pg in (True, False) if (m, pg) != ("k1", False)]
@@ -147,7 +147,7 @@ def test_the_updates_own_old_log_probs_equal_a_separate_recompute_bitwise(scored
 def test_actor_gradients_equal_those_of_a_plain_full_forward(scored_batches, family):
     """The chunked, checkpointed log-prob path computes the same LoRA gradients as the textbook
     one: full logits from the PEFT model, log_softmax, gather."""
-    from miniverl.losses import distillation_loss, forward_kl_topk
+    from miniverl.workers.losses import distillation_loss, forward_kl_topk
     trainer, batch = scored_batches[family]
     actor, est = trainer.actor, trainer.actor.estimator
     est.loss_agg_mode = "token-mean"

@@ -25,12 +25,13 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from conftest import ROOT, compose_config
-from miniverl import import_verl
-from miniverl.errors import MiniverlError
-from miniverl.export import config_fields, export, field_rule_digest, field_rules
-from miniverl.identity import resolved_config, sha256_json
-from miniverl.schema import to_config
-from miniverl.verl_rules import (DATACLASS_DEFAULTS_THAT_DIFFER, FIXED, LOSS, RULES, STATUSES, TEACHER, VERL_DEFAULTS,
+from miniverl import import_verl as import_command
+from miniverl.verl_compat import import_verl
+from miniverl.utils.errors import MiniverlError
+from miniverl.verl_compat.export import config_fields, export, field_rule_digest, field_rules
+from miniverl.utils.identity import resolved_config, sha256_json
+from miniverl.config import to_config
+from miniverl.verl_compat.rules import (DATACLASS_DEFAULTS_THAT_DIFFER, FIXED, LOSS, RULES, STATUSES, TEACHER, VERL_DEFAULTS,
                                  hydra_value, rule_for, rule_table, runtime_violations)
 
 RECIPE = ["+recipe=opd_k1"]
@@ -579,11 +580,11 @@ def values_to_lines(values: dict) -> list[str]:
 def test_import_command_writes_the_overrides_and_refuses_a_launch_without_distillation(tmp_path, capsys):
     export(compose_config(RECIPE), tmp_path / "verl", cwd=ROOT)
     out = tmp_path / "miniverl_overrides.txt"
-    assert import_verl.main([str(tmp_path / "verl" / "overrides.txt"), "-o", str(out)]) == 0
+    assert import_command.main([str(tmp_path / "verl" / "overrides.txt"), "-o", str(out)]) == 0
     assert "estimator=k1" in out.read_text().splitlines()
     plain = tmp_path / "ppo.txt"
     plain.write_text("actor_rollout_ref.rollout.name=vllm\ntrainer.total_training_steps=3\n")
-    assert import_verl.main([str(plain)]) == 2
+    assert import_command.main([str(plain)]) == 2
     assert capsys.readouterr().err.startswith("miniverl: error: this verl launch does not enable distillation")
 
 

@@ -20,13 +20,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import ROOT, SHORT, compose_config
-from miniverl import checkpoint
-from miniverl.data import read_conversations
-from miniverl.errors import MiniverlError
-from miniverl.identity import canonical_json, sha256_json
+from miniverl.utils import checkpoint
+from miniverl.utils.dataset import read_conversations
+from miniverl.utils.errors import MiniverlError
+from miniverl.utils.identity import canonical_json, sha256_json
 from miniverl.main import run
-from miniverl.resume_check import first_difference
-from miniverl.schema import to_config
+from miniverl.trainer.resume_check import first_difference
+from miniverl.config import to_config
 
 BASE = ["+recipe=opd_k1", *SHORT]
 
@@ -97,7 +97,7 @@ def test_a_full_disk_keeps_the_last_checkpoint_whole(tmp_path, monkeypatch):
 
 
 def test_a_nan_loss_stops_at_once_keeps_the_last_good_checkpoint_and_reports_failed(tmp_path, monkeypatch):
-    from miniverl.teacher import TeacherWorker
+    from miniverl.workers.teacher import TeacherWorker
     real, calls = TeacherWorker.compute_teacher_log_prob, {"n": 0}
 
     def nan_on_update_2(self, batch, rows):

@@ -10,11 +10,11 @@ import sys
 import pytest
 
 from conftest import ROOT, SHORT, compose_config
-from miniverl.data import read_conversations, tokenize_prompts
-from miniverl.identity import canonical_json, resolved_config_digest
-from miniverl.plan import compile_plan
-from miniverl.schema import to_config
-from miniverl.toy import build_toy_tokenizer
+from miniverl.utils.dataset import read_conversations, tokenize_prompts
+from miniverl.utils.identity import canonical_json, resolved_config_digest
+from miniverl.trainer.plan import compile_plan
+from miniverl.config import to_config
+from miniverl.models.toy import build_toy_tokenizer
 
 BASE = ["+recipe=opd_k1", *SHORT]
 

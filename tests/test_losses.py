@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from miniverl.losses import (
+from miniverl.workers.losses import (
     LOSS_AGG_MODES,
     agg_loss,
     batch_normalisers,
@@ -16,7 +16,7 @@ from miniverl.losses import (
     forward_kl_topk,
     kl_estimate,
 )
-from miniverl.schema.estimator import EstimatorConfig
+from miniverl.config.estimator import EstimatorConfig
 
 B, T, V, K = 8, 6, 13, 4
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from miniverl import models
-from miniverl.errors import MiniverlError
-from miniverl.schema.model import StudentConfig
-from miniverl.schema.teacher import TeacherConfig
+from miniverl.models import loading as models
+from miniverl.utils.errors import MiniverlError
+from miniverl.config.model import StudentConfig
+from miniverl.config.teacher import TeacherConfig
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +92,7 @@ def test_weights_that_cannot_be_had_offline_give_one_clear_line():
 def test_a_teacher_with_another_vocabulary_is_refused(toy_dirs, tmp_path):
     from transformers import PreTrainedTokenizerFast
 
-    from miniverl import toy
+    from miniverl.models import toy
     student_tok = toy.build_toy_tokenizer()
     other = toy.build_toy_tokenizer()
     other.add_tokens(["<extra>"])
@@ -103,7 +103,7 @@ def test_a_teacher_with_another_vocabulary_is_refused(toy_dirs, tmp_path):
 
 
 def test_a_teacher_with_another_chat_template_is_refused(toy_dirs):
-    from miniverl import toy
+    from miniverl.models import toy
     student_tok, teacher_tok = toy.build_toy_tokenizer(), toy.build_toy_tokenizer()
     teacher_tok.chat_template = teacher_tok.chat_template.replace("\n", " ")
     model = AutoModelForCausalLM.from_pretrained(toy_dirs["student"])

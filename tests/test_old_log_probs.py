@@ -14,11 +14,11 @@ from safetensors.torch import load_file
 
 from conftest import compose_config
 from miniverl.main import run
-from miniverl.plan import compile_plan
-from miniverl.data import read_conversations, tokenize_prompts
-from miniverl import models
-from miniverl.resume_check import first_difference
-from miniverl.schema import to_config
+from miniverl.trainer.plan import compile_plan
+from miniverl.utils.dataset import read_conversations, tokenize_prompts
+from miniverl.models import loading as models
+from miniverl.trainer.resume_check import first_difference
+from miniverl.config import to_config
 
 N = 4
 ARGS = ["+recipe=opd_k1", "model=toy", "teacher=toy", "hardware=cpu", f"recipe.optimizer_updates={N}",
@@ -108,10 +108,10 @@ def tiny_actor(dropout: float):
     from peft import LoraConfig, get_peft_model
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from miniverl.actor import ActorWorker
-    from miniverl.rollout import RolloutWorker
-    from miniverl.schema.actor import ActorConfig, RolloutConfig
-    from miniverl.schema.estimator import EstimatorConfig
+    from miniverl.workers.actor import ActorWorker
+    from miniverl.workers.rollout import RolloutWorker
+    from miniverl.config.actor import ActorConfig, RolloutConfig
+    from miniverl.config.estimator import EstimatorConfig
 
     config = Qwen3Config(vocab_size=61, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,

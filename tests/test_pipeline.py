@@ -13,10 +13,10 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from conftest import ROOT, SHORT, compose_config
-from miniverl import models
-from miniverl.identity import resolved_config
-from miniverl.schema import to_config
-from miniverl.trainer import OPDTrainer
+from miniverl.models import loading as models
+from miniverl.utils.identity import resolved_config
+from miniverl.config import to_config
+from miniverl.trainer.opd_trainer import OPDTrainer
 
 VERL_METRICS = ["actor/distillation/loss", "actor/distillation/abs_loss", "actor/pg_clipfrac", "actor/ppo_kl",
                 "actor/grad_norm", "response_length/mean", "timing_s/gen", "timing_s/teacher",

@@ -13,12 +13,16 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from conftest import compose_config, main
-from miniverl import cpu_gemm, doctor, models, precision, toy
-from miniverl.errors import MiniverlError
-from miniverl.identity import resolved_config
-from miniverl.schema import to_config
-from miniverl.teacher import TeacherWorker
-from miniverl.trainer import OPDTrainer
+from miniverl.trainer import preflight
+from miniverl.models import cpu_gemm
+from miniverl.models import loading as models
+from miniverl.models import precision
+from miniverl.models import toy
+from miniverl.utils.errors import MiniverlError
+from miniverl.utils.identity import resolved_config
+from miniverl.config import to_config
+from miniverl.workers.teacher import TeacherWorker
+from miniverl.trainer.opd_trainer import OPDTrainer
 
 QWEN3 = ["+recipe=opd_k1", "model=toy_qwen3", "teacher=toy_qwen3", "hardware=cpu", "recipe.optimizer_updates=3",
          "recipe.interrupt_after_updates=null", "recipe.response_limit=16", "trainer.progress_bar=false"]
@@ -175,9 +179,9 @@ def test_a_teacher_padded_to_another_row_count_is_accepted_and_scores_the_same(t
 def test_the_doctor_passes_the_recipes_precision_and_fails_a_broken_nf4_path(trainer, monkeypatch, float32_gemm):
     monkeypatch.setattr(trainer, "float32_gemm", float32_gemm)
     source = models.source_of(trainer.cfg.model, trainer.run_dir / "toy_models" / "student")
-    self_test = doctor.check_self_test(trainer)
+    self_test = preflight.check_self_test(trainer)
     assert self_test.status == "PASS" and "bfloat16 compute" in self_test.reason
-    gradients = doctor.check_nf4_gradients(trainer, source)
+    gradients = preflight.check_nf4_gradients(trainer, source)
     assert gradients.status == "PASS" and "bfloat16" in gradients.reason
     # An NF4 path that no longer computes its weights: the kernel the products go through.
     if float32_gemm:
@@ -186,17 +190,17 @@ def test_the_doctor_passes_the_recipes_precision_and_fails_a_broken_nf4_path(tra
     else:
         real = bnb.matmul_4bit
         monkeypatch.setattr(bnb, "matmul_4bit", lambda A, B, *args, **kwargs: real(A, B, *args, **kwargs) * 1.01)
-    assert doctor.check_nf4_gradients(trainer, source).status == "FAIL"
+    assert preflight.check_nf4_gradients(trainer, source).status == "FAIL"
 
 
 def test_the_memory_estimate_counts_the_tied_embedding_once_in_float32():
     cfg = to_config(compose_config(QWEN3))
-    student = doctor.architecture(cfg.model)
+    student = preflight.architecture(cfg.model)
     assert student["tied"] and student["vocab"] == ROWS and student["dtype"] == "bfloat16"
     linear = student["layers"] * (64 * 32 * (2 * 4 + 2 * 2) + 3 * 64 * 128)
-    assert doctor.weight_bytes(student, "nf4", 4) == int(linear * (0.5 + 4 / 64) + ROWS * 64 * 4)
+    assert preflight.weight_bytes(student, "nf4", 4) == int(linear * (0.5 + 4 / 64) + ROWS * 64 * 4)
     untied = dict(student, tied=False)
-    assert doctor.weight_bytes(untied, "nf4", 4) - doctor.weight_bytes(student, "nf4", 4) == ROWS * 64 * 4
+    assert preflight.weight_bytes(untied, "nf4", 4) - preflight.weight_bytes(student, "nf4", 4) == ROWS * 64 * 4
 
 
 @pytest.mark.slow
@@ -224,5 +228,5 @@ def test_on_cuda_sampling_equals_scoring_within_the_bf16_tolerance_and_the_docto
     diff = (batch.rollout_log_probs - trainer.actor.compute_log_prob(batch, rows_per_forward=4)) * batch.response_mask
     assert float(diff.abs().max()) <= worst_allowed and abs(float(diff.sum() / batch.response_mask.sum())) <= mean_allowed
     source = models.source_of(trainer.cfg.model, trainer.run_dir / "toy_models" / "student")
-    for check in (doctor.check_self_test(trainer), doctor.check_nf4_gradients(trainer, source)):
+    for check in (preflight.check_self_test(trainer), preflight.check_nf4_gradients(trainer, source)):
         assert check.status == "PASS", str(check)

@@ -14,9 +14,10 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import ROOT, SHORT, compose_config
-from miniverl import downshift
-from miniverl import report as report_module
-from miniverl.errors import MiniverlError
+from miniverl.utils import downshift
+from miniverl import report as compare_command
+from miniverl.trainer import run_report as report_module
+from miniverl.utils.errors import MiniverlError
 from miniverl.main import run
 
 REFERENCE = json.loads((ROOT / "recipes/opd_k1/reference-report-rtx4080.json").read_text())
@@ -119,7 +120,7 @@ def test_an_oom_at_4_and_at_2_runs_at_1_and_trains_the_same(plain_and_downshifte
 
 
 def test_an_oom_at_one_row_fails_keeps_the_last_update_and_reports_failed(tmp_path, monkeypatch):
-    from miniverl.rollout import RolloutWorker
+    from miniverl.workers.rollout import RolloutWorker
     real = RolloutWorker.generate_sequences
     calls = {"n": 0}
 
@@ -161,8 +162,8 @@ def test_the_failed_attempt_is_released_before_the_cache_is_freed_and_the_rows_h
 
 
 def test_an_oom_in_the_held_out_probe_halves_its_rows_too(tmp_path, monkeypatch):
-    from miniverl.rollout import RolloutWorker
-    from miniverl.teacher import TeacherWorker
+    from miniverl.workers.rollout import RolloutWorker
+    from miniverl.workers.teacher import TeacherWorker
     rollout_rows, teacher_rows = [], []
     real_rollout, real_teacher = RolloutWorker.generate_sequences, TeacherWorker.compute_teacher_log_prob
 
@@ -188,7 +189,7 @@ def test_an_oom_in_the_held_out_probe_halves_its_rows_too(tmp_path, monkeypatch)
 
 def test_report_compare_prints_both_runs_side_by_side(plain_and_downshifted, capsys):
     (_, plain_dir), (_, shifted_dir) = plain_and_downshifted
-    assert report_module.main(["compare", str(plain_dir / "report.json"), str(shifted_dir / "report.json")]) == 0
+    assert compare_command.main(["compare", str(plain_dir / "report.json"), str(shifted_dir / "report.json")]) == 0
     out = capsys.readouterr().out
     assert "measurements.steady_state_median_seconds.rollout" in out
     assert "measurements.batch_downshifts.rollout_oom" in out
@@ -200,7 +201,7 @@ def test_report_compare_prints_both_runs_side_by_side(plain_and_downshifted, cap
 def test_report_compare_refuses_a_file_that_is_not_a_report(tmp_path, capsys):
     bad = tmp_path / "x.json"
     bad.write_text("{not json")
-    assert report_module.main(["compare", str(bad), str(bad)]) == 2
+    assert compare_command.main(["compare", str(bad), str(bad)]) == 2
     assert "not a readable report" in capsys.readouterr().err
 
 

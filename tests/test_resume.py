@@ -19,16 +19,18 @@ from peft import PeftModel
 from safetensors.torch import load_file
 
 from conftest import ROOT, compose_config, main
-from miniverl import checkpoint, models, resume_check
-from miniverl.batch import Batch
-from miniverl.errors import MiniverlError
-from miniverl.identity import resolved_config, sha256_file
-from miniverl.logprobs import response_log_probs
+from miniverl.utils import checkpoint
+from miniverl.models import loading as models
+from miniverl.trainer import resume_check
+from miniverl.protocol import Batch
+from miniverl.utils.errors import MiniverlError
+from miniverl.utils.identity import resolved_config, sha256_file
+from miniverl.workers.logprobs import response_log_probs
 from miniverl.main import run
-from miniverl.outputs import RunFolder
-from miniverl.resume_check import first_difference
-from miniverl.schema import to_config
-from miniverl.trainer import OPDTrainer
+from miniverl.utils.run_folder import RunFolder
+from miniverl.trainer.resume_check import first_difference
+from miniverl.config import to_config
+from miniverl.trainer.opd_trainer import OPDTrainer
 
 N = 4
 ARGS = ["+recipe=opd_k1", "model=toy", "teacher=toy", f"recipe.optimizer_updates={N}",
@@ -127,7 +129,7 @@ KILL_SCRIPT = """
 import sys, time
 from pathlib import Path
 sys.path[:0] = [{root!r}, {tests!r}]
-from miniverl import checkpoint
+from miniverl.utils import checkpoint
 real_fsync_dir = checkpoint._fsync_dir
 def slow_fsync_dir(path):
     if path.name == ".update_3.tmp":  # files written, folder not yet renamed into place
@@ -287,7 +289,7 @@ HANG_BEFORE_CHECKPOINT = """
 import sys, time
 from pathlib import Path
 sys.path[:0] = [{root!r}, {tests!r}]
-from miniverl import checkpoint
+from miniverl.utils import checkpoint
 def hang(*args, **kwargs):
     Path({signal!r}).write_text("update 1 done, no checkpoint yet")
     time.sleep(120)

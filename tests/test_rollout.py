@@ -8,10 +8,10 @@ import torch
 
 from conftest import SHORT, compose_config
 from miniverl import main as main_module
-from miniverl.errors import MiniverlError
-from miniverl.identity import resolved_config
-from miniverl.schema import to_config
-from miniverl.trainer import OPDTrainer
+from miniverl.utils.errors import MiniverlError
+from miniverl.utils.identity import resolved_config
+from miniverl.config import to_config
+from miniverl.trainer.opd_trainer import OPDTrainer
 
 
 @pytest.fixture(scope="module")

@@ -13,12 +13,12 @@ from peft import PeftModel
 from safetensors.torch import load_file
 
 from conftest import SHORT, compose_config
-from miniverl import models
-from miniverl.errors import MiniverlError
-from miniverl.identity import resolved_config
-from miniverl.logprobs import response_log_probs
-from miniverl.schema import to_config
-from miniverl.trainer import OPDTrainer
+from miniverl.models import loading as models
+from miniverl.utils.errors import MiniverlError
+from miniverl.utils.identity import resolved_config
+from miniverl.workers.logprobs import response_log_probs
+from miniverl.config import to_config
+from miniverl.trainer.opd_trainer import OPDTrainer
 
 TINY = [*SHORT, "recipe.optimizer_updates=2", "actor.optim.lr=1e-3"]
 

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from miniverl.checkpoint import checkpoint_update, checkpoints_in
+from miniverl.utils.checkpoint import checkpoint_update, checkpoints_in
 
 # Differs between the three runs by construction (their trainer.stop_after_updates/resume_from).
 EXCLUDED_RUN_IDENTITY_FIELD = "resolved_config_digest"

@@ -22,12 +22,12 @@ import math
 import torch
 from peft import PeftModel
 
-from miniverl import cpu_gemm
-from miniverl.batch import Batch
-from miniverl.logprobs import response_log_probs, response_topk_terms
-from miniverl.losses import combine_metrics, distillation_loss, topk_distillation_loss
-from miniverl.schema.actor import ActorConfig
-from miniverl.schema.estimator import EstimatorConfig
+from miniverl.models import cpu_gemm
+from miniverl.protocol import Batch
+from miniverl.workers.logprobs import response_log_probs, response_topk_terms
+from miniverl.workers.losses import combine_metrics, distillation_loss, topk_distillation_loss
+from miniverl.config.actor import ActorConfig
+from miniverl.config.estimator import EstimatorConfig
 
 
 class NonFiniteLoss(Exception):

@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from miniverl import VERL_COMMIT, VERL_TAG
-from miniverl.schema.model import ToyArchitecture
+from miniverl.config.model import ToyArchitecture
 
 VERL_VERSION = "0.8.0"
 ENTRY_POINT = "python3 -m verl.trainer.main_ppo"

@@ -20,8 +20,8 @@ from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_file, save_file
 
 from miniverl import __version__
-from miniverl.errors import MiniverlError
-from miniverl.identity import canonical_json, sha256_file
+from miniverl.utils.errors import MiniverlError
+from miniverl.utils.identity import canonical_json, sha256_file
 
 TENSOR_FILES = ("adapter.safetensors", "optimizer.safetensors")
 STATE_FILE = "state.json"

@@ -32,8 +32,8 @@ import torch
 from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
-from miniverl.batch import Batch
-from miniverl.losses import TopkTerms, forward_kl_topk_terms
+from miniverl.protocol import Batch
+from miniverl.workers.losses import TopkTerms, forward_kl_topk_terms
 
 MAX_CHUNK_ELEMENTS = 1 << 24  # logits per chunk at most (64 MiB in float32), whatever `chunk` says
 

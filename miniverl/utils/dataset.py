@@ -16,9 +16,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from miniverl.errors import MiniverlError
-from miniverl.identity import sha256_file, sha256_json
-from miniverl.schema.data import DataConfig
+from miniverl.utils.errors import MiniverlError
+from miniverl.utils.identity import sha256_file, sha256_json
+from miniverl.config.data import DataConfig
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from miniverl.schema.model import ToyArchitecture
+from miniverl.config.model import ToyArchitecture
 
 PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 # Qwen's chat layout; `<|im_end|>` ends every turn and is the EOS token of generation.

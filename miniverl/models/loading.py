@@ -24,10 +24,11 @@ import transformers
 from peft import LoraConfig, PeftModel, get_peft_model, prepare_model_for_kbit_training
 from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PreTrainedModel
 
-from miniverl import adapters, toy
-from miniverl.errors import MiniverlError
-from miniverl.schema.model import StudentConfig
-from miniverl.schema.teacher import TeacherConfig
+from miniverl.models import adapters
+from miniverl.models import toy
+from miniverl.utils.errors import MiniverlError
+from miniverl.config.model import StudentConfig
+from miniverl.config.teacher import TeacherConfig
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PROBE_CONVERSATION = [

@@ -18,8 +18,8 @@ from typing import TypeVar
 
 import torch
 
-from miniverl.measure import free_device_cache
-from miniverl.plan import split
+from miniverl.utils.measure import free_device_cache
+from miniverl.trainer.plan import split
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

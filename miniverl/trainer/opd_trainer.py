@@ -18,22 +18,24 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from miniverl import adapters, checkpoint, models
-from miniverl.actor import ActorWorker, NonFiniteLoss
-from miniverl.data import PromptSet, read_conversations, tokenize_prompts, with_answers
-from miniverl.device import hardware_facts, resolve_device, set_determinism, timed
-from miniverl.identity import sha256_json
-from miniverl.outputs import RunFolder, TensorBoardLogger
-from miniverl.plan import Plan, UpdatePlan, compile_plan, derive_seed
-from miniverl.downshift import Downshift, OutOfMemoryAtOneRow
-from miniverl.evaluate import DistillationProbe
-from miniverl.metrics import batch_metrics, console_line, rollout_actor_metrics
-from miniverl.measure import cuda_peaks, peak_rss_gib, release_memory, seconds_since_start
-from miniverl.report import RunFacts, build_report
-from miniverl.rollout import RolloutWorker
-from miniverl.schema import MiniverlConfig
-from miniverl.signals import deferred_signals
-from miniverl.teacher import TeacherWorker
+from miniverl.models import adapters
+from miniverl.utils import checkpoint
+from miniverl.models import loading as models
+from miniverl.workers.actor import ActorWorker, NonFiniteLoss
+from miniverl.utils.dataset import PromptSet, read_conversations, tokenize_prompts, with_answers
+from miniverl.utils.device import hardware_facts, resolve_device, set_determinism, timed
+from miniverl.utils.identity import sha256_json
+from miniverl.utils.run_folder import RunFolder, TensorBoardLogger
+from miniverl.trainer.plan import Plan, UpdatePlan, compile_plan, derive_seed
+from miniverl.utils.downshift import Downshift, OutOfMemoryAtOneRow
+from miniverl.trainer.validation import DistillationProbe
+from miniverl.trainer.metrics import batch_metrics, console_line, rollout_actor_metrics
+from miniverl.utils.measure import cuda_peaks, peak_rss_gib, release_memory, seconds_since_start
+from miniverl.trainer.run_report import RunFacts, build_report
+from miniverl.workers.rollout import RolloutWorker
+from miniverl.config import MiniverlConfig
+from miniverl.utils.signals import deferred_signals
+from miniverl.workers.teacher import TeacherWorker
 
 log = logging.getLogger(__name__)
 

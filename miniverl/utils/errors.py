@@ -1,5 +1,8 @@
 """User-facing errors: one line that says what is wrong, where, and how to fix it."""
 
+import os
+import sys
+
 
 class MiniverlError(Exception):
     """A mistake in the user's input or environment. `main` prints it as one line (no traceback
@@ -12,3 +15,12 @@ class RunStopped(MiniverlError):
     def __init__(self, message: str, signum: int):
         super().__init__(message)
         self.exit_code = 128 + signum
+
+
+def exit_code_of(error: MiniverlError, prefix: str = "miniverl") -> int:
+    """Print a user mistake as one line on stderr (re-raise it with HYDRA_FULL_ERROR=1, to see the
+    traceback) and return the exit status every command uses for it."""
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        raise error
+    print(f"{prefix}: error: {error}", file=sys.stderr)
+    return 2

@@ -27,7 +27,7 @@ from typing import Any, Iterable, NamedTuple, Optional, Union
 
 import torch
 
-from miniverl.schema.estimator import ESTIMATOR_MODES, LOSS_AGG_MODES
+from miniverl.config.estimator import ESTIMATOR_MODES, LOSS_AGG_MODES
 
 Number = Union[int, float, torch.Tensor]
 

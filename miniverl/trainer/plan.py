@@ -14,10 +14,10 @@ import random
 from dataclasses import dataclass
 
 from miniverl import __version__
-from miniverl.data import PromptSet
-from miniverl.errors import MiniverlError
-from miniverl.identity import sha256_json
-from miniverl.schema import MiniverlConfig
+from miniverl.utils.dataset import PromptSet
+from miniverl.utils.errors import MiniverlError
+from miniverl.utils.identity import sha256_json
+from miniverl.config import MiniverlConfig
 
 PLAN_VERSION = 1
 

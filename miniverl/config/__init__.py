@@ -13,17 +13,17 @@ from dataclasses import dataclass, field
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from miniverl.schema.actor import ActorConfig, RolloutConfig
-from miniverl.schema.algorithm import AlgorithmConfig
-from miniverl.schema.data import DataConfig
-from miniverl.schema.estimator import EstimatorConfig
-from miniverl.schema.evaluation import EvalConfig
-from miniverl.schema.export import ExportConfig
-from miniverl.schema.hardware import HardwareConfig
-from miniverl.schema.model import StudentConfig
-from miniverl.schema.recipe import RecipeConfig, teacher_target_for
-from miniverl.schema.teacher import TeacherConfig
-from miniverl.schema.trainer import TrainerConfig
+from miniverl.config.actor import ActorConfig, RolloutConfig
+from miniverl.config.algorithm import AlgorithmConfig
+from miniverl.config.data import DataConfig
+from miniverl.config.estimator import EstimatorConfig
+from miniverl.config.evaluation import EvalConfig
+from miniverl.config.export import ExportConfig
+from miniverl.config.hardware import HardwareConfig
+from miniverl.config.model import StudentConfig
+from miniverl.config.recipe import RecipeConfig, teacher_target_for
+from miniverl.config.teacher import TeacherConfig
+from miniverl.config.trainer import TrainerConfig
 
 
 @dataclass
@@ -70,7 +70,7 @@ def register_configs() -> None:
 def to_config(cfg: DictConfig) -> MiniverlConfig:
     """Validate a composed config: runs every schema's `__post_init__`; a refused value becomes a
     one-line MiniverlError."""
-    from miniverl.errors import MiniverlError
+    from miniverl.utils.errors import MiniverlError
 
     from omegaconf.errors import ConfigKeyError
 

@@ -19,16 +19,17 @@ from pathlib import Path
 import yaml
 from safetensors.torch import save_file
 
-from miniverl.batch import Batch
-from miniverl.checkpoint import checkpoints_in
-from miniverl.errors import MiniverlError
-from miniverl.identity import canonical_json, sha256_file, sha256_json
+from miniverl.protocol import Batch
+from miniverl.utils.checkpoint import checkpoints_in
+from miniverl.utils.errors import MiniverlError
+from miniverl.utils.identity import canonical_json, sha256_file, sha256_json
 
 log = logging.getLogger(__name__)
 FINISHED_MARKERS = ("metrics.jsonl", "report.json", "plan.json")
+ERROR_FILE = "error.txt"  # main.py's one-line error in the folder of a job that failed
 # What a run writes into its folder (Hydra's own .hydra/ and <job>.log are left alone).
 RUN_OUTPUTS = (*FINISHED_MARKERS, "resolved_config.yaml", "trajectories", "checkpoints", "peft_adapter", "toy_models",
-               "resume_check", "tensorboard", "error.txt")
+               "resume_check", "tensorboard", ERROR_FILE)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

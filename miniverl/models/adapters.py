@@ -17,8 +17,8 @@ from peft import PeftModel
 from safetensors import safe_open
 from transformers import PreTrainedModel
 
-from miniverl.errors import MiniverlError
-from miniverl.identity import sha256_file
+from miniverl.utils.errors import MiniverlError
+from miniverl.utils.identity import sha256_file
 
 WEIGHTS = "adapter_model.safetensors"
 TEACHER_ADAPTER = "teacher"  # the shared_base teacher's adapter name; the student's is "default"

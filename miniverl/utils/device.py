@@ -11,8 +11,8 @@ from importlib.metadata import PackageNotFoundError, version
 
 import torch
 
-from miniverl.errors import MiniverlError
-from miniverl.schema.hardware import HardwareConfig
+from miniverl.utils.errors import MiniverlError
+from miniverl.config.hardware import HardwareConfig
 
 
 def resolve_device(hardware: HardwareConfig) -> torch.device:

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import torch
 
-from miniverl import cpu_gemm
-from miniverl.batch import Batch
-from miniverl.data import PromptSet
-from miniverl.downshift import Downshift
-from miniverl.logprobs import response_hidden_states, token_logits
-from miniverl.plan import derive_seed
-from miniverl.rollout import RolloutWorker
-from miniverl.teacher import TeacherWorker
+from miniverl.models import cpu_gemm
+from miniverl.protocol import Batch
+from miniverl.utils.dataset import PromptSet
+from miniverl.utils.downshift import Downshift
+from miniverl.workers.logprobs import response_hidden_states, token_logits
+from miniverl.trainer.plan import derive_seed
+from miniverl.workers.rollout import RolloutWorker
+from miniverl.workers.teacher import TeacherWorker
 
 
 def full_log_probs(model, batch: Batch, tokenizer_vocab: int | None) -> torch.Tensor:

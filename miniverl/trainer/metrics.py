@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from miniverl.batch import Batch
+from miniverl.protocol import Batch
 
 
 def batch_metrics(batch: Batch, response_limit: int) -> dict:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from miniverl.schema.model import ToyArchitecture, check_common
+from miniverl.config.model import ToyArchitecture, check_common
 
 # standard: a separate frozen model (optionally with a PEFT adapter on top);
 # ref: verl's reference policy, the student's own base with its LoRA disabled (no second copy);

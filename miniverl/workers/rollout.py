@@ -42,9 +42,9 @@ from typing import Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel, StaticCache
 
-from miniverl import cpu_gemm
-from miniverl.batch import Batch
-from miniverl.schema.actor import RolloutConfig
+from miniverl.models import cpu_gemm
+from miniverl.protocol import Batch
+from miniverl.config.actor import RolloutConfig
 
 STATIC_WIDTH_MULTIPLE = 128  # a static cache holds prompt + response rounded up to this
 

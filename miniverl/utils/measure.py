@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import torch
 
-from miniverl.identity import sha256_file, sha256_json
+from miniverl.utils.identity import sha256_file, sha256_json
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 

@@ -13,9 +13,9 @@ from typing import Callable, ContextManager
 import torch
 from transformers import PreTrainedModel
 
-from miniverl import cpu_gemm
-from miniverl.batch import Batch
-from miniverl.logprobs import response_log_probs, response_log_probs_and_topk
+from miniverl.models import cpu_gemm
+from miniverl.protocol import Batch
+from miniverl.workers.logprobs import response_log_probs, response_log_probs_and_topk
 
 
 class TeacherWorker:

@@ -1,0 +1,194 @@
+"""`report.json` (schema v1): what a run measured, with the reference report's field names, units
+and meanings (docs/report.md says how each figure is measured), and
+`python -m miniverl.report compare A.json B.json` to read two reports side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from miniverl import VERL_COMMIT, VERL_REPOSITORY, VERL_TAG, __version__
+from miniverl.models.adapters import adapter_sha256
+from miniverl.verl_compat.export import field_rule_digest
+from miniverl.utils.identity import sha256_file, sha256_json
+from miniverl.utils.tables import format_value
+from miniverl.utils.measure import folder_bytes, source_commit, workload_driver_sha256
+from miniverl.trainer.plan import PLAN_VERSION, Plan
+from miniverl.config import MiniverlConfig
+
+SCHEMA_VERSION = 1
+PROFILE_SCHEMA_VERSION = 1
+# Report phase -> the timing_s/* keys of metrics.jsonl it adds up.
+PHASES = {"rollout": ("gen",), "teacher_scoring": ("teacher",), "actor_update": ("update_actor",)}
+THROUGHPUTS = {"rollout": "rollout_tokens_per_second", "teacher_scoring": "teacher_scored_positions_per_second",
+               "actor_update": "update_positions_per_second"}
+SCIENTIFIC_SCOPE = {"algorithm_comparison": False, "runtime_correctness_only": True, "task_quality_evaluated": False}
+
+
+@dataclass
+class RunFacts:
+    """What the trainer observed, handed to `build_report`."""
+
+    status: str
+    history: list[dict]
+    hardware: dict
+    run_dir: Path
+    last_checkpoint: Path | None
+    seconds_to_first: dict[str, float | None]  # rollout / teacher_targets / update, from process start
+    cold_startup_seconds: float
+    peak_allocated_gib: float | None
+    peak_reserved_gib: float | None
+    peak_rss_gib: float
+    batch_downshifts: dict[str, int]
+    observed_rollout_physical_batch_sizes: list[int]
+    trajectory_sha256: str
+    resolved_config_digest: str
+    resume: dict
+    failure: dict | None = None
+    workload_seconds: float = 0.0
+    distillation_progress: dict | None = None
+    extra_measurements: dict = field(default_factory=dict)
+
+
+def steady_state(history: list[dict]) -> tuple[dict, dict]:
+    """Median seconds and median positions/s per phase over updates 2..N (update 1 pays warm-up)."""
+    steady = history[1:] or history
+    seconds, throughput = {}, {}
+    for phase, keys in PHASES.items():
+        per_update = [sum(m[f"timing_s/{k}"] for k in keys) for m in steady]
+        rates = [m["response_length/sum"] / s for m, s in zip(steady, per_update) if s > 0]
+        seconds[phase] = round(statistics.median(per_update), 4) if per_update else None
+        throughput[THROUGHPUTS[phase]] = round(statistics.median(rates), 4) if rates else None
+    return seconds, throughput
+
+
+def checkpoint_facts(folder: Path | None) -> tuple[dict | None, int | None]:
+    """The sha256 of each file of a checkpoint (from its verified state.json) and its size in bytes."""
+    if folder is None:
+        return None, None
+    state = json.loads((folder / "state.json").read_text())
+    hashes = {**state["files"], "state.json": sha256_file(folder / "state.json")}
+    return hashes, sum((folder / name).stat().st_size for name in hashes)
+
+
+def profile_identity(cfg: MiniverlConfig) -> dict:
+    """Names and versions of what defines the profile; `digest` hashes all the others."""
+    est = cfg.estimator
+    flavour = f"{'pg' if est.use_policy_gradient else 'gkd'}-{est.loss_mode}"
+    identity = {
+        "export_version": f"verl-opd-{flavour}-export-v1",
+        "field_rule_digest": field_rule_digest(),
+        "loss_conformance_version": f"{flavour}-verl-v0.8-v1",
+        "native_compiler_version": f"{flavour}-native-v{PLAN_VERSION}",
+        "profile_name": cfg.recipe.profile,
+        "profile_schema_version": PROFILE_SCHEMA_VERSION,
+        "upstream_commit": VERL_COMMIT,
+        "upstream_repository": VERL_REPOSITORY,
+        "upstream_tag": VERL_TAG,
+    }
+    return {"digest": sha256_json(identity), **identity}
+
+
+def resource_contract(cfg: MiniverlConfig, facts: RunFacts) -> dict:
+    hw, on_gpu = cfg.hardware, facts.hardware.get("device") == "cuda"
+    gpu_seconds = round(facts.workload_seconds, 1) if on_gpu else None
+    reserved = facts.peak_reserved_gib
+    return {
+        "gpu_hour_limit": hw.gpu_hour_limit,
+        "peak_reserved_limit_gib": hw.peak_reserved_limit_gib,
+        "peak_reserved_within_limit": (reserved <= hw.peak_reserved_limit_gib
+                                       if reserved is not None and hw.peak_reserved_limit_gib is not None else None),
+        "total_gpu_workload_seconds": gpu_seconds,
+        "gpu_hours_within_limit": (gpu_seconds / 3600 <= hw.gpu_hour_limit
+                                   if gpu_seconds is not None and hw.gpu_hour_limit is not None else None),
+        "total_workload_seconds": round(facts.workload_seconds, 3),
+    }
+
+
+def build_report(cfg: MiniverlConfig, plan: Plan, facts: RunFacts) -> dict:
+    seconds, throughput = steady_state(facts.history) if facts.history else ({}, {})
+    done = plan.updates[: len(facts.history)]
+    rows = [r for u in done for r in u.prompt_rows]
+    run_dir = facts.run_dir
+    adapter_dir = run_dir / "peft_adapter"
+    ckpt_hashes, ckpt_bytes = checkpoint_facts(facts.last_checkpoint)
+    est = cfg.estimator
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": f"single_gpu_verl_{'pg' if est.use_policy_gradient else 'gkd'}_{est.loss_mode}_systems_workload",
+        "status": facts.status,
+        "failure": facts.failure,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "miniverl_version": __version__,
+        "source_commit": source_commit(),
+        "workload_driver_sha256": workload_driver_sha256(),
+        "profile": cfg.recipe.profile,
+        "profile_identity": profile_identity(cfg),
+        "run_identity": {"resolved_config_digest": facts.resolved_config_digest},
+        "recipe": {
+            "compiled_plan_sha256": plan.digest,
+            "estimator": est.loss_mode,
+            "input_parquet_sha256": plan.input_parquet_sha256,
+            "interrupt_after_updates": cfg.recipe.interrupt_after_updates,
+            "logical_batch": cfg.recipe.logical_batch,
+            "optimizer_updates": cfg.recipe.optimizer_updates,
+            "policy_loss": est.policy_loss_mode if est.use_policy_gradient else None,
+            "prompt_limit": cfg.recipe.prompt_limit,
+            "prompts_available": plan.prompts_available,
+            "prompts_consumed": plan.prompts_consumed,
+            "response_limit": cfg.recipe.response_limit,
+            "teacher_target": cfg.recipe.teacher_target,
+        },
+        "models": {
+            "student": {**dataclasses.asdict(cfg.model), "adapter_sha256": adapter_sha256(cfg.model.adapter)},
+            "teacher": {**dataclasses.asdict(cfg.teacher), "adapter_sha256": adapter_sha256(cfg.teacher.adapter)},
+        },
+        "hardware": facts.hardware,
+        "measurements": {
+            "adapter_bytes": folder_bytes(adapter_dir),
+            "batch_downshifts": facts.batch_downshifts,
+            "cache_bytes": folder_bytes(run_dir / "toy_models"),
+            "checkpoint_bytes": ckpt_bytes,
+            "cold_startup_seconds": round(facts.cold_startup_seconds, 4),
+            "distinct_prompts_consumed": len(set(rows)),
+            "observed_rollout_physical_batch_sizes": facts.observed_rollout_physical_batch_sizes,
+            "peak_allocated_gib": facts.peak_allocated_gib,
+            "peak_reserved_gib": facts.peak_reserved_gib,
+            "peak_rss_gib": facts.peak_rss_gib,
+            "prompts_consumed": len(rows),
+            "steady_state_median_seconds": seconds,
+            "steady_state_median_throughput": throughput,
+            "time_to_first_rollout_seconds": facts.seconds_to_first["rollout"],
+            "time_to_first_teacher_targets_seconds": facts.seconds_to_first["teacher_targets"],
+            "time_to_first_update_seconds": facts.seconds_to_first["update"],
+            "total_run_bytes": folder_bytes(run_dir, exclude=("resume_check",)),
+            **facts.extra_measurements,
+        },
+        "artifacts": {
+            "checkpoint_hashes": ckpt_hashes,
+            "standard_peft_adapter_sha256": sha256_file(adapter_dir / "adapter_model.safetensors"),
+            "total_workload_bytes": folder_bytes(run_dir),
+            "trajectory_sha256": facts.trajectory_sha256,
+        },
+        "resource_contract": resource_contract(cfg, facts),
+        "resume": facts.resume,
+        # Additive to schema v1: held-out progress, [{"update": u, "value": v}, ...] from update 0.
+        "distillation_progress": None if facts.distillation_progress is None else {
+            "k1_mean": facts.distillation_progress.get("k1_mean", []),
+            "exact_reverse_kl": (facts.distillation_progress.get("exact_reverse_kl")
+                                 if all(p["value"] is not None for p in facts.distillation_progress.get(
+                                     "exact_reverse_kl", [])) else None),
+            "every": cfg.eval.every,
+            "heldout_files": list(cfg.data.val_files),
+        },
+        "scientific_scope": SCIENTIFIC_SCOPE,
+        "verl": {"commit": VERL_COMMIT, "distributed_execution_tested": False, "repository": VERL_REPOSITORY,
+                 "tag": VERL_TAG},
+    }

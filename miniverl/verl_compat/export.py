@@ -1,0 +1,504 @@
+"""Export a recipe as a real verl v0.8.0 launch: `python -m miniverl.export +recipe=opd_k1 [overrides]`.
+
+A Hydra app like `miniverl.main`: the same config, the same overrides. It writes, in its run folder,
+
+    verl/overrides.txt     one Hydra override per line, for `python3 -m verl.trainer.main_ppo`
+    verl/run_opd.sh        the launch, in the shape of verl's
+                           examples/on_policy_distillation_trainer/run_qwen3_8b_fsdp.sh
+    verl/field_rules.json  every miniverl field's rule (miniverl.verl_rules) and what it wrote here
+    verl/no_task_reward.py the zero task reward the launch points verl's reward manager at
+    verl/README.md         how to run it, and what does not carry over from miniverl
+
+The scale is set by the `export.*` knobs (conf/export/default.yaml; defaults: one trainer GPU plus
+one teacher GPU). Before writing anything the export runs the checks verl makes only at run time
+(`verl_rules.runtime_violations`) on the launch, so a launch verl would refuse is refused here with
+one line. For the report: `field_rule_digest()` is the sha256 of the canonical rule table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from dataclasses import asdict, dataclass, field, is_dataclass
+from pathlib import Path
+from typing import Any
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from miniverl import VERL_COMMIT, __version__
+from miniverl.utils.errors import MiniverlError
+from miniverl.utils.tables import flatten
+from miniverl.utils.identity import resolved_config, sha256_json
+from miniverl.config import MiniverlConfig, to_config
+from miniverl.verl_compat.rules import (ACTOR, ENTRY_POINT, FIXED, LOGGERS_TO_VERL, LOSS, MODEL, ROLLOUT, RULES, TEACHER,
+                                 VERL_DEFAULTS, VERL_VERSION, override_line, rule_for, rule_table,
+                                 runtime_violations, virtual_verl_config)
+
+
+EXPORT_FOLDER = "verl"
+REWARD_FILE = "no_task_reward.py"
+SECTIONS = ("DATA", "MODEL", "ACTOR", "ROLLOUT", "TRAINER", "DISTILLATION")
+
+__all__ = ["field_rules", "field_rule_digest", "rule_table", "verl_overrides", "export", "main"]
+
+
+# ---------------------------------------------------------------- rules and their digest
+
+
+def config_fields(cfg: DictConfig | MiniverlConfig | dict) -> list[str]:
+    """The dotted path of every leaf of the resolved config (Hydra's runtime node excluded)."""
+    if isinstance(cfg, DictConfig):
+        plain = resolved_config(cfg)
+    elif is_dataclass(cfg):
+        plain = asdict(cfg)
+    else:
+        plain = cfg
+    return list(flatten(plain))
+
+
+def field_rules(cfg: DictConfig | MiniverlConfig | dict | None = None) -> list[dict]:
+    """The canonical rule of every miniverl field (sorted by field). With `cfg`, also checks that
+    each field of that resolved config has a rule, and refuses with the ones that have none."""
+    if cfg is not None:
+        missing = [path for path in config_fields(cfg) if rule_for(path) is None]
+        if missing:
+            raise MiniverlError(f"no verl field rule for {', '.join(missing)} (add one to miniverl/verl_rules.py)")
+    return rule_table()["fields"]
+
+
+def field_rule_digest(table: Any = None) -> str:
+    """sha256 of the canonical JSON of the rule table (field rules + the keys the recipe fixes, with
+    the verl version they target): the report's `profile_identity.field_rule_digest`. The table does
+    not depend on a config, so `field_rule_digest()` and `field_rule_digest(cfg)` agree; pass a rule
+    table (a dict with "fields") to hash that one instead."""
+    return sha256_json(table if isinstance(table, dict) and "fields" in table else rule_table())
+
+
+# ---------------------------------------------------------------- the overrides
+
+
+@dataclass
+class Override:
+    section: str
+    key: str
+    value: Any
+    sources: tuple[str, ...]  # the miniverl field(s) it comes from; ("fixed",) for FIXED keys
+    prefix: str = ""  # "+": a key verl's YAML does not have (inside a free-form dict)
+
+    @property
+    def line(self) -> str:
+        return self.prefix + override_line(self.key, self.value)
+
+
+def _absolute(path: str, cwd: Path) -> str:
+    return os.path.abspath(os.path.join(cwd, os.path.expanduser(path)))
+
+
+def adapter_lora(folder: str) -> tuple[int, int, list[str]] | None:
+    """(r, alpha, target modules) of a PEFT adapter folder, or None when it cannot be read here."""
+    try:
+        config = json.loads((Path(folder) / "adapter_config.json").read_text())
+        targets = config["target_modules"]
+        return int(config["r"]), int(config["lora_alpha"]), [targets] if isinstance(targets, str) else list(targets)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def verl_overrides(config: MiniverlConfig, *, reward_fn: str, cwd: Path) -> list[Override]:
+    """The verl v0.8.0 overrides that run `config` (every key the rules map, plus FIXED)."""
+    m, t, e, d, tr = config.model, config.teacher, config.estimator, config.data, config.trainer
+    r, x, hw = config.recipe, config.export, config.hardware
+    fixed = {key: value for key, value, _ in FIXED}
+    fixed["reward.custom_reward_function.path"] = reward_fn
+    max_len = r.prompt_limit + r.response_limit + 1
+    files = [_absolute(p, cwd) for p in d.train_files]
+    val_files = [_absolute(p, cwd) for p in getattr(d, "val_files", None) or []]
+    ppo_micro = x.ppo_micro_batch_size_per_gpu if x.ppo_micro_batch_size_per_gpu is not None else hw.update_chunk
+    log_prob_micro = ppo_micro if x.log_prob_micro_batch_size_per_gpu is None else x.log_prob_micro_batch_size_per_gpu
+    micro_src = ("export.ppo_micro_batch_size_per_gpu",) if x.ppo_micro_batch_size_per_gpu is not None \
+        else ("hardware.update_chunk",)
+    log_prob_src = ("export.log_prob_micro_batch_size_per_gpu",) if x.log_prob_micro_batch_size_per_gpu is not None \
+        else micro_src
+    lengths = ("recipe.prompt_limit", "recipe.response_limit")
+    out: list[Override] = []
+
+    def add(section: str, key: str, value: Any, *sources: str) -> None:
+        out.append(Override(section, key, value, sources or ("fixed",)))
+
+    def add_fixed(section: str, key: str) -> None:
+        add(section, key, fixed[key])
+
+    add_fixed("DATA", "algorithm.adv_estimator")
+    add("DATA", "data.train_files", files, "data.train_files")
+    add("DATA", "data.val_files", val_files or files, "data.val_files")
+    add("DATA", "data.train_batch_size", r.logical_batch, "recipe.logical_batch")
+    add("DATA", "data.max_prompt_length", r.prompt_limit, "recipe.prompt_limit")
+    add("DATA", "data.max_response_length", r.response_limit, "recipe.response_limit")
+    add("DATA", "data.prompt_key", d.prompt_key, "data.prompt_key")
+    add("DATA", "data.filter_overlong_prompts", d.filter_overlong_prompts, "data.filter_overlong_prompts")
+    add("DATA", "data.truncation", d.truncation, "data.truncation")
+    add("DATA", "data.shuffle", d.shuffle, "data.shuffle")
+    add("DATA", "data.seed", d.seed, "data.seed")
+    if d.apply_chat_template_kwargs:  # one `+key=value` each, as verl's examples write them
+        for name, value in d.apply_chat_template_kwargs.items():
+            out.append(Override("DATA", f"data.apply_chat_template_kwargs.{name}", value,
+                                ("data.apply_chat_template_kwargs",), "+"))
+    else:
+        add("DATA", "data.apply_chat_template_kwargs", {}, "data.apply_chat_template_kwargs")
+    add("DATA", "data.trust_remote_code", m.trust_remote_code, "model.trust_remote_code")
+    add_fixed("DATA", "reward.custom_reward_function.path")
+
+    lora = (m.lora.r, m.lora.alpha, list(m.lora.target_modules))
+    lora_src = (("model.lora.r", "model.lora.enabled"), ("model.lora.alpha",), ("model.lora.target_modules",))
+    adapter = None if m.adapter is None else _absolute(m.adapter, cwd)
+    if adapter is not None:  # the adapter's own config decides r, alpha and targets (as in miniverl)
+        own = adapter_lora(adapter)
+        if own is not None:
+            lora, lora_src = own, (("model.adapter",),) * 3
+    add("MODEL", f"{MODEL}.path", m.model_id, "model.model_id")
+    add("MODEL", f"{MODEL}.tokenizer_path", m.tokenizer_id, "model.tokenizer_id")
+    add("MODEL", f"{MODEL}.trust_remote_code", m.trust_remote_code, "model.trust_remote_code")
+    add("MODEL", f"{MODEL}.enable_gradient_checkpointing", m.gradient_checkpointing, "model.gradient_checkpointing")
+    add("MODEL", f"{MODEL}.lora_rank", lora[0], *lora_src[0])
+    add("MODEL", f"{MODEL}.lora_alpha", lora[1], *lora_src[1])
+    add("MODEL", f"{MODEL}.target_modules", lora[2], *lora_src[2])
+    add("MODEL", f"{MODEL}.lora_adapter_path", adapter, "model.adapter")
+
+    optim = config.actor.optim
+    add("ACTOR", f"{ACTOR}.optim.lr", optim.lr, "actor.optim.lr")
+    add("ACTOR", f"{ACTOR}.optim.betas", list(optim.betas), "actor.optim.betas")
+    add("ACTOR", f"{ACTOR}.optim.weight_decay", optim.weight_decay, "actor.optim.weight_decay")
+    add("ACTOR", f"{ACTOR}.optim.override_optimizer_config", {"eps": optim.eps}, "actor.optim.eps")
+    add("ACTOR", f"{ACTOR}.optim.clip_grad", config.actor.grad_clip, "actor.grad_clip")
+    add("ACTOR", f"{ACTOR}.ppo_epochs", config.actor.ppo_epochs, "actor.ppo_epochs")
+    add("ACTOR", f"{ACTOR}.ppo_mini_batch_size", r.logical_batch, "recipe.logical_batch")
+    add("ACTOR", f"{ACTOR}.use_dynamic_bsz", x.use_dynamic_bsz, "export.use_dynamic_bsz")
+    if x.use_dynamic_bsz:
+        tokens = x.max_token_len_per_gpu if x.max_token_len_per_gpu is not None \
+            else VERL_DEFAULTS[f"{ACTOR}.ppo_max_token_len_per_gpu"]
+        add("ACTOR", f"{ACTOR}.ppo_max_token_len_per_gpu", tokens, "export.max_token_len_per_gpu")
+    else:
+        add("ACTOR", f"{ACTOR}.ppo_micro_batch_size_per_gpu", ppo_micro, *micro_src)
+    add("ACTOR", f"{ACTOR}.loss_agg_mode", e.loss_agg_mode, "estimator.loss_agg_mode")
+    add("ACTOR", f"{ACTOR}.fsdp_config.full_determinism", hw.deterministic, "hardware.deterministic")
+    add("ACTOR", f"{ACTOR}.fsdp_config.seed", tr.seed, "trainer.seed")
+
+    add("ROLLOUT", f"{ROLLOUT}.name", x.rollout_name, "export.rollout_name")
+    add_fixed("ROLLOUT", f"{ROLLOUT}.n")
+    add_fixed("ROLLOUT", f"{ROLLOUT}.calculate_log_probs")
+    add("ROLLOUT", "algorithm.rollout_correction.bypass_mode", config.algorithm.rollout_correction.bypass_mode,
+        "algorithm.rollout_correction.bypass_mode")
+    add("ROLLOUT", f"{ROLLOUT}.temperature", config.rollout.temperature, "rollout.temperature")
+    add("ROLLOUT", f"{ROLLOUT}.top_p", config.rollout.top_p, "rollout.top_p")
+    add("ROLLOUT", f"{ROLLOUT}.top_k", config.rollout.top_k, "rollout.top_k")
+    add("ROLLOUT", f"{ROLLOUT}.tensor_model_parallel_size", x.rollout_tensor_parallel_size,
+        "export.rollout_tensor_parallel_size")
+    add("ROLLOUT", f"{ROLLOUT}.gpu_memory_utilization", x.rollout_gpu_memory_utilization,
+        "export.rollout_gpu_memory_utilization")
+    add("ROLLOUT", f"{ROLLOUT}.max_model_len", max_len, *lengths)
+    add("ROLLOUT", f"{ROLLOUT}.log_prob_use_dynamic_bsz", x.use_dynamic_bsz, "export.use_dynamic_bsz")
+    if x.use_dynamic_bsz:
+        add("ROLLOUT", f"{ROLLOUT}.log_prob_max_token_len_per_gpu", tokens, "export.max_token_len_per_gpu")
+    else:
+        add("ROLLOUT", f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu", log_prob_micro, *log_prob_src)
+
+    add("TRAINER", "trainer.logger", [LOGGERS_TO_VERL[name] for name in tr.logger], "trainer.logger")
+    add("TRAINER", "trainer.project_name", tr.project_name, "trainer.project_name")
+    add("TRAINER", "trainer.experiment_name", tr.experiment_name, "trainer.experiment_name")
+    add("TRAINER", "trainer.nnodes", x.nnodes, "export.nnodes")
+    add("TRAINER", "trainer.n_gpus_per_node", x.n_gpus_per_node, "export.n_gpus_per_node")
+    add_fixed("TRAINER", "trainer.val_before_train")
+    add("TRAINER", "trainer.save_freq", tr.save_freq, "trainer.save_freq")
+    add("TRAINER", "trainer.max_actor_ckpt_to_keep", tr.max_actor_ckpt_to_keep, "trainer.max_actor_ckpt_to_keep")
+    add("TRAINER", "trainer.resume_mode", tr.resume_mode, "trainer.resume_mode")
+    add("TRAINER", "trainer.total_training_steps", r.optimizer_updates, "recipe.optimizer_updates")
+    add("TRAINER", "trainer.total_epochs", r.optimizer_updates, "recipe.optimizer_updates")
+
+    add("DISTILLATION", "distillation.enabled", True, "teacher.mode")
+    add("DISTILLATION", "distillation.nnodes", x.teacher_nnodes, "export.teacher_nnodes")
+    add("DISTILLATION", "distillation.n_gpus_per_node", x.teacher_n_gpus_per_node, "export.teacher_n_gpus_per_node")
+    if t.mode == "ref":  # the student's base without its LoRA: a copy of it serves as the teacher
+        add("DISTILLATION", f"{TEACHER}.model_path", m.model_id, "teacher.mode", "model.model_id")
+    else:
+        add("DISTILLATION", f"{TEACHER}.model_path", t.model_id, "teacher.model_id")
+    add("DISTILLATION", f"{TEACHER}.num_replicas", x.teacher_replicas, "export.teacher_replicas")
+    add("DISTILLATION", f"{TEACHER}.inference.name", x.rollout_name, "export.rollout_name")
+    add("DISTILLATION", f"{TEACHER}.inference.tensor_model_parallel_size", x.teacher_tensor_parallel_size,
+        "export.teacher_tensor_parallel_size")
+    add("DISTILLATION", f"{TEACHER}.inference.gpu_memory_utilization", x.teacher_gpu_memory_utilization,
+        "export.teacher_gpu_memory_utilization")
+    add("DISTILLATION", f"{TEACHER}.inference.max_model_len", max_len, *lengths)
+    add("DISTILLATION", f"{TEACHER}.inference.dtype", t.dtype, "teacher.dtype")
+    add_fixed("DISTILLATION", f"{TEACHER}.inference.temperature")
+    add("DISTILLATION", f"{LOSS}.loss_mode", e.loss_mode, "estimator.loss_mode")
+    add("DISTILLATION", f"{LOSS}.topk", e.topk, "estimator.topk")
+    add_fixed("DISTILLATION", f"{LOSS}.use_task_rewards")
+    add("DISTILLATION", f"{LOSS}.use_policy_gradient", e.use_policy_gradient, "estimator.use_policy_gradient")
+    add("DISTILLATION", f"{LOSS}.policy_loss_mode", e.policy_loss_mode, "estimator.policy_loss_mode")
+    add("DISTILLATION", f"{LOSS}.clip_ratio", e.clip_ratio, "estimator.clip_ratio")
+    add("DISTILLATION", f"{LOSS}.clip_ratio_low", e.clip_ratio_low, "estimator.clip_ratio_low")
+    add("DISTILLATION", f"{LOSS}.clip_ratio_high", e.clip_ratio_high, "estimator.clip_ratio_high")
+    add("DISTILLATION", f"{LOSS}.loss_max_clamp", e.loss_max_clamp, "estimator.loss_max_clamp")
+    add("DISTILLATION", f"{LOSS}.log_prob_min_clamp", e.log_prob_min_clamp, "estimator.log_prob_min_clamp")
+    return out
+
+
+# ---------------------------------------------------------------- what does not carry over
+
+
+def differences(config: MiniverlConfig) -> list[str]:
+    """The settings of this config that the verl launch does not reproduce, one line each."""
+    out: list[str] = []
+    values = resolved_flat(config)
+    for rule in RULES:
+        if rule.status == "fixed_in_verl" and values.get(rule.field) != rule.verl_value:
+            out.append(f"{rule.field}={values.get(rule.field)!r} does not carry over: verl v0.8.0 runs with "
+                       f"{rule.verl_value!r} ({rule.note.split(';')[0]})")
+    for where, block in (("model", config.model), ("teacher", config.teacher)):
+        if block.model_id == "toy":
+            out.append(f"{where}.model_id=toy has no verl equivalent: the launch is a template until "
+                       f"{'STUDENT_MODEL' if where == 'model' else 'TEACHER_MODEL'} names a Hugging Face model "
+                       "(run_opd.sh refuses to start before)")
+        if block.quantization == "nf4":
+            out.append(f"{where}.quantization=nf4 does not carry over: {RULES_NOTE[where + '.quantization']}")
+        if block.revision is not None:
+            out.append(f"{where}.revision={block.revision} is not pinned by verl: "
+                       f"{RULES_NOTE[where + '.revision']}")
+    if config.teacher.mode == "ref":
+        out.append("teacher.mode=ref: verl serves a second copy of the student's base (model.model_id) as the teacher, "
+                   "in the teacher pool")
+    if config.model.adapter is not None and adapter_lora(config.model.adapter) is None:
+        out.append(f"model.adapter={config.model.adapter}: its adapter_config.json cannot be read here, so lora_rank, "
+                   "lora_alpha and target_modules come from model.lora; they must match the adapter")
+    if config.teacher.trust_remote_code:
+        out.append(f"teacher.trust_remote_code=true does not carry over: {RULES_NOTE['teacher.trust_remote_code']}")
+    if config.teacher.tokenizer_id is not None:
+        out.append(f"teacher.tokenizer_id does not carry over: {RULES_NOTE['teacher.tokenizer_id']}")
+    return out
+
+
+RULES_NOTE = {rule.field: rule.note for rule in RULES}
+
+
+def resolved_flat(config: MiniverlConfig) -> dict[str, Any]:
+    return flatten(asdict(config))
+
+
+# ---------------------------------------------------------------- writing the launch
+
+
+@dataclass
+class ExportResult:
+    folder: Path
+    overrides: list[Override]
+    warnings: list[str] = field(default_factory=list)
+    digest: str = ""
+
+    @property
+    def lines(self) -> list[str]:
+        return [o.line for o in self.overrides]
+
+
+def check_launch(overrides: list[Override]) -> None:
+    """Refuse, with one line, a launch that verl v0.8.0 would refuse at run time."""
+    problems = runtime_violations(virtual_verl_config({o.key: o.value for o in overrides}))
+    if problems:
+        hint = ("set the scale with export.* (docs/export.md); batch rows come from recipe.logical_batch and "
+                "hardware.update_chunk")
+        raise MiniverlError(f"verl v0.8.0 would refuse this launch: {problems[0]} ({hint})")
+
+
+def export(cfg: DictConfig, folder: Path, *, cwd: Path | None = None) -> ExportResult:
+    """Validate `cfg`, build its verl launch, check it as verl would, and write it into `folder`."""
+    config = to_config(cfg)
+    rules = field_rules(cfg)
+    if config.trainer.resume_from is not None:
+        raise MiniverlError("trainer.resume_from: a miniverl checkpoint cannot be resumed by verl; export without it "
+                            "(the verl run starts fresh)")
+    if config.teacher.adapter is not None:
+        raise MiniverlError(f"teacher.mode={config.teacher.mode} with teacher.adapter: verl v0.8.0's teacher takes no "
+                            "adapter; merge it into its base (PeftModel.merge_and_unload, save_pretrained) and export "
+                            "teacher.mode=standard teacher.model_id=<merged folder>")
+    folder = Path(folder).absolute()
+    reward_fn = str(folder / REWARD_FILE)
+    overrides = verl_overrides(config, reward_fn=reward_fn, cwd=Path.cwd() if cwd is None else cwd)
+    check_launch(overrides)
+    warnings = differences(config)
+    for path in next(o.value for o in overrides if o.key == "data.train_files"):
+        if not os.path.exists(path):
+            warnings.append(f"data file {path} does not exist here: the verl trainer must see it at this path "
+                            "(or set TRAIN_FILES in run_opd.sh)")
+    digest = field_rule_digest()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "overrides.txt").write_text("".join(o.line + "\n" for o in overrides))
+        script = folder / "run_opd.sh"
+        script.write_text(launch_script(config, overrides, digest))
+        script.chmod(0o755)
+        (folder / REWARD_FILE).write_text(REWARD_SOURCE)
+        (folder / "field_rules.json").write_text(
+            json.dumps(rules_document(config, rules, overrides, digest), indent=2, sort_keys=False) + "\n")
+        (folder / "README.md").write_text(readme(config, overrides, warnings, digest))
+    except OSError as error:
+        raise MiniverlError(f"cannot write the verl export into {folder}: {error.strerror}") from None
+    return ExportResult(folder, overrides, warnings, digest)
+
+
+def rules_document(config: MiniverlConfig, rules: list[dict], overrides: list[Override], digest: str) -> dict:
+    values = resolved_flat(config)
+    written: dict[str, list[str]] = {}
+    for o in overrides:
+        for source in o.sources:
+            written.setdefault(source, []).append(o.line)
+    table = rule_table()
+    return {
+        "schema": "miniverl.verl_field_rules/v1",
+        "field_rule_digest": digest,
+        "verl": table["verl"],
+        "rules": rules,
+        "fixed": table["fixed"],
+        "applied": [{"field": name, "value": values.get(name), "verl": written.get(name, [])}
+                    for name in sorted(values)],
+    }
+
+
+REWARD_SOURCE = '''"""Written by miniverl's export: the task reward of a pure on-policy distillation launch.
+
+The launch sets distillation.distillation_loss.use_task_rewards=False, so verl trains on the
+distillation loss only; verl's reward manager still scores every sample. This scorer returns 0 for
+all of them, so that no scorer for the rows' data_source is needed.
+"""
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    return 0.0
+'''
+
+
+def _shell_word(text: str) -> str:
+    return shlex.quote(text)
+
+
+def launch_script(config: MiniverlConfig, overrides: list[Override], digest: str) -> str:
+    """run_opd.sh: the overrides as bash arrays, the user-adjustable model and data paths first."""
+    x, r = config.export, config.recipe
+    by_key = {o.key: o for o in overrides}
+    variables = {  # verl key -> (shell variable, its default: the Hydra value the export wrote)
+        f"{MODEL}.path": "STUDENT_MODEL",
+        f"{TEACHER}.model_path": "TEACHER_MODEL",
+        "data.train_files": "TRAIN_FILES",
+        "data.val_files": "VAL_FILES",
+        "reward.custom_reward_function.path": None,
+    }
+    engine = {"vllm": "vLLM", "sglang": "SGLang"}[x.rollout_name]
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# On-policy distillation | text | {engine} rollout + teacher | FSDP training | NVIDIA GPUs",
+        f"# Exported by miniverl {__version__} from recipe {r.name} (profile {r.profile}) for verl v{VERL_VERSION}",
+        f"# (commit {VERL_COMMIT[:12]}), in the shape of examples/on_policy_distillation_trainer/run_qwen3_8b_fsdp.sh.",
+        f"# Trainer pool: {x.nnodes} node(s) x {x.n_gpus_per_node} GPU(s) (actor + rollout, colocated); teacher pool: "
+        f"{x.teacher_nnodes} node(s) x {x.teacher_n_gpus_per_node} GPU(s)",
+        f"# ({x.teacher_replicas} replica(s) x tensor parallel {x.teacher_tensor_parallel_size}). To change the scale, "
+        "export again with export.* (python -m miniverl.export ...): verl checks these numbers together.",
+        "# The same overrides, one per line: overrides.txt. What does not carry over from miniverl: README.md.",
+        f"# Field rules: field_rules.json (field_rule_digest {digest}).",
+        "",
+        "set -euo pipefail",
+        "",
+        "# ---- user-adjustable ----",
+        f"STUDENT_MODEL=${{STUDENT_MODEL:-{_shell_word(by_key[f'{MODEL}.path'].line.split('=', 1)[1])}}}",
+        f"TEACHER_MODEL=${{TEACHER_MODEL:-{_shell_word(by_key[f'{TEACHER}.model_path'].line.split('=', 1)[1])}}}",
+        f"TRAIN_FILES=${{TRAIN_FILES:-{_shell_word(by_key['data.train_files'].line.split('=', 1)[1])}}}",
+        "VAL_FILES=${VAL_FILES:-$TRAIN_FILES}" if by_key["data.val_files"].value == by_key["data.train_files"].value
+        else f"VAL_FILES=${{VAL_FILES:-{_shell_word(by_key['data.val_files'].line.split('=', 1)[1])}}}",
+        "# ---- end user-adjustable ----",
+        "",
+        'EXPORT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)',
+        "",
+        'if [ "$STUDENT_MODEL" = toy ] || [ "$TEACHER_MODEL" = toy ]; then',
+        '    echo "run_opd.sh: the toy models have no verl equivalent; set STUDENT_MODEL and TEACHER_MODEL'
+        ' to Hugging Face models (hub ids or folders) that share one tokenizer" >&2',
+        "    exit 2",
+        "fi",
+        "",
+        "set -x",
+        "",
+        "########################### parameter arrays ###########################",
+    ]
+    for section in SECTIONS:
+        lines.append("")
+        lines.append(f"{section}=(")
+        for o in overrides:
+            if o.section != section:
+                continue
+            if o.key in variables:
+                name = variables[o.key]
+                value = f'"$EXPORT_DIR/{REWARD_FILE}"' if name is None else f'"${name}"'
+                lines.append(f"    {o.key}={value}")
+            else:
+                lines.append(f"    {_shell_word(o.line)}")
+        lines.append(")")
+    lines += ["", "########################### launch ###########################",
+              f"{ENTRY_POINT} \\"]
+    lines += [f'    "${{{section}[@]}}" \\' for section in SECTIONS]
+    lines += ['    "$@"', ""]
+    return "\n".join(lines)
+
+
+def readme(config: MiniverlConfig, overrides: list[Override], warnings: list[str], digest: str) -> str:
+    x, r = config.export, config.recipe
+    trainer_gpus, teacher_gpus = x.nnodes * x.n_gpus_per_node, x.teacher_nnodes * x.teacher_n_gpus_per_node
+    warned = {w.split("=", 1)[0] for w in warnings}
+    out = [
+        f"# verl v{VERL_VERSION} launch of the miniverl recipe `{r.name}`",
+        "",
+        f"Profile `{r.profile}`, exported by miniverl {__version__} for verl v{VERL_VERSION} (commit "
+        f"`{VERL_COMMIT[:12]}`); field rule digest `{digest}`.",
+        "",
+        "```bash",
+        "bash run_opd.sh        # STUDENT_MODEL=DIR TEACHER_MODEL=DIR TRAIN_FILES='[/data/a.parquet]' bash run_opd.sh",
+        "xargs -d '\\n' python3 -m verl.trainer.main_ppo < overrides.txt   # the same launch, without the script",
+        "```",
+        "",
+        f"Run it where verl v0.8.0 and {x.rollout_name} are installed, on a Ray cluster (or one machine) with "
+        f"{trainer_gpus + teacher_gpus} GPUs: the trainer pool, {x.nnodes} x {x.n_gpus_per_node}, holds the FSDP "
+        f"actor and its {x.rollout_name} rollout (tensor parallel {x.rollout_tensor_parallel_size}); the teacher "
+        f"pool, {x.teacher_nnodes} x {x.teacher_n_gpus_per_node}, serves the frozen teacher ({x.teacher_replicas} "
+        f"replica(s), tensor parallel {x.teacher_tensor_parallel_size}). Change the scale by exporting again with "
+        "`export.*`. The data files must be visible to the trainer at the `TRAIN_FILES` paths, and each row needs "
+        "`data_source` and `reward_model.ground_truth` (verl's reward manager reads them even with task rewards "
+        f"off; `{REWARD_FILE}` scores every sample 0).",
+        "",
+        "`field_rules.json` holds every miniverl field's rule (the verl key it maps to, or why it has none) and what "
+        "it wrote here.",
+        "",
+    ]
+    if warnings:
+        out += ["## Differences in this export", ""] + [f"- {w}" for w in warnings] + [""]
+    out += ["## What does not carry over from miniverl", ""]
+    for rule in RULES:
+        if rule.field in warned:
+            continue
+        if rule.status == "no_verl_equivalent":
+            out.append(f"- `{rule.field}`: {rule.note}.")
+        elif rule.status == "fixed_in_verl":
+            out.append(f"- `{rule.field}`: verl v0.8.0 always uses `{rule.verl_value!r}` ({rule.note.split(';')[0]}).")
+    out += [
+        "- Exactness: verl's rollout engine does not seed each sample, so a verl run is neither byte-reproducible "
+        "nor exactly resumable; its checkpoints are verl's, not miniverl's.",
+        "- verl v0.8.0 normalises the first micro-batch of each update with the previous update's token count; "
+        "miniverl uses the exact token mean (docs/losses.md).",
+        *([] if config.algorithm.rollout_correction.bypass_mode else [
+            "- verl v0.8.0 recomputes the old log-probs in a pass of their own before each update; miniverl takes "
+            "them from the update's own forward (on-policy, ratio exactly 1). They differ by rounding "
+            "(docs/losses.md)."]),
+        "",
+        "Also written, because the recipe is pure on-policy distillation: "
+        + "; ".join(f"`{key}`" for key, _, _ in FIXED) + ". Every other key takes verl's YAML default.",
+        "",
+    ]
+    return "\n".join(out)
