@@ -71,36 +71,94 @@ PREFIX = {"recipe": "recipe_", "float32": ""}
 # Each miniverl ÷ other. The float32 path keeps the keys it had (the no-KV-cache baseline and its
 # `rollout_vs_no_cache` are gone: one row at a time replaces it); the recipe path's carry `recipe_`.
 PATH_RATIO_KEYS = {
-    "recipe": ("recipe_rollout_vs_hf_generate", "recipe_rollout_vs_per_call_dequantize",
-               "recipe_rollout_vs_one_row_generate", "recipe_scoring_time_vs_naive",
-               "recipe_scoring_peak_memory_vs_naive", "recipe_opd_step_vs_trl", "recipe_opd_step_vs_trl_k1",
-               "recipe_update_vs_bare_fwd_bwd"),
-    "float32": ("rollout_vs_hf_generate", "rollout_vs_one_row_generate", "scoring_time_vs_naive",
-                "scoring_peak_memory_vs_naive", "opd_step_vs_trl", "update_vs_bare_fwd_bwd"),
+    "recipe": (
+        "recipe_rollout_vs_hf_generate",
+        "recipe_rollout_vs_per_call_dequantize",
+        "recipe_rollout_vs_one_row_generate",
+        "recipe_scoring_time_vs_naive",
+        "recipe_scoring_peak_memory_vs_naive",
+        "recipe_opd_step_vs_trl",
+        "recipe_opd_step_vs_trl_k1",
+        "recipe_update_vs_bare_fwd_bwd",
+    ),
+    "float32": (
+        "rollout_vs_hf_generate",
+        "rollout_vs_one_row_generate",
+        "scoring_time_vs_naive",
+        "scoring_peak_memory_vs_naive",
+        "opd_step_vs_trl",
+        "update_vs_bare_fwd_bwd",
+    ),
 }
 RATIO_KEYS = (*PATH_RATIO_KEYS["recipe"], *PATH_RATIO_KEYS["float32"])
 # Targets from the issues, for --scale bench on a 2-core CPU: (comparison, bound).
-TARGETS = {"recipe_rollout_vs_hf_generate": (">=", 2.0), "recipe_opd_step_vs_trl": ("<=", 0.5),
-           "rollout_vs_hf_generate": (">=", 1.5), "rollout_vs_one_row_generate": (">=", 3.0),
-           "scoring_time_vs_naive": ("<=", 1.1), "scoring_peak_memory_vs_naive": ("<=", 0.25),
-           "opd_step_vs_trl": ("<=", 0.5), "update_vs_bare_fwd_bwd": (">=", 0.8)}
+TARGETS = {
+    "recipe_rollout_vs_hf_generate": (">=", 2.0),
+    "recipe_opd_step_vs_trl": ("<=", 0.5),
+    "rollout_vs_hf_generate": (">=", 1.5),
+    "rollout_vs_one_row_generate": (">=", 3.0),
+    "scoring_time_vs_naive": ("<=", 1.1),
+    "scoring_peak_memory_vs_naive": ("<=", 0.25),
+    "opd_step_vs_trl": ("<=", 0.5),
+    "update_vs_bare_fwd_bwd": (">=", 0.8),
+}
 
 # Architecture presets (Qwen3). The vocabulary of `toy` is the toy tokenizer's (259). `repeats`:
 # timed rounds on the float32 path, `recipe_repeats` on the recipe path (NF4 on the CPU is slow).
 SCALES = {
-    "toy": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-            "num_key_value_heads": 4, "head_dim": 16, "vocab_size": None, "tie_word_embeddings": False,
-            "max_position_embeddings": 1024, "repeats": 3, "recipe_repeats": 2},
-    "bench": {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 32768, "tie_word_embeddings": False,
-              "max_position_embeddings": 1024, "repeats": 2, "recipe_repeats": 2},
-    "mid": {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 8, "num_attention_heads": 8,
-            "num_key_value_heads": 4, "head_dim": 64, "vocab_size": 32768, "tie_word_embeddings": False,
-            "max_position_embeddings": 1024, "repeats": 3, "recipe_repeats": 2},
-    "qwen3-0.6b-shape": {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
-                         "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
-                         "tie_word_embeddings": True, "max_position_embeddings": 40960, "rope_theta": 1_000_000.0,
-                         "repeats": 3, "recipe_repeats": 2},
+    "toy": {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "head_dim": 16,
+        "vocab_size": None,
+        "tie_word_embeddings": False,
+        "max_position_embeddings": 1024,
+        "repeats": 3,
+        "recipe_repeats": 2,
+    },
+    "bench": {
+        "hidden_size": 256,
+        "intermediate_size": 768,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "vocab_size": 32768,
+        "tie_word_embeddings": False,
+        "max_position_embeddings": 1024,
+        "repeats": 2,
+        "recipe_repeats": 2,
+    },
+    "mid": {
+        "hidden_size": 512,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 64,
+        "vocab_size": 32768,
+        "tie_word_embeddings": False,
+        "max_position_embeddings": 1024,
+        "repeats": 3,
+        "recipe_repeats": 2,
+    },
+    "qwen3-0.6b-shape": {
+        "hidden_size": 1024,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 151936,
+        "tie_word_embeddings": True,
+        "max_position_embeddings": 40960,
+        "rope_theta": 1_000_000.0,
+        "repeats": 3,
+        "recipe_repeats": 2,
+    },
 }
 RUN_KEYS = ("repeats", "recipe_repeats")
 PROMPTS = (
@@ -135,25 +193,37 @@ class Setup:
 
 def qwen3_config(scale: str, vocab: int, eos_id: int, pad_id: int, dtype: torch.dtype):
     from transformers import Qwen3Config
+
     shape = {k: v for k, v in SCALES[scale].items() if k not in RUN_KEYS}
     shape["vocab_size"] = shape["vocab_size"] or vocab
-    config = Qwen3Config(**shape, eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=None,
-                         dtype={torch.float32: "float32", torch.bfloat16: "bfloat16"}[dtype])
+    config = Qwen3Config(
+        **shape,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        bos_token_id=None,
+        dtype={torch.float32: "float32", torch.bfloat16: "bfloat16"}[dtype],
+    )
     config._attn_implementation = "sdpa"
     return config
 
 
 def bench_tokenizer():
     from miniverl.models import toy
+
     tokenizer = toy.build_toy_tokenizer()
     tokenizer.padding_side = "left"
-    prompt_ids = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                                tokenize=True, return_dict=True)["input_ids"] for p in PROMPTS]
+    prompt_ids = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
+        for p in PROMPTS
+    ]
     return tokenizer, prompt_ids
 
 
 def random_qwen3(config, seed: int, device: torch.device, dtype: torch.dtype, eos_id: int, pad_id: int):
     from transformers import Qwen3ForCausalLM
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         with torch.device(device):
@@ -185,8 +255,13 @@ def build_float32_setup(scale: str, device: torch.device, workdir: Path) -> Setu
         student, teacher = (random_qwen3(config, seed, device, dtype, eos_id, pad_id) for seed in (0, 1))
         student.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         student.enable_input_require_grads()
-        lora = LoraConfig(r=LORA["r"], lora_alpha=LORA["alpha"], lora_dropout=0.0,
-                          target_modules=list(LORA["target_modules"]), task_type="CAUSAL_LM")
+        lora = LoraConfig(
+            r=LORA["r"],
+            lora_alpha=LORA["alpha"],
+            lora_dropout=0.0,
+            target_modules=list(LORA["target_modules"]),
+            task_type="CAUSAL_LM",
+        )
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(2)
             student = get_peft_model(student, lora).eval()
@@ -195,8 +270,11 @@ def build_float32_setup(scale: str, device: torch.device, workdir: Path) -> Setu
     # TRL's IWOPDTrainer loads the teacher's tokenizer from the teacher's folder.
     tokenizer.save_pretrained(workdir / "tokenizer")
     teacher.config._name_or_path = str(workdir / "tokenizer")
-    described = {"student": f"{str(dtype).replace('torch.', '')}, LoRA r{LORA['r']} on q/v, gradient checkpointing",
-                 "teacher": f"{str(dtype).replace('torch.', '')}, frozen, another seed", "quantization": None}
+    described = {
+        "student": f"{str(dtype).replace('torch.', '')}, LoRA r{LORA['r']} on q/v, gradient checkpointing",
+        "teacher": f"{str(dtype).replace('torch.', '')}, frozen, another seed",
+        "quantization": None,
+    }
     return Setup("float32", scale, device, dtype, tokenizer, prompt_ids, student, teacher, eos_id, pad_id, described)
 
 
@@ -204,9 +282,9 @@ def build_recipe_setup(scale: str, device: torch.device, workdir: Path) -> Setup
     """What `+recipe=opd_k1` runs: bfloat16 checkpoints loaded by miniverl's own loaders (NF4 via
     bitsandbytes with bf16 compute, prepare_model_for_kbit_training, LoRA r16 alpha 32 on q/v,
     gradient checkpointing; the teacher NF4, frozen)."""
-    from miniverl.models import loading as models
     from miniverl.config.model import LoraSettings, StudentConfig
     from miniverl.config.teacher import TeacherConfig
+    from miniverl.models import loading as models
 
     tokenizer, prompt_ids = bench_tokenizer()
     eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
@@ -228,12 +306,16 @@ def build_recipe_setup(scale: str, device: torch.device, workdir: Path) -> Setup
     for model in (student.get_base_model(), teacher):
         model.generation_config.eos_token_id = eos_id
         model.generation_config.pad_token_id = pad_id
-    described = {"student": "NF4 (bitsandbytes, bf16 compute) + prepare_model_for_kbit_training, "
-                            f"LoRA r{LORA['r']} on q/v, gradient checkpointing (models.load_student)",
-                 "teacher": "NF4 (bf16 compute), frozen, another seed (models.load_teacher)",
-                 "quantization": "nf4", "checkpoint_dtype": "bfloat16"}
-    return Setup("recipe", scale, device, torch.bfloat16, tokenizer, prompt_ids, student, teacher, eos_id, pad_id,
-                 described)
+    described = {
+        "student": "NF4 (bitsandbytes, bf16 compute) + prepare_model_for_kbit_training, "
+        f"LoRA r{LORA['r']} on q/v, gradient checkpointing (models.load_student)",
+        "teacher": "NF4 (bf16 compute), frozen, another seed (models.load_teacher)",
+        "quantization": "nf4",
+        "checkpoint_dtype": "bfloat16",
+    }
+    return Setup(
+        "recipe", scale, device, torch.bfloat16, tokenizer, prompt_ids, student, teacher, eos_id, pad_id, described
+    )
 
 
 # ---------------------------------------------------------------------------------------------- measuring
@@ -250,8 +332,9 @@ def seconds(fn: Callable[[], object], device: torch.device) -> tuple[float, obje
     return time.perf_counter() - start, result
 
 
-def rounds(methods: dict[str, Callable[[], object]], device: torch.device, repeats: int,
-           warmup: int = 1) -> dict[str, list[tuple[float, object]]]:
+def rounds(
+    methods: dict[str, Callable[[], object]], device: torch.device, repeats: int, warmup: int = 1
+) -> dict[str, list[tuple[float, object]]]:
     """Each method once per round, interleaved (a busy machine slows every method alike)."""
     for _ in range(warmup):
         for fn in methods.values():
@@ -331,8 +414,9 @@ def best(values: list[float]) -> float:
 def response_tokens(completions: torch.Tensor, eos_id: int) -> int:
     """Tokens of (b, n) generated ids up to and including each row's first EOS."""
     is_eos = completions.eq(eos_id)
-    first = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, torch.full_like(is_eos[:, 0], completions.shape[1],
-                                                                                      dtype=torch.long))
+    first = torch.where(
+        is_eos.any(1), is_eos.int().argmax(1) + 1, torch.full_like(is_eos[:, 0], completions.shape[1], dtype=torch.long)
+    )
     return int(first.sum())
 
 
@@ -373,26 +457,41 @@ def products_in_float32(s: Setup, hw) -> bool:
 
 
 def miniverl_workers(s: Setup, hw):
-    from miniverl.workers.actor import ActorWorker
-    from miniverl.workers.rollout import RolloutWorker
     from miniverl.config.actor import ActorConfig, RolloutConfig
     from miniverl.config.estimator import EstimatorConfig
+    from miniverl.workers.actor import ActorWorker
+    from miniverl.workers.rollout import RolloutWorker
     from miniverl.workers.teacher import TeacherWorker
 
     base = s.student.get_base_model()
     float32_gemm = products_in_float32(s, hw)
-    rollout = RolloutWorker(base, RolloutConfig(), eos_ids=[s.eos_id], pad_id=s.pad_id, device=s.device,
-                            static_cache=hw.rollout_static_cache, compile_decode=hw.rollout_compile,
-                            cpu_gemv=hw.rollout_cpu_gemv, dequantize_4bit_once=hw.rollout_dequantize_4bit_once,
-                            float32_gemm=float32_gemm)
+    rollout = RolloutWorker(
+        base,
+        RolloutConfig(),
+        eos_ids=[s.eos_id],
+        pad_id=s.pad_id,
+        device=s.device,
+        static_cache=hw.rollout_static_cache,
+        compile_decode=hw.rollout_compile,
+        cpu_gemv=hw.rollout_cpu_gemv,
+        dequantize_4bit_once=hw.rollout_dequantize_4bit_once,
+        float32_gemm=float32_gemm,
+    )
     teacher_worker = TeacherWorker(s.teacher, logprob_chunk=hw.logprob_chunk, topk=None, float32_gemm=float32_gemm)
 
     def score(batch):
         return teacher_worker.compute_teacher_log_prob(batch, BATCH)
 
     k1 = EstimatorConfig(loss_mode="k1", use_policy_gradient=True, loss_max_clamp=10.0, log_prob_min_clamp=-10.0)
-    actor = ActorWorker(s.student, ActorConfig(), k1, temperature=1.0, logprob_chunk=hw.logprob_chunk,
-                        loss_scale_factor=NEW_TOKENS, float32_gemm=float32_gemm)
+    actor = ActorWorker(
+        s.student,
+        ActorConfig(),
+        k1,
+        temperature=1.0,
+        logprob_chunk=hw.logprob_chunk,
+        loss_scale_factor=NEW_TOKENS,
+        float32_gemm=float32_gemm,
+    )
     return rollout, score, actor
 
 
@@ -400,6 +499,7 @@ def bench_rollout(s: Setup, rollout, repeats: int) -> tuple[dict, dict, object]:
     """miniverl's loop vs generate (batch 4) vs one row at a time; on the recipe path (CPU) also vs
     the same loop on bitsandbytes' per-call dequantization, with the same seeds round by round."""
     from miniverl.workers.rollout import left_pad
+
     ids, mask = left_pad(s.prompt_ids, s.pad_id, s.device)
     base = s.student.get_base_model()
     round_of = {}  # method -> calls so far: the same seeds for the same round of every method
@@ -410,28 +510,39 @@ def bench_rollout(s: Setup, rollout, repeats: int) -> tuple[dict, dict, object]:
         def run():
             n = round_of[name] = round_of.get(name, -1) + 1
             seeds = [1000 * n + i for i in range(BATCH)]
-            context = (per_call_dequantize(rollout) if name == "miniverl_per_call_dequantize"
-                       else contextlib.nullcontext())
+            context = (
+                per_call_dequantize(rollout) if name == "miniverl_per_call_dequantize" else contextlib.nullcontext()
+            )
             with context:
-                batch = rollout.generate_sequences(s.prompt_ids, list(range(BATCH)), seeds, response_limit=NEW_TOKENS,
-                                                   physical_batches=[BATCH])
+                batch = rollout.generate_sequences(
+                    s.prompt_ids, list(range(BATCH)), seeds, response_limit=NEW_TOKENS, physical_batches=[BATCH]
+                )
             if name == "miniverl":
                 held.append(rollout.dequantized_bytes)
             batches[name].append(batch)
             return int(batch.response_mask.sum())
+
         return run
 
     def sample_kwargs(name: str) -> dict:
         n = round_of[name] = round_of.get(name, -1) + 1
         torch.manual_seed(10_000 + n)
-        return {"do_sample": True, "max_new_tokens": NEW_TOKENS, "use_cache": True, "temperature": 1.0, "top_k": 0,
-                "top_p": 1.0, "eos_token_id": s.eos_id, "pad_token_id": s.pad_id}
+        return {
+            "do_sample": True,
+            "max_new_tokens": NEW_TOKENS,
+            "use_cache": True,
+            "temperature": 1.0,
+            "top_k": 0,
+            "top_p": 1.0,
+            "eos_token_id": s.eos_id,
+            "pad_token_id": s.pad_id,
+        }
 
     def hf_generate():
         s.student.eval()
         with torch.no_grad():
             out = base.generate(input_ids=ids, attention_mask=mask, **sample_kwargs("hf_generate"))
-        return response_tokens(out[:, ids.shape[1]:], s.eos_id)
+        return response_tokens(out[:, ids.shape[1] :], s.eos_id)
 
     def one_row_generate():  # each prompt alone, batch 1, KV cache: a simple trainer's rollout
         s.student.eval()
@@ -440,7 +551,7 @@ def bench_rollout(s: Setup, rollout, repeats: int) -> tuple[dict, dict, object]:
             for prompt in s.prompt_ids:
                 row = torch.tensor([prompt], dtype=torch.long, device=s.device)
                 out = base.generate(input_ids=row, attention_mask=torch.ones_like(row), **kwargs)
-                tokens += response_tokens(out[:, row.shape[1]:], s.eos_id)
+                tokens += response_tokens(out[:, row.shape[1] :], s.eos_id)
         return tokens
 
     methods = {"miniverl": ours("miniverl"), "hf_generate": hf_generate}
@@ -458,12 +569,17 @@ def bench_rollout(s: Setup, rollout, repeats: int) -> tuple[dict, dict, object]:
     result = {}
     for name, runs in {**fast, **slow}.items():
         rates = [tokens / sec for sec, tokens in runs]
-        result[name] = {"tokens_per_s": round(max(rates), 2), "median_tokens_per_s": round(median(rates), 2),
-                        "runs": [[round(sec, 4), tokens] for sec, tokens in runs]}
+        result[name] = {
+            "tokens_per_s": round(max(rates), 2),
+            "median_tokens_per_s": round(median(rates), 2),
+            "runs": [[round(sec, 4), tokens] for sec, tokens in runs],
+        }
     speed = {name: r["tokens_per_s"] for name, r in result.items()}
     prefix = PREFIX[s.path]
-    ratios = {prefix + "rollout_vs_hf_generate": speed["miniverl"] / speed["hf_generate"],
-              prefix + "rollout_vs_one_row_generate": speed["miniverl"] / speed["one_row_generate"]}
+    ratios = {
+        prefix + "rollout_vs_hf_generate": speed["miniverl"] / speed["hf_generate"],
+        prefix + "rollout_vs_one_row_generate": speed["miniverl"] / speed["one_row_generate"],
+    }
     result["miniverl"]["dequantized_bytes"] = max(held) if held else 0
     result["miniverl"]["four_bit_storage_bytes"] = four_bit
     if "miniverl_per_call_dequantize" in speed:
@@ -471,15 +587,19 @@ def bench_rollout(s: Setup, rollout, repeats: int) -> tuple[dict, dict, object]:
         pairs = list(zip(batches["miniverl"], batches["miniverl_per_call_dequantize"]))
         result["miniverl"]["same_tokens_and_log_probs_as_per_call_dequantize"] = all(
             torch.equal(a.responses, b.responses) and torch.equal(a.rollout_log_probs, b.rollout_log_probs)
-            for a, b in pairs)
+            for a, b in pairs
+        )
     return {"measurements": result, "ratios": ratios, "null_reasons": null_reasons}, batches["miniverl"][-1]
 
 
 def naive_teacher_log_probs(teacher, batch) -> torch.Tensor:
     P, R = batch.prompt_length, batch.response_length
-    logits = teacher(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                     position_ids=batch.position_ids).logits  # (B, L, V)
-    return torch.log_softmax(logits[:, P - 1:P - 1 + R].float(), -1).gather(-1, batch.responses[..., None]).squeeze(-1)
+    logits = teacher(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
+    ).logits  # (B, L, V)
+    return (
+        torch.log_softmax(logits[:, P - 1 : P - 1 + R].float(), -1).gather(-1, batch.responses[..., None]).squeeze(-1)
+    )
 
 
 def bench_scoring_time(s: Setup, batch, hw, repeats: int) -> dict:
@@ -502,11 +622,16 @@ def bench_scoring_time(s: Setup, batch, hw, repeats: int) -> dict:
     mask = batch.response_mask
     diff = float(((runs["miniverl"][0][1] - runs["naive"][0][1]) * mask).abs().max())
     times = {name: best([sec for sec, _ in r]) for name, r in runs.items()}
-    return {"measurements": {"positions": int(mask.numel()), "max_abs_diff_vs_naive": diff,
-                             **{f"{name}_seconds": round(t, 5) for name, t in times.items()},
-                             "runs": {name: [round(sec, 5) for sec, _ in r] for name, r in runs.items()}},
-            "ratios": {PREFIX[s.path] + "scoring_time_vs_naive": times["miniverl"] / times["naive"]},
-            "calls": {"miniverl": ours, "naive": naive}}
+    return {
+        "measurements": {
+            "positions": int(mask.numel()),
+            "max_abs_diff_vs_naive": diff,
+            **{f"{name}_seconds": round(t, 5) for name, t in times.items()},
+            "runs": {name: [round(sec, 5) for sec, _ in r] for name, r in runs.items()},
+        },
+        "ratios": {PREFIX[s.path] + "scoring_time_vs_naive": times["miniverl"] / times["naive"]},
+        "calls": {"miniverl": ours, "naive": naive},
+    }
 
 
 class OursOPDStep:
@@ -531,8 +656,12 @@ class OursOPDStep:
 
     def _step(self, seeds, times):
         s = self.s
-        times["gen"], batch = seconds(lambda: self.rollout.generate_sequences(
-            s.prompt_ids, list(range(BATCH)), seeds, response_limit=NEW_TOKENS, physical_batches=[BATCH]), s.device)
+        times["gen"], batch = seconds(
+            lambda: self.rollout.generate_sequences(
+                s.prompt_ids, list(range(BATCH)), seeds, response_limit=NEW_TOKENS, physical_batches=[BATCH]
+            ),
+            s.device,
+        )
         times["teacher"], batch = seconds(lambda: self.score(batch), s.device)
         times["update_actor"], _ = seconds(lambda: self.actor.update_actor(batch, [BATCH]), s.device)
         times["tokens"] = float(batch.response_mask.sum())
@@ -540,19 +669,21 @@ class OursOPDStep:
     def summary(self) -> dict | None:
         if not self.steps:
             return None
-        return {"step_seconds": [round(sec, 4) for sec, _ in self.steps],
-                "best_step_seconds": round(best([sec for sec, _ in self.steps]), 4),
-                "median_step_seconds": round(median([sec for sec, _ in self.steps]), 4),
-                "response_tokens": [tokens for _, tokens in self.steps],
-                "median_phase_seconds": {k: round(median([p[k] for p in self.phases]), 4) for k in self.phases[0]}}
+        return {
+            "step_seconds": [round(sec, 4) for sec, _ in self.steps],
+            "best_step_seconds": round(best([sec for sec, _ in self.steps]), 4),
+            "median_step_seconds": round(median([sec for sec, _ in self.steps]), 4),
+            "response_tokens": [tokens for _, tokens in self.steps],
+            "median_phase_seconds": {k: round(median([p[k] for p in self.phases]), 4) for k in self.phases[0]},
+        }
 
 
 TRL_COMPUTES = {
     "full_vocab": "DistillationTrainer, beta=1: the full-vocabulary reverse KL (and the entropy) at every response "
-                  "position, from both models' lm_head over the whole vocabulary (chunked)",
+    "position, from both models' lm_head over the whole vocabulary (chunked)",
     "k1": "experimental IWOPDTrainer, distillation_objective='iw_opd', iw_opd_gamma=0: the sampled-token k1 policy "
-          "gradient, -log p(y) * (log q(y) - log p(y)), the same objective as miniverl's, computed from both models' "
-          "full (B, L, V) logits and log-softmax",
+    "gradient, -log p(y) * (log q(y) - log p(y)), the same objective as miniverl's, computed from both models' "
+    "full (B, L, V) logits and log-softmax",
 }
 
 
@@ -562,30 +693,63 @@ def trl_trainer(kind: str, s: Setup, student, repeats: int, workdir: Path, callb
     from datasets import Dataset
 
     cuda = s.device.type == "cuda"
-    common = {"per_device_train_batch_size": BATCH, "gradient_accumulation_steps": 1, "max_steps": repeats,
-              "max_completion_length": NEW_TOKENS, "temperature": 1.0, "top_k": 0, "top_p": 1.0,
-              "learning_rate": 1e-5, "lr_scheduler_type": "constant", "warmup_steps": 0, "weight_decay": 0.01,
-              "max_grad_norm": 1.0, "gradient_checkpointing": True,
-              "gradient_checkpointing_kwargs": {"use_reentrant": False},
-              # The recipe path's NF4 layers compute in bf16 as loaded, the rest in float32, as for
-              # miniverl: no autocast. The float32 path on CUDA holds bfloat16 weights: autocast on.
-              "bf16": cuda and s.path == "float32" and s.dtype == torch.bfloat16,
-              "use_cpu": not cuda, "seed": 0, "logging_strategy": "no", "save_strategy": "no", "report_to": "none",
-              "disable_tqdm": True, "dataloader_num_workers": 0}
+    common = {
+        "per_device_train_batch_size": BATCH,
+        "gradient_accumulation_steps": 1,
+        "max_steps": repeats,
+        "max_completion_length": NEW_TOKENS,
+        "temperature": 1.0,
+        "top_k": 0,
+        "top_p": 1.0,
+        "learning_rate": 1e-5,
+        "lr_scheduler_type": "constant",
+        "warmup_steps": 0,
+        "weight_decay": 0.01,
+        "max_grad_norm": 1.0,
+        "gradient_checkpointing": True,
+        "gradient_checkpointing_kwargs": {"use_reentrant": False},
+        # The recipe path's NF4 layers compute in bf16 as loaded, the rest in float32, as for
+        # miniverl: no autocast. The float32 path on CUDA holds bfloat16 weights: autocast on.
+        "bf16": cuda and s.path == "float32" and s.dtype == torch.bfloat16,
+        "use_cpu": not cuda,
+        "seed": 0,
+        "logging_strategy": "no",
+        "save_strategy": "no",
+        "report_to": "none",
+        "disable_tqdm": True,
+        "dataloader_num_workers": 0,
+    }
     conversations = [[{"role": "user", "content": p}] for p in PROMPTS]
     if kind == "full_vocab":
         from trl import DistillationConfig, DistillationTrainer
-        args = DistillationConfig(output_dir=str(workdir / "trl_full_vocab"), beta=1.0, shuffle_dataset=False,
-                                  **common)
-        return DistillationTrainer(model=student, teacher_model=s.teacher, args=args,
-                                   train_dataset=Dataset.from_dict({"prompt": conversations}),
-                                   processing_class=s.tokenizer, callbacks=callbacks)
+
+        args = DistillationConfig(output_dir=str(workdir / "trl_full_vocab"), beta=1.0, shuffle_dataset=False, **common)
+        return DistillationTrainer(
+            model=student,
+            teacher_model=s.teacher,
+            args=args,
+            train_dataset=Dataset.from_dict({"prompt": conversations}),
+            processing_class=s.tokenizer,
+            callbacks=callbacks,
+        )
     from trl.experimental.iw_opd import IWOPDConfig, IWOPDTrainer
-    args = IWOPDConfig(output_dir=str(workdir / "trl_k1"), distillation_objective="iw_opd", iw_opd_gamma=0.0, lmbda=1.0,
-                       max_length=1024, **common)
-    trainer = IWOPDTrainer(model=student, teacher_model=s.teacher, args=args,
-                           train_dataset=Dataset.from_dict({"messages": conversations}),
-                           processing_class=s.tokenizer, callbacks=callbacks)
+
+    args = IWOPDConfig(
+        output_dir=str(workdir / "trl_k1"),
+        distillation_objective="iw_opd",
+        iw_opd_gamma=0.0,
+        lmbda=1.0,
+        max_length=1024,
+        **common,
+    )
+    trainer = IWOPDTrainer(
+        model=student,
+        teacher_model=s.teacher,
+        args=args,
+        train_dataset=Dataset.from_dict({"messages": conversations}),
+        processing_class=s.tokenizer,
+        callbacks=callbacks,
+    )
     # transformers counts the loss's tokens from the dataset's labels, before on-policy generation:
     # none for prompts only, and IWOPDTrainer (TRL 1.16) then divides by 0. Without the count it
     # takes the mean over the generated tokens (its own fallback).
@@ -593,8 +757,9 @@ def trl_trainer(kind: str, s: Setup, student, repeats: int, workdir: Path, callb
     return trainer
 
 
-def bench_opd_step_trl(kind: str, s: Setup, student, repeats: int, workdir: Path,
-                       between: Callable[[], None]) -> tuple[dict | None, str | None]:
+def bench_opd_step_trl(
+    kind: str, s: Setup, student, repeats: int, workdir: Path, between: Callable[[], None]
+) -> tuple[dict | None, str | None]:
     """`repeats` timed steps of TRL's trainer, each followed by `between()` (miniverl's step:
     interleaved, so a busy machine slows both alike). No warm-up step of its own: the kernels are
     warm from miniverl's warm-up step on the same models, and a first TRL step measured within the
@@ -636,9 +801,13 @@ def bench_opd_step_trl(kind: str, s: Setup, student, repeats: int, workdir: Path
     if not timer.times:
         return None, "TRL ran no step"
     measured = timer.times
-    return {"trl_version": trl.__version__, "computes": TRL_COMPUTES[kind],
-            "step_seconds": [round(t, 4) for t in measured], "best_step_seconds": round(best(measured), 4),
-            "median_step_seconds": round(median(measured), 4)}, None
+    return {
+        "trl_version": trl.__version__,
+        "computes": TRL_COMPUTES[kind],
+        "step_seconds": [round(t, 4) for t in measured],
+        "best_step_seconds": round(best(measured), 4),
+        "median_step_seconds": round(median(measured), 4),
+    }, None
 
 
 def bench_update(s: Setup, actor, batch, repeats: int) -> dict:
@@ -646,7 +815,7 @@ def bench_update(s: Setup, actor, batch, repeats: int) -> dict:
 
     student = s.student
     labels = torch.full_like(batch.input_ids, -100)
-    labels[:, batch.prompt_length:] = batch.responses.masked_fill(batch.response_mask == 0, -100)
+    labels[:, batch.prompt_length :] = batch.responses.masked_fill(batch.response_mask == 0, -100)
 
     def ours():
         batch.old_log_probs = None  # as in the trainer: the update's own forward gives them
@@ -655,8 +824,12 @@ def bench_update(s: Setup, actor, batch, repeats: int) -> dict:
     def bare():
         student.train()
         with float32_products(student, actor.float32_gemm):
-            loss = student(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                           position_ids=batch.position_ids, labels=labels).loss
+            loss = student(
+                input_ids=batch.input_ids,
+                attention_mask=batch.attention_mask,
+                position_ids=batch.position_ids,
+                labels=labels,
+            ).loss
             loss.backward()
         student.zero_grad(set_to_none=True)
         student.eval()
@@ -665,9 +838,14 @@ def bench_update(s: Setup, actor, batch, repeats: int) -> dict:
     runs = rounds({"miniverl": ours, "bare_fwd_bwd": bare}, s.device, repeats, warmup=0)
     positions = int(batch.response_mask.numel())
     rates = {name: positions / best([sec for sec, _ in r]) for name, r in runs.items()}
-    return {"measurements": {"positions": positions, **{f"{n}_positions_per_s": round(v, 2) for n, v in rates.items()},
-                             "runs": {n: [round(sec, 4) for sec, _ in r] for n, r in runs.items()}},
-            "ratios": {PREFIX[s.path] + "update_vs_bare_fwd_bwd": rates["miniverl"] / rates["bare_fwd_bwd"]}}
+    return {
+        "measurements": {
+            "positions": positions,
+            **{f"{n}_positions_per_s": round(v, 2) for n, v in rates.items()},
+            "runs": {n: [round(sec, 4) for sec, _ in r] for n, r in runs.items()},
+        },
+        "ratios": {PREFIX[s.path] + "update_vs_bare_fwd_bwd": rates["miniverl"] / rates["bare_fwd_bwd"]},
+    }
 
 
 def measure_path(s: Setup, hw, repeats: int, no_trl: bool, workdir: Path) -> dict:
@@ -699,16 +877,25 @@ def measure_path(s: Setup, hw, repeats: int, no_trl: bool, workdir: Path) -> dic
             ours()
         ours_step = ours.summary()
         if trl_result:  # the medians' ratio too: the best-of ratio is the table's
-            ours_step["median_ratio_vs_trl"] = round(ours_step["median_step_seconds"]
-                                                     / trl_result["median_step_seconds"], 4)
+            ours_step["median_ratio_vs_trl"] = round(
+                ours_step["median_step_seconds"] / trl_result["median_step_seconds"], 4
+            )
         ratios[key] = ours_step["best_step_seconds"] / trl_result["best_step_seconds"] if trl_result else None
         steps[kind] = {"miniverl": ours_step, "trl": trl_result}
     log.info("%s: update", s.path)
     update = bench_update(s, actor, score(batch), repeats)
     ratios.update(update["ratios"])
-    return {"ratios": ratios, "null_reasons": null_reasons, "calls": scoring["calls"],
-            "measurements": {"rollout": rollout_result["measurements"], "scoring": scoring["measurements"],
-                             "opd_step": steps, "update": update["measurements"]}}
+    return {
+        "ratios": ratios,
+        "null_reasons": null_reasons,
+        "calls": scoring["calls"],
+        "measurements": {
+            "rollout": rollout_result["measurements"],
+            "scoring": scoring["measurements"],
+            "opd_step": steps,
+            "update": update["measurements"],
+        },
+    }
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -736,52 +923,114 @@ def path_rows(result: dict, path: str) -> list[tuple[str, str, str, str | None, 
     def seconds_of(part: dict | None) -> str:
         return f"{part['best_step_seconds']:.3f} s" if part else "n/a"
 
-    rows = [("rollout tokens/s vs `model.generate(use_cache=True)`, batch 4", tps("miniverl"), tps("hf_generate"),
-             prefix + "rollout_vs_hf_generate")]
+    rows = [
+        (
+            "rollout tokens/s vs `model.generate(use_cache=True)`, batch 4",
+            tps("miniverl"),
+            tps("hf_generate"),
+            prefix + "rollout_vs_hf_generate",
+        )
+    ]
     if path == "recipe":
-        rows.append(("rollout tokens/s vs the same loop on bitsandbytes' per-call dequantization (every token)",
-                     tps("miniverl"), tps("miniverl_per_call_dequantize"), "recipe_rollout_vs_per_call_dequantize"))
+        rows.append(
+            (
+                "rollout tokens/s vs the same loop on bitsandbytes' per-call dequantization (every token)",
+                tps("miniverl"),
+                tps("miniverl_per_call_dequantize"),
+                "recipe_rollout_vs_per_call_dequantize",
+            )
+        )
     rows += [
-        ("rollout tokens/s vs one row at a time (`generate(use_cache=True)`, batch 1, each prompt alone)",
-         tps("miniverl"), tps("one_row_generate"), prefix + "rollout_vs_one_row_generate"),
-        ("teacher scoring time vs `log_softmax(logits.float()).gather`", f"{sc['miniverl_seconds']:.4f} s",
-         f"{sc['naive_seconds']:.4f} s", prefix + "scoring_time_vs_naive"),
-        ("teacher scoring peak memory vs the same", mib(sc.get("miniverl_peak_bytes")), mib(sc.get("naive_peak_bytes")),
-         prefix + "scoring_peak_memory_vs_naive"),
-        (("one OPD update (k1 on the sampled token) vs TRL `DistillationTrainer` step (beta=1: full-vocabulary "
-         "reverse KL + entropy at every response position, both models)"), seconds_of(step["full_vocab"]["miniverl"]),
-         seconds_of(step["full_vocab"]["trl"]), prefix + "opd_step_vs_trl"),
-        ("update positions/s vs bare forward+backward", f"{up['miniverl_positions_per_s']:.1f}",
-         f"{up['bare_fwd_bwd_positions_per_s']:.1f}", prefix + "update_vs_bare_fwd_bwd"),
+        (
+            "rollout tokens/s vs one row at a time (`generate(use_cache=True)`, batch 1, each prompt alone)",
+            tps("miniverl"),
+            tps("one_row_generate"),
+            prefix + "rollout_vs_one_row_generate",
+        ),
+        (
+            "teacher scoring time vs `log_softmax(logits.float()).gather`",
+            f"{sc['miniverl_seconds']:.4f} s",
+            f"{sc['naive_seconds']:.4f} s",
+            prefix + "scoring_time_vs_naive",
+        ),
+        (
+            "teacher scoring peak memory vs the same",
+            mib(sc.get("miniverl_peak_bytes")),
+            mib(sc.get("naive_peak_bytes")),
+            prefix + "scoring_peak_memory_vs_naive",
+        ),
+        (
+            (
+                "one OPD update (k1 on the sampled token) vs TRL `DistillationTrainer` step (beta=1: full-vocabulary "
+                "reverse KL + entropy at every response position, both models)"
+            ),
+            seconds_of(step["full_vocab"]["miniverl"]),
+            seconds_of(step["full_vocab"]["trl"]),
+            prefix + "opd_step_vs_trl",
+        ),
+        (
+            "update positions/s vs bare forward+backward",
+            f"{up['miniverl_positions_per_s']:.1f}",
+            f"{up['bare_fwd_bwd_positions_per_s']:.1f}",
+            prefix + "update_vs_bare_fwd_bwd",
+        ),
     ]
     if "k1" in step:
-        rows.insert(-1, (("one OPD update vs TRL as close to k1 as it goes: experimental `IWOPDTrainer` (`iw_opd`, "
-                          "gamma=0: the same sampled-token k1 policy gradient, from both models' full logits)"),
-                         seconds_of(step["k1"]["miniverl"]), seconds_of(step["k1"]["trl"]), prefix + "opd_step_vs_trl_k1"))
+        rows.insert(
+            -1,
+            (
+                (
+                    "one OPD update vs TRL as close to k1 as it goes: experimental `IWOPDTrainer` (`iw_opd`, "
+                    "gamma=0: the same sampled-token k1 policy gradient, from both models' full logits)"
+                ),
+                seconds_of(step["k1"]["miniverl"]),
+                seconds_of(step["k1"]["trl"]),
+                prefix + "opd_step_vs_trl_k1",
+            ),
+        )
     out = [(label, ours, other, key, r.get(key)) for label, ours, other, key in rows]
     if path == "recipe" and ro["miniverl"]["four_bit_storage_bytes"]:
         held, stored = ro["miniverl"]["dequantized_bytes"], ro["miniverl"]["four_bit_storage_bytes"]
-        out.insert(2, (("rollout memory: dense copies of the student's 4-bit weights while decoding (freed after) vs "
-                       "their NF4 storage"), mib(held), mib(stored), None, held / stored))
+        out.insert(
+            2,
+            (
+                (
+                    "rollout memory: dense copies of the student's 4-bit weights while decoding (freed after) vs "
+                    "their NF4 storage"
+                ),
+                mib(held),
+                mib(stored),
+                None,
+                held / stored,
+            ),
+        )
     return out
 
 
 PATH_TITLES = {
     "recipe": "Recipe path (what `+recipe=opd_k1` runs): NF4 student (bf16 compute, prepare_model_for_kbit_training, "
-              "LoRA r16 on q/v, gradient checkpointing) and NF4 teacher, loaded by miniverl's own loaders",
+    "LoRA r16 on q/v, gradient checkpointing) and NF4 teacher, loaded by miniverl's own loaders",
     "float32": "Unquantized float32 models (bfloat16 on CUDA), the same shapes: extra rows",
 }
 
 
 def markdown(result: dict) -> str:
     s = result["settings"]
-    lines = [(f"miniverl bench, scale `{result['scale']}` on {result['machine']['device_name']} "
-             f"({result['machine']['torch_threads']} torch threads), batch {BATCH}, {NEW_TOKENS} new tokens, "
-             f"LoRA r{LORA['r']} on q/v; `{result['command']}`")]
+    lines = [
+        (
+            f"miniverl bench, scale `{result['scale']}` on {result['machine']['device_name']} "
+            f"({result['machine']['torch_threads']} torch threads), batch {BATCH}, {NEW_TOKENS} new tokens, "
+            f"LoRA r{LORA['r']} on q/v; `{result['command']}`"
+        )
+    ]
     for path in result["paths"]:
-        lines += ["", f"{PATH_TITLES[path]} (best of {s['repeats'][path]} interleaved rounds):", "",
-                  "| measurement | miniverl | other | ratio (miniverl ÷ other) | target | met |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"{PATH_TITLES[path]} (best of {s['repeats'][path]} interleaved rounds):",
+            "",
+            "| measurement | miniverl | other | ratio (miniverl ÷ other) | target | met |",
+            "|---|---|---|---|---|---|",
+        ]
         for label, ours, other, key, value in path_rows(result, path):
             shown = f"{value:.2f}" if value is not None else "null"
             if key in TARGETS:
@@ -790,18 +1039,28 @@ def markdown(result: dict) -> str:
             else:
                 target = "—"
             lines.append(f"| {label} | {ours} | {other} | {shown} | {target} | {verdict(key, value)} |")
-    lines += ["", ("What each TRL row computes: `DistillationTrainer` (beta=1) the full-vocabulary reverse KL and "
-              "the entropy at every response position of both models, miniverl the single-sample k1 on the "
-              "sampled token; `IWOPDTrainer` with `iw_opd_gamma=0` the same sampled-token k1 policy gradient as "
-              "miniverl, from both models' full (B, L, V) logits. `DistillationTrainer` itself has no sampled-token "
-              "option: its loss is always the chunked full-vocabulary generalized JSD.")]
+    lines += [
+        "",
+        (
+            "What each TRL row computes: `DistillationTrainer` (beta=1) the full-vocabulary reverse KL and "
+            "the entropy at every response position of both models, miniverl the single-sample k1 on the "
+            "sampled token; `IWOPDTrainer` with `iw_opd_gamma=0` the same sampled-token k1 policy gradient as "
+            "miniverl, from both models' full (B, L, V) logits. `DistillationTrainer` itself has no sampled-token "
+            "option: its loss is always the chunked full-vocabulary generalized JSD."
+        ),
+    ]
     if result["machine"]["device"] == "cpu" and s["hardware"]["cpu_float32_gemm"]:
-        lines += ["", ("Kernels: miniverl's roles and its in-house baselines (naive scoring, bare forward+backward) "
-                       "multiply the bf16 layers as float32 GEMMs of the same bf16 operands, rounded to bf16 "
-                       "(`hardware.cpu_float32_gemm`, miniverl/cpu_gemm.py); `generate` and TRL run bitsandbytes' "
-                       "and PyTorch's bf16 products as shipped. On a CPU without bf16 instructions that choice "
-                       "alone is most of the recipe path's lead; on CUDA both sides run bf16 kernels. "
-                       "`--no-cpu-float32-gemm` measures miniverl on the shipped products too.")]
+        lines += [
+            "",
+            (
+                "Kernels: miniverl's roles and its in-house baselines (naive scoring, bare forward+backward) "
+                "multiply the bf16 layers as float32 GEMMs of the same bf16 operands, rounded to bf16 "
+                "(`hardware.cpu_float32_gemm`, miniverl/cpu_gemm.py); `generate` and TRL run bitsandbytes' "
+                "and PyTorch's bf16 products as shipped. On a CPU without bf16 instructions that choice "
+                "alone is most of the recipe path's lead; on CUDA both sides run bf16 kernels. "
+                "`--no-cpu-float32-gemm` measures miniverl on the shipped products too."
+            ),
+        ]
     for key, reason in result["null_reasons"].items():
         lines.append(f"\n`{key}` is null: {reason}")
     return "\n".join(lines) + "\n"
@@ -809,11 +1068,13 @@ def markdown(result: dict) -> str:
 
 def machine_facts(device: torch.device) -> dict:
     from miniverl.utils.device import hardware_facts
+
     facts = hardware_facts(device)
     facts["torch_threads"] = torch.get_num_threads()
     facts["device_name"] = facts["gpu"] if device.type == "cuda" else f"{facts['cpu']} ({facts['cpu_count']} cores)"
     try:
         import trl
+
         facts["trl"] = trl.__version__
     except ImportError:
         facts["trl"] = None
@@ -824,6 +1085,7 @@ def machine_facts(device: torch.device) -> dict:
 @contextmanager
 def quiet():
     import transformers
+
     previous = transformers.utils.logging.get_verbosity()
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
@@ -837,25 +1099,47 @@ def quiet():
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     from miniverl.config.hardware import HardwareConfig
+
     defaults = HardwareConfig()
     p = argparse.ArgumentParser(prog="python -m miniverl.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--scale", choices=sorted(SCALES), default="bench")
-    p.add_argument("--path", choices=("both", *PATHS), default="both",
-                   help="recipe: NF4 + LoRA as +recipe=opd_k1 (keys recipe_*); float32: unquantized (today's keys)")
+    p.add_argument(
+        "--path",
+        choices=("both", *PATHS),
+        default="both",
+        help="recipe: NF4 + LoRA as +recipe=opd_k1 (keys recipe_*); float32: unquantized (today's keys)",
+    )
     p.add_argument("--out", default=None, help="output folder (default outputs/bench/<scale>)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    p.add_argument("--repeats", type=int, default=None, help="timed rounds per measurement (default per scale "
-                                                             "and path)")
+    p.add_argument(
+        "--repeats", type=int, default=None, help="timed rounds per measurement (default per scale and path)"
+    )
     p.add_argument("--no-trl", action="store_true", help="skip TRL (the opd_step_vs_trl* ratios are then null)")
     p.add_argument("--logprob-chunk", type=int, default=defaults.logprob_chunk, help="hardware.logprob_chunk")
-    p.add_argument("--static-cache", action=argparse.BooleanOptionalAction, default=defaults.rollout_static_cache,
-                   help="hardware.rollout_static_cache")
-    p.add_argument("--compile-decode", action=argparse.BooleanOptionalAction, default=defaults.rollout_compile,
-                   help="hardware.rollout_compile")
-    p.add_argument("--cpu-gemv", action=argparse.BooleanOptionalAction, default=defaults.rollout_cpu_gemv,
-                   help="hardware.rollout_cpu_gemv")
-    p.add_argument("--cpu-float32-gemm", action=argparse.BooleanOptionalAction, default=defaults.cpu_float32_gemm,
-                   help="hardware.cpu_float32_gemm (miniverl's roles and in-house baselines; never the peers)")
+    p.add_argument(
+        "--static-cache",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.rollout_static_cache,
+        help="hardware.rollout_static_cache",
+    )
+    p.add_argument(
+        "--compile-decode",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.rollout_compile,
+        help="hardware.rollout_compile",
+    )
+    p.add_argument(
+        "--cpu-gemv",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.rollout_cpu_gemv,
+        help="hardware.rollout_cpu_gemv",
+    )
+    p.add_argument(
+        "--cpu-float32-gemm",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.cpu_float32_gemm,
+        help="hardware.cpu_float32_gemm (miniverl's roles and in-house baselines; never the peers)",
+    )
     args = p.parse_args(argv)
     args.argv = list(argv)
     return args
@@ -868,12 +1152,18 @@ def run(args: argparse.Namespace) -> dict:
         raise SystemExit("--device cuda: torch sees no GPU")
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    hw = HardwareConfig(device=device.type, logprob_chunk=args.logprob_chunk, rollout_static_cache=args.static_cache,
-                        rollout_compile=args.compile_decode, rollout_cpu_gemv=args.cpu_gemv,
-                        cpu_float32_gemm=args.cpu_float32_gemm)
+    hw = HardwareConfig(
+        device=device.type,
+        logprob_chunk=args.logprob_chunk,
+        rollout_static_cache=args.static_cache,
+        rollout_compile=args.compile_decode,
+        rollout_cpu_gemv=args.cpu_gemv,
+        cpu_float32_gemm=args.cpu_float32_gemm,
+    )
     paths = PATHS if args.path == "both" else (args.path,)
-    repeats = {path: args.repeats or SCALES[args.scale]["recipe_repeats" if path == "recipe" else "repeats"]
-               for path in PATHS}
+    repeats = {
+        path: args.repeats or SCALES[args.scale]["recipe_repeats" if path == "recipe" else "repeats"] for path in PATHS
+    }
     out = Path(args.out or Path("outputs") / "bench" / args.scale)
     out.mkdir(parents=True, exist_ok=True)
     command = " ".join(["python -m miniverl.bench", *args.argv])
@@ -894,8 +1184,9 @@ def run(args: argparse.Namespace) -> dict:
         log.info("peak memory")  # last: pinning glibc's mmap threshold slows allocation
         for path in paths:
             peaks = peak_memory(memory, measured[path]["calls"], rounds=2 if path == "recipe" else 3)
-            measured[path]["measurements"]["scoring"].update(miniverl_peak_bytes=peaks["miniverl"],
-                                                             naive_peak_bytes=peaks["naive"])
+            measured[path]["measurements"]["scoring"].update(
+                miniverl_peak_bytes=peaks["miniverl"], naive_peak_bytes=peaks["naive"]
+            )
             key = PREFIX[path] + "scoring_peak_memory_vs_naive"
             ratios[key] = peaks["miniverl"] / peaks["naive"] if peaks["naive"] else None
             if memory.reason:
@@ -913,16 +1204,25 @@ def run(args: argparse.Namespace) -> dict:
         "ratios": {k: (round(ratios[k], 4) if ratios[k] is not None else None) for k in RATIO_KEYS},
         "targets": {k: f"{op} {bound}" for k, (op, bound) in TARGETS.items()},
         "null_reasons": null_reasons,
-        "settings": {"batch": BATCH, "new_tokens": NEW_TOKENS,
-                     "lora": {**LORA, "target_modules": list(LORA["target_modules"])},
-                     "student_gradient_checkpointing": True, "repeats": {p: repeats[p] for p in paths},
-                     "shape": shape, "models": {p: setups[p].description for p in paths},
-                     "trl": TRL_COMPUTES,
-                     "hardware": {"logprob_chunk": hw.logprob_chunk, "rollout_static_cache": hw.rollout_static_cache,
-                                  "rollout_compile": hw.rollout_compile, "rollout_cpu_gemv": hw.rollout_cpu_gemv,
-                                  "rollout_dequantize_4bit_once": hw.rollout_dequantize_4bit_once,
-                                  "cpu_float32_gemm": hw.cpu_float32_gemm},
-                     "prompt_tokens": [len(p) for p in next(iter(setups.values())).prompt_ids]},
+        "settings": {
+            "batch": BATCH,
+            "new_tokens": NEW_TOKENS,
+            "lora": {**LORA, "target_modules": list(LORA["target_modules"])},
+            "student_gradient_checkpointing": True,
+            "repeats": {p: repeats[p] for p in paths},
+            "shape": shape,
+            "models": {p: setups[p].description for p in paths},
+            "trl": TRL_COMPUTES,
+            "hardware": {
+                "logprob_chunk": hw.logprob_chunk,
+                "rollout_static_cache": hw.rollout_static_cache,
+                "rollout_compile": hw.rollout_compile,
+                "rollout_cpu_gemv": hw.rollout_cpu_gemv,
+                "rollout_dequantize_4bit_once": hw.rollout_dequantize_4bit_once,
+                "cpu_float32_gemm": hw.cpu_float32_gemm,
+            },
+            "prompt_tokens": [len(p) for p in next(iter(setups.values())).prompt_ids],
+        },
         "measurements": {p: measured[p]["measurements"] for p in paths},
         "machine": machine_facts(device),
         "bench_seconds": round(time.perf_counter() - started, 2),

@@ -7,16 +7,22 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Optional
 
 import torch
 
 from miniverl import VERL_TAG
-from miniverl.verl_compat.conformance import (DEFAULT_RTOL, SCALE_FLOOR, check_case, check_refused, check_warned,
-                                              describe, describe_config)
+from miniverl.verl_compat.conformance import (
+    DEFAULT_RTOL,
+    SCALE_FLOOR,
+    check_case,
+    check_refused,
+    check_warned,
+    describe,
+    describe_config,
+)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m miniverl.conformance",
         description=f"Compare miniverl.losses with verl {VERL_TAG} golden vectors.",

@@ -22,8 +22,10 @@ def main(cfg: DictConfig) -> None:
         sys.exit(exit_code_of(error))
     for warning in result.warnings:
         print(f"miniverl: warning: {warning}", file=sys.stderr)
-    print(f"verl v{VERL_VERSION} launch written to {result.folder} (run_opd.sh, overrides.txt, field_rules.json, "
-          "README.md)")
+    print(
+        f"verl v{VERL_VERSION} launch written to {result.folder} (run_opd.sh, overrides.txt, field_rules.json, "
+        "README.md)"
+    )
 
 
 if __name__ == "__main__":

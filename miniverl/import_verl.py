@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from miniverl.utils.errors import MiniverlError, exit_code_of
-from miniverl.verl_compat.import_verl import __doc__ as what, import_file
+from miniverl.verl_compat.import_verl import __doc__ as what
+from miniverl.verl_compat.import_verl import import_file
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,9 +14,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from miniverl.config import to_config
 from miniverl.utils.errors import MiniverlError, RunStopped
 from miniverl.utils.identity import resolved_config
-from miniverl.config import to_config
 from miniverl.utils.run_folder import ERROR_FILE
 
 log = logging.getLogger("miniverl")
@@ -43,16 +43,23 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str] = ()) -> dict:
         if error.errno not in WRITE_ERRORS:
             raise
         last = f"; the last complete checkpoint is {trainer.last_checkpoint}" if trainer.last_checkpoint else ""
-        raise MiniverlError(f"cannot write {error.filename or run_dir}: {error.strerror}{last}; free space or choose "
-                            "another hydra.run.dir, then resume with trainer.resume_from") from None
+        raise MiniverlError(
+            f"cannot write {error.filename or run_dir}: {error.strerror}{last}; free space or choose "
+            "another hydra.run.dir, then resume with trainer.resume_from"
+        ) from None
     if trainer.stopped_by:
-        raise RunStopped(f"stopped by {signal.Signals(trainer.stopped_by).name} after update {len(trainer.history)}, "
-                         f"nothing left half-done; the last complete checkpoint is {trainer.last_checkpoint}; resume "
-                         f"with the same command and trainer.resume_from={run_dir}", trainer.stopped_by)
+        raise RunStopped(
+            f"stopped by {signal.Signals(trainer.stopped_by).name} after update {len(trainer.history)}, "
+            f"nothing left half-done; the last complete checkpoint is {trainer.last_checkpoint}; resume "
+            f"with the same command and trainer.resume_from={run_dir}",
+            trainer.stopped_by,
+        )
     if status == "failed":
-        raise MiniverlError(f"update {trainer.failure['update']} failed: {trainer.failure['reason']}; the last complete "
-                            f"update is checkpointed (resume with trainer.resume_from={run_dir}); report: "
-                            f"{run_dir / 'report.json'}")
+        raise MiniverlError(
+            f"update {trainer.failure['update']} failed: {trainer.failure['reason']}; the last complete "
+            f"update is checkpointed (resume with trainer.resume_from={run_dir}); report: "
+            f"{run_dir / 'report.json'}"
+        )
     k = config.recipe.interrupt_after_updates
     if k is not None and config.trainer.stop_after_updates is None and trainer.resumed is None:
         report = check_own_resume(trainer, run_dir, overrides, k)
@@ -62,8 +69,8 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str] = ()) -> dict:
 
 def preflight(config) -> None:
     """The doctor's cheap checks (data, tokenizers, memory) before any model is loaded."""
-    from miniverl.utils.device import resolve_device
     from miniverl.trainer.preflight import cheap_checks
+    from miniverl.utils.device import resolve_device
 
     checks = cheap_checks(config, resolve_device(config.hardware))
     for check in checks:
@@ -84,8 +91,9 @@ def check_own_resume(trainer, run_dir: Path, overrides, k: int) -> dict:
     trainer.release_models()
     report = trainer.finish("measured", resume_check=verify_resume(run_dir, list(overrides), k))
     if report["resume"]["status"] != "exact_match":
-        raise MiniverlError(f"resume check failed: {report['resume']['first_difference']} "
-                            f"(see {run_dir / 'report.json'})")
+        raise MiniverlError(
+            f"resume check failed: {report['resume']['first_difference']} (see {run_dir / 'report.json'})"
+        )
     log.info("resume check: exact_match (adapter, optimizer, trajectories, training state)")
     return report
 
@@ -94,12 +102,20 @@ def print_summary(report: dict, run_dir: Path) -> None:
     """The closing table on the console: status, phases, throughputs, memory, resume, paths."""
     m = report["measurements"]
     seconds, rates = m["steady_state_median_seconds"], m["steady_state_median_throughput"]
-    rows = [("status", report["status"]),
-            *[(f"{phase} (median s/update)", seconds.get(phase)) for phase in ("rollout", "teacher_scoring", "actor_update")],
-            *[(name.replace("_", " "), value) for name, value in rates.items()],
-            ("peak reserved GiB (CUDA)", m["peak_reserved_gib"]), ("peak resident GiB (process)", m["peak_rss_gib"]),
-            ("batch downshifts", m["batch_downshifts"]), ("resume", report["resume"]["status"]),
-            ("report", run_dir / "report.json"), ("adapter", run_dir / "peft_adapter")]
+    rows = [
+        ("status", report["status"]),
+        *[
+            (f"{phase} (median s/update)", seconds.get(phase))
+            for phase in ("rollout", "teacher_scoring", "actor_update")
+        ],
+        *[(name.replace("_", " "), value) for name, value in rates.items()],
+        ("peak reserved GiB (CUDA)", m["peak_reserved_gib"]),
+        ("peak resident GiB (process)", m["peak_rss_gib"]),
+        ("batch downshifts", m["batch_downshifts"]),
+        ("resume", report["resume"]["status"]),
+        ("report", run_dir / "report.json"),
+        ("adapter", run_dir / "peft_adapter"),
+    ]
     width = max(len(name) for name, _ in rows)
     print("\n".join(f"  {name:<{width}}  {value}" for name, value in rows), flush=True)
 

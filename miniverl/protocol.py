@@ -28,7 +28,6 @@ Position t of every (B, R) tensor is about response token t given everything bef
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import Optional
 
 import torch
 
@@ -43,11 +42,11 @@ class Batch:
     position_ids: torch.Tensor
     response_mask: torch.Tensor
     rollout_log_probs: torch.Tensor
-    teacher_logprobs: Optional[torch.Tensor] = None
-    teacher_topk_logprobs: Optional[torch.Tensor] = None
-    teacher_ids: Optional[torch.Tensor] = None
-    old_log_probs: Optional[torch.Tensor] = None
-    advantages: Optional[torch.Tensor] = None
+    teacher_logprobs: torch.Tensor | None = None
+    teacher_topk_logprobs: torch.Tensor | None = None
+    teacher_ids: torch.Tensor | None = None
+    old_log_probs: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
 
     @property
     def prompt_length(self) -> int:
@@ -60,16 +59,17 @@ class Batch:
     def __len__(self) -> int:
         return self.prompts.shape[0]
 
-    def rows(self, start: int, stop: int) -> "Batch":
+    def rows(self, start: int, stop: int) -> Batch:
         """Rows [start, stop) as a Batch sharing storage (an update chunk or physical batch)."""
-        return replace(self, **{f.name: t[start:stop] for f in fields(self)
-                                if (t := getattr(self, f.name)) is not None})
+        return replace(
+            self, **{f.name: t[start:stop] for f in fields(self) if (t := getattr(self, f.name)) is not None}
+        )
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """Every filled column, on the CPU and contiguous (for safetensors)."""
         return {f.name: t.detach().cpu().contiguous() for f in fields(self) if (t := getattr(self, f.name)) is not None}
 
     @staticmethod
-    def concat(parts: list["Batch"]) -> "Batch":
+    def concat(parts: list[Batch]) -> Batch:
         names = [f.name for f in fields(Batch) if getattr(parts[0], f.name) is not None]
         return Batch(**{name: torch.cat([getattr(p, name) for p in parts]) for name in names})

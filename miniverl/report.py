@@ -15,8 +15,12 @@ IGNORED = ("measured_at",)
 
 def is_measurement(key: str) -> bool:
     return key.startswith("measurements.") or key in (
-        "resume.resume_load_seconds", "resume.interrupt_checkpoint_bytes", "artifacts.total_workload_bytes",
-        "resource_contract.total_gpu_workload_seconds", "resource_contract.total_workload_seconds")
+        "resume.resume_load_seconds",
+        "resume.interrupt_checkpoint_bytes",
+        "artifacts.total_workload_bytes",
+        "resource_contract.total_gpu_workload_seconds",
+        "resource_contract.total_workload_seconds",
+    )
 
 
 def compare(a: dict, b: dict) -> list[str]:

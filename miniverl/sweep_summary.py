@@ -26,9 +26,22 @@ from miniverl.utils.tables import format_value
 # A job's report status when every update ran: "measured", as in the reference report
 # ("completed" in reports written before the status took that name).
 DONE = ("measured", "completed")
-COLUMNS = ["job", "swept", "status", "error", "final_loss", "mean_loss", "rollout_tokens_per_second",
-           "teacher_scored_positions_per_second", "update_positions_per_second", "peak_reserved_gib", "peak_rss_gib",
-           "resume", "run_dir", "overrides"]
+COLUMNS = [
+    "job",
+    "swept",
+    "status",
+    "error",
+    "final_loss",
+    "mean_loss",
+    "rollout_tokens_per_second",
+    "teacher_scored_positions_per_second",
+    "update_positions_per_second",
+    "peak_reserved_gib",
+    "peak_rss_gib",
+    "resume",
+    "run_dir",
+    "overrides",
+]
 
 
 def job_dirs(sweep_dir: Path) -> list[Path]:
@@ -45,15 +58,23 @@ def summarize_job(job: Path) -> tuple[dict, list[float]]:
     row.update(job=job.name, overrides=" ".join(overrides), run_dir=str(job))
     losses = []
     if (job / "metrics.jsonl").is_file():
-        losses = [json.loads(line)["actor/distillation/loss"] for line in (job / "metrics.jsonl").read_text().splitlines()
-                  if line.strip()]
+        losses = [
+            json.loads(line)["actor/distillation/loss"]
+            for line in (job / "metrics.jsonl").read_text().splitlines()
+            if line.strip()
+        ]
     if losses:
         row.update(final_loss=losses[-1], mean_loss=statistics.fmean(losses))
     report = json.loads((job / "report.json").read_text()) if (job / "report.json").is_file() else None
     if report:
         m = report["measurements"]
-        row.update(status=report["status"], peak_reserved_gib=m["peak_reserved_gib"], peak_rss_gib=m.get("peak_rss_gib"),
-                   resume=report["resume"]["status"], **m["steady_state_median_throughput"])
+        row.update(
+            status=report["status"],
+            peak_reserved_gib=m["peak_reserved_gib"],
+            peak_rss_gib=m.get("peak_rss_gib"),
+            resume=report["resume"]["status"],
+            **m["steady_state_median_throughput"],
+        )
         if report.get("failure"):
             row["error"] = report["failure"]["reason"]
     if (job / ERROR_FILE).is_file():
@@ -89,8 +110,12 @@ def cell(value) -> str:
 def markdown(rows: list[dict]) -> str:
     shown = [c for c in COLUMNS if c not in ("run_dir", "overrides")]
     common = [o for o in rows[0]["overrides"].split() if o not in rows[0]["swept"].split()] if rows else []
-    lines = [f"Common overrides: `{' '.join(common) or '(none)'}`", "",
-             "| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
+    lines = [
+        f"Common overrides: `{' '.join(common) or '(none)'}`",
+        "",
+        "| " + " | ".join(shown) + " |",
+        "|" + "---|" * len(shown),
+    ]
     lines += ["| " + " | ".join(cell(row[c]) for c in shown) + " |" for row in rows]
     return "\n".join(lines) + "\n"
 
@@ -105,8 +130,13 @@ def plot(jobs: list[tuple[dict, list[float]]], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
     for row, losses in jobs:
         if losses:
-            ax.plot(range(1, len(losses) + 1), losses, marker="o", markersize=3,
-                    label=f"#{row['job']} {row['swept']}"[:80] + ("" if row["status"] in DONE else " (failed)"))
+            ax.plot(
+                range(1, len(losses) + 1),
+                losses,
+                marker="o",
+                markersize=3,
+                label=f"#{row['job']} {row['swept']}"[:80] + ("" if row["status"] in DONE else " (failed)"),
+            )
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_xlabel("optimizer update")
     ax.set_ylabel("actor/distillation/loss")
@@ -135,11 +165,15 @@ class SweepSummaryCallback(Callback):
         sweep_dir = Path(config.hydra.sweep.dir)
         rows = write_summary(sweep_dir)
         failed = [row["job"] for row in rows if row["status"] not in DONE]
-        print(f"sweep: {len(rows) - len(failed)} of {len(rows)} jobs completed; summary in {sweep_dir}/sweep_summary.md",
-              flush=True)
+        print(
+            f"sweep: {len(rows) - len(failed)} of {len(rows)} jobs completed; summary in {sweep_dir}/sweep_summary.md",
+            flush=True,
+        )
         if failed:
-            print(f"miniverl: error: sweep job(s) {', '.join(failed)} failed; see {sweep_dir}/sweep_summary.md",
-                  file=sys.stderr)
+            print(
+                f"miniverl: error: sweep job(s) {', '.join(failed)} failed; see {sweep_dir}/sweep_summary.md",
+                file=sys.stderr,
+            )
             sys.exit(1)
 
 
@@ -148,7 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("sweep_dir", type=Path, help="a Hydra sweep folder (hydra.sweep.dir)")
     args = parser.parse_args(argv)
     if not job_dirs(args.sweep_dir):
-        print(f"miniverl: error: {args.sweep_dir} holds no Hydra job folders (<n>/.hydra/overrides.yaml)", file=sys.stderr)
+        print(
+            f"miniverl: error: {args.sweep_dir} holds no Hydra job folders (<n>/.hydra/overrides.yaml)", file=sys.stderr
+        )
         return 2
     rows = write_summary(args.sweep_dir)
     print(markdown(rows), end="")

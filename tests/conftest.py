@@ -36,8 +36,15 @@ ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 DATA = Path(__file__).resolve().parent / "data"
 # Short toy runs: same recipe, fewer and shorter updates.
-SHORT = ["model=toy", "teacher=toy", "hardware=cpu", "recipe.optimizer_updates=3", "recipe.interrupt_after_updates=null",
-         "recipe.response_limit=16", "trainer.progress_bar=false"]
+SHORT = [
+    "model=toy",
+    "teacher=toy",
+    "hardware=cpu",
+    "recipe.optimizer_updates=3",
+    "recipe.interrupt_after_updates=null",
+    "recipe.response_limit=16",
+    "trainer.progress_bar=false",
+]
 
 
 def compose_config(overrides: list[str] = ()):  # -> DictConfig
@@ -57,16 +64,23 @@ def toy_config():
 
 
 # The command a user types, with the recipe's own exact-resume check on (stop after 1 of 3).
-RECIPE_RUN = ["+recipe=opd_k1", "model=toy", "teacher=toy", "recipe.optimizer_updates=3",
-              "recipe.interrupt_after_updates=1", "recipe.response_limit=8"]
+RECIPE_RUN = [
+    "+recipe=opd_k1",
+    "model=toy",
+    "teacher=toy",
+    "recipe.optimizer_updates=3",
+    "recipe.interrupt_after_updates=1",
+    "recipe.response_limit=8",
+]
 
 
 def main(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
     """`python -m miniverl.main ARGS` in a fresh process, offline, on the CPU."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
     env.pop("HYDRA_FULL_ERROR", None)
-    return subprocess.run([sys.executable, "-m", "miniverl.main", *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "miniverl.main", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600
+    )
 
 
 @pytest.fixture(scope="session")

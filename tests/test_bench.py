@@ -15,28 +15,42 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT
 from peft import LoraConfig, get_peft_model
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from miniverl.config.actor import RolloutConfig
 from miniverl.workers import logprobs
 from miniverl.workers.logprobs import response_log_probs, sampled_log_probs
 from miniverl.workers.rollout import RolloutWorker, filter_logits, lean_decode_modules
-from miniverl.config.actor import RolloutConfig
+
+from conftest import ROOT
 
 VOCAB, EOS, PAD = 61, 7, 0  # a vocabulary no chunk size divides
 
 
 @pytest.fixture(scope="module")
 def model():
-    config = Qwen3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=256,
-                         tie_word_embeddings=False, eos_token_id=EOS, pad_token_id=PAD, bos_token_id=None)
+    config = Qwen3Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+        bos_token_id=None,
+    )
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(config)
-    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
-                                                  lora_dropout=0.0, task_type="CAUSAL_LM"))
+    peft_model = get_peft_model(
+        model,
+        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0, task_type="CAUSAL_LM"),
+    )
     with torch.no_grad():  # a non-zero B: the adapter changes the outputs
         for name, param in peft_model.named_parameters():
             if "lora_B" in name:
@@ -67,12 +81,19 @@ def reference_loop(model, prompt, seed, limit, *, temperature, top_k, top_p):
 
 
 @pytest.mark.parametrize("static_cache", [False, True])
-@pytest.mark.parametrize("sampling", [{"temperature": 1.0, "top_k": -1, "top_p": 1.0},
-                                      {"temperature": 0.8, "top_k": 20, "top_p": 0.9}])
+@pytest.mark.parametrize(
+    "sampling", [{"temperature": 1.0, "top_k": -1, "top_p": 1.0}, {"temperature": 0.8, "top_k": 20, "top_p": 0.9}]
+)
 def test_decode_loop_samples_what_the_reference_loop_samples(model, static_cache, sampling):
     limit = 24
-    worker = RolloutWorker(model, RolloutConfig(**sampling), eos_ids=[EOS], pad_id=PAD, device=torch.device("cpu"),
-                           static_cache=static_cache)
+    worker = RolloutWorker(
+        model,
+        RolloutConfig(**sampling),
+        eos_ids=[EOS],
+        pad_id=PAD,
+        device=torch.device("cpu"),
+        static_cache=static_cache,
+    )
     whole = worker.generate_sequences(PROMPTS, [0, 1, 2, 3], SEEDS, response_limit=limit, physical_batches=[4])
     stopped = 0
     for i, (prompt, seed) in enumerate(zip(PROMPTS, SEEDS)):
@@ -88,8 +109,10 @@ def test_decode_loop_samples_what_the_reference_loop_samples(model, static_cache
         assert torch.equal(other.responses, whole.responses) and torch.equal(other.response_mask, whole.response_mask)
 
 
-@pytest.mark.skipif(not any(shutil.which(cc) for cc in ("g++", "c++", "clang++")),
-                    reason="inductor compiles C++ on the CPU: no compiler here")
+@pytest.mark.skipif(
+    not any(shutil.which(cc) for cc in ("g++", "c++", "clang++")),
+    reason="inductor compiles C++ on the CPU: no compiler here",
+)
 def test_compiled_decode_step_samples_what_the_eager_loop_samples_on_the_cpu(model):
     """hardware.rollout_compile through a real torch.compile (inductor; a CUDA graph only on CUDA),
     with the static cache it implies: the same tokens and log-probs as the eager loop."""
@@ -97,8 +120,9 @@ def test_compiled_decode_step_samples_what_the_eager_loop_samples_on_the_cpu(mod
 
     counters.clear()
     plain = RolloutWorker(model, RolloutConfig(), eos_ids=[EOS], pad_id=PAD, device=torch.device("cpu"))
-    compiled = RolloutWorker(model, RolloutConfig(), eos_ids=[EOS], pad_id=PAD, device=torch.device("cpu"),
-                             compile_decode=True)
+    compiled = RolloutWorker(
+        model, RolloutConfig(), eos_ids=[EOS], pad_id=PAD, device=torch.device("cpu"), compile_decode=True
+    )
     assert compiled.static_cache and compiled.compile_decode
     a = plain.generate_sequences(PROMPTS, [0, 1, 2, 3], SEEDS, response_limit=16, physical_batches=[4])
     for _ in range(2):  # the second rollout reuses the static cache and the compiled step
@@ -129,16 +153,27 @@ def test_cuda_graph_decode_samples_what_the_eager_loop_samples(model):
 def nf4_student(tmp_path_factory):
     """The recipe's student path: a bfloat16 Qwen3 checkpoint loaded by models.load_student (NF4,
     bf16 compute, prepare_model_for_kbit_training, LoRA r16 on q/v), a non-zero LoRA B."""
+    from miniverl.config.model import StudentConfig
     from miniverl.models import loading as models
     from miniverl.models import toy
-    from miniverl.config.model import StudentConfig
 
     folder = tmp_path_factory.mktemp("nf4") / "student"
     tokenizer = toy.build_toy_tokenizer()
-    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=192, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
-                         tie_word_embeddings=False, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id, bos_token_id=None, dtype="bfloat16")
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=192,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+        dtype="bfloat16",
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         Qwen3ForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
@@ -154,6 +189,7 @@ def nf4_student(tmp_path_factory):
 
 def linear_4bit_layers(model):
     import bitsandbytes as bnb
+
     return [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
 
 
@@ -164,10 +200,12 @@ def test_a_4bit_layer_dequantized_once_computes_what_bitsandbytes_computes(doubl
 
     torch.manual_seed(3)
     dense = torch.nn.Linear(128, 96, bias=bias).to(torch.bfloat16)
-    layer = bnb.nn.Linear4bit(128, 96, bias=bias, compute_dtype=torch.bfloat16, quant_type="nf4",
-                              compress_statistics=double_quant)
-    layer.weight = bnb.nn.Params4bit(dense.weight.data.clone(), requires_grad=False, quant_type="nf4",
-                                     compress_statistics=double_quant)._quantize("cpu")
+    layer = bnb.nn.Linear4bit(
+        128, 96, bias=bias, compute_dtype=torch.bfloat16, quant_type="nf4", compress_statistics=double_quant
+    )
+    layer.weight = bnb.nn.Params4bit(
+        dense.weight.data.clone(), requires_grad=False, quant_type="nf4", compress_statistics=double_quant
+    )._quantize("cpu")
     if bias:
         layer.bias = torch.nn.Parameter(dense.bias.data.clone(), requires_grad=False)
     layer.support_avx512bf16_for_cpu = False  # as models.disable_cpu_nf4_repack leaves every NF4 layer
@@ -190,16 +228,21 @@ def test_nf4_rollout_dequantized_once_samples_what_the_per_call_path_samples(nf4
     weight dequantized once per rollout as with bitsandbytes dequantizing on every call; and the
     actor's recompute (its eval pass, and the update's train-mode forward with gradients through
     bitsandbytes' per-call path) agrees with the rollout's log-probs."""
-    from miniverl.workers.actor import ActorWorker
     from miniverl.config.actor import ActorConfig
     from miniverl.config.estimator import EstimatorConfig
+    from miniverl.workers.actor import ActorWorker
 
     student, tokenizer = nf4_student
     base = student.get_base_model()
     layers = linear_4bit_layers(base)
     assert len(layers) == 2 * 7 and all(m.compute_dtype == torch.bfloat16 for m in layers)
-    worker = RolloutWorker(base, RolloutConfig(), eos_ids=[tokenizer.eos_token_id], pad_id=tokenizer.pad_token_id,
-                           device=torch.device("cpu"))
+    worker = RolloutWorker(
+        base,
+        RolloutConfig(),
+        eos_ids=[tokenizer.eos_token_id],
+        pad_id=tokenizer.pad_token_id,
+        device=torch.device("cpu"),
+    )
     limit = 24
     once = worker.generate_sequences(PROMPTS, [0, 1, 2, 3], SEEDS, response_limit=limit, physical_batches=[4])
     assert worker.dequantized_bytes == sum(m.out_features * m.in_features * 2 for m in layers)
@@ -241,8 +284,12 @@ def test_chunked_log_probs_and_gradients_equal_the_naive_ones(temperature, bias)
     expected = naive(head, hidden, tokens, temperature)
     (expected_grad,) = torch.autograd.grad((expected * weights).sum(), hidden)
     with torch.no_grad():
-        torch.testing.assert_close(sampled_log_probs(head, hidden, tokens, temperature=temperature, chunk=chunk),
-                                   expected, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            sampled_log_probs(head, hidden, tokens, temperature=temperature, chunk=chunk),
+            expected,
+            rtol=1e-5,
+            atol=1e-5,
+        )
     for trainable_head in (False, True):  # the fused-gradient path, then the checkpointed one
         head.weight.requires_grad_(trainable_head)
         got = sampled_log_probs(head, hidden, tokens, temperature=temperature, chunk=chunk)
@@ -259,18 +306,20 @@ def test_chunks_are_capped_by_the_vocabulary(monkeypatch):
     head = torch.nn.Linear(8, 1009, bias=False)
     hidden, tokens = torch.randn(2, 5, 8), torch.randint(0, 1009, (2, 5))
     with torch.no_grad():
-        torch.testing.assert_close(sampled_log_probs(head, hidden, tokens, chunk=256), naive(head, hidden, tokens, 1.0),
-                                   rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            sampled_log_probs(head, hidden, tokens, chunk=256), naive(head, hidden, tokens, 1.0), rtol=1e-5, atol=1e-5
+        )
 
 
 def test_response_log_probs_equal_a_plain_forward(model):
     worker = RolloutWorker(model, RolloutConfig(), eos_ids=[EOS], pad_id=PAD, device=torch.device("cpu"))
     batch = worker.generate_sequences(PROMPTS, [0, 1, 2, 3], SEEDS, response_limit=12, physical_batches=[4])
     with torch.no_grad():
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                       position_ids=batch.position_ids).logits
+        logits = model(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
+        ).logits
         P, R = batch.prompt_length, batch.response_length
-        full = logits[:, P - 1:P - 1 + R].float().log_softmax(-1).gather(-1, batch.responses[..., None]).squeeze(-1)
+        full = logits[:, P - 1 : P - 1 + R].float().log_softmax(-1).gather(-1, batch.responses[..., None]).squeeze(-1)
         ours = response_log_probs(model, batch, chunk=5)
     mask = batch.response_mask
     torch.testing.assert_close(ours * mask, full * mask, rtol=1e-5, atol=1e-5)
@@ -281,30 +330,52 @@ def test_bench_toy_smoke_run_writes_every_ratio(tmp_path):
     from miniverl.bench import PATH_RATIO_KEYS, RATIO_KEYS, TARGETS
 
     out = tmp_path / "bench"
-    done = subprocess.run([sys.executable, "-m", "miniverl.bench", "--scale", "toy", "--repeats", "1", "--out", str(out)],
-                          check=False, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "miniverl.bench", "--scale", "toy", "--repeats", "1", "--out", str(out)],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((out / "bench.json").read_text())
     assert result["schema"] == "miniverl-bench/2" and result["scale"] == "toy"
     assert result["paths"] == ["recipe", "float32"]  # the recipe's own path is the default's headline
     assert set(result["ratios"]) == set(RATIO_KEYS)
-    assert {"recipe_rollout_vs_hf_generate", "recipe_opd_step_vs_trl", "recipe_opd_step_vs_trl_k1",
-            "recipe_rollout_vs_one_row_generate", "recipe_rollout_vs_per_call_dequantize"} <= set(RATIO_KEYS)
-    assert set(PATH_RATIO_KEYS["float32"]) == {"rollout_vs_hf_generate", "rollout_vs_one_row_generate",
-                                               "scoring_time_vs_naive", "scoring_peak_memory_vs_naive",
-                                               "opd_step_vs_trl", "update_vs_bare_fwd_bwd"}  # today's keys
+    assert {
+        "recipe_rollout_vs_hf_generate",
+        "recipe_opd_step_vs_trl",
+        "recipe_opd_step_vs_trl_k1",
+        "recipe_rollout_vs_one_row_generate",
+        "recipe_rollout_vs_per_call_dequantize",
+    } <= set(RATIO_KEYS)
+    assert set(PATH_RATIO_KEYS["float32"]) == {
+        "rollout_vs_hf_generate",
+        "rollout_vs_one_row_generate",
+        "scoring_time_vs_naive",
+        "scoring_peak_memory_vs_naive",
+        "opd_step_vs_trl",
+        "update_vs_bare_fwd_bwd",
+    }  # today's keys
     assert "rollout_vs_no_cache" not in result["ratios"]  # the no-KV-cache baseline is gone
     assert TARGETS["recipe_rollout_vs_hf_generate"] == (">=", 2.0) and TARGETS["recipe_opd_step_vs_trl"] == ("<=", 0.5)
     for key, value in result["ratios"].items():
-        assert (isinstance(value, float) and math.isfinite(value) and value > 0) \
-            or (value is None and key in result["null_reasons"]), key
+        assert (isinstance(value, float) and math.isfinite(value) and value > 0) or (
+            value is None and key in result["null_reasons"]
+        ), key
     with_trl = importlib.util.find_spec("trl") is not None  # the optional extra .[bench]
-    for key in ("recipe_rollout_vs_hf_generate", "recipe_rollout_vs_per_call_dequantize",
-                *(("recipe_opd_step_vs_trl", "recipe_opd_step_vs_trl_k1") if with_trl else ())):
+    for key in (
+        "recipe_rollout_vs_hf_generate",
+        "recipe_rollout_vs_per_call_dequantize",
+        *(("recipe_opd_step_vs_trl", "recipe_opd_step_vs_trl_k1") if with_trl else ()),
+    ):
         assert isinstance(result["ratios"][key], float) and result["ratios"][key] > 0, result["null_reasons"]
     recipe = result["measurements"]["recipe"]
     assert recipe["rollout"]["miniverl"]["same_tokens_and_log_probs_as_per_call_dequantize"] is True
-    assert recipe["rollout"]["miniverl"]["dequantized_bytes"] > recipe["rollout"]["miniverl"]["four_bit_storage_bytes"] > 0
+    assert (
+        recipe["rollout"]["miniverl"]["dequantized_bytes"] > recipe["rollout"]["miniverl"]["four_bit_storage_bytes"] > 0
+    )
     assert "NF4" in result["settings"]["models"]["recipe"]["student"]
     for path in ("recipe", "float32"):
         assert result["measurements"][path]["scoring"]["max_abs_diff_vs_naive"] < 1e-4

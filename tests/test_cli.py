@@ -6,10 +6,8 @@ import json
 
 import pytest
 
-from conftest import ROOT
-
 from conftest import RECIPE_RUN as TOY
-from conftest import main
+from conftest import ROOT, main
 
 
 @pytest.fixture
@@ -39,7 +37,9 @@ def test_the_recipe_checks_its_own_exact_resume(toy_run):
     assert resume["excluded_run_identity_field"] == "resolved_config_digest"
     assert resume["interrupt_checkpoint_bytes"] > 0 and resume["resume_load_seconds"] >= 0
     # The resumed run's own report says it resumed from the interrupted run's checkpoint at update 1.
-    assert resume["resumed_from_checkpoint"] == str(run_dir / "resume_check" / "interrupted" / "checkpoints" / "update_1")
+    assert resume["resumed_from_checkpoint"] == str(
+        run_dir / "resume_check" / "interrupted" / "checkpoints" / "update_1"
+    )
     assert resume["resumed_after_update"] == 1
     assert (run_dir / "resume_check" / "interrupted" / "checkpoints" / "update_1").is_dir()
 

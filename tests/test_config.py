@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 from hydra.errors import ConfigCompositionException
 
-from conftest import CONF, compose_config
-from miniverl.utils.errors import MiniverlError
 from miniverl.config import MiniverlConfig, to_config
+from miniverl.utils.errors import MiniverlError
+
+from conftest import CONF, compose_config
 
 GROUPS = ["model", "teacher", "estimator", "hardware", "data", "trainer"]
 OPTIONS = [(group, path.stem) for group in GROUPS for path in sorted((CONF / group).glob("*.yaml"))]
@@ -16,8 +17,16 @@ OPTIONS = [(group, path.stem) for group in GROUPS for path in sorted((CONF / gro
 
 def test_required_options_exist():
     names = {f"{g}/{o}" for g, o in OPTIONS}
-    for required in ("model/qwen3_0_6b", "model/toy", "teacher/qwen3_1_7b", "teacher/toy", "estimator/k1",
-                     "hardware/auto", "hardware/cpu", "hardware/rtx4080_16gb"):
+    for required in (
+        "model/qwen3_0_6b",
+        "model/toy",
+        "teacher/qwen3_1_7b",
+        "teacher/toy",
+        "estimator/k1",
+        "hardware/auto",
+        "hardware/cpu",
+        "hardware/rtx4080_16gb",
+    ):
         assert required in names
 
 
@@ -33,7 +42,12 @@ def test_recipe_holds_the_reference_values():
     config = to_config(compose_config(["+recipe=opd_k1"]))
     r = config.recipe
     assert (r.logical_batch, r.optimizer_updates, r.interrupt_after_updates, r.prompt_limit, r.response_limit) == (
-        4, 8, 4, 128, 64)
+        4,
+        8,
+        4,
+        128,
+        64,
+    )
     assert r.teacher_target == "sampled_token_log_probability"
     assert config.estimator.loss_mode == "k1" and config.estimator.use_policy_gradient
     assert config.estimator.policy_loss_mode == "vanilla"
@@ -67,6 +81,7 @@ def reference_report():
     import json
 
     from conftest import ROOT
+
     return json.loads((ROOT / "recipes" / "opd_k1" / "reference-report-rtx4080.json").read_text())
 
 
@@ -93,12 +108,15 @@ def test_a_wrong_type_fails_at_composition():
         compose_config(["recipe.logical_batch=four"])
 
 
-@pytest.mark.parametrize("override,message", [
-    ("recipe.logical_batch=0", "recipe.logical_batch must be >= 1"),
-    ("model.quantization=int3", "model.quantization='int3'"),
-    ("hardware.device=tpu", "hardware.device='tpu'"),
-    ("recipe.interrupt_after_updates=8", "recipe.interrupt_after_updates=8"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("recipe.logical_batch=0", "recipe.logical_batch must be >= 1"),
+        ("model.quantization=int3", "model.quantization='int3'"),
+        ("hardware.device=tpu", "hardware.device='tpu'"),
+        ("recipe.interrupt_after_updates=8", "recipe.interrupt_after_updates=8"),
+    ],
+)
 def test_a_refused_value_is_one_line_naming_the_key(override, message):
     with pytest.raises(MiniverlError) as info:
         to_config(compose_config(["+recipe=opd_k1", override]))

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from miniverl.conformance import main
 from miniverl.config.estimator import EstimatorConfig
+from miniverl.conformance import main
 
 GOLDEN = Path(__file__).parent / "data" / "verl-0.8.0-opd-loss.json"
 N_CASES = 54

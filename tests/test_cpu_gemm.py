@@ -16,8 +16,9 @@ BF16_ULP = 2.0**-8  # relative spacing of bfloat16 values: one rounding step
 def nf4_layer(seed: int = 0) -> bnb.nn.Linear4bit:
     torch.manual_seed(seed)
     dense = torch.nn.Linear(96, 64, bias=True).to(torch.bfloat16)
-    layer = bnb.nn.Linear4bit(96, 64, bias=True, compute_dtype=torch.bfloat16, quant_type="nf4",
-                              quant_storage=torch.uint8)
+    layer = bnb.nn.Linear4bit(
+        96, 64, bias=True, compute_dtype=torch.bfloat16, quant_type="nf4", quant_storage=torch.uint8
+    )
     layer.weight = bnb.nn.Params4bit(dense.weight.data, requires_grad=False, quant_type="nf4")
     layer.bias = torch.nn.Parameter(dense.bias.data, requires_grad=False)
     return layer.to("cpu")  # quantizes
@@ -77,8 +78,9 @@ def test_the_rollouts_dense_copies_multiply_as_the_per_call_layer_does(float32_g
     with torch.inference_mode():
         with cpu_gemm.float32_products(model_of(layer), enabled=float32_gemm):
             per_call = layer(x)
-        with lean_decode_modules(model_of(layer), few_row_gemv=False, dequantize_4bit=True,
-                                 float32_gemm=float32_gemm) as lean:
+        with lean_decode_modules(
+            model_of(layer), few_row_gemv=False, dequantize_4bit=True, float32_gemm=float32_gemm
+        ) as lean:
             once = layer(x)
     assert lean.dequantized_layers == 1
     assert torch.equal(once, per_call)

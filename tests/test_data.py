@@ -10,13 +10,14 @@ import pyarrow.parquet as pq
 import pytest
 from safetensors.torch import load_file
 
-from conftest import ROOT, SHORT, compose_config
-from miniverl.utils.dataset import read_conversations, tokenize_prompts
-from miniverl.utils.errors import MiniverlError
-from miniverl.utils.identity import resolved_config
 from miniverl.config import to_config
 from miniverl.models.toy import build_toy_tokenizer
 from miniverl.trainer.opd_trainer import OPDTrainer
+from miniverl.utils.dataset import read_conversations, tokenize_prompts
+from miniverl.utils.errors import MiniverlError
+from miniverl.utils.identity import resolved_config
+
+from conftest import ROOT, SHORT, compose_config
 
 USER_ROWS = [
     ([("system", "Tu es un assistant précis."), ("user", "Combien font 1234 + 5678 ? Réponds en chiffres.")], "6912"),
@@ -29,22 +30,29 @@ USER_ROWS = [
 def write_user_parquet(path):
     """A verl-format file as another program might write it: other column order, an extra column."""
     prompt_type = pa.list_(pa.struct([("content", pa.string()), ("role", pa.string())]))
-    table = pa.table({
-        "extra_info": pa.array([{"index": i, "split": "train", "source_id": f"q{i:04d}"} for i in range(len(USER_ROWS))]),
-        "prompt": pa.array([[{"content": c, "role": r} for r, c in msgs] for msgs, _ in USER_ROWS], type=prompt_type),
-        "data_source": ["user/arith"] * len(USER_ROWS),
-        "reward_model": [{"ground_truth": gt, "style": "rule"} for _, gt in USER_ROWS],
-        "ability": ["math"] * len(USER_ROWS),
-        "difficulty": [1.5, 2.0, 0.5, 3.0],
-    })
+    table = pa.table(
+        {
+            "extra_info": pa.array(
+                [{"index": i, "split": "train", "source_id": f"q{i:04d}"} for i in range(len(USER_ROWS))]
+            ),
+            "prompt": pa.array(
+                [[{"content": c, "role": r} for r, c in msgs] for msgs, _ in USER_ROWS], type=prompt_type
+            ),
+            "data_source": ["user/arith"] * len(USER_ROWS),
+            "reward_model": [{"ground_truth": gt, "style": "rule"} for _, gt in USER_ROWS],
+            "ability": ["math"] * len(USER_ROWS),
+            "difficulty": [1.5, 2.0, 0.5, 3.0],
+        }
+    )
     pq.write_table(table, path, compression="zstd", row_group_size=2)
     return path
 
 
 def test_shipped_toy_prompts_are_what_the_committed_script_makes(tmp_path):
     out = tmp_path / "toy.parquet"
-    subprocess.run([sys.executable, str(ROOT / "recipes/data/make_toy_prompts.py"), str(out)], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [sys.executable, str(ROOT / "recipes/data/make_toy_prompts.py"), str(out)], check=True, capture_output=True
+    )
     shipped = pq.read_table(ROOT / "recipes/data/toy_prompts.parquet")
     assert pq.read_table(out).to_pylist() == shipped.to_pylist()
     assert shipped.num_rows == 64
@@ -53,8 +61,9 @@ def test_shipped_toy_prompts_are_what_the_committed_script_makes(tmp_path):
 
 def test_a_users_verl_parquet_runs_unchanged(tmp_path):
     path = write_user_parquet(tmp_path / "mine.parquet")
-    cfg = compose_config(["+recipe=opd_k1", *SHORT, f"data.train_files={path}", "recipe.logical_batch=2",
-                          "recipe.optimizer_updates=2"])
+    cfg = compose_config(
+        ["+recipe=opd_k1", *SHORT, f"data.train_files={path}", "recipe.logical_batch=2", "recipe.optimizer_updates=2"]
+    )
     trainer = OPDTrainer(to_config(cfg), resolved_config(cfg), tmp_path / "run")
     trainer.setup()
     trainer.train()
@@ -65,8 +74,9 @@ def test_a_users_verl_parquet_runs_unchanged(tmp_path):
         assert t["prompt_rows"].tolist() == rows
         for row, ids in zip(rows, t["prompts"]):
             text = tokenizer.decode(ids, skip_special_tokens=False).replace(tokenizer.pad_token, "")
-            expected = tokenizer.apply_chat_template([{"role": r, "content": c} for r, c in USER_ROWS[row][0]],
-                                                     add_generation_prompt=True, tokenize=False)
+            expected = tokenizer.apply_chat_template(
+                [{"role": r, "content": c} for r, c in USER_ROWS[row][0]], add_generation_prompt=True, tokenize=False
+            )
             assert text == expected  # unicode and multi-digit numbers survive tokenization
 
 
@@ -89,8 +99,14 @@ def test_overlong_prompts_are_dropped_and_counted_when_asked(caplog):
     config = to_config(compose_config(["data.filter_overlong_prompts=true"]))
     tokenizer = build_toy_tokenizer()
     conversations = read_conversations(config.data)
-    lengths = [len(tokenizer(tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False),
-                             add_special_tokens=False)["input_ids"]) for m in conversations.messages]
+    lengths = [
+        len(
+            tokenizer(
+                tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False), add_special_tokens=False
+            )["input_ids"]
+        )
+        for m in conversations.messages
+    ]
     limit = sorted(lengths)[32]
     prompts = tokenize_prompts(conversations, config.data, tokenizer, limit)
     too_long = [row for row, n in enumerate(lengths) if n > limit]

@@ -19,12 +19,19 @@ def switches(monkeypatch):
     calls: dict[str, object] = {}
     for name in SDP_SWITCHES:
         monkeypatch.setattr(torch.backends.cuda, name, lambda on, name=name: calls.__setitem__(name, on), raising=False)
-    monkeypatch.setattr(torch, "use_deterministic_algorithms",
-                        lambda mode, *, warn_only=False: calls.__setitem__("deterministic", (mode, warn_only)))
+    monkeypatch.setattr(
+        torch,
+        "use_deterministic_algorithms",
+        lambda mode, *, warn_only=False: calls.__setitem__("deterministic", (mode, warn_only)),
+    )
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     # torch.backends' flags are properties monkeypatch cannot undo: restored by hand.
-    flags = [(torch.backends.cudnn, "benchmark"), (torch.backends.cudnn, "deterministic"),
-             (torch.backends.cudnn, "allow_tf32"), (torch.backends.cuda.matmul, "allow_tf32")]
+    flags = [
+        (torch.backends.cudnn, "benchmark"),
+        (torch.backends.cudnn, "deterministic"),
+        (torch.backends.cudnn, "allow_tf32"),
+        (torch.backends.cuda.matmul, "allow_tf32"),
+    ]
     saved = [getattr(module, attr) for module, attr in flags]
     yield calls
     for (module, attr), value in zip(flags, saved):
@@ -35,8 +42,13 @@ def test_on_cuda_attention_runs_on_the_math_backend_only_with_strict_determinism
     torch.backends.cudnn.benchmark = True
     torch.backends.cuda.matmul.allow_tf32 = True
     set_determinism(torch.device("cuda", 0), True)  # only switches are set: no GPU needed
-    assert switches == {"enable_flash_sdp": False, "enable_mem_efficient_sdp": False, "enable_cudnn_sdp": False,
-                        "enable_math_sdp": True, "deterministic": (True, False)}
+    assert switches == {
+        "enable_flash_sdp": False,
+        "enable_mem_efficient_sdp": False,
+        "enable_cudnn_sdp": False,
+        "enable_math_sdp": True,
+        "deterministic": (True, False),
+    }
     assert device_module.os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
     assert torch.backends.cudnn.benchmark is False and torch.backends.cudnn.deterministic is True
     assert torch.backends.cuda.matmul.allow_tf32 is False and torch.backends.cudnn.allow_tf32 is False
@@ -66,14 +78,16 @@ def test_hardware_deterministic_false_changes_nothing(switches):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_sdpa_gradients_are_bitwise_equal_across_two_runs_on_cuda():
     cuda = torch.device("cuda")
-    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-              *(getattr(torch.backends.cuda, f"{n}_sdp_enabled")() for n in ("flash", "mem_efficient", "math")))
+    before = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        *(getattr(torch.backends.cuda, f"{n}_sdp_enabled")() for n in ("flash", "mem_efficient", "math")),
+    )
     try:
         set_determinism(cuda, True)
         generator = torch.Generator(device=cuda).manual_seed(0)
         # (batch, heads, L, head_dim): long enough that a fused kernel would split the work.
-        q, k, v = (torch.randn(2, 8, 512, 64, device=cuda, dtype=torch.bfloat16, generator=generator)
-                   for _ in range(3))
+        q, k, v = (torch.randn(2, 8, 512, 64, device=cuda, dtype=torch.bfloat16, generator=generator) for _ in range(3))
         upstream = torch.randn(2, 8, 512, 64, device=cuda, dtype=torch.bfloat16, generator=generator)
 
         def gradients():

@@ -11,19 +11,23 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import ROOT, SHORT, compose_config
-from miniverl.trainer import preflight
-from miniverl.models import toy
-from miniverl.utils.errors import MiniverlError
-from miniverl.main import run
 from miniverl.config import to_config
+from miniverl.main import run
+from miniverl.models import toy
+from miniverl.trainer import preflight
+from miniverl.utils.errors import MiniverlError
+
+from conftest import ROOT, SHORT, compose_config
 
 BASE = ["+recipe=opd_k1", "model=toy", "teacher=toy"]
 
 
 def checks_of(*overrides):
     import torch
-    return {c.name: c for c in preflight.cheap_checks(to_config(compose_config([*BASE, *overrides])), torch.device("cpu"))}
+
+    return {
+        c.name: c for c in preflight.cheap_checks(to_config(compose_config([*BASE, *overrides])), torch.device("cpu"))
+    }
 
 
 def tokenizer_folder(tmp_path, edit):
@@ -34,9 +38,14 @@ def tokenizer_folder(tmp_path, edit):
 
 
 def test_doctor_passes_the_toy_recipe_from_the_command_line(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "miniverl.doctor", *BASE, f"hydra.run.dir={tmp_path}/d"],
-                            capture_output=True, text=True, cwd=ROOT, timeout=300,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""})
+    result = subprocess.run(
+        [sys.executable, "-m", "miniverl.doctor", *BASE, f"hydra.run.dir={tmp_path}/d"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""},
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     lines = [line for line in result.stdout.splitlines() if line[:4] in ("PASS", "WARN", "FAIL")]
     assert [line.split()[1] for line in lines] == ["data:", "tokenizer:", "memory:", "self-test:", "nf4-gradients:"]
@@ -52,6 +61,7 @@ def test_a_teacher_with_another_vocabulary_fails(tmp_path):
 def test_a_teacher_with_another_chat_template_fails(tmp_path):
     def other_template(t):
         t.chat_template = t.chat_template.replace("<|im_start|>assistant", "<|im_start|>bot")
+
     folder = tokenizer_folder(tmp_path, other_template)
     check = checks_of(f"teacher.tokenizer_id={folder}")["tokenizer"]
     assert check.status == "FAIL" and "chat templates render the probe conversation differently" in check.reason
@@ -59,8 +69,9 @@ def test_a_teacher_with_another_chat_template_fails(tmp_path):
 
 def test_too_few_prompts_fail(tmp_path):
     path = tmp_path / "two.parquet"
-    pq.write_table(pa.table({"prompt": [[{"role": "user", "content": "1+1?"}], [{"role": "user", "content": "2+2?"}]]}),
-                   path)
+    pq.write_table(
+        pa.table({"prompt": [[{"role": "user", "content": "1+1?"}], [{"role": "user", "content": "2+2?"}]]}), path
+    )
     check = checks_of(f"data.train_files={path}")["data"]
     assert check.status == "FAIL" and "2 usable prompts, fewer than recipe.logical_batch=4" in check.reason
 
@@ -85,20 +96,32 @@ def test_the_training_command_stops_on_a_cheap_fail(tmp_path):
 
 def test_the_self_test_fails_when_scoring_disagrees_with_sampling(tmp_path, monkeypatch):
     from miniverl.trainer.opd_trainer import OPDTrainer
+
     cfg = compose_config([*BASE, *SHORT])
     trainer = OPDTrainer(to_config(cfg), {}, tmp_path / "run")
     trainer.setup()
     assert preflight.check_self_test(trainer).status == "PASS"
     import miniverl.teacher as teacher_module
+
     real = teacher_module.response_log_probs
     monkeypatch.setattr(teacher_module, "response_log_probs", lambda *a, **k: real(*a, **k) + 0.01)  # misaligned
     assert preflight.check_self_test(trainer).status == "FAIL"
 
 
 def test_progress_is_measured_before_training_and_every_n_updates(tmp_path):
-    report = run(compose_config(["+recipe=opd_k1_toy_distill", "recipe.optimizer_updates=4", "eval.every=2",
-                                 "recipe.response_limit=12", "teacher.toy_pretrain_steps=20",
-                                 "trainer.progress_bar=false"]), tmp_path / "run")
+    report = run(
+        compose_config(
+            [
+                "+recipe=opd_k1_toy_distill",
+                "recipe.optimizer_updates=4",
+                "eval.every=2",
+                "recipe.response_limit=12",
+                "teacher.toy_pretrain_steps=20",
+                "trainer.progress_bar=false",
+            ]
+        ),
+        tmp_path / "run",
+    )
     progress = report["distillation_progress"]
     assert [p["update"] for p in progress["k1_mean"]] == [0, 2, 4]
     assert [p["update"] for p in progress["exact_reverse_kl"]] == [0, 2, 4]
@@ -109,9 +132,20 @@ def test_progress_is_measured_before_training_and_every_n_updates(tmp_path):
 
 
 def test_exact_kl_is_null_above_the_vocabulary_limit(tmp_path):
-    report = run(compose_config(["+recipe=opd_k1_toy_distill", "recipe.optimizer_updates=1", "eval.every=1",
-                                 "recipe.response_limit=8", "eval.exact_kl_max_vocab=100", "teacher.toy_pretrain_steps=0",
-                                 "trainer.progress_bar=false"]), tmp_path / "run")
+    report = run(
+        compose_config(
+            [
+                "+recipe=opd_k1_toy_distill",
+                "recipe.optimizer_updates=1",
+                "eval.every=1",
+                "recipe.response_limit=8",
+                "eval.exact_kl_max_vocab=100",
+                "teacher.toy_pretrain_steps=0",
+                "trainer.progress_bar=false",
+            ]
+        ),
+        tmp_path / "run",
+    )
     assert report["distillation_progress"]["exact_reverse_kl"] is None
     assert len(report["distillation_progress"]["k1_mean"]) == 2
 
@@ -123,7 +157,11 @@ def test_eval_without_held_out_prompts_is_refused():
 
 @pytest.mark.slow
 def test_the_toy_distill_recipe_moves_the_student_toward_the_teacher(tmp_path):
-    report = run(compose_config(["+recipe=opd_k1_toy_distill", "recipe.optimizer_updates=10", "eval.every=10",
-                                 "trainer.progress_bar=false"]), tmp_path / "run")
+    report = run(
+        compose_config(
+            ["+recipe=opd_k1_toy_distill", "recipe.optimizer_updates=10", "eval.every=10", "trainer.progress_bar=false"]
+        ),
+        tmp_path / "run",
+    )
     before, after = (p["value"] for p in report["distillation_progress"]["exact_reverse_kl"])
     assert after < 0.7 * before  # measured: 2.23 -> 0.88

@@ -4,19 +4,19 @@ one mini-batch gives the same loss and LoRA gradients however it is split into u
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import math
 
 import pytest
 import torch
 
-from conftest import CONF, SHORT, compose_config
-from miniverl.utils.errors import MiniverlError
-from miniverl.utils.identity import resolved_config
 from miniverl.config import to_config
 from miniverl.config.estimator import ESTIMATOR_MODES, LOSS_AGG_MODES
 from miniverl.trainer.opd_trainer import OPDTrainer
+from miniverl.utils.errors import MiniverlError
+from miniverl.utils.identity import resolved_config
+
+from conftest import CONF, SHORT, compose_config
 
 OPTIONS = sorted(p.stem for p in (CONF / "estimator").glob("*.yaml"))
 RUNS = [(m, pg) for m in ESTIMATOR_MODES for pg in (True, False) if (m, pg) != ("k1", False)]
@@ -53,13 +53,16 @@ def test_the_toy_recipe_runs_with_every_loss(tmp_path, mode, pg):
         assert report["recipe"]["teacher_target"] == "top_k_log_probabilities"
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (["estimator=k1", "estimator.use_policy_gradient=false"], "loss_mode=k1 with use_policy_gradient=false"),
-    (["estimator.policy_loss_mode=gspo"], "supports only 'vanilla'"),
-    (["estimator.loss_mode=k3+"], "is not a verl v0.8.0 distillation loss"),
-    (["estimator.loss_mode=bogus"], "is not a verl v0.8.0 distillation loss"),
-    (["estimator.loss_agg_mode=seq-sum"], "loss_agg_mode='seq-sum'"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["estimator=k1", "estimator.use_policy_gradient=false"], "loss_mode=k1 with use_policy_gradient=false"),
+        (["estimator.policy_loss_mode=gspo"], "supports only 'vanilla'"),
+        (["estimator.loss_mode=k3+"], "is not a verl v0.8.0 distillation loss"),
+        (["estimator.loss_mode=bogus"], "is not a verl v0.8.0 distillation loss"),
+        (["estimator.loss_agg_mode=seq-sum"], "loss_agg_mode='seq-sum'"),
+    ],
+)
 def test_combinations_verl_refuses_are_refused_when_the_config_is_composed(overrides, message):
     with pytest.raises(MiniverlError, match=message.replace("+", r"\+")):
         to_config(compose_config(["+recipe=opd_k1", "model=toy", "teacher=toy", *overrides]))
@@ -75,8 +78,11 @@ def test_forward_kl_topk_with_policy_gradient_composes_with_a_warning():
 def scored_batches(tmp_path_factory):
     """A rolled-out, teacher-scored batch of 4 per estimator family, with a non-zero LoRA B."""
     out = {}
-    for name, overrides in {"k1": ["estimator=k1"], "k3": ["estimator=k3"],
-                            "topk": ["estimator=forward_kl_topk", "estimator.topk=8"]}.items():
+    for name, overrides in {
+        "k1": ["estimator=k1"],
+        "k3": ["estimator=k3"],
+        "topk": ["estimator=forward_kl_topk", "estimator.topk=8"],
+    }.items():
         cfg = compose_config(["+recipe=opd_k1", *SHORT, *overrides])
         trainer = OPDTrainer(to_config(cfg), resolved_config(cfg), tmp_path_factory.mktemp(name))
         trainer.setup()
@@ -87,9 +93,13 @@ def scored_batches(tmp_path_factory):
                     p.copy_(torch.randn(p.shape, generator=g) * 0.05)
         update = trainer.plan.updates[0]
         rows = [trainer.prompts.rows.index(r) for r in update.prompt_rows]
-        batch = trainer.rollout.generate_sequences([trainer.prompts.token_ids[i] for i in rows],
-                                                   list(update.prompt_rows), list(update.sample_seeds),
-                                                   response_limit=16, physical_batches=[4])
+        batch = trainer.rollout.generate_sequences(
+            [trainer.prompts.token_ids[i] for i in rows],
+            list(update.prompt_rows),
+            list(update.sample_seeds),
+            response_limit=16,
+            physical_batches=[4],
+        )
         batch = trainer.teacher.compute_teacher_log_prob(batch, 4)
         batch.old_log_probs = trainer.actor.compute_log_prob(batch, rows_per_forward=4)
         out[name] = (trainer, batch)
@@ -148,6 +158,7 @@ def test_actor_gradients_equal_those_of_a_plain_full_forward(scored_batches, fam
     """The chunked, checkpointed log-prob path computes the same LoRA gradients as the textbook
     one: full logits from the PEFT model, log_softmax, gather."""
     from miniverl.workers.losses import distillation_loss, forward_kl_topk
+
     trainer, batch = scored_batches[family]
     actor, est = trainer.actor, trainer.actor.estimator
     est.loss_agg_mode = "token-mean"
@@ -155,16 +166,28 @@ def test_actor_gradients_equal_those_of_a_plain_full_forward(scored_batches, fam
     ours = {n: p.grad.clone() for n, p in trainer.student.named_parameters() if p.requires_grad}
     actor.optimizer.zero_grad(set_to_none=True)
     trainer.student.train()
-    logits = trainer.student(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                             position_ids=batch.position_ids).logits.float()
+    logits = trainer.student(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
+    ).logits.float()
     P, R, mask = batch.prompt_length, batch.response_length, batch.response_mask
-    response_logits = logits[:, P - 1:P - 1 + R]  # (B, R, V)
+    response_logits = logits[:, P - 1 : P - 1 + R]  # (B, R, V)
     log_prob = response_logits.log_softmax(-1).gather(-1, batch.responses[..., None]).squeeze(-1)
-    norms = dict(batch_num_tokens=float(mask.sum()), global_batch_size=int((mask.sum(-1) > 0).sum()),
-                 loss_scale_factor=trainer.cfg.recipe.response_limit)
+    norms = dict(
+        batch_num_tokens=float(mask.sum()),
+        global_batch_size=int((mask.sum(-1) > 0).sum()),
+        loss_scale_factor=trainer.cfg.recipe.response_limit,
+    )
     if family == "topk":
-        loss, _, _ = forward_kl_topk(est, response_logits, batch.teacher_topk_logprobs, batch.teacher_ids, mask,
-                                     log_prob=log_prob, old_log_prob=batch.old_log_probs, **norms)
+        loss, _, _ = forward_kl_topk(
+            est,
+            response_logits,
+            batch.teacher_topk_logprobs,
+            batch.teacher_ids,
+            mask,
+            log_prob=log_prob,
+            old_log_prob=batch.old_log_probs,
+            **norms,
+        )
     else:
         loss, _, _ = distillation_loss(est, log_prob, batch.old_log_probs, batch.teacher_logprobs, mask, **norms)
     loss.backward()

@@ -16,7 +16,7 @@ import os
 import stat
 import subprocess
 import sys
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -24,38 +24,86 @@ from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from conftest import ROOT, compose_config
 from miniverl import import_verl as import_command
-from miniverl.verl_compat import import_verl
-from miniverl.utils.errors import MiniverlError
-from miniverl.verl_compat.export import config_fields, export, field_rule_digest, field_rules
-from miniverl.utils.identity import resolved_config, sha256_json
 from miniverl.config import to_config
-from miniverl.verl_compat.rules import (DATACLASS_DEFAULTS_THAT_DIFFER, FIXED, LOSS, RULES, STATUSES, TEACHER, VERL_DEFAULTS,
-                                 hydra_value, rule_for, rule_table, runtime_violations)
+from miniverl.utils.errors import MiniverlError
+from miniverl.utils.identity import resolved_config, sha256_json
+from miniverl.verl_compat import import_verl
+from miniverl.verl_compat.export import config_fields, export, field_rule_digest, field_rules
+from miniverl.verl_compat.rules import (
+    DATACLASS_DEFAULTS_THAT_DIFFER,
+    FIXED,
+    LOSS,
+    RULES,
+    STATUSES,
+    TEACHER,
+    VERL_DEFAULTS,
+    hydra_value,
+    rule_for,
+    rule_table,
+    runtime_violations,
+)
+
+from conftest import ROOT, compose_config
 
 RECIPE = ["+recipe=opd_k1"]
 SCALES = {
     "1_trainer_gpu_plus_1_teacher_gpu": [],
     "2x4_trainer_gpus_plus_2_teacher_replicas_tp2": [
-        "export.nnodes=2", "export.n_gpus_per_node=4", "export.teacher_n_gpus_per_node=4", "export.teacher_replicas=2",
-        "export.teacher_tensor_parallel_size=2", "export.rollout_tensor_parallel_size=2", "recipe.logical_batch=32",
-        "hardware.update_chunk=2"],
+        "export.nnodes=2",
+        "export.n_gpus_per_node=4",
+        "export.teacher_n_gpus_per_node=4",
+        "export.teacher_replicas=2",
+        "export.teacher_tensor_parallel_size=2",
+        "export.rollout_tensor_parallel_size=2",
+        "recipe.logical_batch=32",
+        "hardware.update_chunk=2",
+    ],
 }
 # Every knob away from its default: the round trip must carry each of them.
 EVERYTHING_CHANGED = [
-    "estimator=forward_kl_topk", "estimator.topk=16", "estimator.loss_max_clamp=null", "estimator.clip_ratio_high=0.28",
-    "export.nnodes=2", "export.n_gpus_per_node=2", "export.teacher_nnodes=2", "export.teacher_n_gpus_per_node=2",
-    "export.teacher_replicas=1", "export.teacher_tensor_parallel_size=4", "export.rollout_name=sglang",
-    "export.rollout_tensor_parallel_size=2", "export.use_dynamic_bsz=true", "export.max_token_len_per_gpu=4096",
-    "export.rollout_gpu_memory_utilization=0.6", "export.teacher_gpu_memory_utilization=0.7",
-    "recipe.logical_batch=8", "recipe.optimizer_updates=20", "recipe.prompt_limit=256", "recipe.response_limit=512",
-    "model.lora.r=8", "model.lora.alpha=16", "model.lora.target_modules=[q_proj,k_proj,v_proj,o_proj]",
-    "model.gradient_checkpointing=false", "teacher.dtype=float16", "actor.optim.lr=3e-6", "actor.optim.eps=1e-6",
-    "actor.optim.betas=[0.9,0.95]", "actor.grad_clip=0.5", "rollout.temperature=0.8", "rollout.top_p=0.95",
-    "rollout.top_k=50", "data.val_files=[recipes/data/held_out.parquet]", "data.shuffle=true", "data.seed=7", "data.filter_overlong_prompts=true",
-    "+data.apply_chat_template_kwargs.enable_thinking=false", "trainer.seed=5", "trainer.logger=[console,tensorboard]",
-    "trainer.save_freq=-1", "trainer.experiment_name=sweep_a", "hardware.deterministic=false",
+    "estimator=forward_kl_topk",
+    "estimator.topk=16",
+    "estimator.loss_max_clamp=null",
+    "estimator.clip_ratio_high=0.28",
+    "export.nnodes=2",
+    "export.n_gpus_per_node=2",
+    "export.teacher_nnodes=2",
+    "export.teacher_n_gpus_per_node=2",
+    "export.teacher_replicas=1",
+    "export.teacher_tensor_parallel_size=4",
+    "export.rollout_name=sglang",
+    "export.rollout_tensor_parallel_size=2",
+    "export.use_dynamic_bsz=true",
+    "export.max_token_len_per_gpu=4096",
+    "export.rollout_gpu_memory_utilization=0.6",
+    "export.teacher_gpu_memory_utilization=0.7",
+    "recipe.logical_batch=8",
+    "recipe.optimizer_updates=20",
+    "recipe.prompt_limit=256",
+    "recipe.response_limit=512",
+    "model.lora.r=8",
+    "model.lora.alpha=16",
+    "model.lora.target_modules=[q_proj,k_proj,v_proj,o_proj]",
+    "model.gradient_checkpointing=false",
+    "teacher.dtype=float16",
+    "actor.optim.lr=3e-6",
+    "actor.optim.eps=1e-6",
+    "actor.optim.betas=[0.9,0.95]",
+    "actor.grad_clip=0.5",
+    "rollout.temperature=0.8",
+    "rollout.top_p=0.95",
+    "rollout.top_k=50",
+    "data.val_files=[recipes/data/held_out.parquet]",
+    "data.shuffle=true",
+    "data.seed=7",
+    "data.filter_overlong_prompts=true",
+    "+data.apply_chat_template_kwargs.enable_thinking=false",
+    "trainer.seed=5",
+    "trainer.logger=[console,tensorboard]",
+    "trainer.save_freq=-1",
+    "trainer.experiment_name=sweep_a",
+    "hardware.deterministic=false",
     "algorithm.rollout_correction.bypass_mode=true",
 ]
 
@@ -67,8 +115,9 @@ EVERYTHING_CHANGED = [
 def verl_root() -> Path:
     spec = importlib.util.find_spec("verl")  # finds the package without running its __init__
     if spec is None or not spec.submodule_search_locations:
-        pytest.fail('verl 0.8.0 is not installed: pip install --no-deps "verl==0.8.0" (its config tree is the test '
-                    "oracle)")
+        pytest.fail(
+            'verl 0.8.0 is not installed: pip install --no-deps "verl==0.8.0" (its config tree is the test oracle)'
+        )
     root = Path(list(spec.submodule_search_locations)[0])
     version = next(root.parent.glob("verl-*.dist-info"), None)
     assert version is not None and version.name.startswith("verl-0.8.0"), f"need verl 0.8.0, found {version}"
@@ -93,20 +142,26 @@ def compose_verl(root: Path, lines: list[str]):
         return compose(config_name="ppo_trainer", overrides=list(lines))
 
 
-@lru_cache(maxsize=None)
+@cache
 def verl_dataclasses(root: Path) -> dict[str, tuple[list[str], dict[str, str], dict[str, ast.expr]]]:
     """{class name: (bases, {field: annotation}, {field: default expression})} of verl's config
     dataclasses, from their source text."""
-    files = [*(root / "workers" / "config").glob("*.py"), *(root / "trainer" / "config").glob("*.py"),
-             root / "base_config.py", root / "utils" / "profiler" / "config.py"]
+    files = [
+        *(root / "workers" / "config").glob("*.py"),
+        *(root / "trainer" / "config").glob("*.py"),
+        root / "base_config.py",
+        root / "utils" / "profiler" / "config.py",
+    ]
     classes = {}
     for path in files:
         for node in ast.parse(path.read_text()).body:
             if isinstance(node, ast.ClassDef):
                 fields = [s for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)]
-                classes[node.name] = ([ast.unparse(b).split(".")[-1] for b in node.bases],
-                                      {s.target.id: ast.unparse(s.annotation) for s in fields},
-                                      {s.target.id: s.value for s in fields if s.value is not None})
+                classes[node.name] = (
+                    [ast.unparse(b).split(".")[-1] for b in node.bases],
+                    {s.target.id: ast.unparse(s.annotation) for s in fields},
+                    {s.target.id: s.value for s in fields if s.value is not None},
+                )
     return classes
 
 
@@ -124,6 +179,7 @@ def annotation_of(classes, cls: str, name: str) -> str | None:
 def conforms(classes, annotation: str, value) -> bool:
     """Does `value` (as Hydra parsed it) fit verl's annotation, as OmegaConf would accept it when
     verl turns the node into its dataclass?"""
+
     def check(node: ast.expr, v) -> bool:
         if isinstance(node, ast.Constant):
             return check(ast.parse(node.value, mode="eval").body, v) if isinstance(node.value, str) else v is node.value
@@ -159,6 +215,7 @@ def conforms(classes, annotation: str, value) -> bool:
         if name in classes:  # a nested config dataclass
             return isinstance(v, dict)
         return True  # Any, enums, ...
+
     return check(ast.parse(annotation, mode="eval").body, value)
 
 
@@ -196,7 +253,7 @@ def type_errors(root: Path, raw_default: dict, lines: list[str]) -> list[str]:
 
 
 def export_lines(tmp_path: Path, overrides: list[str], name: str = "verl") -> list[str]:
-    result = export(compose_config([*RECIPE, *overrides]), tmp_path / name, cwd=ROOT)
+    export(compose_config([*RECIPE, *overrides]), tmp_path / name, cwd=ROOT)
     return (tmp_path / name / "overrides.txt").read_text().splitlines()
 
 
@@ -209,8 +266,18 @@ def parsed(lines: list[str]) -> dict:
 
 def test_every_field_of_the_resolved_config_has_a_rule():
     configs = [compose_config([*RECIPE, f"estimator={mode}"]) for mode in ("k1", "k3", "forward_kl_topk")]
-    configs += [compose_config([*RECIPE, "model=toy", "teacher=toy", "hardware=cpu", "teacher.mode=ref",
-                                "+data.apply_chat_template_kwargs.enable_thinking=false"])]
+    configs += [
+        compose_config(
+            [
+                *RECIPE,
+                "model=toy",
+                "teacher=toy",
+                "hardware=cpu",
+                "teacher.mode=ref",
+                "+data.apply_chat_template_kwargs.enable_thinking=false",
+            ]
+        )
+    ]
     seen: set[str] = set()
     for cfg in configs:
         for path in config_fields(cfg):
@@ -272,8 +339,9 @@ def test_verl_dataclass_defaults_differ_from_its_yaml_where_the_table_says(verl_
 
 @pytest.mark.parametrize("scale", SCALES)
 @pytest.mark.parametrize("estimator", ["k1", "k3", "forward_kl_topk"])
-def test_export_composes_against_verl_0_8_0_and_passes_its_run_time_checks(tmp_path, verl_root, verl_default,
-                                                                          estimator, scale):
+def test_export_composes_against_verl_0_8_0_and_passes_its_run_time_checks(
+    tmp_path, verl_root, verl_default, estimator, scale
+):
     lines = export_lines(tmp_path, [f"estimator={estimator}", *SCALES[scale]])
     written = parsed(lines)
     verl_cfg = compose_verl(verl_root, lines)  # an unknown key fails here
@@ -311,12 +379,14 @@ def test_keys_whose_verl_defaults_differ_from_the_recipe_are_written_out(verl_ro
         assert key in written, key
     assert written[f"{LOSS}.topk"] == 32 and written[f"{LOSS}.use_policy_gradient"] is True
     assert written[f"{LOSS}.loss_max_clamp"] == 10.0 and written[f"{LOSS}.log_prob_min_clamp"] == -10.0
-    for key, value, _ in FIXED:
+    for key, _, _ in FIXED:
         assert key in written, key
     default, launched = compose_verl(verl_root, []), compose_verl(verl_root, recipe_lines)
     mapped = {key for rule in RULES if rule.status == "mapped" for key in rule.verl_keys}
-    for key in mapped - {"actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
-                         "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"}:  # only with dynamic bsz
+    for key in mapped - {
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
+    }:  # only with dynamic bsz
         assert key in written, f"{key} (a mapped key) is not written"
         if OmegaConf.select(default, key) != OmegaConf.select(launched, key):
             assert OmegaConf.select(launched, key) == written[key]
@@ -343,8 +413,12 @@ def test_a_launch_with_every_knob_changed_composes_and_type_checks(tmp_path, ver
 
 
 def test_the_type_check_catches_a_wrong_type(verl_root, verl_default):
-    wrong = ["trainer.nnodes=one", "distillation.distillation_loss.topk=3.5", "actor_rollout_ref.model.lora_rank=True",
-             "distillation.teacher_models.teacher_model.inference.gpu_memory_utilization=high"]
+    wrong = [
+        "trainer.nnodes=one",
+        "distillation.distillation_loss.topk=3.5",
+        "actor_rollout_ref.model.lora_rank=True",
+        "distillation.teacher_models.teacher_model.inference.gpu_memory_utilization=high",
+    ]
     compose_verl(verl_root, wrong)  # Hydra alone accepts these: verl's YAML carries no types
     assert len(type_errors(verl_root, verl_default, wrong)) == len(wrong)
 
@@ -352,8 +426,10 @@ def test_the_type_check_catches_a_wrong_type(verl_root, verl_default):
 BROKEN = {  # overrides appended to a valid launch -> what verl would refuse at run time
     "teacher_pool_not_replicas_x_tp": ("distillation.n_gpus_per_node=2", "teacher pool size 2"),
     "empty_teacher_pool": ("distillation.nnodes=0", "teacher pool is empty"),
-    "no_micro_batch_without_dynamic_bsz": ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null",
-                                           "ppo_micro_batch_size_per_gpu must be set"),
+    "no_micro_batch_without_dynamic_bsz": (
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null",
+        "ppo_micro_batch_size_per_gpu must be set",
+    ),
     "micro_batch_not_dividing": ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=3", "must divide"),
     "teacher_context_too_short": (f"{TEACHER}.inference.max_model_len=150", "max_model_len=150 must be >="),
     "rollout_name_unset": ("actor_rollout_ref.rollout.name=null", "must name a rollout engine"),
@@ -362,9 +438,10 @@ BROKEN = {  # overrides appended to a valid launch -> what verl would refuse at 
     "task_rewards_on": (f"{LOSS}.use_task_rewards=True", "use_task_rewards must be False"),
     "rollout_tp_not_dividing_trainer": ("actor_rollout_ref.rollout.tensor_model_parallel_size=2", "not divisible"),
     "critic_built": ("algorithm.adv_estimator=gae", "critic"),
-    "bypass_without_rollout_log_probs": ("algorithm.rollout_correction.bypass_mode=True "
-                                         "actor_rollout_ref.rollout.calculate_log_probs=False",
-                                         "needs actor_rollout_ref.rollout.calculate_log_probs=True"),
+    "bypass_without_rollout_log_probs": (
+        "algorithm.rollout_correction.bypass_mode=True actor_rollout_ref.rollout.calculate_log_probs=False",
+        "needs actor_rollout_ref.rollout.calculate_log_probs=True",
+    ),
 }
 
 
@@ -376,15 +453,28 @@ def test_run_time_rules_catch_what_verl_would_refuse(verl_root, recipe_lines, ca
     assert any(message in p for p in problems), problems
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["export.teacher_replicas=2"], "the teacher pool (teacher_nnodes x teacher_n_gpus_per_node = 1 GPUs) must equal"),
-    (["export.nnodes=2", "export.n_gpus_per_node=4"], "must be divisible by the 8 trainer GPUs"),
-    (["hardware.update_chunk=3"], "ppo_micro_batch_size_per_gpu=3 must divide"),
-    (["export.teacher_nnodes=3", "export.teacher_n_gpus_per_node=2", "export.teacher_replicas=2",
-      "export.teacher_tensor_parallel_size=3"], "a teacher replica would straddle two nodes"),
-    (["export.rollout_name=trtllm"], "export.rollout_name='trtllm'"),
-    (["trainer.resume_from=outputs/a"], "a miniverl checkpoint cannot be resumed by verl"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["export.teacher_replicas=2"],
+            "the teacher pool (teacher_nnodes x teacher_n_gpus_per_node = 1 GPUs) must equal",
+        ),
+        (["export.nnodes=2", "export.n_gpus_per_node=4"], "must be divisible by the 8 trainer GPUs"),
+        (["hardware.update_chunk=3"], "ppo_micro_batch_size_per_gpu=3 must divide"),
+        (
+            [
+                "export.teacher_nnodes=3",
+                "export.teacher_n_gpus_per_node=2",
+                "export.teacher_replicas=2",
+                "export.teacher_tensor_parallel_size=3",
+            ],
+            "a teacher replica would straddle two nodes",
+        ),
+        (["export.rollout_name=trtllm"], "export.rollout_name='trtllm'"),
+        (["trainer.resume_from=outputs/a"], "a miniverl checkpoint cannot be resumed by verl"),
+    ],
+)
 def test_export_refuses_a_launch_verl_would_refuse_with_one_line(tmp_path, overrides, message):
     with pytest.raises(MiniverlError, match=None) as error:
         export(compose_config([*RECIPE, *overrides]), tmp_path / "verl", cwd=ROOT)
@@ -411,15 +501,19 @@ def test_teacher_modes_export_as_verl_can_serve_them(tmp_path, verl_root):
     adapter.mkdir()
     for mode in ("standard", "shared_base"):
         with pytest.raises(MiniverlError, match="verl v0.8.0's teacher takes no adapter"):
-            export(compose_config([*RECIPE, f"teacher.mode={mode}", f"teacher.adapter={adapter}"]),
-                   tmp_path / mode, cwd=ROOT)
+            export(
+                compose_config([*RECIPE, f"teacher.mode={mode}", f"teacher.adapter={adapter}"]),
+                tmp_path / mode,
+                cwd=ROOT,
+            )
 
 
 def test_a_student_adapter_exports_with_its_own_rank_alpha_and_targets(tmp_path, verl_root):
     adapter = tmp_path / "adapter"
     adapter.mkdir()
-    (adapter / "adapter_config.json").write_text(json.dumps(
-        {"peft_type": "LORA", "r": 8, "lora_alpha": 24, "target_modules": ["q_proj", "k_proj"]}))
+    (adapter / "adapter_config.json").write_text(
+        json.dumps({"peft_type": "LORA", "r": 8, "lora_alpha": 24, "target_modules": ["q_proj", "k_proj"]})
+    )
     result = export(compose_config([*RECIPE, f"model.adapter={adapter}"]), tmp_path / "verl", cwd=ROOT)
     written = parsed(result.lines)
     assert written["actor_rollout_ref.model.lora_adapter_path"] == str(adapter)
@@ -438,11 +532,14 @@ def fake_python(tmp_path: Path) -> dict:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(parents=True)
     fake = bin_dir / "python3"
-    fake.write_text('#!/bin/sh\n[ "$1 $2" = "-m verl.trainer.main_ppo" ] || exit 9\nshift 2\n'
-                    'for a in "$@"; do printf "%s\\n" "$a"; done\n')
+    fake.write_text(
+        '#!/bin/sh\n[ "$1 $2" = "-m verl.trainer.main_ppo" ] || exit 9\nshift 2\n'
+        'for a in "$@"; do printf "%s\\n" "$a"; done\n'
+    )
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("STUDENT_MODEL", "TEACHER_MODEL", "TRAIN_FILES", "VAL_FILES")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("STUDENT_MODEL", "TEACHER_MODEL", "TRAIN_FILES", "VAL_FILES")
+    }
     return {**env, "PATH": f"{bin_dir}{os.pathsep}{env['PATH']}"}
 
 
@@ -453,16 +550,26 @@ def test_run_opd_sh_launches_exactly_overrides_txt(tmp_path):
     run = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=fake_python(tmp_path), timeout=30)
     assert run.returncode == 0, run.stderr
     assert run.stdout.splitlines() == lines
-    again = subprocess.run(["bash", str(script), "trainer.total_epochs=1"], capture_output=True, text=True,
-                           env={**fake_python(tmp_path / "x"), "STUDENT_MODEL": "/models/student"}, timeout=30)
+    again = subprocess.run(
+        ["bash", str(script), "trainer.total_epochs=1"],
+        capture_output=True,
+        text=True,
+        env={**fake_python(tmp_path / "x"), "STUDENT_MODEL": "/models/student"},
+        timeout=30,
+    )
     assert "actor_rollout_ref.model.path=/models/student" in again.stdout.splitlines()
     assert again.stdout.splitlines()[-1] == "trainer.total_epochs=1"
 
 
 def test_run_opd_sh_refuses_toy_models(tmp_path):
     export(compose_config([*RECIPE, "model=toy", "teacher=toy"]), tmp_path / "verl", cwd=ROOT)
-    run = subprocess.run(["bash", str(tmp_path / "verl" / "run_opd.sh")], capture_output=True, text=True,
-                         env=fake_python(tmp_path), timeout=30)
+    run = subprocess.run(
+        ["bash", str(tmp_path / "verl" / "run_opd.sh")],
+        capture_output=True,
+        text=True,
+        env=fake_python(tmp_path),
+        timeout=30,
+    )
     assert run.returncode == 2 and "toy models have no verl equivalent" in run.stderr and run.stdout == ""
 
 
@@ -588,10 +695,39 @@ def test_import_command_writes_the_overrides_and_refuses_a_launch_without_distil
     assert capsys.readouterr().err.startswith("miniverl: error: this verl launch does not enable distillation")
 
 
-@pytest.mark.parametrize("value", [None, True, False, 0, -1, 3, 0.5, 1e-05, -10.0, 1.0, "vllm", "token-mean", "none",
-                                   "null", "True", "1", "1e-3", "Qwen/Qwen3-0.6B", "/a b/c.parquet", "x:y,z", 'q"t',
-                                   "it's", ["/abs/x.parquet"], ["q_proj", "v_proj"], [0.9, 0.999], {"eps": 1e-08},
-                                   {"enable_thinking": False}, {}])
+@pytest.mark.parametrize(
+    "value",
+    [
+        None,
+        True,
+        False,
+        0,
+        -1,
+        3,
+        0.5,
+        1e-05,
+        -10.0,
+        1.0,
+        "vllm",
+        "token-mean",
+        "none",
+        "null",
+        "True",
+        "1",
+        "1e-3",
+        "Qwen/Qwen3-0.6B",
+        "/a b/c.parquet",
+        "x:y,z",
+        'q"t',
+        "it's",
+        ["/abs/x.parquet"],
+        ["q_proj", "v_proj"],
+        [0.9, 0.999],
+        {"eps": 1e-08},
+        {"enable_thinking": False},
+        {},
+    ],
+)
 def test_override_values_parse_back_to_themselves(value):
     (override,) = OverridesParser.create().parse_overrides([f"a.b={hydra_value(value)}"])
     assert override.value() == value and type(override.value()) is type(value)
@@ -604,15 +740,33 @@ def test_export_command_writes_the_launch_into_its_run_folder(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     env.pop("HYDRA_FULL_ERROR", None)
     run_dir = tmp_path / "run"
-    ok = subprocess.run([sys.executable, "-m", "miniverl.export", *RECIPE, f"hydra.run.dir={run_dir}"],
-                        capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    ok = subprocess.run(
+        [sys.executable, "-m", "miniverl.export", *RECIPE, f"hydra.run.dir={run_dir}"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=120,
+    )
     assert ok.returncode == 0, ok.stderr
     assert str(run_dir / "verl") in ok.stdout
     for name in ("overrides.txt", "run_opd.sh", "field_rules.json", "README.md", "no_task_reward.py"):
         assert (run_dir / "verl" / name).is_file(), name
     assert "miniverl: warning: model.quantization=nf4 does not carry over" in ok.stderr
-    bad = subprocess.run([sys.executable, "-m", "miniverl.export", *RECIPE, "export.teacher_replicas=2",
-                          f"hydra.run.dir={tmp_path / 'bad'}"], capture_output=True, text=True, cwd=ROOT, env=env,
-                         timeout=120)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "miniverl.export",
+            *RECIPE,
+            "export.teacher_replicas=2",
+            f"hydra.run.dir={tmp_path / 'bad'}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert bad.stderr.strip().splitlines()[-1].startswith("miniverl: error: export: the teacher pool")

@@ -19,14 +19,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import ROOT, SHORT, compose_config
+from miniverl.config import to_config
+from miniverl.main import run
+from miniverl.trainer.resume_check import first_difference
 from miniverl.utils import checkpoint
 from miniverl.utils.dataset import read_conversations
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import canonical_json, sha256_json
-from miniverl.main import run
-from miniverl.trainer.resume_check import first_difference
-from miniverl.config import to_config
+
+from conftest import ROOT, SHORT, compose_config
 
 BASE = ["+recipe=opd_k1", *SHORT]
 
@@ -39,18 +40,27 @@ def prompts_table(prompts):
     return pa.table({"prompt": pa.array(prompts)})
 
 
-@pytest.mark.parametrize("make,message", [
-    (lambda p: None, "does not exist"),
-    (lambda p: p.write_text("not,a,parquet\n1,2,3\n"), "is not a readable parquet file"),
-    (lambda p: pq.write_table(pa.table({"question": ["2+2?"]}), p), "has no column 'prompt'"),
-    (lambda p: pq.write_table(pa.table({"prompt": [12, 7]}), p),
-     "row 0 column 'prompt': expected a list of {role, content} messages"),
-    (lambda p: pq.write_table(prompts_table([[{"role": "user", "content": "hi"}], [{"role": "user"}]]), p),
-     "row 1 column 'prompt': expected a list of {role, content} messages"),
-    (lambda p: pq.write_table(pa.table({"prompt": pa.array([], type=pa.string())}), p), "holds no rows"),
-    (lambda p: pq.write_table(prompts_table([[{"role": "user", "content": f"q{i}"}] for i in range(5)]), p),
-     r"the plan consumes 12 prompts from 5 usable ones .* data.repeat_prompts=true"),
-])
+@pytest.mark.parametrize(
+    "make,message",
+    [
+        (lambda p: None, "does not exist"),
+        (lambda p: p.write_text("not,a,parquet\n1,2,3\n"), "is not a readable parquet file"),
+        (lambda p: pq.write_table(pa.table({"question": ["2+2?"]}), p), "has no column 'prompt'"),
+        (
+            lambda p: pq.write_table(pa.table({"prompt": [12, 7]}), p),
+            "row 0 column 'prompt': expected a list of {role, content} messages",
+        ),
+        (
+            lambda p: pq.write_table(prompts_table([[{"role": "user", "content": "hi"}], [{"role": "user"}]]), p),
+            "row 1 column 'prompt': expected a list of {role, content} messages",
+        ),
+        (lambda p: pq.write_table(pa.table({"prompt": pa.array([], type=pa.string())}), p), "holds no rows"),
+        (
+            lambda p: pq.write_table(prompts_table([[{"role": "user", "content": f"q{i}"}] for i in range(5)]), p),
+            r"the plan consumes 12 prompts from 5 usable ones .* data.repeat_prompts=true",
+        ),
+    ],
+)
 def test_bad_train_files_are_one_line_naming_the_file_and_the_fix(tmp_path, make, message):
     path = tmp_path / "prompts.parquet"
     make(path)
@@ -73,6 +83,7 @@ def test_a_finished_run_folder_is_replaced_only_when_told(tmp_path):
 def test_a_read_only_output_folder_is_one_line(tmp_path, monkeypatch):
     def read_only(self, *args, **kwargs):
         raise OSError(errno.EROFS, "Read-only file system", str(self))
+
     monkeypatch.setattr(Path, "mkdir", read_only)  # root ignores permission bits, so simulate it
     with pytest.raises(MiniverlError, match="cannot create the run folder .*: Read-only file system"):
         run_toy(tmp_path / "run")
@@ -80,6 +91,7 @@ def test_a_read_only_output_folder_is_one_line(tmp_path, monkeypatch):
 
 def test_a_full_disk_keeps_the_last_checkpoint_whole(tmp_path, monkeypatch):
     import miniverl.checkpoint as ckpt_module
+
     real, calls = ckpt_module.save_file, {"n": 0}
 
     def fills_up(*args, **kwargs):
@@ -92,12 +104,14 @@ def test_a_full_disk_keeps_the_last_checkpoint_whole(tmp_path, monkeypatch):
     with pytest.raises(MiniverlError, match="No space left on device; the last complete checkpoint is .*update_1"):
         run_toy(tmp_path / "run")
     plan_digest = json.loads((tmp_path / "run" / "checkpoints" / "update_1" / "state.json").read_text())[
-        "compiled_plan_sha256"]
+        "compiled_plan_sha256"
+    ]
     assert checkpoint.verify_checkpoint(tmp_path / "run", plan_digest).update == 1
 
 
 def test_a_nan_loss_stops_at_once_keeps_the_last_good_checkpoint_and_reports_failed(tmp_path, monkeypatch):
     from miniverl.workers.teacher import TeacherWorker
+
     real, calls = TeacherWorker.compute_teacher_log_prob, {"n": 0}
 
     def nan_on_update_2(self, batch, rows):
@@ -116,9 +130,16 @@ def test_a_nan_loss_stops_at_once_keeps_the_last_good_checkpoint_and_reports_fai
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 1
 
 
-SIGNAL_ARGS = ["+recipe=opd_k1", "model=toy", "teacher=toy", "recipe.optimizer_updates=16",
-               "recipe.interrupt_after_updates=null", "recipe.response_limit=12", "actor.optim.lr=1e-3",
-               "trainer.progress_bar=false"]
+SIGNAL_ARGS = [
+    "+recipe=opd_k1",
+    "model=toy",
+    "teacher=toy",
+    "recipe.optimizer_updates=16",
+    "recipe.interrupt_after_updates=null",
+    "recipe.response_limit=12",
+    "actor.optim.lr=1e-3",
+    "trainer.progress_bar=false",
+]
 
 
 @pytest.mark.slow
@@ -128,8 +149,14 @@ def test_a_signal_mid_run_stops_cleanly_and_the_resume_is_exact(tmp_path, signum
     run(compose_config(SIGNAL_ARGS), reference)
     stopped = tmp_path / "stopped"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
-    child = subprocess.Popen([sys.executable, "-m", "miniverl.main", *SIGNAL_ARGS, f"hydra.run.dir={stopped}"],
-                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "miniverl.main", *SIGNAL_ARGS, f"hydra.run.dir={stopped}"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 300
     while not (stopped / "checkpoints" / "update_1").exists() and time.time() < deadline and child.poll() is None:
         time.sleep(0.01)
@@ -144,8 +171,21 @@ def test_a_signal_mid_run_stops_cleanly_and_the_resume_is_exact(tmp_path, signum
     done = len((stopped / "metrics.jsonl").read_text().splitlines())
     assert 1 <= done < 16 and checkpoint.checkpoints_in(stopped)[-1].name == f"update_{done}"
     resumed = tmp_path / "resumed"
-    result = subprocess.run([sys.executable, "-m", "miniverl.main", *SIGNAL_ARGS, f"trainer.resume_from={stopped}",
-                             f"hydra.run.dir={resumed}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "miniverl.main",
+            *SIGNAL_ARGS,
+            f"trainer.resume_from={stopped}",
+            f"hydra.run.dir={resumed}",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert first_difference(reference, resumed)[1] is None
 
@@ -159,15 +199,19 @@ def test_no_pickle_and_no_remote_code_by_default():
 
 def test_the_suite_cannot_open_a_network_connection():
     import socket
+
     with pytest.raises(RuntimeError, match="network connection"):
         socket.create_connection(("198.51.100.1", 443), timeout=1)
 
 
 # ------------------------------------------------------------------ property-based
 text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40)
-int64 = st.integers(min_value=-2**63, max_value=2**63 - 1)  # what a parquet integer column holds
-messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant"]), "content": text}),
-                    min_size=1, max_size=4)
+int64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)  # what a parquet integer column holds
+messages = st.lists(
+    st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant"]), "content": text}),
+    min_size=1,
+    max_size=4,
+)
 
 
 @settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -196,10 +240,11 @@ def test_a_malformed_prompt_column_is_an_error_not_a_crash(tmp_path, values):
     assert all(isinstance(m, list) and m for m in conversations.messages)  # plain strings become one user turn
 
 
-json_values = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), text,
-                                     st.floats(allow_nan=False, allow_infinity=False)),
-                           lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(text, inner, max_size=4)),
-                           max_leaves=20)
+json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), text, st.floats(allow_nan=False, allow_infinity=False)),
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(text, inner, max_size=4)),
+    max_leaves=20,
+)
 
 
 @settings(max_examples=100, deadline=None, derandomize=True)

@@ -9,12 +9,13 @@ import sys
 
 import pytest
 
-from conftest import ROOT, SHORT, compose_config
-from miniverl.utils.dataset import read_conversations, tokenize_prompts
-from miniverl.utils.identity import canonical_json, resolved_config_digest
-from miniverl.trainer.plan import compile_plan
 from miniverl.config import to_config
 from miniverl.models.toy import build_toy_tokenizer
+from miniverl.trainer.plan import compile_plan
+from miniverl.utils.dataset import read_conversations, tokenize_prompts
+from miniverl.utils.identity import canonical_json, resolved_config_digest
+
+from conftest import ROOT, SHORT, compose_config
 
 BASE = ["+recipe=opd_k1", *SHORT]
 
@@ -22,42 +23,59 @@ BASE = ["+recipe=opd_k1", *SHORT]
 def digests(overrides: list[str]) -> tuple[str, str]:
     cfg = compose_config(overrides)
     config = to_config(cfg)
-    prompts = tokenize_prompts(read_conversations(config.data), config.data, build_toy_tokenizer(),
-                               config.recipe.prompt_limit)
+    prompts = tokenize_prompts(
+        read_conversations(config.data), config.data, build_toy_tokenizer(), config.recipe.prompt_limit
+    )
     return resolved_config_digest(cfg), compile_plan(config, prompts).digest
 
 
 SCRIPT = f"""
 import sys, json
-sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'tests')!r}]
+sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / "tests")!r}]
 from test_identity import digests, BASE
 print(json.dumps(digests(BASE)))
 """
 
 
 def test_digests_are_the_same_in_two_fresh_processes():
-    runs = [subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, cwd=ROOT, check=True)
-            for _ in range(2)]
+    runs = [
+        subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, cwd=ROOT, check=True)
+        for _ in range(2)
+    ]
     first, second = (json.loads(r.stdout.strip().splitlines()[-1]) for r in runs)
     assert first == second
     assert tuple(first) == digests(BASE)  # and equal to this process's
 
 
-@pytest.mark.parametrize("override", [
-    "recipe.logical_batch=2", "recipe.optimizer_updates=4", "recipe.response_limit=12", "recipe.prompt_limit=100",
-    "estimator.clip_ratio=0.3", "estimator.loss_agg_mode=seq-mean-token-mean", "model.lora.r=8",
-    "model.toy.hidden_size=32", "teacher.toy_teacher_seed=5", "trainer.seed=2", "actor.optim.lr=1e-4",
-    "rollout.temperature=0.7", "hardware.rollout_physical_batch=2", "data.shuffle=true",
-    "recipe.interrupt_after_updates=1",
-])
+@pytest.mark.parametrize(
+    "override",
+    [
+        "recipe.logical_batch=2",
+        "recipe.optimizer_updates=4",
+        "recipe.response_limit=12",
+        "recipe.prompt_limit=100",
+        "estimator.clip_ratio=0.3",
+        "estimator.loss_agg_mode=seq-mean-token-mean",
+        "model.lora.r=8",
+        "model.toy.hidden_size=32",
+        "teacher.toy_teacher_seed=5",
+        "trainer.seed=2",
+        "actor.optim.lr=1e-4",
+        "rollout.temperature=0.7",
+        "hardware.rollout_physical_batch=2",
+        "data.shuffle=true",
+        "recipe.interrupt_after_updates=1",
+    ],
+)
 def test_any_experiment_field_changes_both_digests(override):
     base = digests(BASE)
     changed = digests([*BASE, override])
     assert changed[0] != base[0] and changed[1] != base[1]
 
 
-@pytest.mark.parametrize("override", ["trainer.experiment_name=other", "trainer.progress_bar=true",
-                                      "trainer.logger=[console]"])
+@pytest.mark.parametrize(
+    "override", ["trainer.experiment_name=other", "trainer.progress_bar=true", "trainer.logger=[console]"]
+)
 def test_run_control_fields_change_the_config_digest_but_not_the_plan(override):
     base = digests(BASE)
     changed = digests([*BASE, override])

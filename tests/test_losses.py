@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from miniverl.config.estimator import EstimatorConfig
 from miniverl.workers.losses import (
     LOSS_AGG_MODES,
     agg_loss,
@@ -16,7 +17,6 @@ from miniverl.workers.losses import (
     forward_kl_topk,
     kl_estimate,
 )
-from miniverl.config.estimator import EstimatorConfig
 
 B, T, V, K = 8, 6, 13, 4
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from miniverl.models import loading as models
-from miniverl.utils.errors import MiniverlError
 from miniverl.config.model import StudentConfig
 from miniverl.config.teacher import TeacherConfig
+from miniverl.models import loading as models
+from miniverl.utils.errors import MiniverlError
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,7 @@ def test_lora_gradients_through_nf4_equal_those_through_the_dequantized_base(toy
     dense = models._wrap_student(dense_base, dense_block, cpu, lora_seed=3)
     # A non-zero B so that the LoRA path carries signal into later layers.
     with torch.no_grad():
-        for (n1, p1), (n2, p2) in zip(nf4.named_parameters(), dense.named_parameters()):
+        for (n1, p1), (_, p2) in zip(nf4.named_parameters(), dense.named_parameters()):
             if "lora_B" in n1:
                 p1.fill_(0.01)
                 p2.fill_(0.01)
@@ -93,6 +93,7 @@ def test_a_teacher_with_another_vocabulary_is_refused(toy_dirs, tmp_path):
     from transformers import PreTrainedTokenizerFast
 
     from miniverl.models import toy
+
     student_tok = toy.build_toy_tokenizer()
     other = toy.build_toy_tokenizer()
     other.add_tokens(["<extra>"])
@@ -104,6 +105,7 @@ def test_a_teacher_with_another_vocabulary_is_refused(toy_dirs, tmp_path):
 
 def test_a_teacher_with_another_chat_template_is_refused(toy_dirs):
     from miniverl.models import toy
+
     student_tok, teacher_tok = toy.build_toy_tokenizer(), toy.build_toy_tokenizer()
     teacher_tok.chat_template = teacher_tok.chat_template.replace("\n", " ")
     model = AutoModelForCausalLM.from_pretrained(toy_dirs["student"])

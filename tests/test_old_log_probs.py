@@ -12,18 +12,27 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import compose_config
-from miniverl.main import run
-from miniverl.trainer.plan import compile_plan
-from miniverl.utils.dataset import read_conversations, tokenize_prompts
-from miniverl.models import loading as models
-from miniverl.trainer.resume_check import first_difference
 from miniverl.config import to_config
+from miniverl.main import run
+from miniverl.models import loading as models
+from miniverl.trainer.plan import compile_plan
+from miniverl.trainer.resume_check import first_difference
+from miniverl.utils.dataset import read_conversations, tokenize_prompts
+
+from conftest import compose_config
 
 N = 4
-ARGS = ["+recipe=opd_k1", "model=toy", "teacher=toy", "hardware=cpu", f"recipe.optimizer_updates={N}",
-        "recipe.interrupt_after_updates=null", "recipe.response_limit=12", "actor.optim.lr=1e-3",
-        "trainer.progress_bar=false"]
+ARGS = [
+    "+recipe=opd_k1",
+    "model=toy",
+    "teacher=toy",
+    "hardware=cpu",
+    f"recipe.optimizer_updates={N}",
+    "recipe.interrupt_after_updates=null",
+    "recipe.response_limit=12",
+    "actor.optim.lr=1e-3",
+    "trainer.progress_bar=false",
+]
 BYPASS = "algorithm.rollout_correction.bypass_mode=true"
 
 
@@ -108,28 +117,53 @@ def tiny_actor(dropout: float):
     from peft import LoraConfig, get_peft_model
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from miniverl.workers.actor import ActorWorker
-    from miniverl.workers.rollout import RolloutWorker
     from miniverl.config.actor import ActorConfig, RolloutConfig
     from miniverl.config.estimator import EstimatorConfig
+    from miniverl.workers.actor import ActorWorker
+    from miniverl.workers.rollout import RolloutWorker
 
-    config = Qwen3Config(vocab_size=61, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
-                         eos_token_id=7, pad_token_id=0, bos_token_id=None)
+    config = Qwen3Config(
+        vocab_size=61,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=128,
+        eos_token_id=7,
+        pad_token_id=0,
+        bos_token_id=None,
+    )
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
-    student = get_peft_model(Qwen3ForCausalLM(config), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
-                                                                  lora_dropout=dropout, task_type="CAUSAL_LM"))
+    student = get_peft_model(
+        Qwen3ForCausalLM(config),
+        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=dropout, task_type="CAUSAL_LM"),
+    )
     with torch.no_grad():
         for name, param in student.named_parameters():
             if "lora_B" in name:
                 param.normal_(0.0, 0.5)
-    rollout = RolloutWorker(student.get_base_model(), RolloutConfig(), eos_ids=[7], pad_id=0, device=torch.device("cpu"))
-    batch = rollout.generate_sequences([[3, 9, 12], [11, 2], [30, 31, 32, 33], [50]], [0, 1, 2, 3], [1, 2, 3, 4],
-                                       response_limit=10, physical_batches=[4])
+    rollout = RolloutWorker(
+        student.get_base_model(), RolloutConfig(), eos_ids=[7], pad_id=0, device=torch.device("cpu")
+    )
+    batch = rollout.generate_sequences(
+        [[3, 9, 12], [11, 2], [30, 31, 32, 33], [50]],
+        [0, 1, 2, 3],
+        [1, 2, 3, 4],
+        response_limit=10,
+        physical_batches=[4],
+    )
     batch.teacher_logprobs = batch.rollout_log_probs.clone()
-    actor = ActorWorker(student, ActorConfig(), EstimatorConfig(loss_mode="k1", use_policy_gradient=True),
-                        temperature=1.0, logprob_chunk=64, loss_scale_factor=10)
+    actor = ActorWorker(
+        student,
+        ActorConfig(),
+        EstimatorConfig(loss_mode="k1", use_policy_gradient=True),
+        temperature=1.0,
+        logprob_chunk=64,
+        loss_scale_factor=10,
+    )
     return actor, batch
 
 

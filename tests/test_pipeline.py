@@ -12,15 +12,25 @@ from peft import PeftModel
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from conftest import ROOT, SHORT, compose_config
-from miniverl.models import loading as models
-from miniverl.utils.identity import resolved_config
 from miniverl.config import to_config
+from miniverl.models import loading as models
 from miniverl.trainer.opd_trainer import OPDTrainer
+from miniverl.utils.identity import resolved_config
 
-VERL_METRICS = ["actor/distillation/loss", "actor/distillation/abs_loss", "actor/pg_clipfrac", "actor/ppo_kl",
-                "actor/grad_norm", "response_length/mean", "timing_s/gen", "timing_s/teacher",
-                "timing_s/update_actor", "training/rollout_probs_diff_max"]
+from conftest import ROOT, SHORT, compose_config
+
+VERL_METRICS = [
+    "actor/distillation/loss",
+    "actor/distillation/abs_loss",
+    "actor/pg_clipfrac",
+    "actor/ppo_kl",
+    "actor/grad_norm",
+    "response_length/mean",
+    "timing_s/gen",
+    "timing_s/teacher",
+    "timing_s/update_actor",
+    "training/rollout_probs_diff_max",
+]
 
 
 def snapshot(module: torch.nn.Module, *, trainable: bool) -> dict[str, torch.Tensor]:
@@ -31,13 +41,17 @@ def snapshot(module: torch.nn.Module, *, trainable: bool) -> dict[str, torch.Ten
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
     import os
+
     os.chdir(ROOT)
     cfg = compose_config(["+recipe=opd_k1", *SHORT, "actor.optim.lr=1e-3"])
     run_dir = tmp_path_factory.mktemp("run")
     trainer = OPDTrainer(to_config(cfg), resolved_config(cfg), run_dir)
     trainer.setup()
-    before = {"lora": snapshot(trainer.student, trainable=True), "base": snapshot(trainer.student, trainable=False),
-              "teacher": {k: v.clone() for k, v in trainer.teacher.model.state_dict().items()}}
+    before = {
+        "lora": snapshot(trainer.student, trainable=True),
+        "base": snapshot(trainer.student, trainable=False),
+        "teacher": {k: v.clone() for k, v in trainer.teacher.model.state_dict().items()},
+    }
     trainer.train()
     report = trainer.finish()
     return trainer, before, report, run_dir
@@ -49,8 +63,14 @@ def trajectory(run_dir, update):
 
 def test_run_writes_every_output(finished_run):
     trainer, _, report, run_dir = finished_run
-    for name in ("resolved_config.yaml", "plan.json", "metrics.jsonl", "report.json",
-                 "peft_adapter/adapter_config.json", "peft_adapter/adapter_model.safetensors"):
+    for name in (
+        "resolved_config.yaml",
+        "plan.json",
+        "metrics.jsonl",
+        "report.json",
+        "peft_adapter/adapter_config.json",
+        "peft_adapter/adapter_model.safetensors",
+    ):
         assert (run_dir / name).is_file(), name
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["training/global_step"] for m in lines] == [1, 2, 3]
@@ -78,17 +98,22 @@ def test_lora_weights_change_and_base_and_teacher_do_not(finished_run):
 def test_teacher_log_probs_equal_an_independent_plain_forward(finished_run):
     _, _, _, run_dir = finished_run
     teacher = AutoModelForCausalLM.from_pretrained(
-        run_dir / "toy_models" / "teacher", quantization_config=models.BitsAndBytesConfig(
-            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32),
-        dtype=torch.float32, device_map={"": "cpu"})
+        run_dir / "toy_models" / "teacher",
+        quantization_config=models.BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32
+        ),
+        dtype=torch.float32,
+        device_map={"": "cpu"},
+    )
     models.disable_cpu_nf4_repack(teacher)
     for update in (1, 3):
         t = trajectory(run_dir, update)
         with torch.no_grad():
-            logits = teacher(input_ids=t["input_ids"], attention_mask=t["attention_mask"],
-                             position_ids=t["position_ids"]).logits.float()  # (B, L, V)
+            logits = teacher(
+                input_ids=t["input_ids"], attention_mask=t["attention_mask"], position_ids=t["position_ids"]
+            ).logits.float()  # (B, L, V)
         P, R = t["prompts"].shape[1], t["responses"].shape[1]
-        full = logits[:, P - 1: P - 1 + R].log_softmax(-1).gather(-1, t["responses"][..., None]).squeeze(-1)
+        full = logits[:, P - 1 : P - 1 + R].log_softmax(-1).gather(-1, t["responses"][..., None]).squeeze(-1)
         mask = t["response_mask"]
         torch.testing.assert_close(t["teacher_logprobs"], full * mask, atol=1e-5, rtol=1e-5)
 

@@ -12,20 +12,27 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from conftest import compose_config, main
-from miniverl.trainer import preflight
-from miniverl.models import cpu_gemm
+from miniverl.config import to_config
+from miniverl.models import cpu_gemm, precision, toy
 from miniverl.models import loading as models
-from miniverl.models import precision
-from miniverl.models import toy
+from miniverl.trainer import preflight
+from miniverl.trainer.opd_trainer import OPDTrainer
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import resolved_config
-from miniverl.config import to_config
 from miniverl.workers.teacher import TeacherWorker
-from miniverl.trainer.opd_trainer import OPDTrainer
 
-QWEN3 = ["+recipe=opd_k1", "model=toy_qwen3", "teacher=toy_qwen3", "hardware=cpu", "recipe.optimizer_updates=3",
-         "recipe.interrupt_after_updates=null", "recipe.response_limit=16", "trainer.progress_bar=false"]
+from conftest import compose_config, main
+
+QWEN3 = [
+    "+recipe=opd_k1",
+    "model=toy_qwen3",
+    "teacher=toy_qwen3",
+    "hardware=cpu",
+    "recipe.optimizer_updates=3",
+    "recipe.interrupt_after_updates=null",
+    "recipe.response_limit=16",
+    "trainer.progress_bar=false",
+]
 ENDOFTEXT, IM_START, IM_END, THINK, END_THINK = 151_643, 151_644, 151_645, 151_667, 151_668
 TOKENS, ROWS = 151_669, 151_936
 
@@ -45,9 +52,13 @@ def trainer(tmp_path_factory):
 
 def rollout(trainer, response_limit=16):
     update = trainer.plan.updates[0]
-    return trainer.rollout.generate_sequences(trainer.prompts.token_ids_of(update.prompt_rows),
-                                              list(update.prompt_rows), list(update.sample_seeds),
-                                              response_limit=response_limit, physical_batches=[4])
+    return trainer.rollout.generate_sequences(
+        trainer.prompts.token_ids_of(update.prompt_rows),
+        list(update.prompt_rows),
+        list(update.sample_seeds),
+        response_limit=response_limit,
+        physical_batches=[4],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +93,9 @@ def test_rollout_and_actor_log_probs_agree_within_the_bf16_tolerance(trainer, sc
     worst_allowed, mean_allowed = precision.log_prob_tolerance(torch.bfloat16)
     mask = scored.response_mask
     actor = trainer.actor.compute_log_prob(scored, rows_per_forward=4)
-    own = TeacherWorker(trainer.student.get_base_model(), logprob_chunk=64, topk=None,
-                        tokenizer_vocab=trainer.tokenizer_vocab).compute_teacher_log_prob(copy.copy(scored), 4)
+    own = TeacherWorker(
+        trainer.student.get_base_model(), logprob_chunk=64, topk=None, tokenizer_vocab=trainer.tokenizer_vocab
+    ).compute_teacher_log_prob(copy.copy(scored), 4)
     for other in (actor, own.teacher_logprobs):
         diff = (scored.rollout_log_probs - other) * mask
         assert float(diff.abs().max()) <= worst_allowed
@@ -165,8 +177,12 @@ def test_a_teacher_padded_to_another_row_count_is_accepted_and_scores_the_same(t
     padded = copy.deepcopy(dense)
     padded.resize_token_embeddings(152_064, mean_resizing=False)  # Qwen2.5-7B's row count
     models.check_tokenizers_compatible(tok, tok, trainer.student.get_base_model(), padded)
-    scores = [TeacherWorker(m, logprob_chunk=64, topk=None, tokenizer_vocab=len(tok))
-              .compute_teacher_log_prob(copy.copy(scored), 4).teacher_logprobs for m in (dense, padded)]
+    scores = [
+        TeacherWorker(m, logprob_chunk=64, topk=None, tokenizer_vocab=len(tok))
+        .compute_teacher_log_prob(copy.copy(scored), 4)
+        .teacher_logprobs
+        for m in (dense, padded)
+    ]
     assert torch.equal(scores[0], scores[1])
     short = copy.deepcopy(dense)
     short.resize_token_embeddings(TOKENS - 100, mean_resizing=False)  # a real vocabulary difference
@@ -205,8 +221,15 @@ def test_the_memory_estimate_counts_the_tied_embedding_once_in_float32():
 
 @pytest.mark.slow
 def test_the_recipe_on_qwen3s_layout_runs_and_resumes_exactly_from_the_command_line(tmp_path):
-    result = main("+recipe=opd_k1", "model=toy_qwen3", "teacher=toy_qwen3", "recipe.optimizer_updates=2",
-                  "recipe.interrupt_after_updates=1", "recipe.response_limit=6", f"hydra.run.dir={tmp_path}/run")
+    result = main(
+        "+recipe=opd_k1",
+        "model=toy_qwen3",
+        "teacher=toy_qwen3",
+        "recipe.optimizer_updates=2",
+        "recipe.interrupt_after_updates=1",
+        "recipe.response_limit=6",
+        f"hydra.run.dir={tmp_path}/run",
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert report["resume"]["status"] == "exact_match", report["resume"]
@@ -226,7 +249,9 @@ def test_on_cuda_sampling_equals_scoring_within_the_bf16_tolerance_and_the_docto
     batch = trainer.teacher.compute_teacher_log_prob(rollout(trainer), 4)
     worst_allowed, mean_allowed = precision.log_prob_tolerance(torch.bfloat16)
     diff = (batch.rollout_log_probs - trainer.actor.compute_log_prob(batch, rows_per_forward=4)) * batch.response_mask
-    assert float(diff.abs().max()) <= worst_allowed and abs(float(diff.sum() / batch.response_mask.sum())) <= mean_allowed
+    assert (
+        float(diff.abs().max()) <= worst_allowed and abs(float(diff.sum() / batch.response_mask.sum())) <= mean_allowed
+    )
     source = models.source_of(trainer.cfg.model, trainer.run_dir / "toy_models" / "student")
     for check in (preflight.check_self_test(trainer), preflight.check_nf4_gradients(trainer, source)):
         assert check.status == "PASS", str(check)

@@ -13,24 +13,29 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import ROOT, SHORT, compose_config
-from miniverl.utils import downshift
 from miniverl import report as compare_command
-from miniverl.trainer import run_report as report_module
-from miniverl.utils.errors import MiniverlError
 from miniverl.main import run
+from miniverl.trainer import run_report as report_module
+from miniverl.utils import downshift
+from miniverl.utils.errors import MiniverlError
+
+from conftest import ROOT, SHORT, compose_config
 
 REFERENCE = json.loads((ROOT / "recipes/opd_k1/reference-report-rtx4080.json").read_text())
 # Fields that may be null, and why (docs/report.md says the same).
 NULLABLE = {
-    "hardware.cuda_runtime": "no CUDA on a CPU run", "hardware.driver": "no GPU driver on a CPU run",
-    "hardware.gpu": "no GPU on a CPU run", "hardware.vram_gib": "no GPU on a CPU run",
-    "measurements.peak_allocated_gib": "CUDA allocator figure", "measurements.peak_reserved_gib": "CUDA allocator figure",
+    "hardware.cuda_runtime": "no CUDA on a CPU run",
+    "hardware.driver": "no GPU driver on a CPU run",
+    "hardware.gpu": "no GPU on a CPU run",
+    "hardware.vram_gib": "no GPU on a CPU run",
+    "measurements.peak_allocated_gib": "CUDA allocator figure",
+    "measurements.peak_reserved_gib": "CUDA allocator figure",
     "resource_contract.gpu_hour_limit": "the hardware option sets no limit",
     "resource_contract.peak_reserved_limit_gib": "the hardware option sets no limit",
     "resource_contract.peak_reserved_within_limit": "no limit or no CUDA figure",
     "resource_contract.total_gpu_workload_seconds": "no GPU on a CPU run",
-    "models.student.revision": "toy models have no revision", "models.teacher.revision": "toy models have no revision",
+    "models.student.revision": "toy models have no revision",
+    "models.teacher.revision": "toy models have no revision",
     "source_commit": "not run from a git checkout",
 }
 
@@ -69,7 +74,9 @@ def test_the_report_figures_are_measured(recipe_run):
     _, run_dir = recipe_run
     ours = json.loads((run_dir / "report.json").read_text())
     m = ours["measurements"]
-    assert 0 < m["cold_startup_seconds"] < m["time_to_first_rollout_seconds"] < m["time_to_first_teacher_targets_seconds"]
+    assert (
+        0 < m["cold_startup_seconds"] < m["time_to_first_rollout_seconds"] < m["time_to_first_teacher_targets_seconds"]
+    )
     assert m["time_to_first_teacher_targets_seconds"] < m["time_to_first_update_seconds"]
     assert m["peak_rss_gib"] > 0.05 and m["peak_reserved_gib"] is None  # a CPU run: no invented CUDA figure
     assert m["adapter_bytes"] == sum(p.stat().st_size for p in (run_dir / "peft_adapter").iterdir())
@@ -82,9 +89,11 @@ def test_the_report_figures_are_measured(recipe_run):
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     tokens = [x["response_length/sum"] / x["timing_s/gen"] for x in lines[1:]]  # update 1 excluded
     assert m["steady_state_median_throughput"]["rollout_tokens_per_second"] == pytest.approx(
-        statistics.median(tokens), rel=1e-4)
+        statistics.median(tokens), rel=1e-4
+    )
     assert m["steady_state_median_seconds"]["actor_update"] == pytest.approx(
-        statistics.median(x["timing_s/update_actor"] for x in lines[1:]), abs=1e-4)
+        statistics.median(x["timing_s/update_actor"] for x in lines[1:]), abs=1e-4
+    )
     pi = ours["profile_identity"]
     assert pi["digest"] == report_module.sha256_json({k: v for k, v in pi.items() if k != "digest"})
     assert ours["resume"]["status"] == "exact_match"
@@ -99,7 +108,10 @@ def run_toy(tmp_path, name, *extra):
 @pytest.fixture(scope="module")
 def plain_and_downshifted(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("oom")
-    return (run_toy(tmp, "plain"), tmp / "plain"), (run_toy(tmp, "oom", "hardware.simulate_oom_above_rows=1"), tmp / "oom")
+    return (run_toy(tmp, "plain"), tmp / "plain"), (
+        run_toy(tmp, "oom", "hardware.simulate_oom_above_rows=1"),
+        tmp / "oom",
+    )
 
 
 def test_an_oom_at_4_and_at_2_runs_at_1_and_trains_the_same(plain_and_downshifted):
@@ -114,13 +126,18 @@ def test_an_oom_at_4_and_at_2_runs_at_1_and_trains_the_same(plain_and_downshifte
         assert torch.equal(a["responses"], b["responses"])  # same tokens
         for key in ("rollout_log_probs", "teacher_logprobs", "old_log_probs"):
             torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-5)
-    plain_loss = [json.loads(x)["actor/distillation/loss"] for x in (plain_dir / "metrics.jsonl").read_text().splitlines()]
-    shifted_loss = [json.loads(x)["actor/distillation/loss"] for x in (shifted_dir / "metrics.jsonl").read_text().splitlines()]
+    plain_loss = [
+        json.loads(x)["actor/distillation/loss"] for x in (plain_dir / "metrics.jsonl").read_text().splitlines()
+    ]
+    shifted_loss = [
+        json.loads(x)["actor/distillation/loss"] for x in (shifted_dir / "metrics.jsonl").read_text().splitlines()
+    ]
     assert shifted_loss == pytest.approx(plain_loss, rel=1e-4, abs=1e-6)
 
 
 def test_an_oom_at_one_row_fails_keeps_the_last_update_and_reports_failed(tmp_path, monkeypatch):
     from miniverl.workers.rollout import RolloutWorker
+
     real = RolloutWorker.generate_sequences
     calls = {"n": 0}
 
@@ -164,6 +181,7 @@ def test_the_failed_attempt_is_released_before_the_cache_is_freed_and_the_rows_h
 def test_an_oom_in_the_held_out_probe_halves_its_rows_too(tmp_path, monkeypatch):
     from miniverl.workers.rollout import RolloutWorker
     from miniverl.workers.teacher import TeacherWorker
+
     rollout_rows, teacher_rows = [], []
     real_rollout, real_teacher = RolloutWorker.generate_sequences, TeacherWorker.compute_teacher_log_prob
 
@@ -177,8 +195,13 @@ def test_an_oom_in_the_held_out_probe_halves_its_rows_too(tmp_path, monkeypatch)
 
     monkeypatch.setattr(RolloutWorker, "generate_sequences", rollout)
     monkeypatch.setattr(TeacherWorker, "compute_teacher_log_prob", teacher)
-    report = run_toy(tmp_path, "probe", "hardware.simulate_oom_above_rows=1",
-                     "data.val_files=recipes/data/toy_prompts_heldout.parquet", "eval.every=2")
+    report = run_toy(
+        tmp_path,
+        "probe",
+        "hardware.simulate_oom_above_rows=1",
+        "data.val_files=recipes/data/toy_prompts_heldout.parquet",
+        "eval.every=2",
+    )
     assert report["status"] == "measured"
     # The probe runs first (update 0): it meets the out-of-memory errors, 4 -> 2 -> 1 rows ...
     assert report["measurements"]["batch_downshifts"] == {"rollout_oom": 2, "update_chunk_oom": 2}

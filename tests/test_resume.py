@@ -18,24 +18,32 @@ import torch
 from peft import PeftModel
 from safetensors.torch import load_file
 
-from conftest import ROOT, compose_config, main
-from miniverl.utils import checkpoint
+from miniverl.config import to_config
+from miniverl.main import run
 from miniverl.models import loading as models
-from miniverl.trainer import resume_check
 from miniverl.protocol import Batch
+from miniverl.trainer import resume_check
+from miniverl.trainer.opd_trainer import OPDTrainer
+from miniverl.trainer.resume_check import first_difference
+from miniverl.utils import checkpoint
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import resolved_config, sha256_file
-from miniverl.workers.logprobs import response_log_probs
-from miniverl.main import run
 from miniverl.utils.run_folder import RunFolder
-from miniverl.trainer.resume_check import first_difference
-from miniverl.config import to_config
-from miniverl.trainer.opd_trainer import OPDTrainer
+from miniverl.workers.logprobs import response_log_probs
+
+from conftest import ROOT, compose_config, main
 
 N = 4
-ARGS = ["+recipe=opd_k1", "model=toy", "teacher=toy", f"recipe.optimizer_updates={N}",
-        "recipe.interrupt_after_updates=null", "recipe.response_limit=12", "actor.optim.lr=1e-3",
-        "trainer.progress_bar=false"]
+ARGS = [
+    "+recipe=opd_k1",
+    "model=toy",
+    "teacher=toy",
+    f"recipe.optimizer_updates={N}",
+    "recipe.interrupt_after_updates=null",
+    "recipe.response_limit=12",
+    "actor.optim.lr=1e-3",
+    "trainer.progress_bar=false",
+]
 
 
 def run_in_process(run_dir, *extra):
@@ -60,7 +68,9 @@ def reference(tmp_path_factory):
 def test_stopped_after_k_and_resumed_in_a_fresh_process_equals_the_uninterrupted_run(reference, tmp_path, k):
     stopped = tmp_path / "stopped"
     report = run_in_process(stopped, f"trainer.stop_after_updates={k}")
-    assert report["status"] == "interrupted" and [p.name for p in checkpoint.checkpoints_in(stopped)][-1] == f"update_{k}"
+    assert (
+        report["status"] == "interrupted" and [p.name for p in checkpoint.checkpoints_in(stopped)][-1] == f"update_{k}"
+    )
     resumed = tmp_path / "resumed"
     result = main(*ARGS, f"trainer.resume_from={stopped}", f"hydra.run.dir={resumed}")
     assert result.returncode == 0, result.stderr
@@ -70,7 +80,10 @@ def test_stopped_after_k_and_resumed_in_a_fresh_process_equals_the_uninterrupted
     ref_report = json.loads((reference / "report.json").read_text())
     res_report = json.loads((resumed / "report.json").read_text())
     assert res_report["artifacts"]["trajectory_sha256"] == ref_report["artifacts"]["trajectory_sha256"]
-    assert res_report["artifacts"]["standard_peft_adapter_sha256"] == ref_report["artifacts"]["standard_peft_adapter_sha256"]
+    assert (
+        res_report["artifacts"]["standard_peft_adapter_sha256"]
+        == ref_report["artifacts"]["standard_peft_adapter_sha256"]
+    )
     assert res_report["recipe"]["compiled_plan_sha256"] == ref_report["recipe"]["compiled_plan_sha256"]
     assert len((resumed / "metrics.jsonl").read_text().splitlines()) == N
 
@@ -99,12 +112,19 @@ def stopped_run(tmp_path):
     return folder
 
 
-@pytest.mark.parametrize("damage,message", [
-    (lambda ckpt: (ckpt / "optimizer.safetensors").unlink(), "is incomplete: missing optimizer.safetensors"),
-    (lambda ckpt: (ckpt / "adapter.safetensors").write_bytes(
-        (ckpt / "adapter.safetensors").read_bytes()[:-1] + b"\x00"), "adapter.safetensors does not match its sha256"),
-    (lambda ckpt: None, "belongs to another plan"),
-])
+@pytest.mark.parametrize(
+    "damage,message",
+    [
+        (lambda ckpt: (ckpt / "optimizer.safetensors").unlink(), "is incomplete: missing optimizer.safetensors"),
+        (
+            lambda ckpt: (ckpt / "adapter.safetensors").write_bytes(
+                (ckpt / "adapter.safetensors").read_bytes()[:-1] + b"\x00"
+            ),
+            "adapter.safetensors does not match its sha256",
+        ),
+        (lambda ckpt: None, "belongs to another plan"),
+    ],
+)
 def test_a_broken_or_foreign_checkpoint_is_refused_without_touching_any_file(stopped_run, tmp_path, damage, message):
     damage(checkpoint.checkpoints_in(stopped_run)[-1])
     before = tree_digest(stopped_run)
@@ -119,8 +139,9 @@ def test_a_broken_or_foreign_checkpoint_is_refused_without_touching_any_file(sto
 
 def test_the_refusal_is_one_line_on_the_command_line(stopped_run, tmp_path):
     (checkpoint.checkpoints_in(stopped_run)[-1] / "state.json").unlink()
-    result = main(*ARGS, f"trainer.resume_from={checkpoint.checkpoints_in(stopped_run)[-1]}",
-                  f"hydra.run.dir={tmp_path / 'new'}")
+    result = main(
+        *ARGS, f"trainer.resume_from={checkpoint.checkpoints_in(stopped_run)[-1]}", f"hydra.run.dir={tmp_path / 'new'}"
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("miniverl: error: trainer.resume_from")
 
@@ -157,8 +178,9 @@ def sigkill_once_flagged(script: str, flag: Path) -> None:
 
 def test_a_process_killed_while_writing_a_checkpoint_leaves_the_previous_one_loadable(reference, tmp_path):
     run_dir, flag = tmp_path / "killed", tmp_path / "writing"
-    sigkill_once_flagged(KILL_SCRIPT.format(root=str(ROOT), tests=str(ROOT / "tests"), signal=str(flag),
-                                            run_dir=str(run_dir)), flag)
+    sigkill_once_flagged(
+        KILL_SCRIPT.format(root=str(ROOT), tests=str(ROOT / "tests"), signal=str(flag), run_dir=str(run_dir)), flag
+    )
     assert [p.name for p in checkpoint.checkpoints_in(run_dir)] == ["update_1", "update_2"]
     assert (run_dir / "checkpoints" / ".update_3.tmp").is_dir()  # the torn write, invisible
     report = run_in_process(run_dir)  # auto-resume from update_2, in the same folder
@@ -175,8 +197,9 @@ def test_the_peft_adapter_reproduces_the_trained_students_log_probs(tmp_path):
     adapter_dir = tmp_path / "run" / "peft_adapter"
     assert report["artifacts"]["standard_peft_adapter_sha256"] == sha256_file(adapter_dir / "adapter_model.safetensors")
     block = trainer.cfg.model
-    base = models.load_causal_lm("model", block, models.source_of(block, tmp_path / "run" / "toy_models" / "student"),
-                                 torch.device("cpu"))
+    base = models.load_causal_lm(
+        "model", block, models.source_of(block, tmp_path / "run" / "toy_models" / "student"), torch.device("cpu")
+    )
     loaded = PeftModel.from_pretrained(base, adapter_dir).eval()
     t = load_file(str(tmp_path / "run" / "trajectories" / "update_000002.safetensors"))
     batch = Batch(**{k: v for k, v in t.items() if k in Batch.__dataclass_fields__})
@@ -226,6 +249,7 @@ def test_the_parent_releases_its_models_before_the_resume_checks_children_run(tm
             model = real(*args, **kwargs)
             loaded.append(weakref.ref(model))
             return model
+
         return load
 
     for name in ("load_student", "load_teacher"):
@@ -245,7 +269,8 @@ def test_the_parent_releases_its_models_before_the_resume_checks_children_run(tm
     report = json.loads((run_dir / "report.json").read_text())  # rebuilt after the check, without the models
     assert report["status"] == "measured" and report["resume"]["status"] == "mismatch"
     assert report["artifacts"]["standard_peft_adapter_sha256"] == sha256_file(
-        run_dir / "peft_adapter" / "adapter_model.safetensors")
+        run_dir / "peft_adapter" / "adapter_model.safetensors"
+    )
     assert report["measurements"]["steady_state_median_seconds"]["rollout"] > 0
 
 
@@ -301,8 +326,12 @@ run_in_process(Path({run_dir!r}))
 
 def test_the_same_command_restarts_a_run_killed_before_its_first_checkpoint(reference, tmp_path):
     run_dir, flag = tmp_path / "killed", tmp_path / "flag"
-    sigkill_once_flagged(HANG_BEFORE_CHECKPOINT.format(root=str(ROOT), tests=str(ROOT / "tests"), signal=str(flag),
-                                                       run_dir=str(run_dir)), flag)
+    sigkill_once_flagged(
+        HANG_BEFORE_CHECKPOINT.format(
+            root=str(ROOT), tests=str(ROOT / "tests"), signal=str(flag), run_dir=str(run_dir)
+        ),
+        flag,
+    )
     assert (run_dir / "plan.json").is_file() and not checkpoint.checkpoints_in(run_dir)
     assert (run_dir / "trajectories" / "update_000001.safetensors").is_file()
 
@@ -311,4 +340,3 @@ def test_the_same_command_restarts_a_run_killed_before_its_first_checkpoint(refe
     assert "stopped before its first checkpoint (no checkpoint, no report): starting it again" in again.stdout
     assert json.loads((run_dir / "report.json").read_text())["status"] == "measured"
     assert first_difference(reference, run_dir)[1] is None
-

@@ -6,12 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import SHORT, compose_config
 from miniverl import main as main_module
-from miniverl.utils.errors import MiniverlError
-from miniverl.utils.identity import resolved_config
 from miniverl.config import to_config
 from miniverl.trainer.opd_trainer import OPDTrainer
+from miniverl.utils.errors import MiniverlError
+from miniverl.utils.identity import resolved_config
+
+from conftest import SHORT, compose_config
 
 
 @pytest.fixture(scope="module")
@@ -25,9 +26,13 @@ def trainer(tmp_path_factory):
 def generate(trainer, physical_batches, update=0, limit=24):
     plan = trainer.plan.updates[update]
     rows = [trainer.prompts.rows.index(r) for r in plan.prompt_rows]
-    return trainer.rollout.generate_sequences([trainer.prompts.token_ids[i] for i in rows], list(plan.prompt_rows),
-                                              list(plan.sample_seeds), response_limit=limit,
-                                              physical_batches=physical_batches)
+    return trainer.rollout.generate_sequences(
+        [trainer.prompts.token_ids[i] for i in rows],
+        list(plan.prompt_rows),
+        list(plan.sample_seeds),
+        response_limit=limit,
+        physical_batches=physical_batches,
+    )
 
 
 def test_physical_batch_1_2_and_4_sample_the_same_tokens(trainer):
@@ -46,17 +51,29 @@ def test_sampling_is_reproducible_and_seed_dependent(trainer):
     plan = trainer.plan.updates[0]
     rows = [trainer.prompts.rows.index(r) for r in plan.prompt_rows]
     other_seeds = trainer.rollout.generate_sequences(
-        [trainer.prompts.token_ids[i] for i in rows], list(plan.prompt_rows),
-        list(trainer.plan.updates[1].sample_seeds), response_limit=24, physical_batches=[4])
+        [trainer.prompts.token_ids[i] for i in rows],
+        list(plan.prompt_rows),
+        list(trainer.plan.updates[1].sample_seeds),
+        response_limit=24,
+        physical_batches=[4],
+    )
     assert not torch.equal(first.responses, other_seeds.responses)  # same prompts, other streams
 
 
 def test_a_failed_resume_check_fails_the_command(monkeypatch, tmp_path):
     import miniverl.resume_check as resume_check
-    monkeypatch.setattr(resume_check, "verify_resume", lambda run_dir, overrides, k: {
-        "status": "mismatch", "first_difference": "adapter.safetensors of update_3 differs"})
+
+    monkeypatch.setattr(
+        resume_check,
+        "verify_resume",
+        lambda run_dir, overrides, k: {
+            "status": "mismatch",
+            "first_difference": "adapter.safetensors of update_3 differs",
+        },
+    )
     cfg = compose_config(["+recipe=opd_k1", *SHORT, "recipe.interrupt_after_updates=1"])
     with pytest.raises(MiniverlError, match="resume check failed: adapter.safetensors of update_3 differs"):
         main_module.run(cfg, tmp_path / "run")
     import json
+
     assert json.loads((tmp_path / "run" / "report.json").read_text())["resume"]["status"] == "mismatch"

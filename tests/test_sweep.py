@@ -12,19 +12,31 @@ import sys
 import pytest
 from hydra import compose, initialize_config_dir
 
-from conftest import CONF, ROOT
 from miniverl import sweep_summary
 
-SHORT_SWEEP = ["+recipe=opd_k1", "model=toy", "teacher=toy", "recipe.optimizer_updates=2",
-               "recipe.interrupt_after_updates=null", "recipe.response_limit=8"]
+from conftest import CONF, ROOT
+
+SHORT_SWEEP = [
+    "+recipe=opd_k1",
+    "model=toy",
+    "teacher=toy",
+    "recipe.optimizer_updates=2",
+    "recipe.interrupt_after_updates=null",
+    "recipe.response_limit=8",
+]
 
 
 def multirun(sweep_dir, *args):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
     env.pop("HYDRA_FULL_ERROR", None)
-    return subprocess.run([sys.executable, "-m", "miniverl.main", "-m", *SHORT_SWEEP, *args,
-                           f"hydra.sweep.dir={sweep_dir}"], capture_output=True, text=True, cwd=ROOT, env=env,
-                          timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "miniverl.main", "-m", *SHORT_SWEEP, *args, f"hydra.sweep.dir={sweep_dir}"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=600,
+    )
 
 
 def read_csv(path):
@@ -44,26 +56,40 @@ def test_a_2x2_sweep_leaves_four_reports_and_a_summary(sweep_2x2):
     assert result.returncode == 0, result.stderr[-2000:]
     reports = [json.loads((sweep_dir / str(i) / "report.json").read_text()) for i in range(4)]
     assert {(r["recipe"]["estimator"], r["models"]["student"]["lora"]["r"]) for r in reports} == {
-        ("k1", 8), ("k1", 16), ("k3", 8), ("k3", 16)}
+        ("k1", 8),
+        ("k1", 16),
+        ("k3", 8),
+        ("k3", 16),
+    }
     # Same prompts and seeds in every job: the plans differ only by the swept fields.
-    assert len({json.dumps(json.loads((sweep_dir / str(i) / "plan.json").read_text())["updates"]) for i in range(4)}) == 1
+    assert (
+        len({json.dumps(json.loads((sweep_dir / str(i) / "plan.json").read_text())["updates"]) for i in range(4)}) == 1
+    )
     rows = read_csv(sweep_dir / "sweep_summary.csv")
     assert [row["job"] for row in rows] == ["0", "1", "2", "3"]
-    assert {row["swept"] for row in rows} == {"estimator=k1 model.lora.r=8", "estimator=k1 model.lora.r=16",
-                                              "estimator=k3 model.lora.r=8", "estimator=k3 model.lora.r=16"}
+    assert {row["swept"] for row in rows} == {
+        "estimator=k1 model.lora.r=8",
+        "estimator=k1 model.lora.r=16",
+        "estimator=k3 model.lora.r=8",
+        "estimator=k3 model.lora.r=16",
+    }
     for row, report in zip(rows, reports):
         assert row["status"] == "measured"
-        losses = [json.loads(x)["actor/distillation/loss"]
-                  for x in (sweep_dir / row["job"] / "metrics.jsonl").read_text().splitlines()]
+        losses = [
+            json.loads(x)["actor/distillation/loss"]
+            for x in (sweep_dir / row["job"] / "metrics.jsonl").read_text().splitlines()
+        ]
         assert float(row["final_loss"]) == pytest.approx(losses[-1])
         assert float(row["rollout_tokens_per_second"]) == pytest.approx(
-            report["measurements"]["steady_state_median_throughput"]["rollout_tokens_per_second"])
+            report["measurements"]["steady_state_median_throughput"]["rollout_tokens_per_second"]
+        )
         assert float(row["peak_rss_gib"]) > 0 and row["resume"] == "not_checked"
     md = (sweep_dir / "sweep_summary.md").read_text()
     assert md.count("| measured |") == 4
     png = (sweep_dir / "sweep_summary.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     import matplotlib.image
+
     assert matplotlib.image.imread(str(sweep_dir / "sweep_summary.png")).shape[2] in (3, 4)
 
 
@@ -98,8 +124,9 @@ def test_rebuilding_a_folder_without_jobs_is_one_line(tmp_path, capsys):
 
 @pytest.mark.parametrize("launcher,target", [("parallel", "JoblibLauncher"), ("slurm", "SlurmLauncher")])
 def test_launcher_configs_compose(launcher, target):
-    pytest.importorskip({"parallel": "hydra_plugins.hydra_joblib_launcher",
-                         "slurm": "hydra_plugins.hydra_submitit_launcher"}[launcher])
+    pytest.importorskip(
+        {"parallel": "hydra_plugins.hydra_joblib_launcher", "slurm": "hydra_plugins.hydra_submitit_launcher"}[launcher]
+    )
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=[f"hydra/launcher={launcher}"], return_hydra_config=True)
     assert cfg.hydra.launcher._target_.endswith(target)

@@ -12,13 +12,14 @@ import torch
 from peft import PeftModel
 from safetensors.torch import load_file
 
-from conftest import SHORT, compose_config
+from miniverl.config import to_config
 from miniverl.models import loading as models
+from miniverl.trainer.opd_trainer import OPDTrainer
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import resolved_config
 from miniverl.workers.logprobs import response_log_probs
-from miniverl.config import to_config
-from miniverl.trainer.opd_trainer import OPDTrainer
+
+from conftest import SHORT, compose_config
 
 TINY = [*SHORT, "recipe.optimizer_updates=2", "actor.optim.lr=1e-3"]
 
@@ -44,14 +45,20 @@ def trained_adapter(tmp_path_factory):
 def rolled_out_batch(trainer, update=0):
     plan = trainer.plan.updates[update]
     rows = [trainer.prompts.rows.index(r) for r in plan.prompt_rows]
-    return trainer.rollout.generate_sequences([trainer.prompts.token_ids[i] for i in rows], list(plan.prompt_rows),
-                                              list(plan.sample_seeds), response_limit=12, physical_batches=[4])
+    return trainer.rollout.generate_sequences(
+        [trainer.prompts.token_ids[i] for i in rows],
+        list(plan.prompt_rows),
+        list(plan.sample_seeds),
+        response_limit=12,
+        physical_batches=[4],
+    )
 
 
 def fresh_base(trainer):
     block = trainer.cfg.model
-    return models.load_causal_lm("model", block, models.source_of(block, trainer.run_dir / "toy_models" / "student"),
-                                 torch.device("cpu")).eval()
+    return models.load_causal_lm(
+        "model", block, models.source_of(block, trainer.run_dir / "toy_models" / "student"), torch.device("cpu")
+    ).eval()
 
 
 def test_ref_mode_scores_with_the_base_model_without_the_adapter(tmp_path):
@@ -75,7 +82,10 @@ def test_shared_base_equals_a_separate_model_with_the_adapter_on_one_copy_of_the
     assert trainer.teacher.model is trainer.student.get_base_model()  # the teacher runs on the student's modules
     layer = trainer.student.get_base_model().model.layers[0].self_attn.q_proj
     assert set(layer.lora_A.keys()) == {"default", "teacher"}
-    assert layer.base_layer.weight.data_ptr() == trainer.teacher.model.model.layers[0].self_attn.q_proj.base_layer.weight.data_ptr()
+    assert (
+        layer.base_layer.weight.data_ptr()
+        == trainer.teacher.model.model.layers[0].self_attn.q_proj.base_layer.weight.data_ptr()
+    )
     assert not (trainer.run_dir / "toy_models" / "teacher").exists()
     batch = rolled_out_batch(trainer)
     teacher = trainer.teacher.compute_teacher_log_prob(batch, 4).teacher_logprobs
@@ -126,6 +136,7 @@ def broken_adapter(tmp_path, trained_adapter):
         shutil.copytree(trained_adapter, folder)
         edit(folder)
         return folder
+
     return make
 
 
@@ -154,11 +165,14 @@ def test_a_folder_that_is_not_an_adapter_is_refused(tmp_path):
         trainer_for(tmp_path, "run", f"model.adapter={tmp_path}")
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (["teacher.mode=shared_base"], "needs teacher.adapter"),
-    (["teacher.mode=ref", "teacher.adapter=/x"], "drop teacher.adapter"),
-    (["teacher.mode=self"], "choose one of standard, ref, shared_base"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["teacher.mode=shared_base"], "needs teacher.adapter"),
+        (["teacher.mode=ref", "teacher.adapter=/x"], "drop teacher.adapter"),
+        (["teacher.mode=self"], "choose one of standard, ref, shared_base"),
+    ],
+)
 def test_inconsistent_teacher_settings_are_refused_at_composition(overrides, message):
     with pytest.raises(MiniverlError, match=message):
         to_config(compose_config(["+recipe=opd_k1", "model=toy", "teacher=toy", *overrides]))

@@ -44,15 +44,21 @@ class MiniverlConfig:
     def __post_init__(self) -> None:
         wanted = teacher_target_for(self.estimator.loss_mode)
         if self.recipe.teacher_target != wanted:
-            raise ValueError(f"recipe.teacher_target={self.recipe.teacher_target!r} does not fit "
-                             f"estimator.loss_mode={self.estimator.loss_mode}: it needs {wanted!r}")
+            raise ValueError(
+                f"recipe.teacher_target={self.recipe.teacher_target!r} does not fit "
+                f"estimator.loss_mode={self.estimator.loss_mode}: it needs {wanted!r}"
+            )
         if self.eval.every != -1 and not self.data.val_files:
-            raise ValueError("eval.every is set but data.val_files is empty: give the held-out prompts "
-                             "(data.val_files=<parquet>) or set eval.every=-1")
+            raise ValueError(
+                "eval.every is set but data.val_files is empty: give the held-out prompts "
+                "(data.val_files=<parquet>) or set eval.every=-1"
+            )
         stop = self.trainer.stop_after_updates
         if stop is not None and stop >= self.recipe.optimizer_updates:
-            raise ValueError(f"trainer.stop_after_updates={stop} must be below recipe.optimizer_updates="
-                             f"{self.recipe.optimizer_updates}")
+            raise ValueError(
+                f"trainer.stop_after_updates={stop} must be below recipe.optimizer_updates="
+                f"{self.recipe.optimizer_updates}"
+            )
         needed = self.recipe.prompt_limit + self.recipe.response_limit
         for where, block in (("model", self.model), ("teacher", self.teacher)):
             if block.model_id == "toy" and block.toy.max_position_embeddings < needed:
@@ -70,9 +76,9 @@ def register_configs() -> None:
 def to_config(cfg: DictConfig) -> MiniverlConfig:
     """Validate a composed config: runs every schema's `__post_init__`; a refused value becomes a
     one-line MiniverlError."""
-    from miniverl.utils.errors import MiniverlError
-
     from omegaconf.errors import ConfigKeyError
+
+    from miniverl.utils.errors import MiniverlError
 
     plain = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"]) if "hydra" in cfg else cfg
     try:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from dataclasses import field
-from typing import Any, Dict
+from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -23,7 +22,7 @@ class DataConfig:
     # plan that needs more prompts than the data holds is refused.
     repeat_prompts: bool = False
     # Extra arguments to the chat template (verl: data.apply_chat_template_kwargs), e.g. enable_thinking.
-    apply_chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
+    apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     seed: int = 1
 
     def __post_init__(self) -> None:
@@ -36,5 +35,7 @@ class DataConfig:
             self.val_files = [self.val_files]
         self.val_files = list(self.val_files or [])
         if self.truncation != "error":
-            raise ValueError(f"data.truncation={self.truncation!r}: miniverl supports 'error' "
-                             "(use data.filter_overlong_prompts=true to drop long prompts)")
+            raise ValueError(
+                f"data.truncation={self.truncation!r}: miniverl supports 'error' "
+                "(use data.filter_overlong_prompts=true to drop long prompts)"
+            )

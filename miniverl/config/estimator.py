@@ -53,9 +53,7 @@ class EstimatorConfig:
                 "of k1 does not depend on the teacher; set estimator.use_policy_gradient=true or pick k3"
             )
         if self.loss_agg_mode not in LOSS_AGG_MODES:
-            raise ValueError(
-                f"{where}.loss_agg_mode={self.loss_agg_mode!r}; choose one of {', '.join(LOSS_AGG_MODES)}"
-            )
+            raise ValueError(f"{where}.loss_agg_mode={self.loss_agg_mode!r}; choose one of {', '.join(LOSS_AGG_MODES)}")
         if self.loss_mode == "forward_kl_topk":
             if self.topk is None or self.topk < 1:
                 raise ValueError(f"{where}.topk must be a positive integer for loss_mode=forward_kl_topk")

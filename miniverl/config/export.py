@@ -45,8 +45,15 @@ class ExportConfig:
 
     def __post_init__(self) -> None:
         where = "export"
-        for key in ("nnodes", "n_gpus_per_node", "teacher_nnodes", "teacher_n_gpus_per_node", "teacher_replicas",
-                    "teacher_tensor_parallel_size", "rollout_tensor_parallel_size"):
+        for key in (
+            "nnodes",
+            "n_gpus_per_node",
+            "teacher_nnodes",
+            "teacher_n_gpus_per_node",
+            "teacher_replicas",
+            "teacher_tensor_parallel_size",
+            "rollout_tensor_parallel_size",
+        ):
             if getattr(self, key) < 1:
                 raise ValueError(f"{where}.{key}={getattr(self, key)} must be >= 1 (verl needs a non-empty pool)")
         for key in ("ppo_micro_batch_size_per_gpu", "log_prob_micro_batch_size_per_gpu", "max_token_len_per_gpu"):

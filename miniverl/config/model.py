@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Optional
 
 QUANTIZATIONS = ("nf4", "none")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -39,8 +39,10 @@ class ToyArchitecture:
 
     def __post_init__(self) -> None:
         if self.head_dim is None and self.hidden_size % self.num_heads:
-            raise ValueError(f"toy.hidden_size={self.hidden_size} must be a multiple of toy.num_heads={self.num_heads}"
-                             " (or set toy.head_dim)")
+            raise ValueError(
+                f"toy.hidden_size={self.hidden_size} must be a multiple of toy.num_heads={self.num_heads}"
+                " (or set toy.head_dim)"
+            )
         if self.num_kv_heads is not None and (self.num_kv_heads < 1 or self.num_heads % self.num_kv_heads):
             raise ValueError(f"toy.num_kv_heads={self.num_kv_heads} must divide toy.num_heads={self.num_heads}")
         if self.tokenizer not in TOY_TOKENIZERS:
@@ -63,7 +65,7 @@ class LoraSettings:
     r: int = 16
     alpha: int = 32
     dropout: float = 0.0
-    target_modules: List[str] = field(default_factory=lambda: ["q_proj", "v_proj"])
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "v_proj"])
     bias: str = "none"
 
     def __post_init__(self) -> None:

@@ -13,7 +13,6 @@ def teacher_target_for(loss_mode: str) -> str:
     return "top_k_log_probabilities" if loss_mode == "forward_kl_topk" else "sampled_token_log_probability"
 
 
-
 @dataclass
 class RecipeConfig:
     name: str = "default"
@@ -36,4 +35,6 @@ class RecipeConfig:
                 f"recipe.optimizer_updates-1={self.optimizer_updates - 1} (or be null)"
             )
         if self.teacher_target not in TEACHER_TARGETS:
-            raise ValueError(f"recipe.teacher_target={self.teacher_target!r}; choose one of {', '.join(TEACHER_TARGETS)}")
+            raise ValueError(
+                f"recipe.teacher_target={self.teacher_target!r}; choose one of {', '.join(TEACHER_TARGETS)}"
+            )

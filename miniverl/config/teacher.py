@@ -25,7 +25,9 @@ class TeacherConfig:
     dtype: str = "float32"
     attn_implementation: str = "sdpa"
     quantization: str = "nf4"
-    adapter: Optional[str] = None  # a PEFT adapter folder (standard: on top of model_id; shared_base: on the student's base)
+    adapter: Optional[str] = (
+        None  # a PEFT adapter folder (standard: on top of model_id; shared_base: on the student's base)
+    )
     toy: ToyArchitecture = field(default_factory=ToyArchitecture)
     # Seed of the toy teacher's initialisation; null: the student's own initialisation (with
     # toy_pretrain_steps > 0, a teacher that is a fine-tune of the student's base).
@@ -40,10 +42,14 @@ class TeacherConfig:
         if self.mode not in TEACHER_MODES:
             raise ValueError(f"teacher.mode={self.mode!r}; choose one of {', '.join(TEACHER_MODES)}")
         if self.mode == "shared_base" and not self.adapter:
-            raise ValueError("teacher.mode=shared_base needs teacher.adapter=<PEFT adapter folder trained on the "
-                             "student's base model>")
+            raise ValueError(
+                "teacher.mode=shared_base needs teacher.adapter=<PEFT adapter folder trained on the "
+                "student's base model>"
+            )
         if self.mode == "ref" and self.adapter:
-            raise ValueError("teacher.mode=ref is the student's base without any adapter: drop teacher.adapter, "
-                             "or use teacher.mode=shared_base")
+            raise ValueError(
+                "teacher.mode=ref is the student's base without any adapter: drop teacher.adapter, "
+                "or use teacher.mode=shared_base"
+            )
         if self.toy_pretrain_steps < 0:
             raise ValueError("teacher.toy_pretrain_steps must be >= 0")

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Optional
 
 LOGGERS = ("console", "jsonl", "tensorboard")  # verl's trainer.logger names; tensorboard is an extra
 RESUME_MODES = ("auto", "disable", "resume_path")
@@ -15,7 +15,7 @@ class TrainerConfig:
     seed: int = 1  # every random stream of the run derives from this and the update counters
     project_name: str = "miniverl"
     experiment_name: str = "opd"
-    logger: List[str] = field(default_factory=lambda: ["console", "jsonl"])
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     progress_bar: bool = True
     # verl's trainer.save_freq: a checkpoint every N updates (-1: only at a stop and at the end).
     save_freq: int = 1

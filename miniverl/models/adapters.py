@@ -9,9 +9,10 @@ refused with one line naming the setting.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, ContextManager
 
 from peft import PeftModel
 from safetensors import safe_open
@@ -47,8 +48,10 @@ def check_fits(model: PreTrainedModel, folder: Path, where: str) -> None:
     names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
     missing = [t for t in targets if t not in names]
     if missing:
-        raise MiniverlError(f"{where}={folder}: targets modules {missing} that the base model "
-                            f"({type(model).__name__}) does not have; it was trained for another architecture")
+        raise MiniverlError(
+            f"{where}={folder}: targets modules {missing} that the base model "
+            f"({type(model).__name__}) does not have; it was trained for another architecture"
+        )
     shapes = dict(model.named_modules())
     with safe_open(str(folder / WEIGHTS), "pt") as tensors:
         for key in tensors.keys():
@@ -61,8 +64,10 @@ def check_fits(model: PreTrainedModel, folder: Path, where: str) -> None:
             expected = getattr(layer, "in_features", None) if ".lora_A" in key else getattr(layer, "out_features", None)
             actual = cols if ".lora_A" in key else rows
             if expected is not None and actual != expected:
-                raise MiniverlError(f"{where}={folder}: {path} has {expected} features in this base model but "
-                                    f"{actual} in the adapter; it was trained on another base model")
+                raise MiniverlError(
+                    f"{where}={folder}: {path} has {expected} features in this base model but "
+                    f"{actual} in the adapter; it was trained on another base model"
+                )
 
 
 def student_from_adapter(model: PreTrainedModel, path: str) -> PeftModel:

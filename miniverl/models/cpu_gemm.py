@@ -25,13 +25,13 @@ import torch
 HALF = (torch.bfloat16, torch.float16)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-           float32_gemm: bool) -> torch.Tensor:
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, float32_gemm: bool
+) -> torch.Tensor:
     """F.linear(x, weight, bias); with `float32_gemm`, half-precision CPU operands multiply in
     float32 and the result is rounded to their dtype."""
     if float32_gemm and x.device.type == "cpu" and x.dtype in HALF and weight.dtype == x.dtype:
-        return torch.nn.functional.linear(x.float(), weight.float(),
-                                          None if bias is None else bias.float()).to(x.dtype)
+        return torch.nn.functional.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(x.dtype)
     return torch.nn.functional.linear(x, weight, bias)
 
 
@@ -64,15 +64,20 @@ def plain_cpu_4bit(module: torch.nn.Module) -> bool:
     if not isinstance(module, bnb.nn.Linear4bit) or module.weight.device.type != "cpu":
         return False
     state = getattr(module.weight, "quant_state", None)
-    return (state is not None and not getattr(state, "packing_format_for_cpu", False)
-            and module.compute_dtype is not None and not getattr(module, "support_avx512bf16_for_cpu", False)
-            and tuple(state.shape) == (module.out_features, module.in_features)
-            and state.dtype == module.compute_dtype)
+    return (
+        state is not None
+        and not getattr(state, "packing_format_for_cpu", False)
+        and module.compute_dtype is not None
+        and not getattr(module, "support_avx512bf16_for_cpu", False)
+        and tuple(state.shape) == (module.out_features, module.in_features)
+        and state.dtype == module.compute_dtype
+    )
 
 
 def dequantized_weight(module: torch.nn.Module) -> torch.Tensor:
     """The dense weight of a plain CPU Linear4bit, in its compute dtype (what its forward multiplies)."""
     import bitsandbytes as bnb
+
     return bnb.functional.dequantize_4bit(module.weight.data, module.weight.quant_state)
 
 
@@ -91,8 +96,13 @@ def _float32_linear_forward(self, x: torch.Tensor) -> torch.Tensor:
 
 
 def _frozen_half_linear(module: torch.nn.Module) -> bool:
-    return (type(module) is torch.nn.Linear and module.weight.dtype in HALF and module.weight.device.type == "cpu"
-            and not module.weight.requires_grad and (module.bias is None or not module.bias.requires_grad))
+    return (
+        type(module) is torch.nn.Linear
+        and module.weight.dtype in HALF
+        and module.weight.device.type == "cpu"
+        and not module.weight.requires_grad
+        and (module.bias is None or not module.bias.requires_grad)
+    )
 
 
 @contextmanager

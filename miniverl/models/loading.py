@@ -14,21 +14,20 @@ LoRA gradients equal those through the dequantized base.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import torch
 import transformers
 from peft import LoraConfig, PeftModel, get_peft_model, prepare_model_for_kbit_training
 from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PreTrainedModel
 
-from miniverl.models import adapters
-from miniverl.models import toy
-from miniverl.utils.errors import MiniverlError
 from miniverl.config.model import StudentConfig
 from miniverl.config.teacher import TeacherConfig
+from miniverl.models import adapters, toy
+from miniverl.utils.errors import MiniverlError
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PROBE_CONVERSATION = [
@@ -62,8 +61,14 @@ def quiet_loading():
         transformers.utils.logging.set_verbosity(previous)
 
 
-def materialize_toys(student: StudentConfig, teacher: TeacherConfig | None, folder: Path, *, student_seed: int,
-                     corpus_texts: Sequence[list[dict]] = ()) -> dict[str, Path]:
+def materialize_toys(
+    student: StudentConfig,
+    teacher: TeacherConfig | None,
+    folder: Path,
+    *,
+    student_seed: int,
+    corpus_texts: Sequence[list[dict]] = (),
+) -> dict[str, Path]:
     """Write the toy student and/or toy teacher (None: no separate teacher model) to
     `folder/{student,teacher}`; return their paths."""
     with quiet_loading():
@@ -82,8 +87,14 @@ def _materialize_toys(student, teacher, folder, student_seed, corpus_texts) -> d
         model = toy.build_toy_model(teacher.toy, tokenizer, seed=seed)
         corpus = [tokenizer.apply_chat_template(conv, tokenize=False) for conv in corpus_texts]
         corpus_ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in corpus]
-        toy.pretrain_on_corpus(model, corpus_ids, steps=teacher.toy_pretrain_steps, lr=teacher.toy_pretrain_lr,
-                               seed=seed, pad_id=tokenizer.pad_token_id)
+        toy.pretrain_on_corpus(
+            model,
+            corpus_ids,
+            steps=teacher.toy_pretrain_steps,
+            lr=teacher.toy_pretrain_lr,
+            seed=seed,
+            pad_id=tokenizer.pad_token_id,
+        )
         paths["teacher"] = toy.save_toy(model, tokenizer, folder / "teacher", teacher.toy.dtype)
     return paths
 
@@ -91,8 +102,9 @@ def _materialize_toys(student, teacher, folder, student_seed, corpus_texts) -> d
 def source_of(block: StudentConfig | TeacherConfig, toy_path: Path | None) -> Source:
     path = str(toy_path) if block.model_id == "toy" else block.model_id
     revision = None if block.model_id == "toy" else block.revision
-    return Source(path, revision, block.tokenizer_id or path,
-                  block.tokenizer_revision if block.tokenizer_id else revision)
+    return Source(
+        path, revision, block.tokenizer_id or path, block.tokenizer_revision if block.tokenizer_id else revision
+    )
 
 
 def offline_error(where: str, source: Source, error: Exception) -> MiniverlError:
@@ -112,8 +124,9 @@ def load_tokenizer(where: str, block: StudentConfig | TeacherConfig, source: Sou
     trust_remote_code = block.trust_remote_code
     try:
         with quiet_loading():
-            tokenizer = AutoTokenizer.from_pretrained(source.tokenizer_path, revision=source.tokenizer_revision,
-                                                      trust_remote_code=trust_remote_code)
+            tokenizer = AutoTokenizer.from_pretrained(
+                source.tokenizer_path, revision=source.tokenizer_revision, trust_remote_code=trust_remote_code
+            )
     except (OSError, ValueError) as error:
         raise offline_error(where, Source(source.tokenizer_path, source.tokenizer_revision, "", None), error) from None
     if tokenizer.pad_token_id is None:
@@ -126,24 +139,34 @@ def load_tokenizer(where: str, block: StudentConfig | TeacherConfig, source: Sou
 def compute_dtype(block: StudentConfig | TeacherConfig, source: Source) -> torch.dtype:
     if block.dtype != "auto":
         return TORCH_DTYPES[block.dtype]
-    config = transformers.AutoConfig.from_pretrained(source.path, revision=source.revision,
-                                                     trust_remote_code=block.trust_remote_code)
+    config = transformers.AutoConfig.from_pretrained(
+        source.path, revision=source.revision, trust_remote_code=block.trust_remote_code
+    )
     dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
     return TORCH_DTYPES[dtype] if isinstance(dtype, str) else dtype
 
 
-def load_causal_lm(where: str, block: StudentConfig | TeacherConfig, source: Source,
-                   device: torch.device) -> PreTrainedModel:
+def load_causal_lm(
+    where: str, block: StudentConfig | TeacherConfig, source: Source, device: torch.device
+) -> PreTrainedModel:
     try:
         dtype = compute_dtype(block, source)
         quantization = None
         if block.quantization == "nf4":
-            quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                                              bnb_4bit_compute_dtype=dtype, bnb_4bit_use_double_quant=False)
+            quantization = BitsAndBytesConfig(
+                load_in_4bit=True,
+                bnb_4bit_quant_type="nf4",
+                bnb_4bit_compute_dtype=dtype,
+                bnb_4bit_use_double_quant=False,
+            )
         with quiet_loading():
             model = AutoModelForCausalLM.from_pretrained(
-                source.path, revision=source.revision, dtype=dtype, quantization_config=quantization,
-                attn_implementation=block.attn_implementation, trust_remote_code=block.trust_remote_code,
+                source.path,
+                revision=source.revision,
+                dtype=dtype,
+                quantization_config=quantization,
+                attn_implementation=block.attn_implementation,
+                trust_remote_code=block.trust_remote_code,
                 device_map={"": device.index if device.type == "cuda" else "cpu"},
             )
     except (OSError, ValueError) as error:
@@ -174,15 +197,23 @@ def _wrap_student(model: PreTrainedModel, block: StudentConfig, device: torch.de
     if block.quantization == "nf4" and block.prepare_kbit_training:
         # Casts the non-quantized parameters to float32 and enables gradient checkpointing.
         model = prepare_model_for_kbit_training(
-            model, use_gradient_checkpointing=block.gradient_checkpointing,
-            gradient_checkpointing_kwargs={"use_reentrant": False})
+            model,
+            use_gradient_checkpointing=block.gradient_checkpointing,
+            gradient_checkpointing_kwargs={"use_reentrant": False},
+        )
     elif block.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
     if block.adapter:
         return adapters.student_from_adapter(model, block.adapter).eval()
-    lora = LoraConfig(r=block.lora.r, lora_alpha=block.lora.alpha, lora_dropout=block.lora.dropout,
-                      target_modules=list(block.lora.target_modules), bias=block.lora.bias, task_type="CAUSAL_LM")
+    lora = LoraConfig(
+        r=block.lora.r,
+        lora_alpha=block.lora.alpha,
+        lora_dropout=block.lora.dropout,
+        target_modules=list(block.lora.target_modules),
+        bias=block.lora.bias,
+        task_type="CAUSAL_LM",
+    )
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(lora_seed)  # LoRA A's initialisation draws from the global generator
         try:
@@ -218,11 +249,14 @@ def output_rows_problem(student_rows: int, teacher_rows: int, tokens: int) -> st
     Rows past the shared tokenizer are padding (Qwen3: 151,936 rows for 151,669 tokens); no role
     ever samples or scores them, so padding counts may differ (Qwen2.5-7B's 152,064 rows against
     Qwen2.5-1.5B's 151,936)."""
-    short = [f"{who} has {rows}" for who, rows in (("teacher", teacher_rows), ("student", student_rows))
-             if rows < tokens]
+    short = [
+        f"{who} has {rows}" for who, rows in (("teacher", teacher_rows), ("student", student_rows)) if rows < tokens
+    ]
     if short:
-        return (f"the tokenizer has {tokens} tokens but the {' and the '.join(short)} output rows: its output "
-                "layer cannot score every token id; pick a model of the tokenizer's vocabulary")
+        return (
+            f"the tokenizer has {tokens} tokens but the {' and the '.join(short)} output rows: its output "
+            "layer cannot score every token id; pick a model of the tokenizer's vocabulary"
+        )
     return None
 
 
@@ -231,13 +265,21 @@ def check_tokenizers_compatible(student_tok, teacher_tok, student: PreTrainedMod
     if student_tok.get_vocab() != teacher_tok.get_vocab():
         raise MiniverlError(
             f"teacher and student tokenizers differ (vocabulary {len(teacher_tok)} vs {len(student_tok)} tokens): "
-            "on-policy distillation needs a teacher of the same tokenizer family; pick a teacher that shares it")
-    problem = output_rows_problem(student.get_output_embeddings().weight.shape[0],
-                                  teacher.get_output_embeddings().weight.shape[0], len(student_tok))
+            "on-policy distillation needs a teacher of the same tokenizer family; pick a teacher that shares it"
+        )
+    problem = output_rows_problem(
+        student.get_output_embeddings().weight.shape[0],
+        teacher.get_output_embeddings().weight.shape[0],
+        len(student_tok),
+    )
     if problem:
         raise MiniverlError(f"teacher and student output layers: {problem}")
-    probe = [student_tok.apply_chat_template(PROBE_CONVERSATION, add_generation_prompt=True, tokenize=False),
-             teacher_tok.apply_chat_template(PROBE_CONVERSATION, add_generation_prompt=True, tokenize=False)]
+    probe = [
+        student_tok.apply_chat_template(PROBE_CONVERSATION, add_generation_prompt=True, tokenize=False),
+        teacher_tok.apply_chat_template(PROBE_CONVERSATION, add_generation_prompt=True, tokenize=False),
+    ]
     if probe[0] != probe[1]:
-        raise MiniverlError("teacher and student chat templates render a conversation differently; "
-                            "set teacher.tokenizer_id to the student's tokenizer or pick a matching teacher")
+        raise MiniverlError(
+            "teacher and student chat templates render a conversation differently; "
+            "set teacher.tokenizer_id to the student's tokenizer or pick a matching teacher"
+        )

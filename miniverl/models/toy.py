@@ -7,8 +7,8 @@ same `transformers` Auto classes as a hub model, so NF4 quantization and LoRA ta
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
@@ -44,13 +44,35 @@ QWEN3_REGULAR_TOKENS = 151_643  # ids below Qwen3's first added token
 QWEN3_VOCAB_ROWS = 151_936  # Qwen3's embedding rows: padded past the tokenizer's 151,669 ids
 # Qwen3's 26 added tokens in id order from 151,643, and whether each is special.
 QWEN3_ADDED_TOKENS = (
-    *((t, True) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>",
-                          "<|object_ref_end|>", "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>",
-                          "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")),
-    ("<tool_call>", False), ("</tool_call>", False),
-    *((t, True) for t in ("<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>",
-                          "<|file_sep|>")),
-    ("<tool_response>", False), ("</tool_response>", False), ("<think>", False), ("</think>", False),
+    *(
+        (t, True)
+        for t in (
+            "<|endoftext|>",
+            "<|im_start|>",
+            "<|im_end|>",
+            "<|object_ref_start|>",
+            "<|object_ref_end|>",
+            "<|box_start|>",
+            "<|box_end|>",
+            "<|quad_start|>",
+            "<|quad_end|>",
+            "<|vision_start|>",
+            "<|vision_end|>",
+            "<|vision_pad|>",
+            "<|image_pad|>",
+            "<|video_pad|>",
+        )
+    ),
+    ("<tool_call>", False),
+    ("</tool_call>", False),
+    *(
+        (t, True)
+        for t in ("<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>")
+    ),
+    ("<tool_response>", False),
+    ("</tool_response>", False),
+    ("<think>", False),
+    ("</think>", False),
 )
 
 
@@ -75,7 +97,9 @@ def build_toy_tokenizer(layout: str = "bytes") -> PreTrainedTokenizerFast:
     backend.decoder = decoders.ByteLevel()
     if layout == "qwen3":
         # One call: adding them one at a time rebuilds the added vocabulary each time (seconds).
-        backend.add_tokens([AddedToken(token, special=special, normalized=False) for token, special in QWEN3_ADDED_TOKENS])
+        backend.add_tokens(
+            [AddedToken(token, special=special, normalized=False) for token, special in QWEN3_ADDED_TOKENS]
+        )
         tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=IM_END, pad_token=PAD)
         tokenizer.chat_template = QWEN3_CHAT_TEMPLATE
         return tokenizer
@@ -117,13 +141,22 @@ def build_toy_model(arch: ToyArchitecture, tokenizer: PreTrainedTokenizerFast, s
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen3ForCausalLM(config)
-    model.generation_config = GenerationConfig(eos_token_id=stop_token_ids(arch, tokenizer),
-                                               pad_token_id=tokenizer.pad_token_id)
+    model.generation_config = GenerationConfig(
+        eos_token_id=stop_token_ids(arch, tokenizer), pad_token_id=tokenizer.pad_token_id
+    )
     return model.float().eval()
 
 
-def pretrain_on_corpus(model: Qwen3ForCausalLM, corpus: Sequence[Sequence[int]], *, steps: int, lr: float,
-                       seed: int, pad_id: int, batch_size: int = 16) -> list[float]:
+def pretrain_on_corpus(
+    model: Qwen3ForCausalLM,
+    corpus: Sequence[Sequence[int]],
+    *,
+    steps: int,
+    lr: float,
+    seed: int,
+    pad_id: int,
+    batch_size: int = 16,
+) -> list[float]:
     """Next-token training of the full toy model on a token corpus (deterministic; CPU is fine).
 
     Returns the loss of each step. Used to give the toy teacher a distribution worth distilling.
@@ -151,8 +184,7 @@ def pretrain_on_corpus(model: Qwen3ForCausalLM, corpus: Sequence[Sequence[int]],
     return losses
 
 
-def save_toy(model: Qwen3ForCausalLM, tokenizer: PreTrainedTokenizerFast, folder: Path, dtype: str = "float32"
-             ) -> Path:
+def save_toy(model: Qwen3ForCausalLM, tokenizer: PreTrainedTokenizerFast, folder: Path, dtype: str = "float32") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     model.to(getattr(torch, dtype)).save_pretrained(folder)  # safetensors, config.json, generation_config.json
     tokenizer.save_pretrained(folder)

@@ -30,14 +30,22 @@ def rollout_actor_metrics(batch: Batch) -> dict:
     mask = batch.response_mask.bool()
     if not mask.any():
         nan = float("nan")
-        return {"training/rollout_probs_diff_valid": 0, "training/rollout_probs_diff_max": nan,
-                "training/rollout_probs_diff_mean": nan, "training/rollout_probs_diff_std": nan,
-                "training/rollout_actor_probs_pearson_corr": nan}
+        return {
+            "training/rollout_probs_diff_valid": 0,
+            "training/rollout_probs_diff_max": nan,
+            "training/rollout_probs_diff_mean": nan,
+            "training/rollout_probs_diff_std": nan,
+            "training/rollout_actor_probs_pearson_corr": nan,
+        }
     actor, rollout = batch.old_log_probs.exp()[mask], batch.rollout_log_probs.exp()[mask]  # (N,) each
     diff = (actor - rollout).abs()
-    return {"training/rollout_probs_diff_valid": 1, "training/rollout_probs_diff_max": float(diff.max()),
-            "training/rollout_probs_diff_mean": float(diff.mean()), "training/rollout_probs_diff_std": float(diff.std()),
-            "training/rollout_actor_probs_pearson_corr": float(torch.corrcoef(torch.stack([actor, rollout]))[0, 1])}
+    return {
+        "training/rollout_probs_diff_valid": 1,
+        "training/rollout_probs_diff_max": float(diff.max()),
+        "training/rollout_probs_diff_mean": float(diff.mean()),
+        "training/rollout_probs_diff_std": float(diff.std()),
+        "training/rollout_actor_probs_pearson_corr": float(torch.corrcoef(torch.stack([actor, rollout]))[0, 1]),
+    }
 
 
 def console_line(metrics: dict) -> str:

@@ -18,23 +18,23 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from miniverl.config import MiniverlConfig
 from miniverl.models import adapters
-from miniverl.utils import checkpoint
 from miniverl.models import loading as models
-from miniverl.workers.actor import ActorWorker, NonFiniteLoss
+from miniverl.trainer.metrics import batch_metrics, console_line, rollout_actor_metrics
+from miniverl.trainer.plan import Plan, UpdatePlan, compile_plan, derive_seed
+from miniverl.trainer.run_report import RunFacts, build_report
+from miniverl.trainer.validation import DistillationProbe
+from miniverl.utils import checkpoint
 from miniverl.utils.dataset import PromptSet, read_conversations, tokenize_prompts, with_answers
 from miniverl.utils.device import hardware_facts, resolve_device, set_determinism, timed
-from miniverl.utils.identity import sha256_json
-from miniverl.utils.run_folder import RunFolder, TensorBoardLogger
-from miniverl.trainer.plan import Plan, UpdatePlan, compile_plan, derive_seed
 from miniverl.utils.downshift import Downshift, OutOfMemoryAtOneRow
-from miniverl.trainer.validation import DistillationProbe
-from miniverl.trainer.metrics import batch_metrics, console_line, rollout_actor_metrics
+from miniverl.utils.identity import sha256_json
 from miniverl.utils.measure import cuda_peaks, peak_rss_gib, release_memory, seconds_since_start
-from miniverl.trainer.run_report import RunFacts, build_report
-from miniverl.workers.rollout import RolloutWorker
-from miniverl.config import MiniverlConfig
+from miniverl.utils.run_folder import RunFolder, TensorBoardLogger
 from miniverl.utils.signals import deferred_signals
+from miniverl.workers.actor import ActorWorker, NonFiniteLoss
+from miniverl.workers.rollout import RolloutWorker
 from miniverl.workers.teacher import TeacherWorker
 
 log = logging.getLogger(__name__)
@@ -67,38 +67,66 @@ class OPDTrainer:
         source = self.resume_source()
         if source is not None:
             self.resumed = checkpoint.verify_checkpoint(source, self.plan.digest)
-        self.out = RunFolder(self.run_dir, continuing=self.resumed is not None and self.in_place,
-                             overwrite=cfg.trainer.overwrite, plan_digest=self.plan.digest)
+        self.out = RunFolder(
+            self.run_dir,
+            continuing=self.resumed is not None and self.in_place,
+            overwrite=cfg.trainer.overwrite,
+            plan_digest=self.plan.digest,
+        )
         self.tensorboard = TensorBoardLogger(self.run_dir) if "tensorboard" in cfg.trainer.logger else None
         self.out.write_yaml("resolved_config.yaml", self.resolved)
         self.out.write_json("plan.json", self.plan.to_dict(), canonical=True)
 
         # Toy models are written to the run folder and then loaded like any hub model.
         toy_paths = models.materialize_toys(
-            cfg.model, cfg.teacher if cfg.teacher.mode == "standard" else None, self.out.path("toy_models"),
+            cfg.model,
+            cfg.teacher if cfg.teacher.mode == "standard" else None,
+            self.out.path("toy_models"),
             student_seed=derive_seed(cfg.trainer.seed, "toy"),
-            corpus_texts=with_answers(conversations.messages, conversations.answers))
-        self.student = models.load_student(cfg.model, models.source_of(cfg.model, toy_paths.get("student")),
-                                           self.device, lora_seed=derive_seed(cfg.trainer.seed, "lora"))
+            corpus_texts=with_answers(conversations.messages, conversations.answers),
+        )
+        self.student = models.load_student(
+            cfg.model,
+            models.source_of(cfg.model, toy_paths.get("student")),
+            self.device,
+            lora_seed=derive_seed(cfg.trainer.seed, "lora"),
+        )
         hw = cfg.hardware
         # The rollout and the actor share one model object (verl's hybrid engine on one device).
         # Output rows past the tokenizer are padding: no role samples or scores them.
         self.tokenizer_vocab = len(self.tokenizer)
         self.float32_gemm = hw.cpu_float32_gemm and self.device.type == "cpu"  # every role alike: cpu_gemm.py
-        self.rollout = RolloutWorker(self.student.get_base_model(), cfg.rollout,
-                                     eos_ids=models.stop_token_ids(self.tokenizer, self.student.get_base_model()),
-                                     pad_id=self.tokenizer.pad_token_id, device=self.device,
-                                     tokenizer_vocab=self.tokenizer_vocab, static_cache=hw.rollout_static_cache,
-                                     compile_decode=hw.rollout_compile, cpu_gemv=hw.rollout_cpu_gemv,
-                                     dequantize_4bit_once=hw.rollout_dequantize_4bit_once,
-                                     float32_gemm=self.float32_gemm)
+        self.rollout = RolloutWorker(
+            self.student.get_base_model(),
+            cfg.rollout,
+            eos_ids=models.stop_token_ids(self.tokenizer, self.student.get_base_model()),
+            pad_id=self.tokenizer.pad_token_id,
+            device=self.device,
+            tokenizer_vocab=self.tokenizer_vocab,
+            static_cache=hw.rollout_static_cache,
+            compile_decode=hw.rollout_compile,
+            cpu_gemv=hw.rollout_cpu_gemv,
+            dequantize_4bit_once=hw.rollout_dequantize_4bit_once,
+            float32_gemm=self.float32_gemm,
+        )
         self.teacher = self.build_teacher(toy_paths.get("teacher"))
-        self.actor = ActorWorker(self.student, cfg.actor, cfg.estimator, temperature=cfg.rollout.temperature,
-                                 logprob_chunk=hw.logprob_chunk, loss_scale_factor=cfg.recipe.response_limit,
-                                 tokenizer_vocab=self.tokenizer_vocab, float32_gemm=self.float32_gemm)
+        self.actor = ActorWorker(
+            self.student,
+            cfg.actor,
+            cfg.estimator,
+            temperature=cfg.rollout.temperature,
+            logprob_chunk=hw.logprob_chunk,
+            loss_scale_factor=cfg.recipe.response_limit,
+            tokenizer_vocab=self.tokenizer_vocab,
+            float32_gemm=self.float32_gemm,
+        )
         self.probe = self.build_probe() if cfg.eval.every != -1 else None
-        self.downshift = Downshift(self.device, rollout_rows=hw.rollout_physical_batch, update_rows=hw.update_chunk,
-                                   simulate_above=hw.simulate_oom_above_rows)
+        self.downshift = Downshift(
+            self.device,
+            rollout_rows=hw.rollout_physical_batch,
+            update_rows=hw.update_chunk,
+            simulate_above=hw.simulate_oom_above_rows,
+        )
         if self.resumed is not None:
             self.load_checkpoint(self.resumed)
         self.cold_startup_seconds = seconds_since_start()
@@ -109,25 +137,46 @@ class OPDTrainer:
         if cfg.teacher.mode == "standard":  # a separate frozen model
             source = models.source_of(cfg.teacher, toy_path)
             teacher = models.load_teacher(cfg.teacher, source, self.device)
-            models.check_tokenizers_compatible(self.tokenizer, models.load_tokenizer("teacher", cfg.teacher, source),
-                                               self.student.get_base_model(), teacher)
-            return TeacherWorker(teacher, logprob_chunk=cfg.hardware.logprob_chunk, topk=topk,
-                                 tokenizer_vocab=self.tokenizer_vocab, float32_gemm=self.float32_gemm)
+            models.check_tokenizers_compatible(
+                self.tokenizer,
+                models.load_tokenizer("teacher", cfg.teacher, source),
+                self.student.get_base_model(),
+                teacher,
+            )
+            return TeacherWorker(
+                teacher,
+                logprob_chunk=cfg.hardware.logprob_chunk,
+                topk=topk,
+                tokenizer_vocab=self.tokenizer_vocab,
+                float32_gemm=self.float32_gemm,
+            )
         # ref / shared_base: the teacher runs on the student's own base weights, no second copy.
         if cfg.teacher.mode == "shared_base":
             with models.quiet_loading():
                 adapters.attach_shared_teacher(self.student, cfg.teacher.adapter)
-        return TeacherWorker(self.student.get_base_model(), logprob_chunk=cfg.hardware.logprob_chunk, topk=topk,
-                             context=adapters.teacher_context(self.student, cfg.teacher.mode),
-                             tokenizer_vocab=self.tokenizer_vocab, float32_gemm=self.float32_gemm)
+        return TeacherWorker(
+            self.student.get_base_model(),
+            logprob_chunk=cfg.hardware.logprob_chunk,
+            topk=topk,
+            context=adapters.teacher_context(self.student, cfg.teacher.mode),
+            tokenizer_vocab=self.tokenizer_vocab,
+            float32_gemm=self.float32_gemm,
+        )
 
     def build_probe(self) -> DistillationProbe:
         cfg = self.cfg
-        heldout = tokenize_prompts(read_conversations(cfg.data, "val_files"), cfg.data, self.tokenizer,
-                                   cfg.recipe.prompt_limit)
-        return DistillationProbe(heldout, self.rollout, self.teacher, self.student.get_base_model(),
-                                 seed=cfg.trainer.seed, response_limit=cfg.eval.response_limit or cfg.recipe.response_limit,
-                                 exact_kl_max_vocab=cfg.eval.exact_kl_max_vocab)
+        heldout = tokenize_prompts(
+            read_conversations(cfg.data, "val_files"), cfg.data, self.tokenizer, cfg.recipe.prompt_limit
+        )
+        return DistillationProbe(
+            heldout,
+            self.rollout,
+            self.teacher,
+            self.student.get_base_model(),
+            seed=cfg.trainer.seed,
+            response_limit=cfg.eval.response_limit or cfg.recipe.response_limit,
+            exact_kl_max_vocab=cfg.eval.exact_kl_max_vocab,
+        )
 
     def evaluate(self, update: int) -> dict:
         """Held-out progress after `update` updates (0: before training), into self.progress."""
@@ -168,9 +217,16 @@ class OPDTrainer:
         """Runs the remaining updates; returns the run status: measured (every update done),
         interrupted or failed."""
         stop = self.cfg.trainer.stop_after_updates
-        todo = self.plan.updates[len(self.history):]
-        bar = tqdm(todo, desc="opd", unit="update", disable=not self.cfg.trainer.progress_bar, dynamic_ncols=True,
-                   initial=len(self.history), total=len(self.plan.updates))
+        todo = self.plan.updates[len(self.history) :]
+        bar = tqdm(
+            todo,
+            desc="opd",
+            unit="update",
+            disable=not self.cfg.trainer.progress_bar,
+            dynamic_ncols=True,
+            initial=len(self.history),
+            total=len(self.plan.updates),
+        )
         if self.probe is not None and not self.history:
             try:
                 self.evaluate(0)
@@ -181,8 +237,9 @@ class OPDTrainer:
             for update in bar:
                 try:
                     metrics = self.fit_step(update)
-                    if self.probe is not None and (update.update % self.cfg.eval.every == 0 or
-                                                   update.update == len(self.plan.updates)):
+                    if self.probe is not None and (
+                        update.update % self.cfg.eval.every == 0 or update.update == len(self.plan.updates)
+                    ):
                         metrics.update(self.evaluate(update.update))
                 except (OutOfMemoryAtOneRow, NonFiniteLoss) as error:
                     self.failure = {"update": update.update, "reason": str(error)}
@@ -194,8 +251,12 @@ class OPDTrainer:
                 if update.update == stop or stop_request.signum:
                     self.ensure_checkpoint()
                     self.stopped_by = stop_request.signum
-                    log.info("stopped after update %d (%s); resume with trainer.resume_from=%s", update.update,
-                             stop_request.name or "trainer.stop_after_updates", self.run_dir)
+                    log.info(
+                        "stopped after update %d (%s); resume with trainer.resume_from=%s",
+                        update.update,
+                        stop_request.name or "trainer.stop_after_updates",
+                        self.run_dir,
+                    )
                     return "interrupted"
         return "measured"
 
@@ -215,28 +276,43 @@ class OPDTrainer:
         n = len(prompts)
         with timed("step", timings, self.device):
             with timed("gen", timings, self.device):
-                batch = shift.run("rollout", n, lambda sizes: self.rollout.generate_sequences(
-                    prompts, list(update.prompt_rows), list(update.sample_seeds),
-                    response_limit=cfg.recipe.response_limit, physical_batches=sizes))
+                batch = shift.run(
+                    "rollout",
+                    n,
+                    lambda sizes: self.rollout.generate_sequences(
+                        prompts,
+                        list(update.prompt_rows),
+                        list(update.sample_seeds),
+                        response_limit=cfg.recipe.response_limit,
+                        physical_batches=sizes,
+                    ),
+                )
             self.mark_first("rollout")
             with timed("teacher", timings, self.device):
-                batch = shift.run("update_chunk", n, lambda sizes: self.teacher.compute_teacher_log_prob(batch, sizes[0]))
+                batch = shift.run(
+                    "update_chunk", n, lambda sizes: self.teacher.compute_teacher_log_prob(batch, sizes[0])
+                )
             self.mark_first("teacher_targets")
             bypass = cfg.algorithm.rollout_correction.bypass_mode
             if bypass:  # verl's bypass mode: the rollout's log-probs are the old ones
                 batch.old_log_probs = batch.rollout_log_probs.clone()  # own storage: safetensors refuses shared ones
             # Otherwise the update's own forward gives old_log_probs (on-policy; see actor.py).
             with timed("update_actor", timings, self.device):
-                actor_metrics, distillation_losses = shift.run("update_chunk", n,
-                                                               lambda sizes: self.actor.update_actor(batch, sizes))
+                actor_metrics, distillation_losses = shift.run(
+                    "update_chunk", n, lambda sizes: self.actor.update_actor(batch, sizes)
+                )
             self.mark_first("update")
             extra = {} if bypass else rollout_actor_metrics(batch)
             if cfg.estimator.use_policy_gradient:
                 batch.advantages = -distillation_losses  # what the PG step maximised at each token
             self.out.write_trajectory(update.update, batch)
-        return {"training/global_step": update.update, **actor_metrics, **batch_metrics(batch, cfg.recipe.response_limit),
-                **extra,
-                **{f"timing_s/{k}": round(v, 6) for k, v in timings.items()}}
+        return {
+            "training/global_step": update.update,
+            **actor_metrics,
+            **batch_metrics(batch, cfg.recipe.response_limit),
+            **extra,
+            **{f"timing_s/{k}": round(v, 6) for k, v in timings.items()},
+        }
 
     def mark_first(self, event: str) -> None:
         if self.seconds_to_first[event] is None:
@@ -245,7 +321,9 @@ class OPDTrainer:
     # ------------------------------------------------------------------ checkpoints
     def checkpoint_due(self, update: int) -> bool:
         freq = self.cfg.trainer.save_freq
-        return update in (self.cfg.trainer.stop_after_updates, len(self.plan.updates)) or (freq > 0 and update % freq == 0)
+        return update in (self.cfg.trainer.stop_after_updates, len(self.plan.updates)) or (
+            freq > 0 and update % freq == 0
+        )
 
     def ensure_checkpoint(self) -> None:
         """Checkpoint the last complete update unless that is already done."""
@@ -269,8 +347,9 @@ class OPDTrainer:
             "distillation_progress": self.progress,
             "finished": update == len(self.plan.updates),
         }
-        self.last_checkpoint = checkpoint.save_checkpoint(self.out.path("checkpoints"), update, self.student,
-                                                          self.actor.optimizer, self.actor.param_names, state)
+        self.last_checkpoint = checkpoint.save_checkpoint(
+            self.out.path("checkpoints"), update, self.student, self.actor.optimizer, self.actor.param_names, state
+        )
         checkpoint.prune(self.run_dir, self.cfg.trainer.max_actor_ckpt_to_keep)  # after the new one is whole
         return self.last_checkpoint
 
@@ -282,22 +361,34 @@ class OPDTrainer:
         if not self.adapter_saved:
             self.save_adapter()
         peak_allocated, peak_reserved = cuda_peaks(self.device)
-        resume = resume_check or {"status": "resumed" if self.resumed else "not_checked",
-                  "resumed_from": str(self.resumed.path) if self.resumed else None,
-                  "resumed_after_update": self.resumed.update if self.resumed else None,
-                  "resume_load_seconds": round(self.resume_load_seconds, 4) if self.resumed else None,
-                  "global_optimizer_steps": len(self.history),
-                  "task_cursor": sum(len(u.prompt_rows) for u in self.plan.updates[: len(self.history)])}
+        resume = resume_check or {
+            "status": "resumed" if self.resumed else "not_checked",
+            "resumed_from": str(self.resumed.path) if self.resumed else None,
+            "resumed_after_update": self.resumed.update if self.resumed else None,
+            "resume_load_seconds": round(self.resume_load_seconds, 4) if self.resumed else None,
+            "global_optimizer_steps": len(self.history),
+            "task_cursor": sum(len(u.prompt_rows) for u in self.plan.updates[: len(self.history)]),
+        }
         facts = RunFacts(
-            status=status, history=self.history, hardware=hardware_facts(self.device), run_dir=self.run_dir,
-            last_checkpoint=self.last_checkpoint, seconds_to_first=self.seconds_to_first,
-            cold_startup_seconds=self.cold_startup_seconds, peak_allocated_gib=peak_allocated,
-            peak_reserved_gib=peak_reserved, peak_rss_gib=peak_rss_gib(),
+            status=status,
+            history=self.history,
+            hardware=hardware_facts(self.device),
+            run_dir=self.run_dir,
+            last_checkpoint=self.last_checkpoint,
+            seconds_to_first=self.seconds_to_first,
+            cold_startup_seconds=self.cold_startup_seconds,
+            peak_allocated_gib=peak_allocated,
+            peak_reserved_gib=peak_reserved,
+            peak_rss_gib=peak_rss_gib(),
             batch_downshifts=dict(self.downshift.counts),
             observed_rollout_physical_batch_sizes=sorted(self.downshift.observed["rollout"]),
-            trajectory_sha256=self.out.trajectory_sha256, resolved_config_digest=sha256_json(self.resolved),
-            resume=resume, failure=self.failure, workload_seconds=seconds_since_start(),
-            distillation_progress=self.progress if self.cfg.eval.every != -1 else None)
+            trajectory_sha256=self.out.trajectory_sha256,
+            resolved_config_digest=sha256_json(self.resolved),
+            resume=resume,
+            failure=self.failure,
+            workload_seconds=seconds_since_start(),
+            distillation_progress=self.progress if self.cfg.eval.every != -1 else None,
+        )
         report = build_report(self.cfg, self.plan, facts)
         self.out.write_json("report.json", report)
         return report
@@ -312,6 +403,7 @@ class OPDTrainer:
         release_memory(self.device, compiled=self.cfg.hardware.rollout_compile)
 
     def save_adapter(self) -> None:
-        self.student.save_pretrained(str(self.out.path("peft_adapter")), safe_serialization=True,
-                                     selected_adapters=["default"])  # not a shared_base teacher's
+        self.student.save_pretrained(
+            str(self.out.path("peft_adapter")), safe_serialization=True, selected_adapters=["default"]
+        )  # not a shared_base teacher's
         self.adapter_saved = True

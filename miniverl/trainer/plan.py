@@ -14,10 +14,10 @@ import random
 from dataclasses import dataclass
 
 from miniverl import __version__
+from miniverl.config import MiniverlConfig
 from miniverl.utils.dataset import PromptSet
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import sha256_json
-from miniverl.config import MiniverlConfig
 
 PLAN_VERSION = 1
 
@@ -90,25 +90,30 @@ def prompt_order(prompts: PromptSet, cfg: MiniverlConfig, needed: int) -> list[i
 def compile_plan(cfg: MiniverlConfig, prompts: PromptSet) -> Plan:
     recipe, hardware = cfg.recipe, cfg.hardware
     if recipe.logical_batch > len(prompts):
-        raise MiniverlError(f"recipe.logical_batch={recipe.logical_batch} is larger than the "
-                            f"{len(prompts)} usable prompts in data.train_files")
+        raise MiniverlError(
+            f"recipe.logical_batch={recipe.logical_batch} is larger than the "
+            f"{len(prompts)} usable prompts in data.train_files"
+        )
     needed = recipe.logical_batch * recipe.optimizer_updates
     if needed > len(prompts) and not cfg.data.repeat_prompts:
         raise MiniverlError(
             f"data.train_files: the plan needs {needed} prompts (recipe.optimizer_updates={recipe.optimizer_updates} "
             f"x recipe.logical_batch={recipe.logical_batch}) but {len(prompts)} are usable; add prompts, lower "
-            "those numbers, or set data.repeat_prompts=true to go through them more than once")
+            "those numbers, or set data.repeat_prompts=true to go through them more than once"
+        )
     order = prompt_order(prompts, cfg, needed)
     updates = []
     for u in range(1, recipe.optimizer_updates + 1):
-        rows = order[(u - 1) * recipe.logical_batch: u * recipe.logical_batch]
-        updates.append(UpdatePlan(
-            update=u,
-            prompt_rows=tuple(rows),
-            sample_seeds=tuple(derive_seed(cfg.trainer.seed, "sample", u, slot) for slot in range(len(rows))),
-            rollout_physical_batches=tuple(split(len(rows), hardware.rollout_physical_batch)),
-            update_chunks=tuple(split(len(rows), hardware.update_chunk)),
-        ))
+        rows = order[(u - 1) * recipe.logical_batch : u * recipe.logical_batch]
+        updates.append(
+            UpdatePlan(
+                update=u,
+                prompt_rows=tuple(rows),
+                sample_seeds=tuple(derive_seed(cfg.trainer.seed, "sample", u, slot) for slot in range(len(rows))),
+                rollout_physical_batches=tuple(split(len(rows), hardware.rollout_physical_batch)),
+                update_chunks=tuple(split(len(rows), hardware.update_chunk)),
+            )
+        )
     return Plan(
         version=PLAN_VERSION,
         settings={"miniverl_version": __version__, **experiment_settings(cfg)},

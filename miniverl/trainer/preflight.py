@@ -25,12 +25,11 @@ from dataclasses import dataclass
 import psutil
 import torch
 
-from miniverl.models import cpu_gemm
+from miniverl.config import MiniverlConfig
+from miniverl.models import cpu_gemm, precision
 from miniverl.models import loading as models
-from miniverl.models import precision
 from miniverl.utils.dataset import read_conversations
 from miniverl.utils.errors import MiniverlError
-from miniverl.config import MiniverlConfig
 
 
 @dataclass
@@ -54,25 +53,45 @@ def guarded(name: str, fn, *args) -> Check:
 # ------------------------------------------------------------------ cheap checks
 def check_data(cfg: MiniverlConfig, tokenizer) -> Check:
     conversations = read_conversations(cfg.data)
-    lengths = [len(tokenizer(tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False,
-                                                           **cfg.data.apply_chat_template_kwargs),
-                             add_special_tokens=False)["input_ids"]) for m in conversations.messages]
+    lengths = [
+        len(
+            tokenizer(
+                tokenizer.apply_chat_template(
+                    m, add_generation_prompt=True, tokenize=False, **cfg.data.apply_chat_template_kwargs
+                ),
+                add_special_tokens=False,
+            )["input_ids"]
+        )
+        for m in conversations.messages
+    ]
     limit = cfg.recipe.prompt_limit
     over = [row for row, n in enumerate(lengths) if n > limit]
     usable = len(lengths) - len(over)
     needed = cfg.recipe.logical_batch * cfg.recipe.optimizer_updates
     facts = f"{len(lengths)} rows, prompt tokens {min(lengths)}..{max(lengths)} (limit {limit})"
     if over and not cfg.data.filter_overlong_prompts:
-        return Check("FAIL", "data", f"{facts}: {len(over)} over the limit (first: row {over[0]}); raise "
-                                     "recipe.prompt_limit or set data.filter_overlong_prompts=true")
+        return Check(
+            "FAIL",
+            "data",
+            f"{facts}: {len(over)} over the limit (first: row {over[0]}); raise "
+            "recipe.prompt_limit or set data.filter_overlong_prompts=true",
+        )
     if usable < cfg.recipe.logical_batch:
-        return Check("FAIL", "data", f"{facts}: {usable} usable prompts, fewer than recipe.logical_batch="
-                                     f"{cfg.recipe.logical_batch}; the plan needs {needed} prompts")
+        return Check(
+            "FAIL",
+            "data",
+            f"{facts}: {usable} usable prompts, fewer than recipe.logical_batch="
+            f"{cfg.recipe.logical_batch}; the plan needs {needed} prompts",
+        )
     if usable < needed:
         status = "WARN" if cfg.data.repeat_prompts else "FAIL"
         fix = "" if cfg.data.repeat_prompts else "; add prompts or set data.repeat_prompts=true"
-        return Check(status, "data", f"{facts}: the plan consumes {needed} prompts from {usable} usable ones "
-                                     f"({needed / usable:.1f} passes){fix}")
+        return Check(
+            status,
+            "data",
+            f"{facts}: the plan consumes {needed} prompts from {usable} usable ones "
+            f"({needed / usable:.1f} passes){fix}",
+        )
     dropped = f", {len(over)} dropped as overlong" if over else ""
     return Check("PASS", "data", f"{facts}{dropped}; the plan consumes {needed} of {usable} usable prompts")
 
@@ -85,8 +104,12 @@ def check_tokenizers(cfg: MiniverlConfig, student_tok) -> Check:
     s_vocab, t_vocab = student_tok.get_vocab(), teacher_tok.get_vocab()
     if s_vocab != t_vocab:
         differing = len(set(s_vocab.items()) ^ set(t_vocab.items()))
-        return Check("FAIL", "tokenizer", f"vocabularies differ: student {len(s_vocab)} tokens, teacher {len(t_vocab)} "
-                                          f"({differing} entries differ); the teacher cannot score the student's ids")
+        return Check(
+            "FAIL",
+            "tokenizer",
+            f"vocabularies differ: student {len(s_vocab)} tokens, teacher {len(t_vocab)} "
+            f"({differing} entries differ); the teacher cannot score the student's ids",
+        )
     rows = (architecture(cfg.model)["vocab"], architecture(cfg.teacher)["vocab"])
     problem = models.output_rows_problem(rows[0], rows[1], len(student_tok))
     if problem:
@@ -95,15 +118,28 @@ def check_tokenizers(cfg: MiniverlConfig, student_tok) -> Check:
     wrong = [f"{n} {a!r} vs {b!r}" for n, a, b in specials if a != b]
     if wrong:
         return Check("FAIL", "tokenizer", f"special tokens differ: {', '.join(wrong)}")
-    rendered = [t.apply_chat_template(models.PROBE_CONVERSATION, add_generation_prompt=True, tokenize=False)
-                for t in (student_tok, teacher_tok)]
+    rendered = [
+        t.apply_chat_template(models.PROBE_CONVERSATION, add_generation_prompt=True, tokenize=False)
+        for t in (student_tok, teacher_tok)
+    ]
     if rendered[0] != rendered[1]:
-        return Check("FAIL", "tokenizer", "chat templates render the probe conversation differently: "
-                                          f"{rendered[0][:60]!r}... vs {rendered[1][:60]!r}...")
-    padding = ("" if rows[0] == rows[1] == len(student_tok) else
-               "; output rows past the tokenizer are padding, never sampled or scored")
-    return Check("PASS", "tokenizer", f"vocabulary {len(s_vocab)} (embedding rows: student {rows[0]}, teacher "
-                                      f"{rows[1]}), eos/pad, and chat template output identical{padding}")
+        return Check(
+            "FAIL",
+            "tokenizer",
+            "chat templates render the probe conversation differently: "
+            f"{rendered[0][:60]!r}... vs {rendered[1][:60]!r}...",
+        )
+    padding = (
+        ""
+        if rows[0] == rows[1] == len(student_tok)
+        else "; output rows past the tokenizer are padding, never sampled or scored"
+    )
+    return Check(
+        "PASS",
+        "tokenizer",
+        f"vocabulary {len(s_vocab)} (embedding rows: student {rows[0]}, teacher "
+        f"{rows[1]}), eos/pad, and chat template output identical{padding}",
+    )
 
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -114,17 +150,33 @@ def architecture(block) -> dict:
     the checkpoint's own)."""
     if block.model_id == "toy":
         t = block.toy
-        return dict(vocab=t.vocab_rows or models.toy.tokenizer_length(t.tokenizer), hidden=t.hidden_size,
-                    inter=t.intermediate_size, layers=t.num_layers, heads=t.num_heads, kv=t.kv_heads,
-                    head_dim=t.attention_head_dim, tied=t.tie_word_embeddings,
-                    dtype=t.dtype if block.dtype == "auto" else block.dtype)
+        return dict(
+            vocab=t.vocab_rows or models.toy.tokenizer_length(t.tokenizer),
+            hidden=t.hidden_size,
+            inter=t.intermediate_size,
+            layers=t.num_layers,
+            heads=t.num_heads,
+            kv=t.kv_heads,
+            head_dim=t.attention_head_dim,
+            tied=t.tie_word_embeddings,
+            dtype=t.dtype if block.dtype == "auto" else block.dtype,
+        )
     from transformers import AutoConfig
+
     c = AutoConfig.from_pretrained(block.model_id, revision=block.revision, trust_remote_code=block.trust_remote_code)
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     dtype = str(getattr(c, "dtype", None) or "float32").replace("torch.", "") if block.dtype == "auto" else block.dtype
-    return dict(vocab=c.vocab_size, hidden=c.hidden_size, inter=c.intermediate_size, layers=c.num_hidden_layers,
-                heads=c.num_attention_heads, kv=getattr(c, "num_key_value_heads", c.num_attention_heads),
-                head_dim=head_dim, tied=bool(getattr(c, "tie_word_embeddings", False)), dtype=dtype)
+    return dict(
+        vocab=c.vocab_size,
+        hidden=c.hidden_size,
+        inter=c.intermediate_size,
+        layers=c.num_hidden_layers,
+        heads=c.num_attention_heads,
+        kv=getattr(c, "num_key_value_heads", c.num_attention_heads),
+        head_dim=head_dim,
+        tied=bool(getattr(c, "tie_word_embeddings", False)),
+        dtype=dtype,
+    )
 
 
 def weight_bytes(a: dict, quantization: str, other_bytes: int) -> int:
@@ -161,22 +213,31 @@ def estimate_peak_bytes(cfg: MiniverlConfig) -> int:
 def check_memory(cfg: MiniverlConfig, device: torch.device) -> Check:
     estimate = estimate_peak_bytes(cfg) / 2**30
     if cfg.hardware.peak_reserved_limit_gib is not None:
-        limit, what = cfg.hardware.peak_reserved_limit_gib, f"hardware.peak_reserved_limit_gib={cfg.hardware.peak_reserved_limit_gib}"
+        limit, what = (
+            cfg.hardware.peak_reserved_limit_gib,
+            f"hardware.peak_reserved_limit_gib={cfg.hardware.peak_reserved_limit_gib}",
+        )
     elif device.type == "cuda":
         limit, what = torch.cuda.get_device_properties(device).total_memory / 2**30, "the GPU's memory"
     else:
         limit, what = psutil.virtual_memory().total / 2**30, "this machine's memory"
     line = f"estimated peak {estimate:.2f} GiB against {what} ({limit:.1f} GiB)"
     if estimate > limit:
-        return Check("FAIL", "memory", line + "; lower recipe.response_limit, hardware.rollout_physical_batch or "
-                                              "hardware.update_chunk")
+        return Check(
+            "FAIL",
+            "memory",
+            line + "; lower recipe.response_limit, hardware.rollout_physical_batch or hardware.update_chunk",
+        )
     return Check("WARN" if estimate > 0.8 * limit else "PASS", "memory", line)
 
 
 def cheap_checks(cfg: MiniverlConfig, device: torch.device) -> list[Check]:
     tokenizer = models.load_tokenizer("model", cfg.model, models.source_of(cfg.model, None))
-    return [guarded("data", check_data, cfg, tokenizer), guarded("tokenizer", check_tokenizers, cfg, tokenizer),
-            guarded("memory", check_memory, cfg, device)]
+    return [
+        guarded("data", check_data, cfg, tokenizer),
+        guarded("tokenizer", check_tokenizers, cfg, tokenizer),
+        guarded("memory", check_memory, cfg, device),
+    ]
 
 
 # ------------------------------------------------------------------ checks that load the models
@@ -187,11 +248,20 @@ def check_self_test(trainer) -> Check:
 
     update = trainer.plan.updates[0]
     prompts = trainer.prompts.token_ids_of(update.prompt_rows)
-    batch = trainer.rollout.generate_sequences(prompts, list(update.prompt_rows), list(update.sample_seeds),
-                                               response_limit=trainer.cfg.recipe.response_limit,
-                                               physical_batches=list(update.rollout_physical_batches))
-    own = TeacherWorker(trainer.student.get_base_model(), logprob_chunk=trainer.cfg.hardware.logprob_chunk, topk=None,
-                        tokenizer_vocab=trainer.tokenizer_vocab, float32_gemm=trainer.float32_gemm)
+    batch = trainer.rollout.generate_sequences(
+        prompts,
+        list(update.prompt_rows),
+        list(update.sample_seeds),
+        response_limit=trainer.cfg.recipe.response_limit,
+        physical_batches=list(update.rollout_physical_batches),
+    )
+    own = TeacherWorker(
+        trainer.student.get_base_model(),
+        logprob_chunk=trainer.cfg.hardware.logprob_chunk,
+        topk=None,
+        tokenizer_vocab=trainer.tokenizer_vocab,
+        float32_gemm=trainer.float32_gemm,
+    )
     batch = own.compute_teacher_log_prob(batch, trainer.cfg.hardware.update_chunk)
     mask = batch.response_mask
     k1 = (batch.rollout_log_probs - batch.teacher_logprobs) * mask
@@ -199,10 +269,15 @@ def check_self_test(trainer) -> Check:
     dtype = precision.least_precise_dtype(trainer.student)
     worst_allowed, mean_allowed = precision.log_prob_tolerance(dtype)
     ok = worst <= worst_allowed and abs(mean) <= mean_allowed
-    line = (f"k1 mean {mean:.2e}, largest |k1| {worst:.2e} over {int(mask.sum())} tokens "
-            f"({str(dtype).replace('torch.', '')} compute: allowed {mean_allowed:g} / {worst_allowed:g})")
-    return Check("PASS" if ok else "FAIL", "self-test", line if ok else
-                 line + ": sampling and scoring disagree (alignment or a numerical path differs)")
+    line = (
+        f"k1 mean {mean:.2e}, largest |k1| {worst:.2e} over {int(mask.sum())} tokens "
+        f"({str(dtype).replace('torch.', '')} compute: allowed {mean_allowed:g} / {worst_allowed:g})"
+    )
+    return Check(
+        "PASS" if ok else "FAIL",
+        "self-test",
+        line if ok else line + ": sampling and scoring disagree (alignment or a numerical path differs)",
+    )
 
 
 def dequantized_twin(nf4_model, source: models.Source, block, float32_gemm: bool):
@@ -214,8 +289,9 @@ def dequantized_twin(nf4_model, source: models.Source, block, float32_gemm: bool
     import bitsandbytes as bnb
     from transformers import AutoModelForCausalLM
 
-    dense = AutoModelForCausalLM.from_pretrained(source.path, revision=source.revision, dtype=torch.float32,
-                                                 trust_remote_code=block.trust_remote_code)
+    dense = AutoModelForCausalLM.from_pretrained(
+        source.path, revision=source.revision, dtype=torch.float32, trust_remote_code=block.trust_remote_code
+    )
     quantized = {n.replace(".base_layer", ""): m for n, m in nf4_model.named_modules()}
     with torch.no_grad():
         for name, module in dense.named_modules():
@@ -223,8 +299,11 @@ def dequantized_twin(nf4_model, source: models.Source, block, float32_gemm: bool
             if isinstance(src, bnb.nn.Linear4bit):
                 module.weight.copy_(bnb.functional.dequantize_4bit(src.weight.data, src.weight.quant_state).float())
                 module.forward = types.MethodType(_linear_in(src.compute_dtype or torch.float32, float32_gemm), module)
-        unquantized = {n.replace(".base_layer", ""): p for n, p in nf4_model.named_parameters()
-                       if p.dtype.is_floating_point and "lora_" not in n}
+        unquantized = {
+            n.replace(".base_layer", ""): p
+            for n, p in nf4_model.named_parameters()
+            if p.dtype.is_floating_point and "lora_" not in n
+        }
         for name, param in dense.named_parameters():
             if name in unquantized and not isinstance(quantized.get(name.rsplit(".", 1)[0]), bnb.nn.Linear4bit):
                 param.data = param.data.to(unquantized[name].dtype)
@@ -235,6 +314,7 @@ def _linear_in(compute: torch.dtype, float32_gemm: bool):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = None if self.bias is None else self.bias.to(compute)
         return cpu_gemm.linear(x.to(compute), self.weight.to(compute), bias, float32_gemm=float32_gemm).to(x.dtype)
+
     return forward
 
 
@@ -265,10 +345,13 @@ def check_nf4_gradients(trainer, source: models.Source) -> Check:
         grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.requires_grad})
         model.zero_grad(set_to_none=True)
         model.eval()
-    worst = max(float((grads[0][n] - grads[1][n]).abs().max() / grads[1][n].abs().max().clamp_min(1e-12))
-                for n in grads[1])
+    worst = max(
+        float((grads[0][n] - grads[1][n]).abs().max() / grads[1][n].abs().max().clamp_min(1e-12)) for n in grads[1]
+    )
     dtype = precision.least_precise_dtype(nf4)
     allowed = precision.GRADIENT_TOLERANCE
-    line = (f"largest relative difference of the LoRA gradients: {worst:.1e} against the dequantized base in the "
-            f"same {str(dtype).replace('torch.', '')} compute (allowed {allowed:g})")
+    line = (
+        f"largest relative difference of the LoRA gradients: {worst:.1e} against the dequantized base in the "
+        f"same {str(dtype).replace('torch.', '')} compute (allowed {allowed:g})"
+    )
     return Check("PASS" if worst <= allowed else "FAIL", "nf4-gradients", line)

@@ -20,13 +20,29 @@ from miniverl.utils.checkpoint import checkpoint_update, checkpoints_in
 
 # Differs between the three runs by construction (their trainer.stop_after_updates/resume_from).
 EXCLUDED_RUN_IDENTITY_FIELD = "resolved_config_digest"
-TRAINING_STATE_FIELDS = ("global_optimizer_steps", "task_cursor", "compiled_plan_sha256", "run_seed",
-                         "random_streams", "trajectory_digests", "trajectory_sha256", "files", "finished")
+TRAINING_STATE_FIELDS = (
+    "global_optimizer_steps",
+    "task_cursor",
+    "compiled_plan_sha256",
+    "run_seed",
+    "random_streams",
+    "trajectory_digests",
+    "trajectory_sha256",
+    "files",
+    "finished",
+)
 
 
 def run_child(overrides: list[str], extra: list[str], run_dir: Path) -> None:
-    command = [sys.executable, "-m", "miniverl.main", *overrides, *extra, "trainer.progress_bar=false",
-               f"hydra.run.dir={run_dir}"]
+    command = [
+        sys.executable,
+        "-m",
+        "miniverl.main",
+        *overrides,
+        *extra,
+        "trainer.progress_bar=false",
+        f"hydra.run.dir={run_dir}",
+    ]
     result = subprocess.run(command, capture_output=True, text=True, env=os.environ.copy(), check=False)
     if result.returncode != 0:
         tail = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
@@ -65,9 +81,13 @@ def first_difference(reference: Path, resumed: Path) -> tuple[dict, str | None]:
     if without_timings(ref_state["history"]) != without_timings(res_state["history"]):
         state_same = False
         differences.append("state.json history (metrics without timings) differs")
-    verdicts = {"adapter_and_optimizer_byte_identical": tensors_same, "trajectories_byte_identical": trajectories_same,
-                "training_state_fields_identical": state_same,
-                "global_optimizer_steps": res_state["global_optimizer_steps"], "task_cursor": res_state["task_cursor"]}
+    verdicts = {
+        "adapter_and_optimizer_byte_identical": tensors_same,
+        "trajectories_byte_identical": trajectories_same,
+        "training_state_fields_identical": state_same,
+        "global_optimizer_steps": res_state["global_optimizer_steps"],
+        "task_cursor": res_state["task_cursor"],
+    }
     return verdicts, (differences[0] if differences else None)
 
 
@@ -75,39 +95,58 @@ def resumed_from_difference(resumed_block: dict, stop_ckpt: Path, k: int) -> str
     """Why the resumed run's own `resume` block does not show a resume from `stop_ckpt` after
     update k; None when it does."""
     source = resumed_block.get("resumed_from")
-    if resumed_block.get("status") == "resumed" and source and Path(source).resolve() == stop_ckpt.resolve() \
-            and resumed_block.get("resumed_after_update") == k:
+    if (
+        resumed_block.get("status") == "resumed"
+        and source
+        and Path(source).resolve() == stop_ckpt.resolve()
+        and resumed_block.get("resumed_after_update") == k
+    ):
         return None
-    return (f"the resumed run did not resume from {stop_ckpt} after update {k} (its report's resume block: status "
-            f"{resumed_block.get('status')}, resumed_from {source}, resumed_after_update "
-            f"{resumed_block.get('resumed_after_update')})")
+    return (
+        f"the resumed run did not resume from {stop_ckpt} after update {k} (its report's resume block: status "
+        f"{resumed_block.get('status')}, resumed_from {source}, resumed_after_update "
+        f"{resumed_block.get('resumed_after_update')})"
+    )
 
 
 def verify_resume(run_dir: Path, overrides: list[str], interrupt_after: int) -> dict:
     """Run the interrupted and resumed twins of this run; returns the report's `resume` block."""
     interrupted, resumed = run_dir / "resume_check" / "interrupted", run_dir / "resume_check" / "resumed"
-    block = {"status": "mismatch", "excluded_run_identity_field": EXCLUDED_RUN_IDENTITY_FIELD,
-             "interrupted_run": str(interrupted), "resumed_run": str(resumed), "adapter_and_optimizer_byte_identical":
-             False, "trajectories_byte_identical": False, "training_state_fields_identical": False,
-             "global_optimizer_steps": None, "task_cursor": None, "interrupt_checkpoint_bytes": None,
-             "resume_load_seconds": None, "resumed_from_checkpoint": None, "resumed_after_update": None,
-             "first_difference": None}
+    block = {
+        "status": "mismatch",
+        "excluded_run_identity_field": EXCLUDED_RUN_IDENTITY_FIELD,
+        "interrupted_run": str(interrupted),
+        "resumed_run": str(resumed),
+        "adapter_and_optimizer_byte_identical": False,
+        "trajectories_byte_identical": False,
+        "training_state_fields_identical": False,
+        "global_optimizer_steps": None,
+        "task_cursor": None,
+        "interrupt_checkpoint_bytes": None,
+        "resume_load_seconds": None,
+        "resumed_from_checkpoint": None,
+        "resumed_after_update": None,
+        "first_difference": None,
+    }
     try:
         run_child(overrides, [f"trainer.stop_after_updates={interrupt_after}"], interrupted)
         stop_ckpt = checkpoints_in(interrupted)[-1]
         block["interrupt_checkpoint_bytes"] = sum(p.stat().st_size for p in stop_ckpt.iterdir() if p.is_file())
         if checkpoint_update(stop_ckpt) != interrupt_after:
-            block["first_difference"] = (f"the interrupted run stopped at {stop_ckpt.name}, not after update "
-                                         f"{interrupt_after}")
+            block["first_difference"] = (
+                f"the interrupted run stopped at {stop_ckpt.name}, not after update {interrupt_after}"
+            )
             return block
         run_child(overrides, [f"trainer.resume_from={interrupted}"], resumed)
         resumed_block = json.loads((resumed / "report.json").read_text())["resume"]
     except (RuntimeError, IndexError, OSError, ValueError, KeyError) as error:
         block["first_difference"] = f"the interrupted or resumed run failed: {error}"
         return block
-    block.update(resume_load_seconds=resumed_block.get("resume_load_seconds"),
-                 resumed_from_checkpoint=resumed_block.get("resumed_from"),
-                 resumed_after_update=resumed_block.get("resumed_after_update"))
+    block.update(
+        resume_load_seconds=resumed_block.get("resume_load_seconds"),
+        resumed_from_checkpoint=resumed_block.get("resumed_from"),
+        resumed_after_update=resumed_block.get("resumed_after_update"),
+    )
     not_resumed = resumed_from_difference(resumed_block, stop_ckpt, interrupt_after)
     verdicts, difference = first_difference(run_dir, resumed)
     difference = not_resumed or difference

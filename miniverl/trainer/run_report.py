@@ -5,30 +5,30 @@ and meanings (docs/report.md says how each figure is measured), and
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import statistics
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from miniverl import VERL_COMMIT, VERL_REPOSITORY, VERL_TAG, __version__
-from miniverl.models.adapters import adapter_sha256
-from miniverl.verl_compat.export import field_rule_digest
-from miniverl.utils.identity import sha256_file, sha256_json
-from miniverl.utils.tables import format_value
-from miniverl.utils.measure import folder_bytes, source_commit, workload_driver_sha256
-from miniverl.trainer.plan import PLAN_VERSION, Plan
 from miniverl.config import MiniverlConfig
+from miniverl.models.adapters import adapter_sha256
+from miniverl.trainer.plan import PLAN_VERSION, Plan
+from miniverl.utils.identity import sha256_file, sha256_json
+from miniverl.utils.measure import folder_bytes, source_commit, workload_driver_sha256
+from miniverl.verl_compat.export import field_rule_digest
 
 SCHEMA_VERSION = 1
 PROFILE_SCHEMA_VERSION = 1
 # Report phase -> the timing_s/* keys of metrics.jsonl it adds up.
 PHASES = {"rollout": ("gen",), "teacher_scoring": ("teacher",), "actor_update": ("update_actor",)}
-THROUGHPUTS = {"rollout": "rollout_tokens_per_second", "teacher_scoring": "teacher_scored_positions_per_second",
-               "actor_update": "update_positions_per_second"}
+THROUGHPUTS = {
+    "rollout": "rollout_tokens_per_second",
+    "teacher_scoring": "teacher_scored_positions_per_second",
+    "actor_update": "update_positions_per_second",
+}
 SCIENTIFIC_SCOPE = {"algorithm_comparison": False, "runtime_correctness_only": True, "task_quality_evaluated": False}
 
 
@@ -103,11 +103,17 @@ def resource_contract(cfg: MiniverlConfig, facts: RunFacts) -> dict:
     return {
         "gpu_hour_limit": hw.gpu_hour_limit,
         "peak_reserved_limit_gib": hw.peak_reserved_limit_gib,
-        "peak_reserved_within_limit": (reserved <= hw.peak_reserved_limit_gib
-                                       if reserved is not None and hw.peak_reserved_limit_gib is not None else None),
+        "peak_reserved_within_limit": (
+            reserved <= hw.peak_reserved_limit_gib
+            if reserved is not None and hw.peak_reserved_limit_gib is not None
+            else None
+        ),
         "total_gpu_workload_seconds": gpu_seconds,
-        "gpu_hours_within_limit": (gpu_seconds / 3600 <= hw.gpu_hour_limit
-                                   if gpu_seconds is not None and hw.gpu_hour_limit is not None else None),
+        "gpu_hours_within_limit": (
+            gpu_seconds / 3600 <= hw.gpu_hour_limit
+            if gpu_seconds is not None and hw.gpu_hour_limit is not None
+            else None
+        ),
         "total_workload_seconds": round(facts.workload_seconds, 3),
     }
 
@@ -180,15 +186,23 @@ def build_report(cfg: MiniverlConfig, plan: Plan, facts: RunFacts) -> dict:
         "resource_contract": resource_contract(cfg, facts),
         "resume": facts.resume,
         # Additive to schema v1: held-out progress, [{"update": u, "value": v}, ...] from update 0.
-        "distillation_progress": None if facts.distillation_progress is None else {
+        "distillation_progress": None
+        if facts.distillation_progress is None
+        else {
             "k1_mean": facts.distillation_progress.get("k1_mean", []),
-            "exact_reverse_kl": (facts.distillation_progress.get("exact_reverse_kl")
-                                 if all(p["value"] is not None for p in facts.distillation_progress.get(
-                                     "exact_reverse_kl", [])) else None),
+            "exact_reverse_kl": (
+                facts.distillation_progress.get("exact_reverse_kl")
+                if all(p["value"] is not None for p in facts.distillation_progress.get("exact_reverse_kl", []))
+                else None
+            ),
             "every": cfg.eval.every,
             "heldout_files": list(cfg.data.val_files),
         },
         "scientific_scope": SCIENTIFIC_SCOPE,
-        "verl": {"commit": VERL_COMMIT, "distributed_execution_tested": False, "repository": VERL_REPOSITORY,
-                 "tag": VERL_TAG},
+        "verl": {
+            "commit": VERL_COMMIT,
+            "distributed_execution_tested": False,
+            "repository": VERL_REPOSITORY,
+            "tag": VERL_TAG,
+        },
     }

@@ -20,10 +20,10 @@ import torch
 
 from miniverl.models import cpu_gemm
 from miniverl.protocol import Batch
+from miniverl.trainer.plan import derive_seed
 from miniverl.utils.dataset import PromptSet
 from miniverl.utils.downshift import Downshift
 from miniverl.workers.logprobs import response_hidden_states, token_logits
-from miniverl.trainer.plan import derive_seed
 from miniverl.workers.rollout import RolloutWorker
 from miniverl.workers.teacher import TeacherWorker
 
@@ -36,8 +36,17 @@ def full_log_probs(model, batch: Batch, tokenizer_vocab: int | None) -> torch.Te
 
 
 class DistillationProbe:
-    def __init__(self, prompts: PromptSet, rollout: RolloutWorker, teacher: TeacherWorker, student_model, *,
-                 seed: int, response_limit: int, exact_kl_max_vocab: int):
+    def __init__(
+        self,
+        prompts: PromptSet,
+        rollout: RolloutWorker,
+        teacher: TeacherWorker,
+        student_model,
+        *,
+        seed: int,
+        response_limit: int,
+        exact_kl_max_vocab: int,
+    ):
         self.prompts, self.rollout, self.teacher, self.student_model = prompts, rollout, teacher, student_model
         self.seeds = [derive_seed(seed, "eval", i) for i in range(len(prompts))]  # the same streams every time
         self.response_limit = response_limit
@@ -48,9 +57,17 @@ class DistillationProbe:
     @torch.no_grad()
     def measure(self, shift: Downshift) -> dict[str, float | None]:
         n = len(self.prompts)
-        batch = shift.run("rollout", n, lambda sizes: self.rollout.generate_sequences(
-            self.prompts.token_ids, self.prompts.rows, self.seeds, response_limit=self.response_limit,
-            physical_batches=sizes))
+        batch = shift.run(
+            "rollout",
+            n,
+            lambda sizes: self.rollout.generate_sequences(
+                self.prompts.token_ids,
+                self.prompts.rows,
+                self.seeds,
+                response_limit=self.response_limit,
+                physical_batches=sizes,
+            ),
+        )
         batch = shift.run("update_chunk", n, lambda sizes: self.teacher.compute_teacher_log_prob(batch, sizes[0]))
         mask = batch.response_mask  # (B, R)
         tokens = mask.sum().clamp_min(1)

@@ -63,8 +63,9 @@ def load_optimizer_tensors(optimizer: torch.optim.Optimizer, names: list[str], t
             optimizer.state[param] = {k: v.to(param.device) if k != "step" else v for k, v in state.items()}
 
 
-def save_checkpoint(root: Path, update: int, student: PeftModel, optimizer: torch.optim.Optimizer,
-                    param_names: list[str], state: dict) -> Path:
+def save_checkpoint(
+    root: Path, update: int, student: PeftModel, optimizer: torch.optim.Optimizer, param_names: list[str], state: dict
+) -> Path:
     """Write checkpoints/update_<update>/ atomically; returns its path."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{PREFIX}{update}"
@@ -95,13 +96,15 @@ def prune(run_dir: Path, keep: int | None) -> None:
 
 
 def checkpoint_update(path: Path) -> int:
-    return int(path.name[len(PREFIX):])
+    return int(path.name[len(PREFIX) :])
 
 
 def checkpoints_in(run_dir: Path) -> list[Path]:
     """Complete checkpoints of a run folder, oldest first."""
     root = run_dir / "checkpoints"
-    found = [p for p in root.glob(f"{PREFIX}*") if p.is_dir() and p.name[len(PREFIX):].isdigit()] if root.is_dir() else []
+    found = (
+        [p for p in root.glob(f"{PREFIX}*") if p.is_dir() and p.name[len(PREFIX) :].isdigit()] if root.is_dir() else []
+    )
     return sorted(found, key=checkpoint_update)
 
 
@@ -112,8 +115,10 @@ def resolve_checkpoint(path: str | Path) -> Path:
         return path
     found = checkpoints_in(path)
     if not found:
-        raise MiniverlError(f"trainer.resume_from={path}: neither a checkpoint folder (no {STATE_FILE}) "
-                            "nor a run folder with checkpoints/update_<k>/")
+        raise MiniverlError(
+            f"trainer.resume_from={path}: neither a checkpoint folder (no {STATE_FILE}) "
+            "nor a run folder with checkpoints/update_<k>/"
+        )
     return found[-1]
 
 
@@ -146,24 +151,33 @@ def verify_checkpoint(path: str | Path, plan_digest: str) -> Checkpoint:
         state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
         files = state["files"]
     except (ValueError, KeyError, TypeError):
-        raise MiniverlError(f"{where}: {STATE_FILE} is not a miniverl checkpoint state; "
-                            "resume from an earlier checkpoint") from None
+        raise MiniverlError(
+            f"{where}: {STATE_FILE} is not a miniverl checkpoint state; resume from an earlier checkpoint"
+        ) from None
     for name in TENSOR_FILES:
         if sha256_file(path / name) != files.get(name):
-            raise MiniverlError(f"{where}: {name} does not match its sha256 in {STATE_FILE} (corrupted); "
-                                "resume from an earlier checkpoint")
+            raise MiniverlError(
+                f"{where}: {name} does not match its sha256 in {STATE_FILE} (corrupted); "
+                "resume from an earlier checkpoint"
+            )
     if state.get("compiled_plan_sha256") != plan_digest:
-        raise MiniverlError(f"{where} belongs to another plan (compiled_plan_sha256 {state.get('compiled_plan_sha256')}"
-                            f" != {plan_digest}): resume with the overrides of the run that wrote it")
+        raise MiniverlError(
+            f"{where} belongs to another plan (compiled_plan_sha256 {state.get('compiled_plan_sha256')}"
+            f" != {plan_digest}): resume with the overrides of the run that wrote it"
+        )
     checkpoint = Checkpoint(path, state)
     if checkpoint.update >= len(state["history"]) and state.get("finished"):
-        raise MiniverlError(f"{checkpoint.run_dir} already holds a finished run ({path.name} is its last update): "
-                            "nothing is left to resume; choose another hydra.run.dir for a new run")
+        raise MiniverlError(
+            f"{checkpoint.run_dir} already holds a finished run ({path.name} is its last update): "
+            "nothing is left to resume; choose another hydra.run.dir for a new run"
+        )
     for update, digest in enumerate(state["trajectory_digests"], start=1):
         source = trajectory_path(checkpoint.run_dir, update)
         if not source.is_file() or sha256_file(source) != digest:
-            raise MiniverlError(f"{where}: its run's trajectory {source} is missing or altered; "
-                                "the resumed run needs every earlier update's trajectory")
+            raise MiniverlError(
+                f"{where}: its run's trajectory {source} is missing or altered; "
+                "the resumed run needs every earlier update's trajectory"
+            )
     return checkpoint
 
 
@@ -171,11 +185,14 @@ def trajectory_path(run_dir: Path, update: int) -> Path:
     return run_dir / "trajectories" / f"update_{update:06d}.safetensors"
 
 
-def restore(checkpoint: Checkpoint, student: PeftModel, optimizer: torch.optim.Optimizer,
-            param_names: list[str]) -> None:
+def restore(
+    checkpoint: Checkpoint, student: PeftModel, optimizer: torch.optim.Optimizer, param_names: list[str]
+) -> None:
     adapter = load_file(str(checkpoint.path / "adapter.safetensors"))
     result = set_peft_model_state_dict(student, adapter)
     if getattr(result, "unexpected_keys", None):
-        raise MiniverlError(f"trainer.resume_from: adapter of {checkpoint.path} does not fit this model "
-                            f"(unexpected {result.unexpected_keys[:3]})")
+        raise MiniverlError(
+            f"trainer.resume_from: adapter of {checkpoint.path} does not fit this model "
+            f"(unexpected {result.unexpected_keys[:3]})"
+        )
     load_optimizer_tensors(optimizer, param_names, load_file(str(checkpoint.path / "optimizer.safetensors")))

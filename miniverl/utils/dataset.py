@@ -16,9 +16,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from miniverl.config.data import DataConfig
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import sha256_file, sha256_json
-from miniverl.config.data import DataConfig
 
 log = logging.getLogger(__name__)
 
@@ -68,16 +68,22 @@ def read_conversations(data: DataConfig, key: str = "train_files") -> Conversati
         except (pa.ArrowException, OSError) as error:
             raise MiniverlError(f"{where}: {name} is not a readable parquet file ({error})") from None
         if data.prompt_key not in table.column_names:
-            raise MiniverlError(f"{where}: {name} has no column {data.prompt_key!r} "
-                                f"(columns: {', '.join(table.column_names)}); set data.prompt_key")
+            raise MiniverlError(
+                f"{where}: {name} has no column {data.prompt_key!r} "
+                f"(columns: {', '.join(table.column_names)}); set data.prompt_key"
+            )
         prompts = table.column(data.prompt_key).to_pylist()
-        truths = (table.column("reward_model").to_pylist() if "reward_model" in table.column_names
-                  else [None] * len(prompts))
+        truths = (
+            table.column("reward_model").to_pylist() if "reward_model" in table.column_names else [None] * len(prompts)
+        )
         for row, messages in enumerate(prompts):
             conversations.append(check_messages(messages, name, row, data.prompt_key, where))
             truth = truths[row]
-            answers.append(str(truth["ground_truth"]) if isinstance(truth, dict) and truth.get("ground_truth")
-                           is not None else None)
+            answers.append(
+                str(truth["ground_truth"])
+                if isinstance(truth, dict) and truth.get("ground_truth") is not None
+                else None
+            )
         digests.append(sha256_file(path))
     if not conversations:
         raise MiniverlError(f"{where}: {', '.join(getattr(data, key))} holds no rows")
@@ -87,11 +93,19 @@ def read_conversations(data: DataConfig, key: str = "train_files") -> Conversati
 def check_messages(messages, name: str, row: int, column: str, where: str = "data.train_files") -> list[dict]:
     if isinstance(messages, str):  # a plain-text prompt is a single user turn
         return [{"role": "user", "content": messages}]
-    ok = isinstance(messages, list) and messages and all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages)
+    ok = (
+        isinstance(messages, list)
+        and messages
+        and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages
+        )
+    )
     if not ok:
-        raise MiniverlError(f"{where}: {name} row {row} column {column!r}: expected a list of "
-                            "{role, content} messages (verl's format), got " + repr(messages)[:80])
+        raise MiniverlError(
+            f"{where}: {name} row {row} column {column!r}: expected a list of "
+            "{role, content} messages (verl's format), got " + repr(messages)[:80]
+        )
     return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
@@ -104,8 +118,10 @@ def tokenize_prompts(source: Conversations, data: DataConfig, tokenizer, prompt_
         if len(ids) > prompt_limit:
             if not data.filter_overlong_prompts:
                 raise MiniverlError(
-                    f"data.train_files row {row}: prompt is {len(ids)} tokens, over recipe.prompt_limit={prompt_limit}; "
-                    "raise the limit or set data.filter_overlong_prompts=true to drop such prompts")
+                    f"data.train_files row {row}: prompt is {len(ids)} tokens, "
+                    f"over recipe.prompt_limit={prompt_limit}; raise the limit or set "
+                    "data.filter_overlong_prompts=true to drop such prompts"
+                )
             kept.dropped_overlong.append(row)
             continue
         kept.token_ids.append(ids)
@@ -113,8 +129,12 @@ def tokenize_prompts(source: Conversations, data: DataConfig, tokenizer, prompt_
         kept.messages.append(messages)
         kept.answers.append(source.answers[row])
     if kept.dropped_overlong:
-        log.warning("data: dropped %d prompt(s) over recipe.prompt_limit=%d tokens (rows %s)",
-                    len(kept.dropped_overlong), prompt_limit, kept.dropped_overlong[:10])
+        log.warning(
+            "data: dropped %d prompt(s) over recipe.prompt_limit=%d tokens (rows %s)",
+            len(kept.dropped_overlong),
+            prompt_limit,
+            kept.dropped_overlong[:10],
+        )
     if not kept.rows:
         raise MiniverlError(f"data: no prompt fits recipe.prompt_limit={prompt_limit}")
     return kept

@@ -11,15 +11,17 @@ from importlib.metadata import PackageNotFoundError, version
 
 import torch
 
-from miniverl.utils.errors import MiniverlError
 from miniverl.config.hardware import HardwareConfig
+from miniverl.utils.errors import MiniverlError
 
 
 def resolve_device(hardware: HardwareConfig) -> torch.device:
     if hardware.device == "cuda" or (hardware.device == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
-            raise MiniverlError(f"hardware={hardware.name} needs CUDA, but torch sees no GPU "
-                                f"(torch {torch.__version__}); use hardware=cpu or hardware=auto")
+            raise MiniverlError(
+                f"hardware={hardware.name} needs CUDA, but torch sees no GPU "
+                f"(torch {torch.__version__}); use hardware=cpu or hardware=auto"
+            )
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
@@ -98,8 +100,13 @@ def cpu_model() -> str:
 
 def nvidia_driver() -> str | None:
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10, check=True)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
         return out.stdout.strip().splitlines()[0] or None
     except (OSError, subprocess.SubprocessError, IndexError):
         return None

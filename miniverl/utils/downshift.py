@@ -18,8 +18,8 @@ from typing import TypeVar
 
 import torch
 
-from miniverl.utils.measure import free_device_cache
 from miniverl.trainer.plan import split
+from miniverl.utils.measure import free_device_cache
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -28,8 +28,10 @@ KINDS = ("rollout", "update_chunk")
 
 class OutOfMemoryAtOneRow(Exception):
     def __init__(self, kind: str, error: BaseException | str):
-        super().__init__(f"out of memory in a {kind.replace('_', ' ')} of a single row ({error}); "
-                         "use a smaller recipe.response_limit or prompt_limit, a smaller model, or a larger device")
+        super().__init__(
+            f"out of memory in a {kind.replace('_', ' ')} of a single row ({error}); "
+            "use a smaller recipe.response_limit or prompt_limit, a smaller model, or a larger device"
+        )
         self.kind = kind
 
 
@@ -47,8 +49,9 @@ class Downshift:
             sizes = split(total_rows, self.rows[kind])
             try:
                 if self.simulate_above is not None and max(sizes) > self.simulate_above:
-                    raise torch.OutOfMemoryError(f"simulated: {max(sizes)} rows > "
-                                                 f"hardware.simulate_oom_above_rows={self.simulate_above}")
+                    raise torch.OutOfMemoryError(
+                        f"simulated: {max(sizes)} rows > hardware.simulate_oom_above_rows={self.simulate_above}"
+                    )
                 result = work(sizes)
             except torch.OutOfMemoryError as error:
                 # Only the message leaves this block: the error's traceback holds the frames, and

@@ -39,8 +39,10 @@ def cuda_peaks(device: torch.device) -> tuple[float | None, float | None]:
     """Peak allocated and reserved GiB of the CUDA caching allocator; nulls off CUDA."""
     if device.type != "cuda":
         return None, None
-    return (round(torch.cuda.max_memory_allocated(device) / 2**30, 4),
-            round(torch.cuda.max_memory_reserved(device) / 2**30, 4))
+    return (
+        round(torch.cuda.max_memory_allocated(device) / 2**30, 4),
+        round(torch.cuda.max_memory_reserved(device) / 2**30, 4),
+    )
 
 
 def free_device_cache(device: torch.device) -> None:
@@ -63,8 +65,9 @@ def folder_bytes(folder: Path, exclude: tuple[str, ...] = ()) -> int:
     """Bytes of every file below `folder`, leaving out top-level entries named in `exclude`."""
     if not folder.exists():
         return 0
-    return sum(p.stat().st_size for p in folder.rglob("*")
-               if p.is_file() and p.relative_to(folder).parts[0] not in exclude)
+    return sum(
+        p.stat().st_size for p in folder.rglob("*") if p.is_file() and p.relative_to(folder).parts[0] not in exclude
+    )
 
 
 def workload_driver_sha256() -> str:
@@ -77,8 +80,9 @@ def workload_driver_sha256() -> str:
 def source_commit() -> str | None:
     """The git commit of the checkout miniverl runs from; null outside a git checkout."""
     try:
-        out = subprocess.run(["git", "-C", str(PACKAGE_DIR), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=10, check=True)
+        out = subprocess.run(
+            ["git", "-C", str(PACKAGE_DIR), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True
+        )
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None

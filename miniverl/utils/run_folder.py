@@ -1,11 +1,11 @@
 """The run folder: what a run writes, written so that nothing is half-written or overwritten.
 
-    resolved_config.yaml   the composed config, interpolated, without Hydra's runtime node
-    plan.json              the compiled plan (canonical JSON; its sha256 is compiled_plan_sha256)
-    metrics.jsonl          one line per optimizer update (verl's metric names)
-    trajectories/update_<k>.safetensors   every sampled token of update k and its log-probs
-    peft_adapter/          the trained LoRA as a standard PEFT folder
-    report.json            the measurement report
+resolved_config.yaml   the composed config, interpolated, without Hydra's runtime node
+plan.json              the compiled plan (canonical JSON; its sha256 is compiled_plan_sha256)
+metrics.jsonl          one line per optimizer update (verl's metric names)
+trajectories/update_<k>.safetensors   every sampled token of update k and its log-probs
+peft_adapter/          the trained LoRA as a standard PEFT folder
+report.json            the measurement report
 """
 
 from __future__ import annotations
@@ -28,8 +28,17 @@ log = logging.getLogger(__name__)
 FINISHED_MARKERS = ("metrics.jsonl", "report.json", "plan.json")
 ERROR_FILE = "error.txt"  # main.py's one-line error in the folder of a job that failed
 # What a run writes into its folder (Hydra's own .hydra/ and <job>.log are left alone).
-RUN_OUTPUTS = (*FINISHED_MARKERS, "resolved_config.yaml", "trajectories", "checkpoints", "peft_adapter", "toy_models",
-               "resume_check", "tensorboard", ERROR_FILE)
+RUN_OUTPUTS = (
+    *FINISHED_MARKERS,
+    "resolved_config.yaml",
+    "trajectories",
+    "checkpoints",
+    "peft_adapter",
+    "toy_models",
+    "resume_check",
+    "tensorboard",
+    ERROR_FILE,
+)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -43,8 +52,9 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 class RunFolder:
-    def __init__(self, root: Path, *, continuing: bool = False, overwrite: bool = False,
-                 plan_digest: str | None = None):
+    def __init__(
+        self, root: Path, *, continuing: bool = False, overwrite: bool = False, plan_digest: str | None = None
+    ):
         """`continuing`: resuming this folder's own checkpoint, so its earlier outputs are expected;
         `overwrite`: the user asked to replace a previous run's outputs (trainer.overwrite=true);
         `plan_digest`: this run's compiled_plan_sha256. A run of the same plan that died before its
@@ -54,8 +64,11 @@ class RunFolder:
         self.root = Path(root)
         taken = [name for name in FINISHED_MARKERS if (self.root / name).exists()]
         if taken and not continuing and not overwrite and self.died_before_first_checkpoint(plan_digest):
-            log.warning("run folder %s holds a run of this plan that stopped before its first checkpoint "
-                        "(no checkpoint, no report): starting it again", self.root)
+            log.warning(
+                "run folder %s holds a run of this plan that stopped before its first checkpoint "
+                "(no checkpoint, no report): starting it again",
+                self.root,
+            )
             overwrite = True
         if taken and overwrite and not continuing:
             for name in RUN_OUTPUTS:
@@ -67,9 +80,11 @@ class RunFolder:
                 status = f"status {json.loads((self.root / 'report.json').read_text())['status']}: "
             except (OSError, ValueError, KeyError):
                 status = ""
-            raise MiniverlError(f"run folder {self.root} already holds a run ({status}{', '.join(taken)}); "
-                                "choose another hydra.run.dir, resume it with "
-                                f"trainer.resume_from={self.root}, or replace it with trainer.overwrite=true")
+            raise MiniverlError(
+                f"run folder {self.root} already holds a run ({status}{', '.join(taken)}); "
+                "choose another hydra.run.dir, resume it with "
+                f"trainer.resume_from={self.root}, or replace it with trainer.overwrite=true"
+            )
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             (self.root / "trajectories").mkdir(exist_ok=True)
@@ -79,8 +94,13 @@ class RunFolder:
 
     def died_before_first_checkpoint(self, plan_digest: str | None) -> bool:
         plan = self.root / "plan.json"
-        return (plan_digest is not None and plan.is_file() and not (self.root / "report.json").exists()
-                and not checkpoints_in(self.root) and sha256_file(plan) == plan_digest)
+        return (
+            plan_digest is not None
+            and plan.is_file()
+            and not (self.root / "report.json").exists()
+            and not checkpoints_in(self.root)
+            and sha256_file(plan) == plan_digest
+        )
 
     def path(self, name: str) -> Path:
         return self.root / name
@@ -129,8 +149,10 @@ class TensorBoardLogger:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            raise MiniverlError("trainer.logger includes tensorboard, which is not installed: "
-                                "pip install -e '.[tensorboard]' (or drop it from trainer.logger)") from None
+            raise MiniverlError(
+                "trainer.logger includes tensorboard, which is not installed: "
+                "pip install -e '.[tensorboard]' (or drop it from trainer.logger)"
+            ) from None
         self.writer = SummaryWriter(log_dir=str(root / "tensorboard"))
 
     def log(self, metrics: dict, step: int) -> None:

@@ -11,17 +11,14 @@ everything matches, 1 on any mismatch, 2 when the file cannot be read.
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import warnings
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
-from miniverl import VERL_TAG
-from miniverl.workers.losses import distillation_loss, forward_kl_topk, forward_kl_topk_terms
 from miniverl.config.estimator import EstimatorConfig
+from miniverl.workers.losses import distillation_loss, forward_kl_topk, forward_kl_topk_terms
 
 # Relative tolerances. Estimator cases reproduce verl's float64 arithmetic closely; verl computed the
 # top-k KL in float32, so float64 runs can only agree with it to float32 precision.

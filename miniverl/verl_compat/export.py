@@ -20,30 +20,41 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import sys
 from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any
 
-import hydra
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from miniverl import VERL_COMMIT, __version__
-from miniverl.utils.errors import MiniverlError
-from miniverl.utils.tables import flatten
-from miniverl.utils.identity import resolved_config, sha256_json
 from miniverl.config import MiniverlConfig, to_config
-from miniverl.verl_compat.rules import (ACTOR, ENTRY_POINT, FIXED, LOGGERS_TO_VERL, LOSS, MODEL, ROLLOUT, RULES, TEACHER,
-                                 VERL_DEFAULTS, VERL_VERSION, override_line, rule_for, rule_table,
-                                 runtime_violations, virtual_verl_config)
-
+from miniverl.utils.errors import MiniverlError
+from miniverl.utils.identity import resolved_config, sha256_json
+from miniverl.utils.tables import flatten
+from miniverl.verl_compat.rules import (
+    ACTOR,
+    ENTRY_POINT,
+    FIXED,
+    LOGGERS_TO_VERL,
+    LOSS,
+    MODEL,
+    ROLLOUT,
+    RULES,
+    TEACHER,
+    VERL_DEFAULTS,
+    VERL_VERSION,
+    override_line,
+    rule_for,
+    rule_table,
+    runtime_violations,
+    virtual_verl_config,
+)
 
 EXPORT_FOLDER = "verl"
 REWARD_FILE = "no_task_reward.py"
 SECTIONS = ("DATA", "MODEL", "ACTOR", "ROLLOUT", "TRAINER", "DISTILLATION")
 
-__all__ = ["field_rules", "field_rule_digest", "rule_table", "verl_overrides", "export", "main"]
+__all__ = ["field_rules", "field_rule_digest", "rule_table", "verl_overrides", "export"]
 
 
 # ---------------------------------------------------------------- rules and their digest
@@ -119,10 +130,14 @@ def verl_overrides(config: MiniverlConfig, *, reward_fn: str, cwd: Path) -> list
     val_files = [_absolute(p, cwd) for p in getattr(d, "val_files", None) or []]
     ppo_micro = x.ppo_micro_batch_size_per_gpu if x.ppo_micro_batch_size_per_gpu is not None else hw.update_chunk
     log_prob_micro = ppo_micro if x.log_prob_micro_batch_size_per_gpu is None else x.log_prob_micro_batch_size_per_gpu
-    micro_src = ("export.ppo_micro_batch_size_per_gpu",) if x.ppo_micro_batch_size_per_gpu is not None \
+    micro_src = (
+        ("export.ppo_micro_batch_size_per_gpu",)
+        if x.ppo_micro_batch_size_per_gpu is not None
         else ("hardware.update_chunk",)
-    log_prob_src = ("export.log_prob_micro_batch_size_per_gpu",) if x.log_prob_micro_batch_size_per_gpu is not None \
-        else micro_src
+    )
+    log_prob_src = (
+        ("export.log_prob_micro_batch_size_per_gpu",) if x.log_prob_micro_batch_size_per_gpu is not None else micro_src
+    )
     lengths = ("recipe.prompt_limit", "recipe.response_limit")
     out: list[Override] = []
 
@@ -145,8 +160,11 @@ def verl_overrides(config: MiniverlConfig, *, reward_fn: str, cwd: Path) -> list
     add("DATA", "data.seed", d.seed, "data.seed")
     if d.apply_chat_template_kwargs:  # one `+key=value` each, as verl's examples write them
         for name, value in d.apply_chat_template_kwargs.items():
-            out.append(Override("DATA", f"data.apply_chat_template_kwargs.{name}", value,
-                                ("data.apply_chat_template_kwargs",), "+"))
+            out.append(
+                Override(
+                    "DATA", f"data.apply_chat_template_kwargs.{name}", value, ("data.apply_chat_template_kwargs",), "+"
+                )
+            )
     else:
         add("DATA", "data.apply_chat_template_kwargs", {}, "data.apply_chat_template_kwargs")
     add("DATA", "data.trust_remote_code", m.trust_remote_code, "model.trust_remote_code")
@@ -178,8 +196,11 @@ def verl_overrides(config: MiniverlConfig, *, reward_fn: str, cwd: Path) -> list
     add("ACTOR", f"{ACTOR}.ppo_mini_batch_size", r.logical_batch, "recipe.logical_batch")
     add("ACTOR", f"{ACTOR}.use_dynamic_bsz", x.use_dynamic_bsz, "export.use_dynamic_bsz")
     if x.use_dynamic_bsz:
-        tokens = x.max_token_len_per_gpu if x.max_token_len_per_gpu is not None \
+        tokens = (
+            x.max_token_len_per_gpu
+            if x.max_token_len_per_gpu is not None
             else VERL_DEFAULTS[f"{ACTOR}.ppo_max_token_len_per_gpu"]
+        )
         add("ACTOR", f"{ACTOR}.ppo_max_token_len_per_gpu", tokens, "export.max_token_len_per_gpu")
     else:
         add("ACTOR", f"{ACTOR}.ppo_micro_batch_size_per_gpu", ppo_micro, *micro_src)
@@ -190,15 +211,27 @@ def verl_overrides(config: MiniverlConfig, *, reward_fn: str, cwd: Path) -> list
     add("ROLLOUT", f"{ROLLOUT}.name", x.rollout_name, "export.rollout_name")
     add_fixed("ROLLOUT", f"{ROLLOUT}.n")
     add_fixed("ROLLOUT", f"{ROLLOUT}.calculate_log_probs")
-    add("ROLLOUT", "algorithm.rollout_correction.bypass_mode", config.algorithm.rollout_correction.bypass_mode,
-        "algorithm.rollout_correction.bypass_mode")
+    add(
+        "ROLLOUT",
+        "algorithm.rollout_correction.bypass_mode",
+        config.algorithm.rollout_correction.bypass_mode,
+        "algorithm.rollout_correction.bypass_mode",
+    )
     add("ROLLOUT", f"{ROLLOUT}.temperature", config.rollout.temperature, "rollout.temperature")
     add("ROLLOUT", f"{ROLLOUT}.top_p", config.rollout.top_p, "rollout.top_p")
     add("ROLLOUT", f"{ROLLOUT}.top_k", config.rollout.top_k, "rollout.top_k")
-    add("ROLLOUT", f"{ROLLOUT}.tensor_model_parallel_size", x.rollout_tensor_parallel_size,
-        "export.rollout_tensor_parallel_size")
-    add("ROLLOUT", f"{ROLLOUT}.gpu_memory_utilization", x.rollout_gpu_memory_utilization,
-        "export.rollout_gpu_memory_utilization")
+    add(
+        "ROLLOUT",
+        f"{ROLLOUT}.tensor_model_parallel_size",
+        x.rollout_tensor_parallel_size,
+        "export.rollout_tensor_parallel_size",
+    )
+    add(
+        "ROLLOUT",
+        f"{ROLLOUT}.gpu_memory_utilization",
+        x.rollout_gpu_memory_utilization,
+        "export.rollout_gpu_memory_utilization",
+    )
     add("ROLLOUT", f"{ROLLOUT}.max_model_len", max_len, *lengths)
     add("ROLLOUT", f"{ROLLOUT}.log_prob_use_dynamic_bsz", x.use_dynamic_bsz, "export.use_dynamic_bsz")
     if x.use_dynamic_bsz:
@@ -227,10 +260,18 @@ def verl_overrides(config: MiniverlConfig, *, reward_fn: str, cwd: Path) -> list
         add("DISTILLATION", f"{TEACHER}.model_path", t.model_id, "teacher.model_id")
     add("DISTILLATION", f"{TEACHER}.num_replicas", x.teacher_replicas, "export.teacher_replicas")
     add("DISTILLATION", f"{TEACHER}.inference.name", x.rollout_name, "export.rollout_name")
-    add("DISTILLATION", f"{TEACHER}.inference.tensor_model_parallel_size", x.teacher_tensor_parallel_size,
-        "export.teacher_tensor_parallel_size")
-    add("DISTILLATION", f"{TEACHER}.inference.gpu_memory_utilization", x.teacher_gpu_memory_utilization,
-        "export.teacher_gpu_memory_utilization")
+    add(
+        "DISTILLATION",
+        f"{TEACHER}.inference.tensor_model_parallel_size",
+        x.teacher_tensor_parallel_size,
+        "export.teacher_tensor_parallel_size",
+    )
+    add(
+        "DISTILLATION",
+        f"{TEACHER}.inference.gpu_memory_utilization",
+        x.teacher_gpu_memory_utilization,
+        "export.teacher_gpu_memory_utilization",
+    )
     add("DISTILLATION", f"{TEACHER}.inference.max_model_len", max_len, *lengths)
     add("DISTILLATION", f"{TEACHER}.inference.dtype", t.dtype, "teacher.dtype")
     add_fixed("DISTILLATION", f"{TEACHER}.inference.temperature")
@@ -256,24 +297,31 @@ def differences(config: MiniverlConfig) -> list[str]:
     values = resolved_flat(config)
     for rule in RULES:
         if rule.status == "fixed_in_verl" and values.get(rule.field) != rule.verl_value:
-            out.append(f"{rule.field}={values.get(rule.field)!r} does not carry over: verl v0.8.0 runs with "
-                       f"{rule.verl_value!r} ({rule.note.split(';')[0]})")
+            out.append(
+                f"{rule.field}={values.get(rule.field)!r} does not carry over: verl v0.8.0 runs with "
+                f"{rule.verl_value!r} ({rule.note.split(';')[0]})"
+            )
     for where, block in (("model", config.model), ("teacher", config.teacher)):
         if block.model_id == "toy":
-            out.append(f"{where}.model_id=toy has no verl equivalent: the launch is a template until "
-                       f"{'STUDENT_MODEL' if where == 'model' else 'TEACHER_MODEL'} names a Hugging Face model "
-                       "(run_opd.sh refuses to start before)")
+            out.append(
+                f"{where}.model_id=toy has no verl equivalent: the launch is a template until "
+                f"{'STUDENT_MODEL' if where == 'model' else 'TEACHER_MODEL'} names a Hugging Face model "
+                "(run_opd.sh refuses to start before)"
+            )
         if block.quantization == "nf4":
             out.append(f"{where}.quantization=nf4 does not carry over: {RULES_NOTE[where + '.quantization']}")
         if block.revision is not None:
-            out.append(f"{where}.revision={block.revision} is not pinned by verl: "
-                       f"{RULES_NOTE[where + '.revision']}")
+            out.append(f"{where}.revision={block.revision} is not pinned by verl: {RULES_NOTE[where + '.revision']}")
     if config.teacher.mode == "ref":
-        out.append("teacher.mode=ref: verl serves a second copy of the student's base (model.model_id) as the teacher, "
-                   "in the teacher pool")
+        out.append(
+            "teacher.mode=ref: verl serves a second copy of the student's base (model.model_id) as the teacher, "
+            "in the teacher pool"
+        )
     if config.model.adapter is not None and adapter_lora(config.model.adapter) is None:
-        out.append(f"model.adapter={config.model.adapter}: its adapter_config.json cannot be read here, so lora_rank, "
-                   "lora_alpha and target_modules come from model.lora; they must match the adapter")
+        out.append(
+            f"model.adapter={config.model.adapter}: its adapter_config.json cannot be read here, so lora_rank, "
+            "lora_alpha and target_modules come from model.lora; they must match the adapter"
+        )
     if config.teacher.trust_remote_code:
         out.append(f"teacher.trust_remote_code=true does not carry over: {RULES_NOTE['teacher.trust_remote_code']}")
     if config.teacher.tokenizer_id is not None:
@@ -307,8 +355,10 @@ def check_launch(overrides: list[Override]) -> None:
     """Refuse, with one line, a launch that verl v0.8.0 would refuse at run time."""
     problems = runtime_violations(virtual_verl_config({o.key: o.value for o in overrides}))
     if problems:
-        hint = ("set the scale with export.* (docs/export.md); batch rows come from recipe.logical_batch and "
-                "hardware.update_chunk")
+        hint = (
+            "set the scale with export.* (docs/export.md); batch rows come from recipe.logical_batch and "
+            "hardware.update_chunk"
+        )
         raise MiniverlError(f"verl v0.8.0 would refuse this launch: {problems[0]} ({hint})")
 
 
@@ -317,12 +367,16 @@ def export(cfg: DictConfig, folder: Path, *, cwd: Path | None = None) -> ExportR
     config = to_config(cfg)
     rules = field_rules(cfg)
     if config.trainer.resume_from is not None:
-        raise MiniverlError("trainer.resume_from: a miniverl checkpoint cannot be resumed by verl; export without it "
-                            "(the verl run starts fresh)")
+        raise MiniverlError(
+            "trainer.resume_from: a miniverl checkpoint cannot be resumed by verl; export without it "
+            "(the verl run starts fresh)"
+        )
     if config.teacher.adapter is not None:
-        raise MiniverlError(f"teacher.mode={config.teacher.mode} with teacher.adapter: verl v0.8.0's teacher takes no "
-                            "adapter; merge it into its base (PeftModel.merge_and_unload, save_pretrained) and export "
-                            "teacher.mode=standard teacher.model_id=<merged folder>")
+        raise MiniverlError(
+            f"teacher.mode={config.teacher.mode} with teacher.adapter: verl v0.8.0's teacher takes no "
+            "adapter; merge it into its base (PeftModel.merge_and_unload, save_pretrained) and export "
+            "teacher.mode=standard teacher.model_id=<merged folder>"
+        )
     folder = Path(folder).absolute()
     reward_fn = str(folder / REWARD_FILE)
     overrides = verl_overrides(config, reward_fn=reward_fn, cwd=Path.cwd() if cwd is None else cwd)
@@ -330,8 +384,10 @@ def export(cfg: DictConfig, folder: Path, *, cwd: Path | None = None) -> ExportR
     warnings = differences(config)
     for path in next(o.value for o in overrides if o.key == "data.train_files"):
         if not os.path.exists(path):
-            warnings.append(f"data file {path} does not exist here: the verl trainer must see it at this path "
-                            "(or set TRAIN_FILES in run_opd.sh)")
+            warnings.append(
+                f"data file {path} does not exist here: the verl trainer must see it at this path "
+                "(or set TRAIN_FILES in run_opd.sh)"
+            )
     digest = field_rule_digest()
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -341,7 +397,8 @@ def export(cfg: DictConfig, folder: Path, *, cwd: Path | None = None) -> ExportR
         script.chmod(0o755)
         (folder / REWARD_FILE).write_text(REWARD_SOURCE)
         (folder / "field_rules.json").write_text(
-            json.dumps(rules_document(config, rules, overrides, digest), indent=2, sort_keys=False) + "\n")
+            json.dumps(rules_document(config, rules, overrides, digest), indent=2, sort_keys=False) + "\n"
+        )
         (folder / "README.md").write_text(readme(config, overrides, warnings, digest))
     except OSError as error:
         raise MiniverlError(f"cannot write the verl export into {folder}: {error.strerror}") from None
@@ -361,8 +418,9 @@ def rules_document(config: MiniverlConfig, rules: list[dict], overrides: list[Ov
         "verl": table["verl"],
         "rules": rules,
         "fixed": table["fixed"],
-        "applied": [{"field": name, "value": values.get(name), "verl": written.get(name, [])}
-                    for name in sorted(values)],
+        "applied": [
+            {"field": name, "value": values.get(name), "verl": written.get(name, [])} for name in sorted(values)
+        ],
     }
 
 
@@ -413,7 +471,8 @@ def launch_script(config: MiniverlConfig, overrides: list[Override], digest: str
         f"STUDENT_MODEL=${{STUDENT_MODEL:-{_shell_word(by_key[f'{MODEL}.path'].line.split('=', 1)[1])}}}",
         f"TEACHER_MODEL=${{TEACHER_MODEL:-{_shell_word(by_key[f'{TEACHER}.model_path'].line.split('=', 1)[1])}}}",
         f"TRAIN_FILES=${{TRAIN_FILES:-{_shell_word(by_key['data.train_files'].line.split('=', 1)[1])}}}",
-        "VAL_FILES=${VAL_FILES:-$TRAIN_FILES}" if by_key["data.val_files"].value == by_key["data.train_files"].value
+        "VAL_FILES=${VAL_FILES:-$TRAIN_FILES}"
+        if by_key["data.val_files"].value == by_key["data.train_files"].value
         else f"VAL_FILES=${{VAL_FILES:-{_shell_word(by_key['data.val_files'].line.split('=', 1)[1])}}}",
         "# ---- end user-adjustable ----",
         "",
@@ -442,8 +501,7 @@ def launch_script(config: MiniverlConfig, overrides: list[Override], digest: str
             else:
                 lines.append(f"    {_shell_word(o.line)}")
         lines.append(")")
-    lines += ["", "########################### launch ###########################",
-              f"{ENTRY_POINT} \\"]
+    lines += ["", "########################### launch ###########################", f"{ENTRY_POINT} \\"]
     lines += [f'    "${{{section}[@]}}" \\' for section in SECTIONS]
     lines += ['    "$@"', ""]
     return "\n".join(lines)
@@ -492,13 +550,19 @@ def readme(config: MiniverlConfig, overrides: list[Override], warnings: list[str
         "nor exactly resumable; its checkpoints are verl's, not miniverl's.",
         "- verl v0.8.0 normalises the first micro-batch of each update with the previous update's token count; "
         "miniverl uses the exact token mean (docs/losses.md).",
-        *([] if config.algorithm.rollout_correction.bypass_mode else [
-            "- verl v0.8.0 recomputes the old log-probs in a pass of their own before each update; miniverl takes "
-            "them from the update's own forward (on-policy, ratio exactly 1). They differ by rounding "
-            "(docs/losses.md)."]),
+        *(
+            []
+            if config.algorithm.rollout_correction.bypass_mode
+            else [
+                "- verl v0.8.0 recomputes the old log-probs in a pass of their own before each update; miniverl takes "
+                "them from the update's own forward (on-policy, ratio exactly 1). They differ by rounding "
+                "(docs/losses.md)."
+            ]
+        ),
         "",
         "Also written, because the recipe is pure on-policy distillation: "
-        + "; ".join(f"`{key}`" for key, _, _ in FIXED) + ". Every other key takes verl's YAML default.",
+        + "; ".join(f"`{key}`" for key, _, _ in FIXED)
+        + ". Every other key takes verl's YAML default.",
         "",
     ]
     return "\n".join(out)

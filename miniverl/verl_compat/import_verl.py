@@ -14,18 +14,28 @@ export -> import -> export gives the same overrides on every mapped field.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import operator
 import os
 import re
-import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from miniverl.utils.errors import MiniverlError
-from miniverl.verl_compat.rules import (ACTOR, FIXED, LOGGERS_TO_VERL, MODEL, ROLLOUT, RULES, TEACHER, VERL_DEFAULTS, get,
-                                 hydra_value, virtual_verl_config)
+from miniverl.verl_compat.rules import (
+    ACTOR,
+    FIXED,
+    LOGGERS_TO_VERL,
+    MODEL,
+    ROLLOUT,
+    RULES,
+    TEACHER,
+    VERL_DEFAULTS,
+    get,
+    hydra_value,
+    virtual_verl_config,
+)
 
 ENTRY = re.compile(r"^verl\.trainer\.main_ppo\w*$")
 # $(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd): the folder of the script itself.
@@ -76,7 +86,7 @@ class _Shell:
                 current = []
             if c == "'":
                 end = text.index("'", i + 1)
-                current.append(text[i + 1:end])
+                current.append(text[i + 1 : end])
                 i = end + 1
             elif c == '"':
                 i += 1
@@ -107,15 +117,15 @@ class _Shell:
     def _dollar(self, text: str, i: int, quoted: bool) -> tuple[str | list[str], int]:
         if text.startswith("$((", i):
             end = _matching(text, i + 1)
-            return str(self.arith(text[i + 3:end - 1])), end + 1
+            return str(self.arith(text[i + 3 : end - 1])), end + 1
         if text.startswith("$(", i):
             end = _matching(text, i + 1)
-            if self.script_dir is not None and _HERE.fullmatch(text[i + 2:end].strip()):
+            if self.script_dir is not None and _HERE.fullmatch(text[i + 2 : end].strip()):
                 return self.script_dir, end + 1  # the script's own folder
-            return text[i:end + 1], end + 1  # another command substitution: kept as written (never run)
+            return text[i : end + 1], end + 1  # another command substitution: kept as written (never run)
         if text.startswith("${", i):
             end = _matching(text, i + 1, "{", "}")
-            body = text[i + 2:end]
+            body = text[i + 2 : end]
             array = re.fullmatch(r"(\w+)\[[@*]\]", body)
             if array:
                 return list(self.arrays.get(array.group(1), [])), end + 1
@@ -162,7 +172,7 @@ class _Shell:
                 while not _closes_array(body) and i < len(lines):
                     body += "\n" + lines[i]
                     i += 1
-                self.arrays[m.group(1)] = self.words(body[:body.rstrip().rindex(")")])
+                self.arrays[m.group(1)] = self.words(body[: body.rstrip().rindex(")")])
                 continue
             m = re.match(r"^(?:export\s+|local\s+)?([A-Za-z_]\w*)=(.*)$", line)
             if m:
@@ -172,7 +182,7 @@ class _Shell:
             words = self.words(line)
             for k, word in enumerate(words):
                 if ENTRY.match(word) and k >= 1 and words[k - 1] == "-m":
-                    found = (found or []) + [w for w in words[k + 1:] if w]
+                    found = (found or []) + [w for w in words[k + 1 :] if w]
                     break
         return found
 
@@ -203,11 +213,17 @@ def _matching(text: str, start: int, open_: str = "(", close: str = ")") -> int:
             depth -= 1
             if depth == 0:
                 return j
-    raise MiniverlError(f"unbalanced {open_}{close} in the launch script near: {text[start:start + 40]!r}")
+    raise MiniverlError(f"unbalanced {open_}{close} in the launch script near: {text[start : start + 40]!r}")
 
 
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
-        ast.Div: operator.floordiv, ast.Mod: operator.mod}
+_OPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.FloorDiv: operator.floordiv,
+    ast.Div: operator.floordiv,
+    ast.Mod: operator.mod,
+}
 
 
 def _eval_int(node: ast.AST) -> int:
@@ -263,8 +279,14 @@ def parse(lines: list[str]) -> tuple[dict[str, Any], list[str]]:
 def to_miniverl(lines: list[str]) -> tuple[list[tuple[str, Any]], list[tuple[str, str]]]:
     """(miniverl overrides [(field, value)], verl overrides with no miniverl field [(line, why)])."""
     values, other = parse(lines)
-    unmapped: list[tuple[str, str]] = [(line, "not a plain key=value override (a config-group choice, a deletion, "
-                                              "a sweep, or a shell command left unrun)") for line in other]
+    unmapped: list[tuple[str, str]] = [
+        (
+            line,
+            "not a plain key=value override (a config-group choice, a deletion, "
+            "a sweep, or a shell command left unrun)",
+        )
+        for line in other
+    ]
     known = {key for key in values if key in VERL_DEFAULTS or _dict_parent(key) is not None}
     cfg = virtual_verl_config({k: v for k, v in values.items() if k in known})
     v = lambda key: get(cfg, key)  # noqa: E731  (the launch's value, or verl's default)
@@ -281,34 +303,60 @@ def to_miniverl(lines: list[str]) -> tuple[list[tuple[str, Any]], list[tuple[str
         used.add(key)
 
     if not v("distillation.enabled"):
-        raise MiniverlError("this verl launch does not enable distillation (distillation.enabled=True): it is not "
-                            "on-policy distillation and has no miniverl equivalent")
+        raise MiniverlError(
+            "this verl launch does not enable distillation (distillation.enabled=True): it is not "
+            "on-policy distillation and has no miniverl equivalent"
+        )
     teachers = sorted({k.split(".")[2] for k in values if k.startswith("distillation.teacher_models.")})
     if any(name != "teacher_model" for name in teachers):
-        raise MiniverlError(f"this verl launch configures teachers {', '.join(teachers)}: miniverl distils from one "
-                            "teacher (distillation.teacher_models.teacher_model)")
+        raise MiniverlError(
+            f"this verl launch configures teachers {', '.join(teachers)}: miniverl distils from one "
+            "teacher (distillation.teacher_models.teacher_model)"
+        )
     if v(f"{TEACHER}.model_path") is None:
         raise MiniverlError(f"this verl launch sets no {TEACHER}.model_path: there is no teacher to import")
     emit("estimator", v("distillation.distillation_loss.loss_mode"))  # the group; its fields follow
-    identity_rules = [r for r in RULES if r.status == "mapped"
-                      and r.transform in ("identity", "list of module names", "absolute path")]
-    special = {"model.lora.r", "model.lora.target_modules", "trainer.logger", "actor.optim.eps", "data.train_files",
-               "data.seed", "hardware.update_chunk", "recipe.optimizer_updates", "teacher.mode",
-               "export.ppo_micro_batch_size_per_gpu", "export.log_prob_micro_batch_size_per_gpu",
-               "export.max_token_len_per_gpu", "export.teacher_replicas"}
+    identity_rules = [
+        r
+        for r in RULES
+        if r.status == "mapped" and r.transform in ("identity", "list of module names", "absolute path")
+    ]
+    special = {
+        "model.lora.r",
+        "model.lora.target_modules",
+        "trainer.logger",
+        "actor.optim.eps",
+        "data.train_files",
+        "data.seed",
+        "hardware.update_chunk",
+        "recipe.optimizer_updates",
+        "teacher.mode",
+        "export.ppo_micro_batch_size_per_gpu",
+        "export.log_prob_micro_batch_size_per_gpu",
+        "export.max_token_len_per_gpu",
+        "export.teacher_replicas",
+    }
     for rule in identity_rules:
         if rule.field in special:
             continue
         emit(rule.field, v(rule.verl_keys[0]), *rule.verl_keys)
         for key in rule.verl_keys[1:]:  # one miniverl field, several verl keys: they must agree
             if v(key) != v(rule.verl_keys[0]):
-                unmapped.append((f"{key}={hydra_value(v(key))}", f"differs from {rule.verl_keys[0]}="
-                                 f"{hydra_value(v(rule.verl_keys[0]))}; miniverl has one field, {rule.field}"))
+                unmapped.append(
+                    (
+                        f"{key}={hydra_value(v(key))}",
+                        f"differs from {rule.verl_keys[0]}="
+                        f"{hydra_value(v(rule.verl_keys[0]))}; miniverl has one field, {rule.field}",
+                    )
+                )
     # verl fills a single teacher's pool with as many replicas as fit (DistillationConfig).
     inference = f"{TEACHER}.inference"
     per_replica = v(f"{inference}.tensor_model_parallel_size") * v(f"{inference}.data_parallel_size")
-    emit("export.teacher_replicas", v("distillation.nnodes") * v("distillation.n_gpus_per_node") // per_replica,
-         f"{TEACHER}.num_replicas")
+    emit(
+        "export.teacher_replicas",
+        v("distillation.nnodes") * v("distillation.n_gpus_per_node") // per_replica,
+        f"{TEACHER}.num_replicas",
+    )
     for rule in RULES:
         if rule.status == "fixed_in_verl":
             emit(rule.field, rule.verl_value)
@@ -323,8 +371,9 @@ def to_miniverl(lines: list[str]) -> tuple[list[tuple[str, Any]], list[tuple[str
     else:
         skip(f"{MODEL}.lora_rank", "full fine-tuning: miniverl trains LoRA adapters only")
         if f"{MODEL}.lora_rank" not in values:
-            unmapped.append((f"{MODEL}.lora_rank=0 (verl's default)", "full fine-tuning: miniverl trains LoRA "
-                                                                       "adapters only"))
+            unmapped.append(
+                (f"{MODEL}.lora_rank=0 (verl's default)", "full fine-tuning: miniverl trains LoRA adapters only")
+            )
     if isinstance(targets, list):
         emit("model.lora.target_modules", list(targets), f"{MODEL}.target_modules")
     else:
@@ -341,8 +390,9 @@ def to_miniverl(lines: list[str]) -> tuple[list[tuple[str, Any]], list[tuple[str
     extra = dict(v(f"{ACTOR}.optim.override_optimizer_config") or {})
     emit("actor.optim.eps", float(extra.pop("eps", 1e-8)), f"{ACTOR}.optim.override_optimizer_config")
     if extra:
-        unmapped.append((f"{ACTOR}.optim.override_optimizer_config: {extra}", "optimizer arguments miniverl "
-                                                                             "does not have"))
+        unmapped.append(
+            (f"{ACTOR}.optim.override_optimizer_config: {extra}", "optimizer arguments miniverl does not have")
+        )
     # Data.
     files, val = ([f] if isinstance(f, str) else list(f) for f in (v("data.train_files"), v("data.val_files")))
     emit("data.train_files", files, "data.train_files")
@@ -353,10 +403,13 @@ def to_miniverl(lines: list[str]) -> tuple[list[tuple[str, Any]], list[tuple[str
         emit("data.seed", v("data.seed"), "data.seed")
     steps = v("trainer.total_training_steps")
     if steps is None:
-        unmapped.append((f"trainer.total_epochs={hydra_value(v('trainer.total_epochs'))} and no "
-                         "trainer.total_training_steps",
-                         "verl runs whole epochs over the data; miniverl needs a number of updates: set "
-                         "recipe.optimizer_updates"))
+        unmapped.append(
+            (
+                f"trainer.total_epochs={hydra_value(v('trainer.total_epochs'))} and no trainer.total_training_steps",
+                "verl runs whole epochs over the data; miniverl needs a number of updates: set "
+                "recipe.optimizer_updates",
+            )
+        )
         used.add("trainer.total_epochs")
     else:
         emit("recipe.optimizer_updates", steps, "trainer.total_training_steps")
@@ -367,8 +420,12 @@ def to_miniverl(lines: list[str]) -> tuple[list[tuple[str, Any]], list[tuple[str
     # Micro-batches and the token budget.
     dynamic = v(f"{ACTOR}.use_dynamic_bsz")
     if dynamic:
-        emit("export.max_token_len_per_gpu", v(f"{ACTOR}.ppo_max_token_len_per_gpu"),
-             f"{ACTOR}.ppo_max_token_len_per_gpu", f"{ROLLOUT}.log_prob_max_token_len_per_gpu")
+        emit(
+            "export.max_token_len_per_gpu",
+            v(f"{ACTOR}.ppo_max_token_len_per_gpu"),
+            f"{ACTOR}.ppo_max_token_len_per_gpu",
+            f"{ROLLOUT}.log_prob_max_token_len_per_gpu",
+        )
         skip(f"{ACTOR}.ppo_micro_batch_size_per_gpu", "unused with use_dynamic_bsz")
         skip(f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu", "unused with use_dynamic_bsz")
     else:
@@ -433,14 +490,17 @@ def unset_fields(mapped: list[tuple[str, Any]]) -> list[str]:
 
 
 def render(source: str, mapped: list[tuple[str, Any]], unmapped: list[tuple[str, str]]) -> str:
-    lines = [f"# miniverl overrides read from {source} (verl v0.8.0: a key the launch leaves out takes verl's "
-             "default)",
-             "# use: python -m miniverl.main +recipe=opd_k1 $(grep -v '^#' THIS_FILE)"]
+    lines = [
+        f"# miniverl overrides read from {source} (verl v0.8.0: a key the launch leaves out takes verl's default)",
+        "# use: python -m miniverl.main +recipe=opd_k1 $(grep -v '^#' THIS_FILE)",
+    ]
     lines += override_lines(mapped)
     lines.append("# verl overrides with no miniverl field (not imported):")
     lines += [f"#   {line}  -- {why}" for line, why in unmapped] or ["#   (none)"]
-    lines.append("# miniverl fields verl does not set (kept from the config you apply this to): "
-                 + ", ".join(unset_fields(mapped)))
+    lines.append(
+        "# miniverl fields verl does not set (kept from the config you apply this to): "
+        + ", ".join(unset_fields(mapped))
+    )
     return "\n".join(lines) + "\n"
 
 

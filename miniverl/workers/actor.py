@@ -22,12 +22,12 @@ import math
 import torch
 from peft import PeftModel
 
+from miniverl.config.actor import ActorConfig
+from miniverl.config.estimator import EstimatorConfig
 from miniverl.models import cpu_gemm
 from miniverl.protocol import Batch
 from miniverl.workers.logprobs import response_log_probs, response_topk_terms
 from miniverl.workers.losses import combine_metrics, distillation_loss, topk_distillation_loss
-from miniverl.config.actor import ActorConfig
-from miniverl.config.estimator import EstimatorConfig
 
 
 class NonFiniteLoss(Exception):
@@ -35,9 +35,18 @@ class NonFiniteLoss(Exception):
 
 
 class ActorWorker:
-    def __init__(self, model: PeftModel, actor: ActorConfig, estimator: EstimatorConfig, *,
-                 temperature: float, logprob_chunk: int, loss_scale_factor: int, tokenizer_vocab: int | None = None,
-                 float32_gemm: bool = False):
+    def __init__(
+        self,
+        model: PeftModel,
+        actor: ActorConfig,
+        estimator: EstimatorConfig,
+        *,
+        temperature: float,
+        logprob_chunk: int,
+        loss_scale_factor: int,
+        tokenizer_vocab: int | None = None,
+        float32_gemm: bool = False,
+    ):
         self.peft_model = model
         self.model = model.get_base_model()  # LoRA layers are injected in place
         self.estimator = estimator
@@ -52,19 +61,33 @@ class ActorWorker:
         trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # the LoRA matrices only
         self.param_names = [n for n, _ in trainable]  # names key the optimizer state in checkpoints
         self.params = [p for _, p in trainable]
-        self.optimizer = torch.optim.AdamW(self.params, lr=actor.optim.lr, betas=tuple(actor.optim.betas),
-                                           eps=actor.optim.eps, weight_decay=actor.optim.weight_decay)
-        self.dropout_in_train_mode = (any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
-                                      or getattr(self.model.config, "attention_dropout", 0.0) > 0)
+        self.optimizer = torch.optim.AdamW(
+            self.params,
+            lr=actor.optim.lr,
+            betas=tuple(actor.optim.betas),
+            eps=actor.optim.eps,
+            weight_decay=actor.optim.weight_decay,
+        )
+        self.dropout_in_train_mode = (
+            any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
+            or getattr(self.model.config, "attention_dropout", 0.0) > 0
+        )
 
     @torch.no_grad()
     def compute_log_prob(self, batch: Batch, rows_per_forward: int) -> torch.Tensor:
         """(B, R) float32 old log-probs of the current policy."""
         self.peft_model.eval()
         with cpu_gemm.float32_products(self.model, self.float32_gemm):
-            parts = [response_log_probs(self.model, batch.rows(s, s + rows_per_forward), temperature=self.temperature,
-                                        chunk=self.logprob_chunk, tokenizer_vocab=self.tokenizer_vocab)
-                     for s in range(0, len(batch), rows_per_forward)]
+            parts = [
+                response_log_probs(
+                    self.model,
+                    batch.rows(s, s + rows_per_forward),
+                    temperature=self.temperature,
+                    chunk=self.logprob_chunk,
+                    tokenizer_vocab=self.tokenizer_vocab,
+                )
+                for s in range(0, len(batch), rows_per_forward)
+            ]
         return torch.cat(parts) * batch.response_mask
 
     def update_actor(self, batch: Batch, chunks: list[int]) -> tuple[dict[str, float], torch.Tensor]:
@@ -90,8 +113,10 @@ class ActorWorker:
             # verl skips such a step and goes on; miniverl stops, so a diverging run does not burn
             # hours: the weights stay those of the last complete update.
             self.optimizer.zero_grad(set_to_none=True)
-            raise NonFiniteLoss(f"non-finite loss {metrics['actor/distillation/loss']} / gradient norm {grad_norm}; "
-                                "lower actor.optim.lr, set estimator.loss_max_clamp, or check the teacher's log-probs")
+            raise NonFiniteLoss(
+                f"non-finite loss {metrics['actor/distillation/loss']} / gradient norm {grad_norm}; "
+                "lower actor.optim.lr, set estimator.loss_max_clamp, or check the teacher's log-probs"
+            )
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)  # frees the gradients before the next rollout
         self.peft_model.eval()
@@ -103,9 +128,11 @@ class ActorWorker:
         """Backward over the update chunks; the chunk losses sum to the mini-batch loss."""
         self.peft_model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        normalisers = dict(batch_num_tokens=float(batch.response_mask.sum()),
-                           global_batch_size=int((batch.response_mask.sum(-1) > 0).sum()),
-                           loss_scale_factor=self.loss_scale_factor)
+        normalisers = dict(
+            batch_num_tokens=float(batch.response_mask.sum()),
+            global_batch_size=int((batch.response_mask.sum(-1) > 0).sum()),
+            loss_scale_factor=self.loss_scale_factor,
+        )
         total_loss, parts, per_token, log_probs, start = 0.0, [], [], [], 0
         for size in chunks:
             chunk = batch.rows(start, start + size)
@@ -121,7 +148,7 @@ class ActorWorker:
         metrics = {f"actor/{k}": float(v) for k, v in combine_metrics(parts).items()}
         metrics["actor/distillation/loss"] = total_loss
         for name in ("pg_clipfrac", "ppo_kl", "pg_clipfrac_lower"):  # pure distillation: the actor's PG
-            if f"actor/distillation/{name}" in metrics:                  # is the distillation PG (verl's names)
+            if f"actor/distillation/{name}" in metrics:  # is the distillation PG (verl's names)
                 metrics[f"actor/{name}"] = metrics[f"actor/distillation/{name}"]
         return metrics, torch.cat(per_token) * batch.response_mask
 
@@ -129,12 +156,32 @@ class ActorWorker:
         """(loss, per-token loss, metrics, log_prob (b, R) with its graph); old_log_probs None: on-policy."""
         est = self.estimator
         if not est.uses_topk:
-            log_prob = response_log_probs(self.model, chunk, temperature=self.temperature, chunk=self.logprob_chunk,
-                                          tokenizer_vocab=self.tokenizer_vocab)
-            return (*distillation_loss(est, log_prob, chunk.old_log_probs, chunk.teacher_logprobs,
-                                       chunk.response_mask, **normalisers), log_prob)
-        log_prob, terms = response_topk_terms(self.model, chunk, chunk.teacher_ids, chunk.teacher_topk_logprobs,
-                                              temperature=self.temperature, log_prob_min_clamp=est.log_prob_min_clamp,
-                                              chunk=self.logprob_chunk, tokenizer_vocab=self.tokenizer_vocab)
-        return (*topk_distillation_loss(est, terms, chunk.response_mask, log_prob=log_prob,
-                                        old_log_prob=chunk.old_log_probs, **normalisers), log_prob)
+            log_prob = response_log_probs(
+                self.model,
+                chunk,
+                temperature=self.temperature,
+                chunk=self.logprob_chunk,
+                tokenizer_vocab=self.tokenizer_vocab,
+            )
+            return (
+                *distillation_loss(
+                    est, log_prob, chunk.old_log_probs, chunk.teacher_logprobs, chunk.response_mask, **normalisers
+                ),
+                log_prob,
+            )
+        log_prob, terms = response_topk_terms(
+            self.model,
+            chunk,
+            chunk.teacher_ids,
+            chunk.teacher_topk_logprobs,
+            temperature=self.temperature,
+            log_prob_min_clamp=est.log_prob_min_clamp,
+            chunk=self.logprob_chunk,
+            tokenizer_vocab=self.tokenizer_vocab,
+        )
+        return (
+            *topk_distillation_loss(
+                est, terms, chunk.response_mask, log_prob=log_prob, old_log_prob=chunk.old_log_probs, **normalisers
+            ),
+            log_prob,
+        )

@@ -26,7 +26,7 @@ rows.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -43,8 +43,9 @@ def rows_per_chunk(chunk: int, vocab: int) -> int:
     return max(1, min(chunk, MAX_CHUNK_ELEMENTS // max(1, vocab)))
 
 
-def map_position_chunks(fn: Callable[..., tuple[torch.Tensor, ...]], hidden: torch.Tensor,
-                        *per_position: torch.Tensor, chunk: int) -> tuple[torch.Tensor, ...]:
+def map_position_chunks(
+    fn: Callable[..., tuple[torch.Tensor, ...]], hidden: torch.Tensor, *per_position: torch.Tensor, chunk: int
+) -> tuple[torch.Tensor, ...]:
     """Apply fn(hidden (N, H), *args (N, ...)) -> tensors (N, ...) over chunks of the B*T positions
     of hidden (B, T, H); returns each output reshaped to (B, T, ...)."""
     B, T = hidden.shape[:2]
@@ -53,13 +54,14 @@ def map_position_chunks(fn: Callable[..., tuple[torch.Tensor, ...]], hidden: tor
     grad = torch.is_grad_enabled() and flat_h.requires_grad
     outputs = []
     for start in range(0, B * T, chunk):
-        args = (flat_h[start:start + chunk], *(a[start:start + chunk] for a in flat_args))
+        args = (flat_h[start : start + chunk], *(a[start : start + chunk] for a in flat_args))
         outputs.append(checkpoint(fn, *args, use_reentrant=False) if grad else fn(*args))
     return tuple(torch.cat(parts).reshape(B, T, *parts[0].shape[1:]) for parts in zip(*outputs))
 
 
-def token_logits(lm_head: torch.nn.Module, hidden: torch.Tensor, tokenizer_vocab: int | None,
-                 temperature: float = 1.0) -> torch.Tensor:
+def token_logits(
+    lm_head: torch.nn.Module, hidden: torch.Tensor, tokenizer_vocab: int | None, temperature: float = 1.0
+) -> torch.Tensor:
     """(N, V) float32 logits over the tokenizer's ids (padding rows cut), divided by the temperature."""
     logits = lm_head(hidden)[..., :tokenizer_vocab].float()  # (N, V)
     return logits / temperature if temperature != 1.0 else logits
@@ -79,8 +81,11 @@ def _sampled_in_place(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tenso
 
 def frozen_linear_head(lm_head: torch.nn.Module) -> bool:
     """A plain Linear whose weight (and bias) are not trained: the fused-gradient path applies."""
-    return (type(lm_head) is torch.nn.Linear and not lm_head.weight.requires_grad
-            and (lm_head.bias is None or not lm_head.bias.requires_grad))
+    return (
+        type(lm_head) is torch.nn.Linear
+        and not lm_head.weight.requires_grad
+        and (lm_head.bias is None or not lm_head.bias.requires_grad)
+    )
 
 
 class _SampledLogProbFrozenHead(torch.autograd.Function):
@@ -91,7 +96,7 @@ class _SampledLogProbFrozenHead(torch.autograd.Function):
         out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
         grad = torch.empty(hidden.shape, dtype=torch.float32, device=hidden.device)  # (N, H)
         for start in range(0, hidden.shape[0], rows):
-            h, tok = hidden[start:start + rows], tokens[start:start + rows]
+            h, tok = hidden[start : start + rows], tokens[start : start + rows]
             logits = torch.nn.functional.linear(h, weight, bias).float()  # (n, V)
             if temperature != 1.0:
                 logits = logits / temperature
@@ -99,10 +104,10 @@ class _SampledLogProbFrozenHead(torch.autograd.Function):
             top = logits.amax(-1, keepdim=True)
             probs = logits.sub_(top).exp_()  # in place: one (n, V) buffer per chunk
             total = probs.sum(-1, keepdim=True)
-            out[start:start + rows] = picked - (total.log() + top).squeeze(-1)  # z_y - logsumexp(z)
+            out[start : start + rows] = picked - (total.log() + top).squeeze(-1)  # z_y - logsumexp(z)
             # softmax - onehot; its product with W is -(W_y - p W).
             probs.div_(total).scatter_add_(-1, tok[:, None], torch.full_like(total, -1.0))
-            grad[start:start + rows] = (probs.to(weight.dtype) @ weight).float().neg_()
+            grad[start : start + rows] = (probs.to(weight.dtype) @ weight).float().neg_()
         if temperature != 1.0:
             grad.div_(temperature)
         ctx.save_for_backward(grad)
@@ -120,8 +125,15 @@ def output_rows(lm_head: torch.nn.Module, tokenizer_vocab: int | None) -> int:
     return rows if tokenizer_vocab is None else min(rows, tokenizer_vocab)
 
 
-def sampled_log_probs(lm_head: torch.nn.Module, hidden: torch.Tensor, tokens: torch.Tensor, *,
-                      temperature: float = 1.0, chunk: int = 256, tokenizer_vocab: int | None = None) -> torch.Tensor:
+def sampled_log_probs(
+    lm_head: torch.nn.Module,
+    hidden: torch.Tensor,
+    tokens: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk: int = 256,
+    tokenizer_vocab: int | None = None,
+) -> torch.Tensor:
     """log p(tokens) for hidden (B, T, H) and tokens (B, T): (B, T) float32, never holding more
     than one chunk of logits (forward or backward)."""
     B, T = tokens.shape
@@ -134,14 +146,15 @@ def sampled_log_probs(lm_head: torch.nn.Module, hidden: torch.Tensor, tokens: to
         out = _SampledLogProbFrozenHead.apply(flat_h, lm_head.weight[:vocab], bias, flat_t, temperature, rows)
         return out.reshape(B, T)
     if grad:
+
         def fn(h, tok):
             return (_sampled(token_logits(lm_head, h, tokenizer_vocab, temperature), tok),)
 
         return map_position_chunks(fn, hidden, tokens, chunk=rows)[0]
     out = torch.empty(B * T, dtype=torch.float32, device=hidden.device)
     for start in range(0, B * T, rows):
-        logits = token_logits(lm_head, flat_h[start:start + rows], tokenizer_vocab, temperature)
-        out[start:start + rows] = _sampled_in_place(logits, flat_t[start:start + rows])
+        logits = token_logits(lm_head, flat_h[start : start + rows], tokenizer_vocab, temperature)
+        out[start : start + rows] = _sampled_in_place(logits, flat_t[start : start + rows])
     return out.reshape(B, T)
 
 
@@ -151,21 +164,35 @@ def response_hidden_states(model: PreTrainedModel, batch: Batch) -> torch.Tensor
     Sequence position p predicts token p + 1, so response token t (at position P + t) is
     predicted by position P + t - 1.
     """
-    out = model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                              position_ids=batch.position_ids, use_cache=False)
+    out = model.get_decoder()(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids, use_cache=False
+    )
     start = batch.prompt_length - 1
-    return out.last_hidden_state[:, start:start + batch.response_length]
+    return out.last_hidden_state[:, start : start + batch.response_length]
 
 
-def response_log_probs(model: PreTrainedModel, batch: Batch, *, temperature: float = 1.0,
-                       chunk: int = 256, tokenizer_vocab: int | None = None) -> torch.Tensor:
+def response_log_probs(
+    model: PreTrainedModel,
+    batch: Batch,
+    *,
+    temperature: float = 1.0,
+    chunk: int = 256,
+    tokenizer_vocab: int | None = None,
+) -> torch.Tensor:
     """log p(response token t | prompt, response_<t) for every row: (B, R) float32."""
-    return sampled_log_probs(model.get_output_embeddings(), response_hidden_states(model, batch), batch.responses,
-                             temperature=temperature, chunk=chunk, tokenizer_vocab=tokenizer_vocab)
+    return sampled_log_probs(
+        model.get_output_embeddings(),
+        response_hidden_states(model, batch),
+        batch.responses,
+        temperature=temperature,
+        chunk=chunk,
+        tokenizer_vocab=tokenizer_vocab,
+    )
 
 
-def response_log_probs_and_topk(model: PreTrainedModel, batch: Batch, *, k: int, chunk: int = 256,
-                                tokenizer_vocab: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def response_log_probs_and_topk(
+    model: PreTrainedModel, batch: Batch, *, k: int, chunk: int = 256, tokenizer_vocab: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sampled-token log-probs (B, R) and the top-k log-probs (B, R, k) with their ids (B, R, k)."""
     lm_head = model.get_output_embeddings()
 
@@ -179,9 +206,17 @@ def response_log_probs_and_topk(model: PreTrainedModel, batch: Batch, *, k: int,
     return map_position_chunks(fn, response_hidden_states(model, batch), batch.responses, chunk=rows)
 
 
-def response_topk_terms(model: PreTrainedModel, batch: Batch, teacher_ids: torch.Tensor,
-                        teacher_topk_logprobs: torch.Tensor, *, temperature: float, log_prob_min_clamp,
-                        chunk: int = 256, tokenizer_vocab: int | None = None) -> tuple[torch.Tensor, TopkTerms]:
+def response_topk_terms(
+    model: PreTrainedModel,
+    batch: Batch,
+    teacher_ids: torch.Tensor,
+    teacher_topk_logprobs: torch.Tensor,
+    *,
+    temperature: float,
+    log_prob_min_clamp,
+    chunk: int = 256,
+    tokenizer_vocab: int | None = None,
+) -> tuple[torch.Tensor, TopkTerms]:
     """The student's sampled-token log-probs (B, R) and the top-k forward-KL terms, each (B, R)."""
     lm_head = model.get_output_embeddings()
 
@@ -191,6 +226,7 @@ def response_topk_terms(model: PreTrainedModel, batch: Batch, teacher_ids: torch
         return (_sampled(logits, tokens), *terms)
 
     rows = rows_per_chunk(chunk, output_rows(lm_head, tokenizer_vocab))
-    log_prob, *terms = map_position_chunks(fn, response_hidden_states(model, batch), batch.responses,
-                                           teacher_ids, teacher_topk_logprobs, chunk=rows)
+    log_prob, *terms = map_position_chunks(
+        fn, response_hidden_states(model, batch), batch.responses, teacher_ids, teacher_topk_logprobs, chunk=rows
+    )
     return log_prob, TopkTerms(*terms)

@@ -23,13 +23,14 @@ Shapes: B rows, T padded response positions, V vocabulary, k top-k width.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, NamedTuple, Optional, Union
+from collections.abc import Iterable
+from typing import Any, NamedTuple
 
 import torch
 
 from miniverl.config.estimator import ESTIMATOR_MODES, LOSS_AGG_MODES
 
-Number = Union[int, float, torch.Tensor]
+Number = int | float | torch.Tensor
 
 
 # verl adds this to denominators of its masked means (verl.utils.torch_functional.masked_mean and the
@@ -38,12 +39,8 @@ _VERL_EPS = 1e-8
 
 # How `combine_metrics` merges each key across micro-batches; any key not listed is a mean over the
 # chunk's masked tokens and is combined weighted by the chunk's token count.
-MIN_METRICS = frozenset(
-    {"distillation/loss_min", "distillation/student_mass_min", "distillation/teacher_mass_min"}
-)
-MAX_METRICS = frozenset(
-    {"distillation/loss_max", "distillation/student_mass_max", "distillation/teacher_mass_max"}
-)
+MIN_METRICS = frozenset({"distillation/loss_min", "distillation/student_mass_min", "distillation/teacher_mass_min"})
+MAX_METRICS = frozenset({"distillation/loss_max", "distillation/student_mass_max", "distillation/teacher_mass_max"})
 SUM_METRICS = frozenset({"distillation/loss"})  # aggregated losses already carry global normalisers
 # Means over a subset of tokens: key -> fraction-of-tokens metric that sizes that subset.
 SUBSET_MEAN_METRICS = {"distillation/overlap_token_advantage": "distillation/overlap_position_frac"}
@@ -89,9 +86,9 @@ def agg_loss(
     loss_mask: torch.Tensor,
     loss_agg_mode: str,
     *,
-    batch_num_tokens: Optional[Number],
-    global_batch_size: Optional[Number],
-    loss_scale_factor: Optional[Number] = None,
+    batch_num_tokens: Number | None,
+    global_batch_size: Number | None,
+    loss_scale_factor: Number | None = None,
 ) -> torch.Tensor:
     """Masked aggregation of a (B, T) per-token loss into a scalar, with explicit normalisers.
 
@@ -172,11 +169,11 @@ def _finish(
     response_mask: torch.Tensor,  # (B, T)
     metrics: dict[str, float],
     *,
-    log_prob: Optional[torch.Tensor],
-    old_log_prob: Optional[torch.Tensor],
-    batch_num_tokens: Optional[Number],
-    global_batch_size: Optional[Number],
-    loss_scale_factor: Optional[Number],
+    log_prob: torch.Tensor | None,
+    old_log_prob: torch.Tensor | None,
+    batch_num_tokens: Number | None,
+    global_batch_size: Number | None,
+    loss_scale_factor: Number | None,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """Common tail of both loss families, as verl's `distillation_loss`."""
     mask = response_mask.bool()
@@ -222,13 +219,13 @@ def _finish(
 def distillation_loss(
     est: Any,
     log_prob: torch.Tensor,
-    old_log_prob: Optional[torch.Tensor],
+    old_log_prob: torch.Tensor | None,
     teacher_log_prob: torch.Tensor,
     response_mask: torch.Tensor,
     *,
-    batch_num_tokens: Optional[Number],
-    global_batch_size: Optional[Number],
-    loss_scale_factor: Optional[Number] = None,
+    batch_num_tokens: Number | None,
+    global_batch_size: Number | None,
+    loss_scale_factor: Number | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """Estimator-based distillation loss for one (micro-)batch.
 
@@ -252,9 +249,17 @@ def distillation_loss(
         abs_sum = torch.where(mask, per_token.abs(), torch.zeros((), dtype=per_token.dtype, device=per_token.device))
         n = int(mask.sum())
         metrics = {"distillation/abs_loss": float(abs_sum.sum()) / n if n else 0.0}
-    return _finish(est, per_token, mask, metrics, log_prob=log_prob, old_log_prob=old_log_prob,
-                   batch_num_tokens=batch_num_tokens, global_batch_size=global_batch_size,
-                   loss_scale_factor=loss_scale_factor)
+    return _finish(
+        est,
+        per_token,
+        mask,
+        metrics,
+        log_prob=log_prob,
+        old_log_prob=old_log_prob,
+        batch_num_tokens=batch_num_tokens,
+        global_batch_size=global_batch_size,
+        loss_scale_factor=loss_scale_factor,
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -277,7 +282,7 @@ def forward_kl_topk_terms(
     teacher_topk_log_probs: torch.Tensor,
     teacher_topk_ids: torch.Tensor,
     *,
-    log_prob_min_clamp: Optional[float] = None,
+    log_prob_min_clamp: float | None = None,
 ) -> TopkTerms:
     """Top-k forward KL(teacher || student) per position, as verl's fsdp compute_forward_kl_topk.
 
@@ -315,9 +320,14 @@ def forward_kl_topk_terms(
     return TopkTerms(per_token, student_mass, teacher_mass, overlap_count, overlap_adv)
 
 
-def forward_kl_topk(est: Any, student_logits: torch.Tensor, teacher_topk_log_probs: torch.Tensor,
-                    teacher_topk_ids: torch.Tensor, response_mask: torch.Tensor,
-                    **normalisers_and_log_probs: Any) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+def forward_kl_topk(
+    est: Any,
+    student_logits: torch.Tensor,
+    teacher_topk_log_probs: torch.Tensor,
+    teacher_topk_ids: torch.Tensor,
+    response_mask: torch.Tensor,
+    **normalisers_and_log_probs: Any,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """Top-k forward-KL distillation loss for one (micro-)batch.
 
     student_logits: (B, T, V) with the gradient; teacher_topk_*: (B, T, k); response_mask: (B, T).
@@ -340,11 +350,11 @@ def topk_distillation_loss(
     terms: TopkTerms,
     response_mask: torch.Tensor,
     *,
-    batch_num_tokens: Optional[Number],
-    global_batch_size: Optional[Number],
-    loss_scale_factor: Optional[Number] = None,
-    log_prob: Optional[torch.Tensor] = None,
-    old_log_prob: Optional[torch.Tensor] = None,
+    batch_num_tokens: Number | None,
+    global_batch_size: Number | None,
+    loss_scale_factor: Number | None = None,
+    log_prob: torch.Tensor | None = None,
+    old_log_prob: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """The loss and metrics of `forward_kl_topk` from per-position terms (however they were chunked)."""
     mask = response_mask.bool()  # (B, T)
@@ -369,9 +379,17 @@ def topk_distillation_loss(
         }
     # Top-k masses do not sum to 1, so the sum can dip below 0; verl floors it at 0.
     per_token = terms.per_token_loss.clamp_min(0.0)
-    return _finish(est, per_token, mask, metrics, log_prob=log_prob, old_log_prob=old_log_prob,
-                   batch_num_tokens=batch_num_tokens, global_batch_size=global_batch_size,
-                   loss_scale_factor=loss_scale_factor)
+    return _finish(
+        est,
+        per_token,
+        mask,
+        metrics,
+        log_prob=log_prob,
+        old_log_prob=old_log_prob,
+        batch_num_tokens=batch_num_tokens,
+        global_batch_size=global_batch_size,
+        loss_scale_factor=loss_scale_factor,
+    )
 
 
 # --------------------------------------------------------------------------------------------------

@@ -35,16 +35,16 @@ from __future__ import annotations
 
 import inspect
 import types
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, StaticCache
 
+from miniverl.config.actor import RolloutConfig
 from miniverl.models import cpu_gemm
 from miniverl.protocol import Batch
-from miniverl.config.actor import RolloutConfig
 
 STATIC_WIDTH_MULTIPLE = 128  # a static cache holds prompt + response rounded up to this
 
@@ -60,8 +60,8 @@ def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device) -> tup
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.long)
     for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-        mask[i, width - len(p):] = 1
+        ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        mask[i, width - len(p) :] = 1
     return ids.to(device), mask.to(device)
 
 
@@ -96,8 +96,9 @@ def draw_uniforms(seeds: list[int], steps: int, device: torch.device) -> torch.T
     return torch.stack(rows).to(device)
 
 
-def sample_token(logits: torch.Tensor, u: torch.Tensor, *, top_k: int = -1, top_p: float = 1.0
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_token(
+    logits: torch.Tensor, u: torch.Tensor, *, top_k: int = -1, top_p: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Inverse-CDF sampling from (b, V) float32 logits (already divided by the temperature).
 
     u (b,) float64 in [0, 1). Returns the tokens (b,) long and their log-probs (b,) float32 under
@@ -154,9 +155,13 @@ def _plain_lora(module: torch.nn.Module) -> bool:
     if type(module) is not LoraLinear or module.merged or module.disable_adapters:
         return False
     active = list(module.active_adapters)
-    return (len(active) == 1 and active[0] in module.lora_A and active[0] not in module.lora_variant
-            and isinstance(module.lora_dropout[active[0]], torch.nn.Identity)
-            and hasattr(module, "cast_input_dtype_enabled"))
+    return (
+        len(active) == 1
+        and active[0] in module.lora_A
+        and active[0] not in module.lora_variant
+        and isinstance(module.lora_dropout[active[0]], torch.nn.Identity)
+        and hasattr(module, "cast_input_dtype_enabled")
+    )
 
 
 def _lean_lora4bit_forward(module: torch.nn.Module):
@@ -191,12 +196,18 @@ def _plain_lora_4bit(module: torch.nn.Module) -> bool:
         return False
     active = list(module.active_adapters)
     name = active[0] if len(active) == 1 else None
-    return (name in module.lora_A and name not in module.lora_variant
-            and isinstance(module.lora_dropout[name], torch.nn.Identity)
-            and type(module.lora_A[name]) is torch.nn.Linear and type(module.lora_B[name]) is torch.nn.Linear
-            and not any(vars(m).get("forward") or m._forward_hooks or m._forward_pre_hooks
-                        for m in (module.lora_A[name], module.lora_B[name]))
-            and hasattr(module, "cast_input_dtype_enabled"))
+    return (
+        name in module.lora_A
+        and name not in module.lora_variant
+        and isinstance(module.lora_dropout[name], torch.nn.Identity)
+        and type(module.lora_A[name]) is torch.nn.Linear
+        and type(module.lora_B[name]) is torch.nn.Linear
+        and not any(
+            vars(m).get("forward") or m._forward_hooks or m._forward_pre_hooks
+            for m in (module.lora_A[name], module.lora_B[name])
+        )
+        and hasattr(module, "cast_input_dtype_enabled")
+    )
 
 
 def _dense_4bit_forward(module: torch.nn.Module, weight: torch.Tensor, float32_gemm: bool):
@@ -223,8 +234,9 @@ class LeanDecode:
 
 
 @contextmanager
-def lean_decode_modules(model: torch.nn.Module, few_row_gemv: bool, dequantize_4bit: bool = False,
-                        float32_gemm: bool = False):
+def lean_decode_modules(
+    model: torch.nn.Module, few_row_gemv: bool, dequantize_4bit: bool = False, float32_gemm: bool = False
+):
     """While decoding: plain LoRA layers skip peft's per-call bookkeeping (same arithmetic), and
     with `few_row_gemv` (the CPU) every plain float32 nn.Linear (the LoRA matrices and the lm_head
     included) computes up to GEMV_MAX_ROWS rows as W @ x^T, a GEMM shape MKL runs 1.5-4x faster
@@ -246,8 +258,12 @@ def lean_decode_modules(model: torch.nn.Module, few_row_gemv: bool, dequantize_4
             module.forward = types.MethodType(_lean_lora_forward, module)
         elif _plain_lora_4bit(module):
             module.forward = _lean_lora4bit_forward(module)
-        elif few_row_gemv and type(module) is torch.nn.Linear and module.weight.dtype == torch.float32 \
-                and module.weight.device.type == "cpu":
+        elif (
+            few_row_gemv
+            and type(module) is torch.nn.Linear
+            and module.weight.dtype == torch.float32
+            and module.weight.device.type == "cpu"
+        ):
             module.forward = types.MethodType(_few_row_linear, module)
         elif dequantize_4bit and cpu_gemm.plain_cpu_4bit(module) and module.compute_type_is_set:
             weight = cpu_gemm.dequantized_weight(module)
@@ -282,15 +298,27 @@ LAYER_BY_LAYER_MODEL_TYPES = ("qwen3", "qwen2", "llama")
 
 
 def layer_by_layer(decoder: torch.nn.Module) -> bool:
-    return (getattr(decoder.config, "model_type", None) in LAYER_BY_LAYER_MODEL_TYPES
-            and all(hasattr(decoder, name) for name in ("embed_tokens", "rotary_emb", "layers", "norm")))
+    return getattr(decoder.config, "model_type", None) in LAYER_BY_LAYER_MODEL_TYPES and all(
+        hasattr(decoder, name) for name in ("embed_tokens", "rotary_emb", "layers", "norm")
+    )
 
 
 class RolloutWorker:
-    def __init__(self, model: PreTrainedModel, config: RolloutConfig, *, eos_ids: Sequence[int], pad_id: int,
-                 device: torch.device, tokenizer_vocab: int | None = None, static_cache: bool = False,
-                 compile_decode: bool = False, cpu_gemv: bool = True, dequantize_4bit_once: bool = True,
-                 float32_gemm: bool = False):
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        config: RolloutConfig,
+        *,
+        eos_ids: Sequence[int],
+        pad_id: int,
+        device: torch.device,
+        tokenizer_vocab: int | None = None,
+        static_cache: bool = False,
+        compile_decode: bool = False,
+        cpu_gemv: bool = True,
+        dequantize_4bit_once: bool = True,
+        float32_gemm: bool = False,
+    ):
         self.model = model  # the student (LoRA active); shared with the actor
         self.config = config
         self.pad_id, self.device = pad_id, device
@@ -310,8 +338,15 @@ class RolloutWorker:
         self.check_every = 1 if device.type == "cpu" else 8
 
     @torch.no_grad()
-    def generate_sequences(self, prompts: list[list[int]], prompt_rows: list[int], seeds: list[int], *,
-                           response_limit: int, physical_batches: list[int]) -> Batch:
+    def generate_sequences(
+        self,
+        prompts: list[list[int]],
+        prompt_rows: list[int],
+        seeds: list[int],
+        *,
+        response_limit: int,
+        physical_batches: list[int],
+    ) -> Batch:
         """Sample one response per prompt; `physical_batches` are the row counts of each forward."""
         self.model.eval()
         ids, mask = left_pad(prompts, self.pad_id, self.device)  # (B, P)
@@ -324,16 +359,28 @@ class RolloutWorker:
         responses = torch.cat([pad_right(r, width, self.pad_id) for r, _, _ in parts])  # (B, R)
         response_mask = torch.cat([pad_right(m, width, 0) for _, m, _ in parts]).float()
         log_probs = torch.cat([pad_right(lp, width, 0.0) for _, _, lp in parts])
-        return assemble(ids, mask, responses, response_mask, log_probs,
-                        torch.tensor(prompt_rows, dtype=torch.long, device=self.device))
+        return assemble(
+            ids,
+            mask,
+            responses,
+            response_mask,
+            log_probs,
+            torch.tensor(prompt_rows, dtype=torch.long, device=self.device),
+        )
 
     def _decode(self, ids: torch.Tensor, mask: torch.Tensor, seeds: list[int], limit: int):
         """One physical batch: returns responses (b, R'), response mask (b, R'), log-probs (b, R')."""
         u = draw_uniforms(seeds, limit, self.device)  # (b, limit)
         cpu = self.device.type == "cpu"
-        with torch.inference_mode(), lean_decode_modules(self.model, self.cpu_gemv and cpu,
-                                                         dequantize_4bit=self.dequantize_4bit_once and cpu,
-                                                         float32_gemm=self.float32_gemm and cpu) as lean:
+        with (
+            torch.inference_mode(),
+            lean_decode_modules(
+                self.model,
+                self.cpu_gemv and cpu,
+                dequantize_4bit=self.dequantize_4bit_once and cpu,
+                float32_gemm=self.float32_gemm and cpu,
+            ) as lean,
+        ):
             tokens, alive, log_probs, steps = self._decode_inference(ids, mask, u, limit)
         self.dequantized_bytes = lean.dequantized_bytes  # dense copies of 4-bit weights held while decoding
         # Plain (non-inference) tensors: the actor's autograd graph reads the responses.
@@ -354,8 +401,9 @@ class RolloutWorker:
         # Prefill through the model's own mask construction (it handles the left padding); a static
         # cache is as wide as the whole sequence, so its 2-D mask is too.
         prefill_mask = attend.long() if self.static_cache else mask
-        hidden = decoder(input_ids=ids, attention_mask=prefill_mask, position_ids=positions, use_cache=True,
-                         **{self.cache_kw: cache}).last_hidden_state[:, -1]  # (b, H)
+        hidden = decoder(
+            input_ids=ids, attention_mask=prefill_mask, position_ids=positions, use_cache=True, **{self.cache_kw: cache}
+        ).last_hidden_state[:, -1]  # (b, H)
         position = positions[:, -1:] + 1  # (b, 1)
         tokens = torch.full((b, limit), self.pad_id, dtype=torch.long, device=self.device)
         log_probs = torch.zeros((b, limit), dtype=torch.float32, device=self.device)
@@ -364,7 +412,7 @@ class RolloutWorker:
         step_fn = self._step_function(decoder)
         steps = limit
         for step in range(limit):
-            logits = lm_head(hidden)[:, :self.tokenizer_vocab].float()  # (b, V): padding rows cut
+            logits = lm_head(hidden)[:, : self.tokenizer_vocab].float()  # (b, V): padding rows cut
             if temperature != 1.0:
                 logits = logits / temperature
             token, log_prob = sample_token(logits, u[:, step], top_k=top_k, top_p=top_p)
@@ -406,16 +454,23 @@ class RolloutWorker:
                 mask = attend[:, None, None, :kv]
                 hidden = decoder.embed_tokens(token)
                 embeddings = decoder.rotary_emb(hidden, position)
-                for layer in decoder.layers[:decoder.config.num_hidden_layers]:
-                    hidden = layer(hidden, attention_mask=mask, position_ids=position, use_cache=True,
-                                   position_embeddings=embeddings, **{kw: cache})
+                for layer in decoder.layers[: decoder.config.num_hidden_layers]:
+                    hidden = layer(
+                        hidden,
+                        attention_mask=mask,
+                        position_ids=position,
+                        use_cache=True,
+                        position_embeddings=embeddings,
+                        **{kw: cache},
+                    )
                 return decoder.norm(hidden)[:, -1]
             if self.direct_mask:
                 mask = {"full_attention": attend[:, None, None, :kv]}
             else:
                 mask = attend[:, :kv].long()
-            return decoder(input_ids=token, attention_mask=mask, position_ids=position, use_cache=True,
-                           **{kw: cache}).last_hidden_state[:, -1]
+            return decoder(
+                input_ids=token, attention_mask=mask, position_ids=position, use_cache=True, **{kw: cache}
+            ).last_hidden_state[:, -1]
 
         if not self.compile_decode:
             return plain

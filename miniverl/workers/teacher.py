@@ -7,8 +7,9 @@ log-probs and their token ids at every position.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager
 from contextlib import ExitStack, nullcontext
-from typing import Callable, ContextManager
 
 import torch
 from transformers import PreTrainedModel
@@ -19,9 +20,16 @@ from miniverl.workers.logprobs import response_log_probs, response_log_probs_and
 
 
 class TeacherWorker:
-    def __init__(self, model: PreTrainedModel, *, logprob_chunk: int, topk: int | None,
-                 context: Callable[[], ContextManager] = nullcontext, tokenizer_vocab: int | None = None,
-                 float32_gemm: bool = False):
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        *,
+        logprob_chunk: int,
+        topk: int | None,
+        context: Callable[[], ContextManager] = nullcontext,
+        tokenizer_vocab: int | None = None,
+        float32_gemm: bool = False,
+    ):
         """`model` is the teacher; in the ref and shared_base modes it is the student's own base
         model, and `context` switches its adapters for the teacher's forward."""
         self.model = model
@@ -56,9 +64,17 @@ class TeacherWorker:
         for start in range(0, len(batch), rows_per_forward):
             rows = batch.rows(start, start + rows_per_forward)
             if self.topk is None:
-                parts.append((response_log_probs(self.model, rows, chunk=self.logprob_chunk,
-                                                 tokenizer_vocab=self.tokenizer_vocab),))
+                parts.append(
+                    (
+                        response_log_probs(
+                            self.model, rows, chunk=self.logprob_chunk, tokenizer_vocab=self.tokenizer_vocab
+                        ),
+                    )
+                )
             else:
-                parts.append(response_log_probs_and_topk(self.model, rows, k=self.topk, chunk=self.logprob_chunk,
-                                                         tokenizer_vocab=self.tokenizer_vocab))
+                parts.append(
+                    response_log_probs_and_topk(
+                        self.model, rows, k=self.topk, chunk=self.logprob_chunk, tokenizer_vocab=self.tokenizer_vocab
+                    )
+                )
         return parts
