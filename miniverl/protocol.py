@@ -73,3 +73,35 @@ class Batch:
     def concat(parts: list[Batch]) -> Batch:
         names = [f.name for f in fields(Batch) if getattr(parts[0], f.name) is not None]
         return Batch(**{name: torch.cat([getattr(p, name) for p in parts]) for name in names})
+
+
+# ---------------------------------------------------------------------- assembly and padding
+def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token lists -> (ids, mask), both (B, P), left-padded to the longest prompt."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        mask[i, width - len(p) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def pad_right(x: torch.Tensor, width: int, value) -> torch.Tensor:
+    if x.shape[1] >= width:
+        return x[:, :width]
+    return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
+
+
+def assemble(prompts, prompt_mask, responses, response_mask, rollout_log_probs, prompt_rows) -> Batch:
+    attention_mask = torch.cat([prompt_mask, response_mask.long()], dim=1)  # (B, L)
+    return Batch(
+        prompt_rows=prompt_rows,
+        prompts=prompts,
+        responses=responses,
+        input_ids=torch.cat([prompts, responses], dim=1),
+        attention_mask=attention_mask,
+        position_ids=(attention_mask.cumsum(-1) - 1).clamp(min=0),
+        response_mask=response_mask,
+        rollout_log_probs=rollout_log_probs,
+    )

@@ -21,7 +21,9 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from miniverl.config.actor import RolloutConfig
 from miniverl.workers import logprobs
 from miniverl.workers.logprobs import response_log_probs, sampled_log_probs
-from miniverl.workers.rollout import RolloutWorker, filter_logits, lean_decode_modules
+from miniverl.workers.rollout import RolloutWorker
+from miniverl.workers.rollout.lean_decode import lean_decode_modules
+from miniverl.workers.rollout.sampling import filter_logits
 
 from conftest import ROOT
 
@@ -327,7 +329,7 @@ def test_response_log_probs_equal_a_plain_forward(model):
 
 
 def test_bench_toy_smoke_run_writes_every_ratio(tmp_path):
-    from miniverl.bench import PATH_RATIO_KEYS, RATIO_KEYS, TARGETS
+    from miniverl.bench.setups import PATH_RATIO_KEYS, RATIO_KEYS, TARGETS
 
     out = tmp_path / "bench"
     done = subprocess.run(

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from miniverl.models import cpu_gemm
-from miniverl.workers.rollout import lean_decode_modules
+from miniverl.workers.rollout.lean_decode import lean_decode_modules
 
 BF16_ULP = 2.0**-8  # relative spacing of bfloat16 values: one rounding step
 

@@ -29,20 +29,11 @@ from miniverl.config import to_config
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import resolved_config, sha256_json
 from miniverl.verl_compat import import_verl
+from miniverl.verl_compat.defaults import DATACLASS_DEFAULTS_THAT_DIFFER, FIXED, LOSS, TEACHER, VERL_DEFAULTS
 from miniverl.verl_compat.export import config_fields, export, field_rule_digest, field_rules
-from miniverl.verl_compat.rules import (
-    DATACLASS_DEFAULTS_THAT_DIFFER,
-    FIXED,
-    LOSS,
-    RULES,
-    STATUSES,
-    TEACHER,
-    VERL_DEFAULTS,
-    hydra_value,
-    rule_for,
-    rule_table,
-    runtime_violations,
-)
+from miniverl.verl_compat.field_rules import RULES, STATUSES, rule_for, rule_table
+from miniverl.verl_compat.overrides import hydra_value
+from miniverl.verl_compat.runtime_checks import runtime_violations
 
 from conftest import ROOT, compose_config
 

@@ -21,7 +21,7 @@ class HardwareConfig:
     # 2**24 logits (miniverl.logprobs.MAX_CHUNK_ELEMENTS), whatever the vocabulary.
     logprob_chunk: int = 64
     deterministic: bool = True  # deterministic kernels where the device offers them
-    # Rollout decode loop (miniverl/rollout.py, docs/bench.md). A preallocated KV cache, reused
+    # Rollout decode loop (miniverl/workers/rollout/, docs/bench.md). A preallocated KV cache, reused
     # across rollouts, instead of one that grows by concatenation.
     rollout_static_cache: bool = False
     # Compile the per-step decoder call (torch.compile; on CUDA mode "reduce-overhead", i.e. a
@@ -37,7 +37,7 @@ class HardwareConfig:
     rollout_dequantize_4bit_once: bool = True
     # CPU only: every role (rollout, teacher, actor, probe) multiplies frozen half-precision layers
     # (NF4 layers with bf16 compute, a bf16 lm_head) as float32 GEMMs of the same bf16 operands,
-    # rounded to bf16 (miniverl/cpu_gemm.py): CPUs without bf16 instructions run bf16 GEMMs 7-40x
+    # rounded to bf16 (miniverl/models/cpu_gemm.py): CPUs without bf16 instructions run bf16 GEMMs 7-40x
     # slower. Set false on CPUs with AMX/AVX512-BF16 if their native bf16 GEMM is faster there.
     cpu_float32_gemm: bool = True
     # Resource contract of this hardware option (null: no limit).

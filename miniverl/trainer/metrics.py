@@ -3,8 +3,6 @@ and the console line of an update."""
 
 from __future__ import annotations
 
-import torch
-
 from miniverl.protocol import Batch
 
 
@@ -19,32 +17,6 @@ def batch_metrics(batch: Batch, response_limit: int) -> dict:
         "response_length/sum": float(lengths.sum()),
         "prompt_length/mean": float(prompt_lengths.mean()),
         "prompt_length/max": float(prompt_lengths.max()),
-    }
-
-
-def rollout_actor_metrics(batch: Batch) -> dict:
-    """How far the rollout's log-probs are from the actor's old log-probs (verl's
-    `training/rollout_probs_diff_*` debug metrics: absolute differences of the probabilities, over
-    response tokens). miniverl's old log-probs come from the update's train-mode forward, verl's
-    from its eval-mode recompute. Near zero says bypass_mode would change nothing but rounding."""
-    mask = batch.response_mask.bool()
-    if not mask.any():
-        nan = float("nan")
-        return {
-            "training/rollout_probs_diff_valid": 0,
-            "training/rollout_probs_diff_max": nan,
-            "training/rollout_probs_diff_mean": nan,
-            "training/rollout_probs_diff_std": nan,
-            "training/rollout_actor_probs_pearson_corr": nan,
-        }
-    actor, rollout = batch.old_log_probs.exp()[mask], batch.rollout_log_probs.exp()[mask]  # (N,) each
-    diff = (actor - rollout).abs()
-    return {
-        "training/rollout_probs_diff_valid": 1,
-        "training/rollout_probs_diff_max": float(diff.max()),
-        "training/rollout_probs_diff_mean": float(diff.mean()),
-        "training/rollout_probs_diff_std": float(diff.std()),
-        "training/rollout_actor_probs_pearson_corr": float(torch.corrcoef(torch.stack([actor, rollout]))[0, 1]),
     }
 
 

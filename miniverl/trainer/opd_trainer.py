@@ -19,11 +19,10 @@ from pathlib import Path
 from tqdm import tqdm
 
 from miniverl.config import MiniverlConfig
-from miniverl.models import adapters
 from miniverl.models import loading as models
-from miniverl.trainer.metrics import batch_metrics, console_line, rollout_actor_metrics
+from miniverl.trainer.metrics import batch_metrics, console_line
 from miniverl.trainer.plan import Plan, UpdatePlan, compile_plan, derive_seed
-from miniverl.trainer.run_report import RunFacts, build_report
+from miniverl.trainer.run_report import RunFacts, build_report, resume_block
 from miniverl.trainer.validation import DistillationProbe
 from miniverl.utils import checkpoint
 from miniverl.utils.dataset import PromptSet, read_conversations, tokenize_prompts, with_answers
@@ -33,9 +32,8 @@ from miniverl.utils.identity import sha256_json
 from miniverl.utils.measure import cuda_peaks, peak_rss_gib, release_memory, seconds_since_start
 from miniverl.utils.run_folder import RunFolder, TensorBoardLogger
 from miniverl.utils.signals import deferred_signals
-from miniverl.workers.actor import ActorWorker, NonFiniteLoss
-from miniverl.workers.rollout import RolloutWorker
-from miniverl.workers.teacher import TeacherWorker
+from miniverl.workers.actor import NonFiniteLoss
+from miniverl.workers.factory import build_roles, products_in_float32
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +50,7 @@ class OPDTrainer:
         self.stopped_by: int | None = None  # the signal that stopped the run, if one did
         self.seconds_to_first: dict[str, float | None] = {"rollout": None, "teacher_targets": None, "update": None}
         self.progress: dict[str, list[dict]] = {}  # held-out k1_mean / exact_reverse_kl per evaluated update
+        self.probe: DistillationProbe | None = None  # with eval.every != -1
         self.adapter_saved = False  # peft_adapter/ written (by finish, or before release_models)
 
     # ------------------------------------------------------------------ setup
@@ -92,35 +91,12 @@ class OPDTrainer:
             lora_seed=derive_seed(cfg.trainer.seed, "lora"),
         )
         hw = cfg.hardware
-        # The rollout and the actor share one model object (verl's hybrid engine on one device).
-        # Output rows past the tokenizer are padding: no role samples or scores them.
         self.tokenizer_vocab = len(self.tokenizer)
-        self.float32_gemm = hw.cpu_float32_gemm and self.device.type == "cpu"  # every role alike: cpu_gemm.py
-        self.rollout = RolloutWorker(
-            self.student.get_base_model(),
-            cfg.rollout,
-            eos_ids=models.stop_token_ids(self.tokenizer, self.student.get_base_model()),
-            pad_id=self.tokenizer.pad_token_id,
-            device=self.device,
-            tokenizer_vocab=self.tokenizer_vocab,
-            static_cache=hw.rollout_static_cache,
-            compile_decode=hw.rollout_compile,
-            cpu_gemv=hw.rollout_cpu_gemv,
-            dequantize_4bit_once=hw.rollout_dequantize_4bit_once,
-            float32_gemm=self.float32_gemm,
-        )
-        self.teacher = self.build_teacher(toy_paths.get("teacher"))
-        self.actor = ActorWorker(
-            self.student,
-            cfg.actor,
-            cfg.estimator,
-            temperature=cfg.rollout.temperature,
-            logprob_chunk=hw.logprob_chunk,
-            loss_scale_factor=cfg.recipe.response_limit,
-            tokenizer_vocab=self.tokenizer_vocab,
-            float32_gemm=self.float32_gemm,
-        )
-        self.probe = self.build_probe() if cfg.eval.every != -1 else None
+        self.float32_gemm = products_in_float32(cfg, self.device)
+        roles = build_roles(cfg, self.student, self.tokenizer, self.device, toy_paths.get("teacher"))
+        self.rollout, self.teacher, self.actor = roles.rollout, roles.teacher, roles.actor
+        if cfg.eval.every != -1:
+            self.probe = DistillationProbe.from_config(cfg, self.tokenizer, self.rollout, self.teacher, self.student)
         self.downshift = Downshift(
             self.device,
             rollout_rows=hw.rollout_physical_batch,
@@ -130,53 +106,6 @@ class OPDTrainer:
         if self.resumed is not None:
             self.load_checkpoint(self.resumed)
         self.cold_startup_seconds = seconds_since_start()
-
-    def build_teacher(self, toy_path: Path | None) -> TeacherWorker:
-        cfg = self.cfg
-        topk = cfg.estimator.topk if cfg.estimator.uses_topk else None
-        if cfg.teacher.mode == "standard":  # a separate frozen model
-            source = models.source_of(cfg.teacher, toy_path)
-            teacher = models.load_teacher(cfg.teacher, source, self.device)
-            models.check_tokenizers_compatible(
-                self.tokenizer,
-                models.load_tokenizer("teacher", cfg.teacher, source),
-                self.student.get_base_model(),
-                teacher,
-            )
-            return TeacherWorker(
-                teacher,
-                logprob_chunk=cfg.hardware.logprob_chunk,
-                topk=topk,
-                tokenizer_vocab=self.tokenizer_vocab,
-                float32_gemm=self.float32_gemm,
-            )
-        # ref / shared_base: the teacher runs on the student's own base weights, no second copy.
-        if cfg.teacher.mode == "shared_base":
-            with models.quiet_loading():
-                adapters.attach_shared_teacher(self.student, cfg.teacher.adapter)
-        return TeacherWorker(
-            self.student.get_base_model(),
-            logprob_chunk=cfg.hardware.logprob_chunk,
-            topk=topk,
-            context=adapters.teacher_context(self.student, cfg.teacher.mode),
-            tokenizer_vocab=self.tokenizer_vocab,
-            float32_gemm=self.float32_gemm,
-        )
-
-    def build_probe(self) -> DistillationProbe:
-        cfg = self.cfg
-        heldout = tokenize_prompts(
-            read_conversations(cfg.data, "val_files"), cfg.data, self.tokenizer, cfg.recipe.prompt_limit
-        )
-        return DistillationProbe(
-            heldout,
-            self.rollout,
-            self.teacher,
-            self.student.get_base_model(),
-            seed=cfg.trainer.seed,
-            response_limit=cfg.eval.response_limit or cfg.recipe.response_limit,
-            exact_kl_max_vocab=cfg.eval.exact_kl_max_vocab,
-        )
 
     def evaluate(self, update: int) -> dict:
         """Held-out progress after `update` updates (0: before training), into self.progress."""
@@ -293,24 +222,14 @@ class OPDTrainer:
                     "update_chunk", n, lambda sizes: self.teacher.compute_teacher_log_prob(batch, sizes[0])
                 )
             self.mark_first("teacher_targets")
-            bypass = cfg.algorithm.rollout_correction.bypass_mode
-            if bypass:  # verl's bypass mode: the rollout's log-probs are the old ones
-                batch.old_log_probs = batch.rollout_log_probs.clone()  # own storage: safetensors refuses shared ones
-            # Otherwise the update's own forward gives old_log_probs (on-policy; see actor.py).
             with timed("update_actor", timings, self.device):
-                actor_metrics, distillation_losses = shift.run(
-                    "update_chunk", n, lambda sizes: self.actor.update_actor(batch, sizes)
-                )
+                batch, actor_metrics = shift.run("update_chunk", n, lambda sizes: self.actor.update_actor(batch, sizes))
             self.mark_first("update")
-            extra = {} if bypass else rollout_actor_metrics(batch)
-            if cfg.estimator.use_policy_gradient:
-                batch.advantages = -distillation_losses  # what the PG step maximised at each token
             self.out.write_trajectory(update.update, batch)
         return {
             "training/global_step": update.update,
             **actor_metrics,
             **batch_metrics(batch, cfg.recipe.response_limit),
-            **extra,
             **{f"timing_s/{k}": round(v, 6) for k, v in timings.items()},
         }
 
@@ -334,7 +253,7 @@ class OPDTrainer:
     def save_checkpoint(self, update: int) -> Path:
         state = {
             "global_optimizer_steps": update,
-            "task_cursor": sum(len(u.prompt_rows) for u in self.plan.updates[:update]),
+            "task_cursor": self.plan.task_cursor(update),
             "compiled_plan_sha256": self.plan.digest,
             "resolved_config_digest": sha256_json(self.resolved),
             "run_seed": self.cfg.trainer.seed,
@@ -361,14 +280,9 @@ class OPDTrainer:
         if not self.adapter_saved:
             self.save_adapter()
         peak_allocated, peak_reserved = cuda_peaks(self.device)
-        resume = resume_check or {
-            "status": "resumed" if self.resumed else "not_checked",
-            "resumed_from": str(self.resumed.path) if self.resumed else None,
-            "resumed_after_update": self.resumed.update if self.resumed else None,
-            "resume_load_seconds": round(self.resume_load_seconds, 4) if self.resumed else None,
-            "global_optimizer_steps": len(self.history),
-            "task_cursor": sum(len(u.prompt_rows) for u in self.plan.updates[: len(self.history)]),
-        }
+        resume = resume_check or resume_block(
+            self.resumed, getattr(self, "resume_load_seconds", None), len(self.history), self.plan
+        )
         facts = RunFacts(
             status=status,
             history=self.history,

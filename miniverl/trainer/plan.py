@@ -58,7 +58,11 @@ class Plan:
 
     @property
     def prompts_consumed(self) -> int:
-        return sum(len(u.prompt_rows) for u in self.updates)
+        return self.task_cursor(len(self.updates))
+
+    def task_cursor(self, updates_done: int) -> int:
+        """How many prompts the first `updates_done` updates consume (where a resume goes on)."""
+        return sum(len(u.prompt_rows) for u in self.updates[:updates_done])
 
 
 def experiment_settings(cfg: MiniverlConfig) -> dict:

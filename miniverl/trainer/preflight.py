@@ -9,7 +9,7 @@ check is one line, PASS / WARN / FAIL with the reason.
     memory        an estimate of the peak memory against the hardware option's limit
     self-test     the teacher path scoring the student's own samples with the student's own
                   weights gives a k1 of ~0 (rollout and scoring agree position by position,
-                  within the tolerance of the compute precision: miniverl/precision.py)
+                  within the tolerance of the compute precision: miniverl/models/precision.py)
     nf4-gradients LoRA gradients through the NF4 base equal those through a dense twin that
                   multiplies the dequantized weights in the same compute dtype
 
@@ -243,7 +243,7 @@ def cheap_checks(cfg: MiniverlConfig, device: torch.device) -> list[Check]:
 # ------------------------------------------------------------------ checks that load the models
 def check_self_test(trainer) -> Check:
     """The student's own weights as teacher: k1 = log pi - log pi must vanish at every position,
-    up to the rounding of the student's compute precision (miniverl/precision.py)."""
+    up to the rounding of the student's compute precision (miniverl/models/precision.py)."""
     from miniverl.workers.teacher import TeacherWorker
 
     update = trainer.plan.updates[0]

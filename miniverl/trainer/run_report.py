@@ -57,6 +57,19 @@ class RunFacts:
     extra_measurements: dict = field(default_factory=dict)
 
 
+def resume_block(resumed, load_seconds: float | None, updates_done: int, plan: Plan) -> dict:
+    """The report's `resume` block of a run that did not check its own resume: whether it resumed
+    (a utils.checkpoint.Checkpoint, or None), from where, and where it stands."""
+    return {
+        "status": "resumed" if resumed else "not_checked",
+        "resumed_from": str(resumed.path) if resumed else None,
+        "resumed_after_update": resumed.update if resumed else None,
+        "resume_load_seconds": round(load_seconds, 4) if resumed else None,
+        "global_optimizer_steps": updates_done,
+        "task_cursor": plan.task_cursor(updates_done),
+    }
+
+
 def steady_state(history: list[dict]) -> tuple[dict, dict]:
     """Median seconds and median positions/s per phase over updates 2..N (update 1 pays warm-up)."""
     steady = history[1:] or history

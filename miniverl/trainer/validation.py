@@ -21,7 +21,7 @@ import torch
 from miniverl.models import cpu_gemm
 from miniverl.protocol import Batch
 from miniverl.trainer.plan import derive_seed
-from miniverl.utils.dataset import PromptSet
+from miniverl.utils.dataset import PromptSet, read_conversations, tokenize_prompts
 from miniverl.utils.downshift import Downshift
 from miniverl.workers.logprobs import response_hidden_states, token_logits
 from miniverl.workers.rollout import RolloutWorker
@@ -36,6 +36,22 @@ def full_log_probs(model, batch: Batch, tokenizer_vocab: int | None) -> torch.Te
 
 
 class DistillationProbe:
+    @classmethod
+    def from_config(cls, cfg, tokenizer, rollout: RolloutWorker, teacher: TeacherWorker, student) -> DistillationProbe:
+        """The probe of a run: its `data.val_files` prompts, the run's rollout and teacher."""
+        heldout = tokenize_prompts(
+            read_conversations(cfg.data, "val_files"), cfg.data, tokenizer, cfg.recipe.prompt_limit
+        )
+        return cls(
+            heldout,
+            rollout,
+            teacher,
+            student.get_base_model(),
+            seed=cfg.trainer.seed,
+            response_limit=cfg.eval.response_limit or cfg.recipe.response_limit,
+            exact_kl_max_vocab=cfg.eval.exact_kl_max_vocab,
+        )
+
     def __init__(
         self,
         prompts: PromptSet,

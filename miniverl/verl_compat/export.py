@@ -5,13 +5,13 @@ A Hydra app like `miniverl.main`: the same config, the same overrides. It writes
     verl/overrides.txt     one Hydra override per line, for `python3 -m verl.trainer.main_ppo`
     verl/run_opd.sh        the launch, in the shape of verl's
                            examples/on_policy_distillation_trainer/run_qwen3_8b_fsdp.sh
-    verl/field_rules.json  every miniverl field's rule (miniverl.verl_rules) and what it wrote here
+    verl/field_rules.json  every miniverl field's rule (miniverl.verl_compat.field_rules) and what it wrote here
     verl/no_task_reward.py the zero task reward the launch points verl's reward manager at
     verl/README.md         how to run it, and what does not carry over from miniverl
 
 The scale is set by the `export.*` knobs (conf/export/default.yaml; defaults: one trainer GPU plus
 one teacher GPU). Before writing anything the export runs the checks verl makes only at run time
-(`verl_rules.runtime_violations`) on the launch, so a launch verl would refuse is refused here with
+(`runtime_checks.runtime_violations`) on the launch, so a launch verl would refuse is refused here with
 one line. For the report: `field_rule_digest()` is the sha256 of the canonical rule table.
 """
 
@@ -31,7 +31,7 @@ from miniverl.config import MiniverlConfig, to_config
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import resolved_config, sha256_json
 from miniverl.utils.tables import flatten
-from miniverl.verl_compat.rules import (
+from miniverl.verl_compat.defaults import (
     ACTOR,
     ENTRY_POINT,
     FIXED,
@@ -39,16 +39,13 @@ from miniverl.verl_compat.rules import (
     LOSS,
     MODEL,
     ROLLOUT,
-    RULES,
     TEACHER,
     VERL_DEFAULTS,
     VERL_VERSION,
-    override_line,
-    rule_for,
-    rule_table,
-    runtime_violations,
-    virtual_verl_config,
 )
+from miniverl.verl_compat.field_rules import RULES, rule_for, rule_table
+from miniverl.verl_compat.overrides import override_line, virtual_verl_config
+from miniverl.verl_compat.runtime_checks import runtime_violations
 
 EXPORT_FOLDER = "verl"
 REWARD_FILE = "no_task_reward.py"
@@ -77,7 +74,9 @@ def field_rules(cfg: DictConfig | MiniverlConfig | dict | None = None) -> list[d
     if cfg is not None:
         missing = [path for path in config_fields(cfg) if rule_for(path) is None]
         if missing:
-            raise MiniverlError(f"no verl field rule for {', '.join(missing)} (add one to miniverl/verl_rules.py)")
+            raise MiniverlError(
+                f"no verl field rule for {', '.join(missing)} (add one to miniverl/verl_compat/field_rules.py)"
+            )
     return rule_table()["fields"]
 
 

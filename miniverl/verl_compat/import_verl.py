@@ -4,7 +4,7 @@ FILE is a launch script in the shape of verl's examples (bash arrays of override
 `$(( ... ))`, then `python3 -m verl.trainer.main_ppo ...`; it is read, never run) or an overrides
 file (one Hydra override per line, like the export's overrides.txt). The result means what the verl
 launch means: a key the launch leaves out takes verl's YAML default. It writes one miniverl override
-per line for every field that maps (`miniverl.verl_rules`), then, as comments, the verl overrides
+per line for every field that maps (`miniverl.verl_compat.field_rules`), then, as comments, the verl overrides
 with no miniverl field and the miniverl fields verl does not set. Apply it on top of a recipe:
 
     python -m miniverl.main +recipe=opd_k1 $(grep -v '^#' OUT)
@@ -23,19 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from miniverl.utils.errors import MiniverlError
-from miniverl.verl_compat.rules import (
-    ACTOR,
-    FIXED,
-    LOGGERS_TO_VERL,
-    MODEL,
-    ROLLOUT,
-    RULES,
-    TEACHER,
-    VERL_DEFAULTS,
-    get,
-    hydra_value,
-    virtual_verl_config,
-)
+from miniverl.verl_compat.defaults import ACTOR, FIXED, LOGGERS_TO_VERL, MODEL, ROLLOUT, TEACHER, VERL_DEFAULTS
+from miniverl.verl_compat.field_rules import RULES
+from miniverl.verl_compat.overrides import get, hydra_value, virtual_verl_config
 
 ENTRY = re.compile(r"^verl\.trainer\.main_ppo\w*$")
 # $(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd): the folder of the script itself.

@@ -46,8 +46,12 @@ class ActorWorker:
         loss_scale_factor: int,
         tokenizer_vocab: int | None = None,
         float32_gemm: bool = False,
+        bypass_mode: bool = False,
     ):
         self.peft_model = model
+        self.bypass_mode = (
+            bypass_mode  # verl's rollout_correction.bypass_mode: the rollout's log-probs are the old ones
+        )
         self.model = model.get_base_model()  # LoRA layers are injected in place
         self.estimator = estimator
         self.grad_clip = actor.grad_clip
@@ -90,21 +94,28 @@ class ActorWorker:
             ]
         return torch.cat(parts) * batch.response_mask
 
-    def update_actor(self, batch: Batch, chunks: list[int]) -> tuple[dict[str, float], torch.Tensor]:
-        """One optimizer step on `batch` (needs the teacher's columns; fills old_log_probs if unset).
-
-        Returns the metrics and the per-token distillation loss (B, R) the step used.
-        """
+    def update_actor(self, batch: Batch, chunks: list[int]) -> tuple[Batch, dict[str, float]]:
+        """One optimizer step on `batch` (needs the teacher's columns). Returns the batch with the
+        actor's columns filled — old_log_probs (the rollout's in bypass mode, else this update's
+        own forward's: on-policy) and, for the policy-gradient estimators, advantages — and the
+        update's metrics."""
         filled_here = batch.old_log_probs is None
-        if filled_here and self.dropout_in_train_mode:  # the train forward is a random draw: a pass of their own
+        if filled_here and self.bypass_mode:
+            batch.old_log_probs = batch.rollout_log_probs.clone()  # own storage: safetensors refuses shared ones
+        elif filled_here and self.dropout_in_train_mode:  # the train forward is a random draw: a pass of their own
             batch.old_log_probs = self.compute_log_prob(batch, chunks[0])
         try:
             with cpu_gemm.float32_products(self.model, self.float32_gemm):  # the recomputed forward too
-                return self._step(batch, chunks)
+                metrics, distillation_losses = self._step(batch, chunks)
         except BaseException:
             if filled_here:  # an OOM retry at smaller chunks takes them again from its own forward
                 batch.old_log_probs = None
             raise
+        if self.estimator.use_policy_gradient:
+            batch.advantages = -distillation_losses  # what the PG step maximised at each token
+        if not self.bypass_mode:
+            metrics.update(rollout_actor_metrics(batch))
+        return batch, metrics
 
     def _step(self, batch: Batch, chunks: list[int]) -> tuple[dict[str, float], torch.Tensor]:
         metrics, per_token_loss = self.accumulate_gradients(batch, chunks)
@@ -185,3 +196,29 @@ class ActorWorker:
             ),
             log_prob,
         )
+
+
+def rollout_actor_metrics(batch: Batch) -> dict:
+    """How far the rollout's log-probs are from the actor's old log-probs (verl's
+    `training/rollout_probs_diff_*` debug metrics: absolute differences of the probabilities, over
+    response tokens). miniverl's old log-probs come from the update's train-mode forward, verl's
+    from its eval-mode recompute. Near zero says bypass_mode would change nothing but rounding."""
+    mask = batch.response_mask.bool()
+    if not mask.any():
+        nan = float("nan")
+        return {
+            "training/rollout_probs_diff_valid": 0,
+            "training/rollout_probs_diff_max": nan,
+            "training/rollout_probs_diff_mean": nan,
+            "training/rollout_probs_diff_std": nan,
+            "training/rollout_actor_probs_pearson_corr": nan,
+        }
+    actor, rollout = batch.old_log_probs.exp()[mask], batch.rollout_log_probs.exp()[mask]  # (N,) each
+    diff = (actor - rollout).abs()
+    return {
+        "training/rollout_probs_diff_valid": 1,
+        "training/rollout_probs_diff_max": float(diff.max()),
+        "training/rollout_probs_diff_mean": float(diff.mean()),
+        "training/rollout_probs_diff_std": float(diff.std()),
+        "training/rollout_actor_probs_pearson_corr": float(torch.corrcoef(torch.stack([actor, rollout]))[0, 1]),
+    }

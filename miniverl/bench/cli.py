@@ -1,0 +1,201 @@
+"""The command line: `parse_args`, `run` (both paths' models and measurements, then bench.json and
+bench.md) and `main`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from miniverl.bench.measuring import PeakMemory, peak_memory
+from miniverl.bench.opd_step import TRL_COMPUTES
+from miniverl.bench.pieces import measure_path
+from miniverl.bench.report import machine_facts, markdown
+from miniverl.bench.setups import (
+    BATCH,
+    LORA,
+    NEW_TOKENS,
+    PATH_RATIO_KEYS,
+    PATHS,
+    PREFIX,
+    RATIO_KEYS,
+    RUN_KEYS,
+    SCALES,
+    SCHEMA,
+    TARGETS,
+    build_float32_setup,
+    build_recipe_setup,
+)
+
+log = logging.getLogger("miniverl.bench")
+
+
+# ---------------------------------------------------------------------------------------------- main
+@contextmanager
+def quiet():
+    import transformers
+
+    previous = transformers.utils.logging.get_verbosity()
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        transformers.utils.logging.set_verbosity(previous)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    import miniverl.bench
+    from miniverl.config.hardware import HardwareConfig
+
+    defaults = HardwareConfig()
+    p = argparse.ArgumentParser(prog="python -m miniverl.bench", description=miniverl.bench.__doc__.split("\n\n")[0])
+    p.add_argument("--scale", choices=sorted(SCALES), default="bench")
+    p.add_argument(
+        "--path",
+        choices=("both", *PATHS),
+        default="both",
+        help="recipe: NF4 + LoRA as +recipe=opd_k1 (keys recipe_*); float32: unquantized (today's keys)",
+    )
+    p.add_argument("--out", default=None, help="output folder (default outputs/bench/<scale>)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument(
+        "--repeats", type=int, default=None, help="timed rounds per measurement (default per scale and path)"
+    )
+    p.add_argument("--no-trl", action="store_true", help="skip TRL (the opd_step_vs_trl* ratios are then null)")
+    p.add_argument("--logprob-chunk", type=int, default=defaults.logprob_chunk, help="hardware.logprob_chunk")
+    p.add_argument(
+        "--static-cache",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.rollout_static_cache,
+        help="hardware.rollout_static_cache",
+    )
+    p.add_argument(
+        "--compile-decode",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.rollout_compile,
+        help="hardware.rollout_compile",
+    )
+    p.add_argument(
+        "--cpu-gemv",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.rollout_cpu_gemv,
+        help="hardware.rollout_cpu_gemv",
+    )
+    p.add_argument(
+        "--cpu-float32-gemm",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.cpu_float32_gemm,
+        help="hardware.cpu_float32_gemm (miniverl's roles and in-house baselines; never the peers)",
+    )
+    args = p.parse_args(argv)
+    args.argv = list(argv)
+    return args
+
+
+def run(args: argparse.Namespace) -> dict:
+    from miniverl.config.hardware import HardwareConfig
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no GPU")
+    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    hw = HardwareConfig(
+        device=device.type,
+        logprob_chunk=args.logprob_chunk,
+        rollout_static_cache=args.static_cache,
+        rollout_compile=args.compile_decode,
+        rollout_cpu_gemv=args.cpu_gemv,
+        cpu_float32_gemm=args.cpu_float32_gemm,
+    )
+    paths = PATHS if args.path == "both" else (args.path,)
+    repeats = {
+        path: args.repeats or SCALES[args.scale]["recipe_repeats" if path == "recipe" else "repeats"] for path in PATHS
+    }
+    out = Path(args.out or Path("outputs") / "bench" / args.scale)
+    out.mkdir(parents=True, exist_ok=True)
+    command = " ".join(["python -m miniverl.bench", *args.argv])
+    started = time.perf_counter()
+    memory = PeakMemory(device)
+    ratios = dict.fromkeys(RATIO_KEYS)
+    null_reasons, measured, setups = {}, {}, {}
+    builders = {"recipe": build_recipe_setup, "float32": build_float32_setup}
+    with quiet(), tempfile.TemporaryDirectory(dir=out) as workdir:
+        for path in paths:
+            folder = Path(workdir) / path
+            folder.mkdir()
+            log.info("%s: models", path)
+            s = setups[path] = builders[path](args.scale, device, folder)
+            measured[path] = measure_path(s, hw, repeats[path], args.no_trl, folder)
+            ratios.update(measured[path]["ratios"])
+            null_reasons.update(measured[path]["null_reasons"])
+        log.info("peak memory")  # last: pinning glibc's mmap threshold slows allocation
+        for path in paths:
+            peaks = peak_memory(memory, measured[path]["calls"], rounds=2 if path == "recipe" else 3)
+            measured[path]["measurements"]["scoring"].update(
+                miniverl_peak_bytes=peaks["miniverl"], naive_peak_bytes=peaks["naive"]
+            )
+            key = PREFIX[path] + "scoring_peak_memory_vs_naive"
+            ratios[key] = peaks["miniverl"] / peaks["naive"] if peaks["naive"] else None
+            if memory.reason:
+                null_reasons[key] = memory.reason
+    for path in PATHS:
+        if path not in paths:
+            null_reasons.update(dict.fromkeys(PATH_RATIO_KEYS[path], f"not measured (--path {args.path})"))
+    shape = {k: v for k, v in SCALES[args.scale].items() if k not in RUN_KEYS}
+    shape["vocab_size"] = next(iter(setups.values())).student.get_base_model().config.vocab_size
+    result = {
+        "schema": SCHEMA,
+        "command": command,
+        "scale": args.scale,
+        "paths": list(paths),
+        "ratios": {k: (round(ratios[k], 4) if ratios[k] is not None else None) for k in RATIO_KEYS},
+        "targets": {k: f"{op} {bound}" for k, (op, bound) in TARGETS.items()},
+        "null_reasons": null_reasons,
+        "settings": {
+            "batch": BATCH,
+            "new_tokens": NEW_TOKENS,
+            "lora": {**LORA, "target_modules": list(LORA["target_modules"])},
+            "student_gradient_checkpointing": True,
+            "repeats": {p: repeats[p] for p in paths},
+            "shape": shape,
+            "models": {p: setups[p].description for p in paths},
+            "trl": TRL_COMPUTES,
+            "hardware": {
+                "logprob_chunk": hw.logprob_chunk,
+                "rollout_static_cache": hw.rollout_static_cache,
+                "rollout_compile": hw.rollout_compile,
+                "rollout_cpu_gemv": hw.rollout_cpu_gemv,
+                "rollout_dequantize_4bit_once": hw.rollout_dequantize_4bit_once,
+                "cpu_float32_gemm": hw.cpu_float32_gemm,
+            },
+            "prompt_tokens": [len(p) for p in next(iter(setups.values())).prompt_ids],
+        },
+        "measurements": {p: measured[p]["measurements"] for p in paths},
+        "machine": machine_facts(device),
+        "bench_seconds": round(time.perf_counter() - started, 2),
+    }
+    (out / "bench.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    table = markdown(result)
+    (out / "bench.md").write_text(table, encoding="utf-8")
+    print(table)
+    print(f"wrote {out / 'bench.json'} and {out / 'bench.md'} ({result['bench_seconds']} s)")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    run(parse_args(sys.argv[1:] if argv is None else argv))
+    return 0

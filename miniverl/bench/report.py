@@ -1,0 +1,191 @@
+"""The report: each ratio's verdict against its target, one path's table rows, bench.md, and the
+machine's facts."""
+
+from __future__ import annotations
+
+import torch
+
+from miniverl.bench.setups import BATCH, LORA, NEW_TOKENS, PREFIX, TARGETS
+
+
+# ---------------------------------------------------------------------------------------------- report
+def verdict(key: str, value: float | None) -> str:
+    if key not in TARGETS:
+        return "—"
+    if value is None:
+        return "n/a"
+    op, bound = TARGETS[key]
+    return "yes" if (value >= bound if op == ">=" else value <= bound) else "no"
+
+
+def mib(b: int | None) -> str:
+    return f"{b / 2**20:.1f} MiB" if b is not None else "n/a"
+
+
+def path_rows(result: dict, path: str) -> list[tuple[str, str, str, str | None, float | None]]:
+    """(label, miniverl, other, ratio key or None, ratio) of one path's table."""
+    m, r, prefix = result["measurements"][path], result["ratios"], PREFIX[path]
+    ro, sc, up, step = m["rollout"], m["scoring"], m["update"], m["opd_step"]
+
+    def tps(name: str) -> str:
+        return f"{ro[name]['tokens_per_s']:.1f}" if name in ro else "n/a"
+
+    def seconds_of(part: dict | None) -> str:
+        return f"{part['best_step_seconds']:.3f} s" if part else "n/a"
+
+    rows = [
+        (
+            "rollout tokens/s vs `model.generate(use_cache=True)`, batch 4",
+            tps("miniverl"),
+            tps("hf_generate"),
+            prefix + "rollout_vs_hf_generate",
+        )
+    ]
+    if path == "recipe":
+        rows.append(
+            (
+                "rollout tokens/s vs the same loop on bitsandbytes' per-call dequantization (every token)",
+                tps("miniverl"),
+                tps("miniverl_per_call_dequantize"),
+                "recipe_rollout_vs_per_call_dequantize",
+            )
+        )
+    rows += [
+        (
+            "rollout tokens/s vs one row at a time (`generate(use_cache=True)`, batch 1, each prompt alone)",
+            tps("miniverl"),
+            tps("one_row_generate"),
+            prefix + "rollout_vs_one_row_generate",
+        ),
+        (
+            "teacher scoring time vs `log_softmax(logits.float()).gather`",
+            f"{sc['miniverl_seconds']:.4f} s",
+            f"{sc['naive_seconds']:.4f} s",
+            prefix + "scoring_time_vs_naive",
+        ),
+        (
+            "teacher scoring peak memory vs the same",
+            mib(sc.get("miniverl_peak_bytes")),
+            mib(sc.get("naive_peak_bytes")),
+            prefix + "scoring_peak_memory_vs_naive",
+        ),
+        (
+            (
+                "one OPD update (k1 on the sampled token) vs TRL `DistillationTrainer` step (beta=1: full-vocabulary "
+                "reverse KL + entropy at every response position, both models)"
+            ),
+            seconds_of(step["full_vocab"]["miniverl"]),
+            seconds_of(step["full_vocab"]["trl"]),
+            prefix + "opd_step_vs_trl",
+        ),
+        (
+            "update positions/s vs bare forward+backward",
+            f"{up['miniverl_positions_per_s']:.1f}",
+            f"{up['bare_fwd_bwd_positions_per_s']:.1f}",
+            prefix + "update_vs_bare_fwd_bwd",
+        ),
+    ]
+    if "k1" in step:
+        rows.insert(
+            -1,
+            (
+                (
+                    "one OPD update vs TRL as close to k1 as it goes: experimental `IWOPDTrainer` (`iw_opd`, "
+                    "gamma=0: the same sampled-token k1 policy gradient, from both models' full logits)"
+                ),
+                seconds_of(step["k1"]["miniverl"]),
+                seconds_of(step["k1"]["trl"]),
+                prefix + "opd_step_vs_trl_k1",
+            ),
+        )
+    out = [(label, ours, other, key, r.get(key)) for label, ours, other, key in rows]
+    if path == "recipe" and ro["miniverl"]["four_bit_storage_bytes"]:
+        held, stored = ro["miniverl"]["dequantized_bytes"], ro["miniverl"]["four_bit_storage_bytes"]
+        out.insert(
+            2,
+            (
+                (
+                    "rollout memory: dense copies of the student's 4-bit weights while decoding (freed after) vs "
+                    "their NF4 storage"
+                ),
+                mib(held),
+                mib(stored),
+                None,
+                held / stored,
+            ),
+        )
+    return out
+
+
+PATH_TITLES = {
+    "recipe": "Recipe path (what `+recipe=opd_k1` runs): NF4 student (bf16 compute, prepare_model_for_kbit_training, "
+    "LoRA r16 on q/v, gradient checkpointing) and NF4 teacher, loaded by miniverl's own loaders",
+    "float32": "Unquantized float32 models (bfloat16 on CUDA), the same shapes: extra rows",
+}
+
+
+def markdown(result: dict) -> str:
+    s = result["settings"]
+    lines = [
+        (
+            f"miniverl bench, scale `{result['scale']}` on {result['machine']['device_name']} "
+            f"({result['machine']['torch_threads']} torch threads), batch {BATCH}, {NEW_TOKENS} new tokens, "
+            f"LoRA r{LORA['r']} on q/v; `{result['command']}`"
+        )
+    ]
+    for path in result["paths"]:
+        lines += [
+            "",
+            f"{PATH_TITLES[path]} (best of {s['repeats'][path]} interleaved rounds):",
+            "",
+            "| measurement | miniverl | other | ratio (miniverl ÷ other) | target | met |",
+            "|---|---|---|---|---|---|",
+        ]
+        for label, ours, other, key, value in path_rows(result, path):
+            shown = f"{value:.2f}" if value is not None else "null"
+            if key in TARGETS:
+                op, bound = TARGETS[key]
+                target = f"{'≥' if op == '>=' else '≤'} {bound}"
+            else:
+                target = "—"
+            lines.append(f"| {label} | {ours} | {other} | {shown} | {target} | {verdict(key, value)} |")
+    lines += [
+        "",
+        (
+            "What each TRL row computes: `DistillationTrainer` (beta=1) the full-vocabulary reverse KL and "
+            "the entropy at every response position of both models, miniverl the single-sample k1 on the "
+            "sampled token; `IWOPDTrainer` with `iw_opd_gamma=0` the same sampled-token k1 policy gradient as "
+            "miniverl, from both models' full (B, L, V) logits. `DistillationTrainer` itself has no sampled-token "
+            "option: its loss is always the chunked full-vocabulary generalized JSD."
+        ),
+    ]
+    if result["machine"]["device"] == "cpu" and s["hardware"]["cpu_float32_gemm"]:
+        lines += [
+            "",
+            (
+                "Kernels: miniverl's roles and its in-house baselines (naive scoring, bare forward+backward) "
+                "multiply the bf16 layers as float32 GEMMs of the same bf16 operands, rounded to bf16 "
+                "(`hardware.cpu_float32_gemm`, miniverl/models/cpu_gemm.py); `generate` and TRL run bitsandbytes' "
+                "and PyTorch's bf16 products as shipped. On a CPU without bf16 instructions that choice "
+                "alone is most of the recipe path's lead; on CUDA both sides run bf16 kernels. "
+                "`--no-cpu-float32-gemm` measures miniverl on the shipped products too."
+            ),
+        ]
+    for key, reason in result["null_reasons"].items():
+        lines.append(f"\n`{key}` is null: {reason}")
+    return "\n".join(lines) + "\n"
+
+
+def machine_facts(device: torch.device) -> dict:
+    from miniverl.utils.device import hardware_facts
+
+    facts = hardware_facts(device)
+    facts["torch_threads"] = torch.get_num_threads()
+    facts["device_name"] = facts["gpu"] if device.type == "cuda" else f"{facts['cpu']} ({facts['cpu_count']} cores)"
+    try:
+        import trl
+
+        facts["trl"] = trl.__version__
+    except ImportError:
+        facts["trl"] = None
+    return facts

@@ -1,0 +1,85 @@
+"""Hydra's override grammar (`key=value` lines) and the verl config a set of overrides builds: one
+spelling of verl's values shared by the export's writer, the import's reader and the run-time checks,
+without verl installed.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from miniverl.verl_compat.defaults import VERL_DEFAULTS
+
+# ---------------------------------------------------------------- Hydra override values
+
+_SAFE = re.compile(r"^[A-Za-z0-9_./\-+@%~]+$")
+_RESERVED = {"true", "false", "null", "inf", "nan", "-inf", "+inf"}
+
+
+def hydra_value(value: Any) -> str:
+    """A value in Hydra's override grammar that parses back to exactly `value`."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        text = repr(value)
+        return text if ("." in text or "e" in text or "n" in text) else text + ".0"
+    if isinstance(value, str):
+        if _SAFE.match(value) and value.lower() not in _RESERVED and not _looks_numeric(value):
+            return value
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"cannot write {value!r} as a Hydra override value")
+
+
+def _looks_numeric(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def override_line(key: str, value: Any) -> str:
+    return f"{key}={hydra_value(value)}"
+
+
+def get(cfg: Mapping, dotted: str, default: Any = None) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def nested(flat: Mapping[str, Any]) -> dict:
+    """{"a.b": 1} -> {"a": {"b": 1}}."""
+    out: dict = {}
+    for key, value in flat.items():
+        node = out
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        if isinstance(node.get(leaf), dict) and isinstance(value, Mapping):
+            node[leaf].update(copy.deepcopy(dict(value)))
+        else:
+            node[leaf] = copy.deepcopy(value)
+    return out
+
+
+def virtual_verl_config(overrides: Mapping[str, Any]) -> dict:
+    """verl's defaults for the keys in VERL_DEFAULTS with `overrides` applied, interpolated the way
+    verl's YAML interpolates them: what the run-time checks read, without verl installed."""
+    from omegaconf import OmegaConf
+
+    merged = {**VERL_DEFAULTS, **overrides}
+    return OmegaConf.to_container(OmegaConf.create(nested(merged)), resolve=True)

@@ -1,0 +1,167 @@
+"""The checks verl v0.8.0 makes only at run time, replayed on a composed verl config: a launch verl
+would refuse is then refused at export time, with one line, rather than on a Ray cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from miniverl.verl_compat.defaults import (
+    ACTOR,
+    LOSS,
+    LOSS_AGG_MODES,
+    MODEL,
+    ROLLOUT,
+    ROLLOUT_ENGINES,
+    TEACHER,
+    TEACHER_ENGINES,
+    VERL_LOSS_MODES,
+    VLLM_MAX_LORA_RANK,
+)
+from miniverl.verl_compat.overrides import get
+
+
+def runtime_violations(cfg: Mapping) -> list[str]:
+    """The checks verl v0.8.0 makes only at run time (main_ppo's resource pools, validate_config,
+    the engine workers, DistillationConfig.__post_init__, the teacher manager), on a composed and
+    resolved verl config (a plain nested dict). Returns one line per violated rule; [] when valid."""
+    out: list[str] = []
+    g = lambda key, default=None: get(cfg, key, default)  # noqa: E731
+    if not g("distillation.enabled"):
+        out.append("distillation.enabled must be True: the launch is on-policy distillation")
+        return out
+    # Teacher pool: non-empty, and replicas x per-replica world size fill it exactly.
+    t_nodes, t_per_node = g("distillation.nnodes", 0), g("distillation.n_gpus_per_node", 0)
+    pool = t_nodes * t_per_node
+    inference = f"{TEACHER}.inference"
+    per_replica = (
+        g(f"{inference}.tensor_model_parallel_size", 1)
+        * g(f"{inference}.data_parallel_size", 1)
+        * g(f"{inference}.pipeline_model_parallel_size", 1)
+    )
+    replicas = g(f"{TEACHER}.num_replicas", 0)
+    if t_nodes <= 0 or t_per_node <= 0:
+        out.append(
+            f"the teacher pool is empty: distillation.nnodes={t_nodes}, distillation.n_gpus_per_node="
+            f"{t_per_node} must both be > 0"
+        )
+    elif pool % per_replica or replicas * per_replica != pool:
+        out.append(
+            f"teacher pool size {pool} (distillation.nnodes x n_gpus_per_node) must equal num_replicas x "
+            f"tensor_model_parallel_size x data_parallel_size x pipeline_model_parallel_size = "
+            f"{replicas} x {per_replica}"
+        )
+    elif (t_per_node % per_replica if per_replica <= t_per_node else per_replica % t_per_node) != 0:
+        out.append(f"a teacher replica of {per_replica} GPUs straddles nodes of {t_per_node} GPUs")
+    # Student: trainer pool, rollout replicas, batch sizes.
+    n_gpus = g("trainer.nnodes", 0) * g("trainer.n_gpus_per_node", 0)
+    if n_gpus <= 0:
+        out.append("the trainer pool is empty: trainer.nnodes x trainer.n_gpus_per_node must be > 0")
+        return out
+    rollout_world = (
+        g(f"{ROLLOUT}.tensor_model_parallel_size", 1)
+        * g(f"{ROLLOUT}.data_parallel_size", 1)
+        * g(f"{ROLLOUT}.pipeline_model_parallel_size", 1)
+    )
+    if n_gpus % rollout_world:
+        out.append(
+            f"the trainer's {n_gpus} GPUs are not divisible by the rollout replica's {rollout_world} "
+            f"(actor_rollout_ref.rollout.tensor_model_parallel_size x data_parallel_size x "
+            f"pipeline_model_parallel_size)"
+        )
+    name = g(f"{ROLLOUT}.name")
+    if name in (None, "???") or name not in ROLLOUT_ENGINES:
+        out.append(f"actor_rollout_ref.rollout.name={name!r} must name a rollout engine ({', '.join(ROLLOUT_ENGINES)})")
+    teacher_name = g(f"{inference}.name")
+    if teacher_name not in TEACHER_ENGINES:
+        out.append(f"{inference}.name={teacher_name!r} must be one of {', '.join(TEACHER_ENGINES)}")
+    dynamic = g(f"{ACTOR}.use_dynamic_bsz")
+    if dynamic != g(f"{ROLLOUT}.log_prob_use_dynamic_bsz"):
+        out.append("actor.use_dynamic_bsz and rollout.log_prob_use_dynamic_bsz must agree")
+    n = g(f"{ROLLOUT}.n", 1)
+    batch, mini = g("data.train_batch_size", 0) * n, g(f"{ACTOR}.ppo_mini_batch_size", 0)
+    if g("data.train_batch_size", 0) < mini:
+        out.append(f"data.train_batch_size={g('data.train_batch_size')} must be >= actor.ppo_mini_batch_size={mini}")
+    if (mini * n) % n_gpus:
+        out.append(f"actor.ppo_mini_batch_size x rollout.n = {mini * n} must be divisible by the {n_gpus} trainer GPUs")
+    if not dynamic:
+        if batch % n_gpus:
+            out.append(f"data.train_batch_size x rollout.n = {batch} must be divisible by the {n_gpus} trainer GPUs")
+        for key, per_gpu, legacy, rows in (
+            (
+                f"{ACTOR}.ppo_micro_batch_size_per_gpu",
+                g(f"{ACTOR}.ppo_micro_batch_size_per_gpu"),
+                g(f"{ACTOR}.ppo_micro_batch_size"),
+                mini * n // n_gpus,
+            ),
+            (
+                f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu",
+                g(f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu"),
+                g(f"{ROLLOUT}.log_prob_micro_batch_size"),
+                batch // n_gpus,
+            ),
+        ):
+            if per_gpu is None and legacy is None:
+                out.append(f"{key} must be set when actor.use_dynamic_bsz is off")
+            elif per_gpu is not None and legacy is not None:
+                out.append(f"{key} and its deprecated twin without _per_gpu are both set")
+            elif per_gpu is not None and (per_gpu < 1 or rows % per_gpu):
+                out.append(f"{key}={per_gpu} must divide each GPU's {rows} rows")
+    else:
+        length = g("data.max_prompt_length", 0) + g("data.max_response_length", 0)
+        for key in (f"{ACTOR}.ppo_max_token_len_per_gpu", f"{ROLLOUT}.log_prob_max_token_len_per_gpu"):
+            if (g(key) or 0) < length:
+                out.append(f"{key}={g(key)} must hold one prompt + response ({length} tokens)")
+    # Context lengths: the teacher scores prompt + response and generates one token.
+    for where, prompt_key, response_key in (
+        (inference, f"{inference}.prompt_length", f"{inference}.response_length"),
+        (ROLLOUT, f"{ROLLOUT}.prompt_length", f"{ROLLOUT}.response_length"),
+    ):
+        max_len = g(f"{where}.max_model_len")
+        needed = g(prompt_key, 0) + g(response_key, 0) + 1
+        if max_len is not None and max_len < needed:
+            out.append(f"{where}.max_model_len={max_len} must be >= prompt + response + 1 = {needed}")
+    # The distillation loss.
+    loss = lambda key, default=None: g(f"{LOSS}.{key}", default)  # noqa: E731
+    mode = loss("loss_mode")
+    if mode not in VERL_LOSS_MODES:
+        out.append(f"{LOSS}.loss_mode={mode!r} is not a verl v0.8.0 distillation loss")
+    if mode == "k1" and not loss("use_policy_gradient"):
+        out.append(f"{LOSS}.loss_mode=k1 needs use_policy_gradient=True (verl refuses to backpropagate k1)")
+    if loss("policy_loss_mode") != "vanilla":
+        out.append(f"{LOSS}.policy_loss_mode={loss('policy_loss_mode')!r}: verl v0.8.0 supports only vanilla")
+    if mode == "forward_kl_topk":
+        topk = loss("topk")
+        if topk is None or topk < 1:
+            out.append(f"{LOSS}.topk must be set for forward_kl_topk")
+        elif teacher_name == "vllm":
+            cap = (get(g(f"{inference}.engine_kwargs", {}) or {}, "vllm", {}) or {}).get("max_logprobs")
+            if cap is not None and cap < topk:
+                out.append(f"the teacher's vLLM max_logprobs={cap} must be >= topk={topk}")
+    if loss("use_task_rewards"):
+        out.append(f"{LOSS}.use_task_rewards must be False for pure distillation")
+    if g(f"{inference}.temperature") != 1.0:
+        out.append(
+            f"{inference}.temperature={g(f'{inference}.temperature')} must be 1.0 (verl computes the "
+            "teacher's prompt log-probs at temperature 1 only)"
+        )
+    if g("algorithm.rollout_correction.bypass_mode") and not g(f"{ROLLOUT}.calculate_log_probs"):
+        out.append(
+            f"algorithm.rollout_correction.bypass_mode=True needs {ROLLOUT}.calculate_log_probs=True (the "
+            "rollout's log-probs are then the old log-probs)"
+        )
+    if g(f"{ACTOR}.loss_agg_mode") not in LOSS_AGG_MODES:
+        out.append(f"{ACTOR}.loss_agg_mode={g(f'{ACTOR}.loss_agg_mode')!r} is not one of verl's")
+    # LoRA: served by vLLM up to its largest rank.
+    rank = g(f"{MODEL}.lora_rank", 0) or 0
+    if name == "vllm" and rank > VLLM_MAX_LORA_RANK:
+        out.append(f"{MODEL}.lora_rank={rank} exceeds vLLM's largest LoRA rank {VLLM_MAX_LORA_RANK}")
+    # No critic: pure distillation has no value model.
+    critic = g("critic.enable")
+    if critic or (critic is None and g("algorithm.adv_estimator") == "gae"):
+        out.append("a critic would be built (algorithm.adv_estimator=gae or critic.enable): distillation has none")
+    if g(f"{ACTOR}.use_kl_loss") or g("algorithm.use_kl_in_reward"):
+        out.append(
+            "a KL to a reference policy is on (actor.use_kl_loss / algorithm.use_kl_in_reward): the recipe has none"
+        )
+    return out

@@ -1,0 +1,6 @@
+"""Rollout role (verl: `generate_sequences`): the student samples responses (worker.py), one
+sampling stream per sample (sampling.py), over the decode fast paths of lean_decode.py."""
+
+from miniverl.workers.rollout.worker import RolloutWorker
+
+__all__ = ["RolloutWorker"]
