@@ -145,10 +145,10 @@ def plot(jobs: list[tuple[dict, list[float]]], path: Path) -> None:
     if any(losses for _, losses in jobs):
         ax.legend(fontsize=7)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp)
+    from miniverl.utils.run_folder import atomic_write  # imports torch: not at Hydra start-up
+
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))
     plt.close(fig)
-    tmp.replace(path)
 
 
 class SweepSummaryCallback(Callback):

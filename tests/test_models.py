@@ -51,7 +51,7 @@ def test_lora_gradients_through_nf4_equal_those_through_the_dequantized_base(toy
     nf4 = models.load_student(StudentConfig(), src, cpu, lora_seed=3)
     dense_block = StudentConfig(quantization="none")
     dense_base = dequantized_copy(nf4.get_base_model(), toy_dirs["student"])
-    dense = models._wrap_student(dense_base, dense_block, cpu, lora_seed=3)
+    dense = models.wrap_student(dense_base, dense_block, cpu, lora_seed=3)
     # A non-zero B so that the LoRA path carries signal into later layers.
     with torch.no_grad():
         for (n1, p1), (_, p2) in zip(nf4.named_parameters(), dense.named_parameters()):
@@ -98,7 +98,7 @@ def test_a_teacher_with_another_vocabulary_is_refused(toy_dirs, tmp_path):
     other = toy.build_toy_tokenizer()
     other.add_tokens(["<extra>"])
     model = AutoModelForCausalLM.from_pretrained(toy_dirs["student"])
-    with pytest.raises(MiniverlError, match="tokenizers differ"):
+    with pytest.raises(MiniverlError, match="vocabularies differ"):
         models.check_tokenizers_compatible(student_tok, other, model, model)
     assert isinstance(other, PreTrainedTokenizerFast)
 

@@ -190,10 +190,10 @@ def disable_cpu_nf4_repack(model: torch.nn.Module) -> int:
 def load_student(block: StudentConfig, source: Source, device: torch.device, *, lora_seed: int) -> PeftModel:
     model = load_causal_lm("model", block, source, device)
     with quiet_loading():
-        return _wrap_student(model, block, device, lora_seed)
+        return wrap_student(model, block, device, lora_seed)
 
 
-def _wrap_student(model: PreTrainedModel, block: StudentConfig, device: torch.device, lora_seed: int) -> PeftModel:
+def wrap_student(model: PreTrainedModel, block: StudentConfig, device: torch.device, lora_seed: int) -> PeftModel:
     if block.quantization == "nf4" and block.prepare_kbit_training:
         # Casts the non-quantized parameters to float32 and enables gradient checkpointing.
         model = prepare_model_for_kbit_training(
@@ -260,26 +260,38 @@ def output_rows_problem(student_rows: int, teacher_rows: int, tokens: int) -> st
     return None
 
 
-def check_tokenizers_compatible(student_tok, teacher_tok, student: PreTrainedModel, teacher: PreTrainedModel) -> None:
-    """The teacher scores the student's token ids: both must mean the same thing by each id."""
-    if student_tok.get_vocab() != teacher_tok.get_vocab():
-        raise MiniverlError(
-            f"teacher and student tokenizers differ (vocabulary {len(teacher_tok)} vs {len(student_tok)} tokens): "
-            "on-policy distillation needs a teacher of the same tokenizer family; pick a teacher that shares it"
+def tokenizer_problem(student_tok, teacher_tok, student_rows: int, teacher_rows: int) -> str | None:
+    """Why the teacher cannot score the student's token ids (both must mean the same thing by each
+    id, and render conversations alike), or None. `*_rows`: the output layers' rows."""
+    s_vocab, t_vocab = student_tok.get_vocab(), teacher_tok.get_vocab()
+    if s_vocab != t_vocab:
+        differing = len(set(s_vocab.items()) ^ set(t_vocab.items()))
+        return (
+            f"tokenizer vocabularies differ: student {len(s_vocab)} tokens, teacher {len(t_vocab)} ({differing} "
+            "entries differ); on-policy distillation needs a teacher of the same tokenizer family"
         )
-    problem = output_rows_problem(
-        student.get_output_embeddings().weight.shape[0],
-        teacher.get_output_embeddings().weight.shape[0],
-        len(student_tok),
-    )
+    problem = output_rows_problem(student_rows, teacher_rows, len(student_tok))
     if problem:
-        raise MiniverlError(f"teacher and student output layers: {problem}")
-    probe = [
-        student_tok.apply_chat_template(PROBE_CONVERSATION, add_generation_prompt=True, tokenize=False),
-        teacher_tok.apply_chat_template(PROBE_CONVERSATION, add_generation_prompt=True, tokenize=False),
+        return f"output layers: {problem}"
+    specials = [(name, getattr(student_tok, name), getattr(teacher_tok, name)) for name in ("eos_token", "pad_token")]
+    wrong = [f"{n} {a!r} vs {b!r}" for n, a, b in specials if a != b]
+    if wrong:
+        return f"special tokens differ: {', '.join(wrong)}"
+    rendered = [
+        t.apply_chat_template(PROBE_CONVERSATION, add_generation_prompt=True, tokenize=False)
+        for t in (student_tok, teacher_tok)
     ]
-    if probe[0] != probe[1]:
-        raise MiniverlError(
-            "teacher and student chat templates render a conversation differently; "
-            "set teacher.tokenizer_id to the student's tokenizer or pick a matching teacher"
+    if rendered[0] != rendered[1]:
+        return (
+            f"chat templates render the probe conversation differently: {rendered[0][:60]!r}... vs "
+            f"{rendered[1][:60]!r}...; set teacher.tokenizer_id to the student's tokenizer or pick a matching teacher"
         )
+    return None
+
+
+def check_tokenizers_compatible(student_tok, teacher_tok, student: PreTrainedModel, teacher: PreTrainedModel) -> None:
+    """The teacher scores the student's token ids: refuse a pair that cannot (tokenizer_problem)."""
+    rows = [m.get_output_embeddings().weight.shape[0] for m in (student, teacher)]
+    problem = tokenizer_problem(student_tok, teacher_tok, *rows)
+    if problem:
+        raise MiniverlError(f"teacher and student: {problem}")

@@ -101,34 +101,10 @@ def check_tokenizers(cfg: MiniverlConfig, student_tok) -> Check:
         return Check("PASS", "tokenizer", f"teacher.mode={cfg.teacher.mode} shares the student's tokenizer and base")
     source = models.source_of(cfg.teacher, None)
     teacher_tok = models.load_tokenizer("teacher", cfg.teacher, source)
-    s_vocab, t_vocab = student_tok.get_vocab(), teacher_tok.get_vocab()
-    if s_vocab != t_vocab:
-        differing = len(set(s_vocab.items()) ^ set(t_vocab.items()))
-        return Check(
-            "FAIL",
-            "tokenizer",
-            f"vocabularies differ: student {len(s_vocab)} tokens, teacher {len(t_vocab)} "
-            f"({differing} entries differ); the teacher cannot score the student's ids",
-        )
     rows = (architecture(cfg.model)["vocab"], architecture(cfg.teacher)["vocab"])
-    problem = models.output_rows_problem(rows[0], rows[1], len(student_tok))
+    problem = models.tokenizer_problem(student_tok, teacher_tok, *rows)
     if problem:
-        return Check("FAIL", "tokenizer", f"embedding rows: {problem}")
-    specials = [(name, getattr(student_tok, name), getattr(teacher_tok, name)) for name in ("eos_token", "pad_token")]
-    wrong = [f"{n} {a!r} vs {b!r}" for n, a, b in specials if a != b]
-    if wrong:
-        return Check("FAIL", "tokenizer", f"special tokens differ: {', '.join(wrong)}")
-    rendered = [
-        t.apply_chat_template(models.PROBE_CONVERSATION, add_generation_prompt=True, tokenize=False)
-        for t in (student_tok, teacher_tok)
-    ]
-    if rendered[0] != rendered[1]:
-        return Check(
-            "FAIL",
-            "tokenizer",
-            "chat templates render the probe conversation differently: "
-            f"{rendered[0][:60]!r}... vs {rendered[1][:60]!r}...",
-        )
+        return Check("FAIL", "tokenizer", problem)
     padding = (
         ""
         if rows[0] == rows[1] == len(student_tok)
@@ -137,7 +113,7 @@ def check_tokenizers(cfg: MiniverlConfig, student_tok) -> Check:
     return Check(
         "PASS",
         "tokenizer",
-        f"vocabulary {len(s_vocab)} (embedding rows: student {rows[0]}, teacher "
+        f"vocabulary {len(student_tok.get_vocab())} (embedding rows: student {rows[0]}, teacher "
         f"{rows[1]}), eos/pad, and chat template output identical{padding}",
     )
 
@@ -325,7 +301,7 @@ def check_nf4_gradients(trainer, source: models.Source) -> Check:
     if block.adapter:
         return Check("PASS", "nf4-gradients", "skipped: the student starts from an adapter")
     twin = dequantized_twin(trainer.student.get_base_model(), source, block, trainer.float32_gemm)
-    dense = models._wrap_student(twin, block, torch.device("cpu"), lora_seed=0)
+    dense = models.wrap_student(twin, block, torch.device("cpu"), lora_seed=0)
     nf4 = trainer.student
     ids = torch.tensor([trainer.prompts.token_ids[0]], device=trainer.device)
     grads = []

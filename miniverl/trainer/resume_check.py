@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from miniverl.utils.checkpoint import checkpoint_update, checkpoints_in
+from miniverl.utils.measure import folder_bytes
 
 # Differs between the three runs by construction (their trainer.stop_after_updates/resume_from).
 EXCLUDED_RUN_IDENTITY_FIELD = "resolved_config_digest"
@@ -131,7 +132,7 @@ def verify_resume(run_dir: Path, overrides: list[str], interrupt_after: int) -> 
     try:
         run_child(overrides, [f"trainer.stop_after_updates={interrupt_after}"], interrupted)
         stop_ckpt = checkpoints_in(interrupted)[-1]
-        block["interrupt_checkpoint_bytes"] = sum(p.stat().st_size for p in stop_ckpt.iterdir() if p.is_file())
+        block["interrupt_checkpoint_bytes"] = folder_bytes(stop_ckpt)
         if checkpoint_update(stop_ckpt) != interrupt_after:
             block["first_difference"] = (
                 f"the interrupted run stopped at {stop_ckpt.name}, not after update {interrupt_after}"

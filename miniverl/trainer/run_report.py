@@ -88,7 +88,7 @@ def checkpoint_facts(folder: Path | None) -> tuple[dict | None, int | None]:
         return None, None
     state = json.loads((folder / "state.json").read_text())
     hashes = {**state["files"], "state.json": sha256_file(folder / "state.json")}
-    return hashes, sum((folder / name).stat().st_size for name in hashes)
+    return hashes, folder_bytes(folder)
 
 
 def profile_identity(cfg: MiniverlConfig) -> dict:

@@ -14,13 +14,14 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
 from safetensors.torch import save_file
 
 from miniverl.protocol import Batch
-from miniverl.utils.checkpoint import checkpoints_in
+from miniverl.utils.checkpoint import checkpoints_in, trajectory_path
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import canonical_json, sha256_file, sha256_json
 
@@ -41,14 +42,19 @@ RUN_OUTPUTS = (
 )
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Temporary file, fsync, rename: a crash leaves either the old file or the new one."""
+def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
+    """`write(tmp)` to a temporary file beside `path`, fsync, rename: a crash leaves either the old
+    file or the new one. The one way miniverl writes a file a user reads (checkpoints add a folder
+    rename on top: utils/checkpoint.py)."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
+    write(tmp)
+    with open(tmp, "rb+") as handle:
         os.fsync(handle.fileno())
     os.replace(tmp, path)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    atomic_write(path, lambda tmp: tmp.write_bytes(data))
 
 
 class RunFolder:
@@ -125,11 +131,9 @@ class RunFolder:
 
     def write_trajectory(self, update: int, batch: Batch) -> str:
         """One safetensors file per update; returns its sha256 (the trajectory digest chains them)."""
-        path = self.path(f"trajectories/update_{update:06d}.safetensors")
-        tmp = path.with_name(f".{path.name}.tmp")
+        path = trajectory_path(self.root, update)
         tensors = {name: t.float() if t.is_floating_point() else t for name, t in batch.tensors().items()}
-        save_file(tensors, str(tmp), metadata={"update": str(update)})
-        os.replace(tmp, path)
+        atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata={"update": str(update)}))
         self.trajectory_digests.append(sha256_file(path))
         return self.trajectory_digests[-1]
 
@@ -137,9 +141,6 @@ class RunFolder:
     def trajectory_sha256(self) -> str:
         """sha256 of the canonical JSON list of every update file's sha256, in update order."""
         return sha256_json(self.trajectory_digests)
-
-    def total_bytes(self) -> int:
-        return sum(p.stat().st_size for p in self.root.rglob("*") if p.is_file())
 
 
 class TensorBoardLogger:

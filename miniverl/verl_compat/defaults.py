@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from miniverl.config.estimator import LOSS_AGG_MODES  # noqa: F401  (verl's four: miniverl implements them all)
+
 VERL_VERSION = "0.8.0"
 ENTRY_POINT = "python3 -m verl.trainer.main_ppo"
 TEACHER = "distillation.teacher_models.teacher_model"
@@ -135,7 +137,6 @@ DATACLASS_DEFAULTS_THAT_DIFFER: dict[str, Any] = {
 VERL_LOSS_MODES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "forward_kl_topk")
 ROLLOUT_ENGINES = ("vllm", "sglang", "trtllm")
 TEACHER_ENGINES = ("vllm", "sglang")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 VLLM_MAX_LORA_RANK = 512  # vllm MaxLoRARanks, as verl's get_vllm_max_lora_rank falls back to
 LOGGERS_TO_VERL = {"console": "console", "jsonl": "file", "tensorboard": "tensorboard"}
 
