@@ -11,7 +11,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from miniverl.utils.errors import MiniverlError, exit_code_of
-from miniverl.verl_compat.export import EXPORT_FOLDER, VERL_VERSION, export
+from miniverl.verl_compat.defaults import VERL_VERSION
+from miniverl.verl_compat.export import EXPORT_FOLDER, export
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")

@@ -156,6 +156,13 @@ def test_an_oom_at_one_row_fails_keeps_the_last_update_and_reports_failed(tmp_pa
     assert (tmp_path / "run" / "checkpoints" / "update_1" / "state.json").is_file()
 
 
+def test_the_plans_sizes_are_used_until_a_downshift_splits_the_rows_at_the_halved_size():
+    shift = downshift.Downshift(torch.device("cpu"), rollout_rows=4, update_rows=4, simulate_above=3)
+    assert shift.run("update_chunk", [3, 1], lambda sizes: sizes) == [3, 1]  # plan.json's, not split(4, 4)
+    assert shift.run("rollout", [4, 2], lambda sizes: sizes) == [2, 2, 2]  # 4 rows > 3: halved to 2
+    assert shift.counts == {"rollout_oom": 1, "update_chunk_oom": 0}
+
+
 def test_the_failed_attempt_is_released_before_the_cache_is_freed_and_the_rows_halved(monkeypatch):
     at_free = []
     attempts = []
@@ -172,7 +179,7 @@ def test_the_failed_attempt_is_released_before_the_cache_is_freed_and_the_rows_h
 
     monkeypatch.setattr(downshift, "free_device_cache", record)
     shift = downshift.Downshift(torch.device("cpu"), rollout_rows=4, update_rows=4, simulate_above=None)
-    assert shift.run("rollout", 4, work) == [1, 1, 1, 1]
+    assert shift.run("rollout", [4], work) == [1, 1, 1, 1]
     # Both times outside the except block, with the failed attempt's tensors already gone.
     assert at_free == [((None, None, None), True)] * 2
     assert shift.counts["rollout_oom"] == 2 and shift.rows["rollout"] == 1

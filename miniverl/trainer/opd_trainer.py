@@ -12,7 +12,6 @@ the update's own forward gives the old log-probs, see actor.py).
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from pathlib import Path
 
@@ -22,14 +21,14 @@ from miniverl.config import MiniverlConfig
 from miniverl.models import loading as models
 from miniverl.trainer.metrics import batch_metrics, console_line
 from miniverl.trainer.plan import Plan, UpdatePlan, compile_plan, derive_seed
-from miniverl.trainer.run_report import RunFacts, build_report, resume_block
+from miniverl.trainer.run_report import RunFacts, build_report, device_facts, resume_block
 from miniverl.trainer.validation import DistillationProbe
 from miniverl.utils import checkpoint
 from miniverl.utils.dataset import PromptSet, read_conversations, tokenize_prompts, with_answers
-from miniverl.utils.device import hardware_facts, resolve_device, set_determinism, timed
+from miniverl.utils.device import resolve_device, set_determinism, timed
 from miniverl.utils.downshift import Downshift, OutOfMemoryAtOneRow
 from miniverl.utils.identity import sha256_json
-from miniverl.utils.measure import cuda_peaks, peak_rss_gib, release_memory, seconds_since_start
+from miniverl.utils.measure import release_memory, seconds_since_start
 from miniverl.utils.run_folder import RunFolder, TensorBoardLogger
 from miniverl.utils.signals import deferred_signals
 from miniverl.workers.actor import NonFiniteLoss
@@ -63,7 +62,7 @@ class OPDTrainer:
         self.prompts: PromptSet = tokenize_prompts(conversations, cfg.data, self.tokenizer, cfg.recipe.prompt_limit)
         self.plan: Plan = compile_plan(cfg, self.prompts)
         # Every resume check reads only; nothing is written before they all pass.
-        source = self.resume_source()
+        source = checkpoint.resume_source(cfg.trainer, self.run_dir)
         if source is not None:
             self.resumed = checkpoint.verify_checkpoint(source, self.plan.digest)
         self.out = RunFolder(
@@ -97,12 +96,7 @@ class OPDTrainer:
         self.rollout, self.teacher, self.actor = roles.rollout, roles.teacher, roles.actor
         if cfg.eval.every != -1:
             self.probe = DistillationProbe.from_config(cfg, self.tokenizer, self.rollout, self.teacher, self.student)
-        self.downshift = Downshift(
-            self.device,
-            rollout_rows=hw.rollout_physical_batch,
-            update_rows=hw.update_chunk,
-            simulate_above=hw.simulate_oom_above_rows,
-        )
+        self.downshift = Downshift.for_hardware(self.device, hw)
         if self.resumed is not None:
             self.load_checkpoint(self.resumed)
         self.cold_startup_seconds = seconds_since_start()
@@ -114,14 +108,6 @@ class OPDTrainer:
             self.progress.setdefault(key, []).append({"update": update, "value": value})
         return {f"val/distillation/{k}": v for k, v in values.items()}
 
-    def resume_source(self) -> Path | None:
-        t = self.cfg.trainer
-        if t.resume_mode == "disable" or t.overwrite:
-            return None
-        if t.resume_from:
-            return Path(t.resume_from)
-        return self.run_dir if checkpoint.checkpoints_in(self.run_dir) else None  # auto: this folder's latest
-
     @property
     def in_place(self) -> bool:
         return self.resumed.run_dir.resolve() == self.run_dir.resolve()
@@ -129,10 +115,8 @@ class OPDTrainer:
     def load_checkpoint(self, ckpt: checkpoint.Checkpoint) -> None:
         start = time.perf_counter()
         checkpoint.restore(ckpt, self.student, self.actor.optimizer, self.actor.param_names)
-        for update in range(1, ckpt.update + 1):  # the resumed run's trajectory log covers every update
-            source = checkpoint.trajectory_path(ckpt.run_dir, update)
-            if not self.in_place:
-                shutil.copyfile(source, self.out.path(f"trajectories/{source.name}"))
+        if not self.in_place:  # the resumed run's trajectory log covers every update
+            self.out.copy_trajectories(ckpt.run_dir, ckpt.update)
         self.out.trajectory_digests = list(ckpt.state["trajectory_digests"])
         self.history = list(ckpt.state["history"])
         self.progress = ckpt.state.get("distillation_progress", {})
@@ -202,12 +186,12 @@ class OPDTrainer:
     def fit_step(self, update: UpdatePlan) -> dict:
         cfg, timings, shift = self.cfg, {}, self.downshift
         prompts = self.prompts.token_ids_of(update.prompt_rows)
-        n = len(prompts)
+        physical, chunks = update.rollout_physical_batches, update.update_chunks  # the plan's, as it fits
         with timed("step", timings, self.device):
             with timed("gen", timings, self.device):
                 batch = shift.run(
                     "rollout",
-                    n,
+                    physical,
                     lambda sizes: self.rollout.generate_sequences(
                         prompts,
                         list(update.prompt_rows),
@@ -219,11 +203,13 @@ class OPDTrainer:
             self.mark_first("rollout")
             with timed("teacher", timings, self.device):
                 batch = shift.run(
-                    "update_chunk", n, lambda sizes: self.teacher.compute_teacher_log_prob(batch, sizes[0])
+                    "update_chunk", chunks, lambda sizes: self.teacher.compute_teacher_log_prob(batch, sizes[0])
                 )
             self.mark_first("teacher_targets")
             with timed("update_actor", timings, self.device):
-                batch, actor_metrics = shift.run("update_chunk", n, lambda sizes: self.actor.update_actor(batch, sizes))
+                batch, actor_metrics = shift.run(
+                    "update_chunk", chunks, lambda sizes: self.actor.update_actor(batch, sizes)
+                )
             self.mark_first("update")
             self.out.write_trajectory(update.update, batch)
         return {
@@ -279,21 +265,17 @@ class OPDTrainer:
         becomes the report's `resume` block)."""
         if not self.adapter_saved:
             self.save_adapter()
-        peak_allocated, peak_reserved = cuda_peaks(self.device)
         resume = resume_check or resume_block(
             self.resumed, getattr(self, "resume_load_seconds", None), len(self.history), self.plan
         )
         facts = RunFacts(
+            **device_facts(self.device),
             status=status,
             history=self.history,
-            hardware=hardware_facts(self.device),
             run_dir=self.run_dir,
             last_checkpoint=self.last_checkpoint,
             seconds_to_first=self.seconds_to_first,
             cold_startup_seconds=self.cold_startup_seconds,
-            peak_allocated_gib=peak_allocated,
-            peak_reserved_gib=peak_reserved,
-            peak_rss_gib=peak_rss_gib(),
             batch_downshifts=dict(self.downshift.counts),
             observed_rollout_physical_batch_sizes=sorted(self.downshift.observed["rollout"]),
             trajectory_sha256=self.out.trajectory_sha256,

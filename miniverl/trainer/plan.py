@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from miniverl import __version__
 from miniverl.config import MiniverlConfig
 from miniverl.utils.dataset import PromptSet
+from miniverl.utils.downshift import split
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import sha256_json
 
@@ -25,10 +26,6 @@ PLAN_VERSION = 1
 def derive_seed(*parts: object) -> int:
     """A 63-bit seed from the run seed and counters (stable across processes and machines)."""
     return int(sha256_json([str(p) for p in parts])[:16], 16) >> 1
-
-
-def split(total: int, size: int) -> list[int]:
-    return [min(size, total - start) for start in range(0, total, size)]
 
 
 @dataclass(frozen=True)

@@ -12,12 +12,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from miniverl import VERL_COMMIT, VERL_REPOSITORY, VERL_TAG, __version__
 from miniverl.config import MiniverlConfig
 from miniverl.models.adapters import adapter_sha256
 from miniverl.trainer.plan import PLAN_VERSION, Plan
+from miniverl.utils.device import hardware_facts
 from miniverl.utils.identity import sha256_file, sha256_json
-from miniverl.utils.measure import folder_bytes, source_commit, workload_driver_sha256
+from miniverl.utils.measure import cuda_peaks, folder_bytes, peak_rss_gib, source_commit, workload_driver_sha256
 from miniverl.verl_compat.export import field_rule_digest
 
 SCHEMA_VERSION = 1
@@ -55,6 +58,17 @@ class RunFacts:
     workload_seconds: float = 0.0
     distillation_progress: dict | None = None
     extra_measurements: dict = field(default_factory=dict)
+
+
+def device_facts(device: torch.device) -> dict:
+    """RunFacts' device fields: the hardware and the peak memory of this process so far."""
+    peak_allocated, peak_reserved = cuda_peaks(device)
+    return {
+        "hardware": hardware_facts(device),
+        "peak_allocated_gib": peak_allocated,
+        "peak_reserved_gib": peak_reserved,
+        "peak_rss_gib": peak_rss_gib(),
+    }
 
 
 def resume_block(resumed, load_seconds: float | None, updates_done: int, plan: Plan) -> dict:

@@ -72,10 +72,10 @@ class DistillationProbe:
 
     @torch.no_grad()
     def measure(self, shift: Downshift) -> dict[str, float | None]:
-        n = len(self.prompts)
+        every = [len(self.prompts)]  # not in the plan: all rows, split by the downshift's current sizes
         batch = shift.run(
             "rollout",
-            n,
+            every,
             lambda sizes: self.rollout.generate_sequences(
                 self.prompts.token_ids,
                 self.prompts.rows,
@@ -84,13 +84,13 @@ class DistillationProbe:
                 physical_batches=sizes,
             ),
         )
-        batch = shift.run("update_chunk", n, lambda sizes: self.teacher.compute_teacher_log_prob(batch, sizes[0]))
+        batch = shift.run("update_chunk", every, lambda sizes: self.teacher.compute_teacher_log_prob(batch, sizes[0]))
         mask = batch.response_mask  # (B, R)
         tokens = mask.sum().clamp_min(1)
         k1 = float(((batch.rollout_log_probs - batch.teacher_logprobs) * mask).sum() / tokens)
         exact = None
         if self.exact:
-            per_position = shift.run("update_chunk", n, lambda sizes: self.exact_reverse_kl(batch, sizes[0]))
+            per_position = shift.run("update_chunk", every, lambda sizes: self.exact_reverse_kl(batch, sizes[0]))
             exact = float((per_position * mask).sum() / tokens)
         return {"k1_mean": k1, "exact_reverse_kl": exact}
 

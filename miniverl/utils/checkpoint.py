@@ -181,6 +181,16 @@ def verify_checkpoint(path: str | Path, plan_digest: str) -> Checkpoint:
     return checkpoint
 
 
+def resume_source(trainer, run_dir: Path) -> Path | None:
+    """Where a run resumes from (`trainer`: its TrainerConfig): trainer.resume_from, or with
+    resume_mode auto this folder's latest checkpoint; None to start fresh."""
+    if trainer.resume_mode == "disable" or trainer.overwrite:
+        return None
+    if trainer.resume_from:
+        return Path(trainer.resume_from)
+    return run_dir if checkpoints_in(run_dir) else None
+
+
 def trajectory_path(run_dir: Path, update: int) -> Path:
     return run_dir / "trajectories" / f"update_{update:06d}.safetensors"
 

@@ -13,17 +13,21 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import torch
 
-from miniverl.trainer.plan import split
 from miniverl.utils.measure import free_device_cache
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 KINDS = ("rollout", "update_chunk")
+
+
+def split(total: int, size: int) -> list[int]:
+    """`total` rows in forwards of `size` rows, the last one smaller (the plan's and the downshift's split)."""
+    return [min(size, total - start) for start in range(0, total, size)]
 
 
 class OutOfMemoryAtOneRow(Exception):
@@ -43,10 +47,23 @@ class Downshift:
         self.observed: dict[str, set[int]] = {kind: set() for kind in KINDS}
         self.simulate_above = simulate_above
 
-    def run(self, kind: str, total_rows: int, work: Callable[[list[int]], T]) -> T:
-        """work(sizes) with sizes the row counts of each forward; halves them on out-of-memory."""
+    @classmethod
+    def for_hardware(cls, device: torch.device, hw) -> Downshift:
+        """The sizes of `hw` (a HardwareConfig) to start from."""
+        return cls(
+            device,
+            rollout_rows=hw.rollout_physical_batch,
+            update_rows=hw.update_chunk,
+            simulate_above=hw.simulate_oom_above_rows,
+        )
+
+    def run(self, kind: str, planned: Sequence[int], work: Callable[[list[int]], T]) -> T:
+        """work(sizes), sizes the row counts of each forward: the `planned` ones (plan.json's) while
+        they fit, else the rows split at the size out-of-memory halved them to (logged; the report
+        counts the downshifts and lists the sizes used)."""
         while True:
-            sizes = split(total_rows, self.rows[kind])
+            rows = self.rows[kind]
+            sizes = list(planned) if max(planned) <= rows else split(sum(planned), rows)
             try:
                 if self.simulate_above is not None and max(sizes) > self.simulate_above:
                     raise torch.OutOfMemoryError(

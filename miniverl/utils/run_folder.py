@@ -137,6 +137,12 @@ class RunFolder:
         self.trajectory_digests.append(sha256_file(path))
         return self.trajectory_digests[-1]
 
+    def copy_trajectories(self, run_dir: Path, updates: int) -> None:
+        """The trajectory files of updates 1..`updates` of the run in `run_dir` (a resume elsewhere)."""
+        for update in range(1, updates + 1):
+            source = trajectory_path(run_dir, update)
+            shutil.copyfile(source, trajectory_path(self.root, update))
+
     @property
     def trajectory_sha256(self) -> str:
         """sha256 of the canonical JSON list of every update file's sha256, in update order."""

@@ -1,0 +1,205 @@
+"""The files of a verl launch, as text: run_opd.sh in the shape of verl's example scripts, the
+README of what does not carry over, field_rules.json, and the zero task reward verl's reward
+manager is pointed at (export.py decides the overrides; this writes them down)."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from miniverl import VERL_COMMIT, __version__
+from miniverl.config import MiniverlConfig
+from miniverl.utils.tables import flatten
+from miniverl.verl_compat.defaults import (
+    ENTRY_POINT,
+    FIXED,
+    MODEL,
+    TEACHER,
+    VERL_VERSION,
+)
+from miniverl.verl_compat.field_rules import RULES, rule_table
+from miniverl.verl_compat.overrides import override_line
+
+REWARD_FILE = "no_task_reward.py"
+SECTIONS = ("DATA", "MODEL", "ACTOR", "ROLLOUT", "TRAINER", "DISTILLATION")
+
+
+@dataclass
+class Override:
+    section: str
+    key: str
+    value: Any
+    sources: tuple[str, ...]  # the miniverl field(s) it comes from; ("fixed",) for FIXED keys
+    prefix: str = ""  # "+": a key verl's YAML does not have (inside a free-form dict)
+
+    @property
+    def line(self) -> str:
+        return self.prefix + override_line(self.key, self.value)
+
+
+def resolved_flat(config: MiniverlConfig) -> dict[str, Any]:
+    return flatten(asdict(config))
+
+
+def rules_document(config: MiniverlConfig, rules: list[dict], overrides: list[Override], digest: str) -> dict:
+    values = resolved_flat(config)
+    written: dict[str, list[str]] = {}
+    for o in overrides:
+        for source in o.sources:
+            written.setdefault(source, []).append(o.line)
+    table = rule_table()
+    return {
+        "schema": "miniverl.verl_field_rules/v1",
+        "field_rule_digest": digest,
+        "verl": table["verl"],
+        "rules": rules,
+        "fixed": table["fixed"],
+        "applied": [
+            {"field": name, "value": values.get(name), "verl": written.get(name, [])} for name in sorted(values)
+        ],
+    }
+
+
+REWARD_SOURCE = '''"""Written by miniverl's export: the task reward of a pure on-policy distillation launch.
+
+The launch sets distillation.distillation_loss.use_task_rewards=False, so verl trains on the
+distillation loss only; verl's reward manager still scores every sample. This scorer returns 0 for
+all of them, so that no scorer for the rows' data_source is needed.
+"""
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    return 0.0
+'''
+
+
+def _shell_word(text: str) -> str:
+    return shlex.quote(text)
+
+
+def launch_script(config: MiniverlConfig, overrides: list[Override], digest: str) -> str:
+    """run_opd.sh: the overrides as bash arrays, the user-adjustable model and data paths first."""
+    x, r = config.export, config.recipe
+    by_key = {o.key: o for o in overrides}
+    variables = {  # verl key -> (shell variable, its default: the Hydra value the export wrote)
+        f"{MODEL}.path": "STUDENT_MODEL",
+        f"{TEACHER}.model_path": "TEACHER_MODEL",
+        "data.train_files": "TRAIN_FILES",
+        "data.val_files": "VAL_FILES",
+        "reward.custom_reward_function.path": None,
+    }
+    engine = {"vllm": "vLLM", "sglang": "SGLang"}[x.rollout_name]
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# On-policy distillation | text | {engine} rollout + teacher | FSDP training | NVIDIA GPUs",
+        f"# Exported by miniverl {__version__} from recipe {r.name} (profile {r.profile}) for verl v{VERL_VERSION}",
+        f"# (commit {VERL_COMMIT[:12]}), in the shape of examples/on_policy_distillation_trainer/run_qwen3_8b_fsdp.sh.",
+        f"# Trainer pool: {x.nnodes} node(s) x {x.n_gpus_per_node} GPU(s) (actor + rollout, colocated); teacher pool: "
+        f"{x.teacher_nnodes} node(s) x {x.teacher_n_gpus_per_node} GPU(s)",
+        f"# ({x.teacher_replicas} replica(s) x tensor parallel {x.teacher_tensor_parallel_size}). To change the scale, "
+        "export again with export.* (python -m miniverl.export ...): verl checks these numbers together.",
+        "# The same overrides, one per line: overrides.txt. What does not carry over from miniverl: README.md.",
+        f"# Field rules: field_rules.json (field_rule_digest {digest}).",
+        "",
+        "set -euo pipefail",
+        "",
+        "# ---- user-adjustable ----",
+        f"STUDENT_MODEL=${{STUDENT_MODEL:-{_shell_word(by_key[f'{MODEL}.path'].line.split('=', 1)[1])}}}",
+        f"TEACHER_MODEL=${{TEACHER_MODEL:-{_shell_word(by_key[f'{TEACHER}.model_path'].line.split('=', 1)[1])}}}",
+        f"TRAIN_FILES=${{TRAIN_FILES:-{_shell_word(by_key['data.train_files'].line.split('=', 1)[1])}}}",
+        "VAL_FILES=${VAL_FILES:-$TRAIN_FILES}"
+        if by_key["data.val_files"].value == by_key["data.train_files"].value
+        else f"VAL_FILES=${{VAL_FILES:-{_shell_word(by_key['data.val_files'].line.split('=', 1)[1])}}}",
+        "# ---- end user-adjustable ----",
+        "",
+        'EXPORT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)',
+        "",
+        'if [ "$STUDENT_MODEL" = toy ] || [ "$TEACHER_MODEL" = toy ]; then',
+        '    echo "run_opd.sh: the toy models have no verl equivalent; set STUDENT_MODEL and TEACHER_MODEL'
+        ' to Hugging Face models (hub ids or folders) that share one tokenizer" >&2',
+        "    exit 2",
+        "fi",
+        "",
+        "set -x",
+        "",
+        "########################### parameter arrays ###########################",
+    ]
+    for section in SECTIONS:
+        lines.append("")
+        lines.append(f"{section}=(")
+        for o in overrides:
+            if o.section != section:
+                continue
+            if o.key in variables:
+                name = variables[o.key]
+                value = f'"$EXPORT_DIR/{REWARD_FILE}"' if name is None else f'"${name}"'
+                lines.append(f"    {o.key}={value}")
+            else:
+                lines.append(f"    {_shell_word(o.line)}")
+        lines.append(")")
+    lines += ["", "########################### launch ###########################", f"{ENTRY_POINT} \\"]
+    lines += [f'    "${{{section}[@]}}" \\' for section in SECTIONS]
+    lines += ['    "$@"', ""]
+    return "\n".join(lines)
+
+
+def readme(config: MiniverlConfig, overrides: list[Override], warnings: list[str], digest: str) -> str:
+    x, r = config.export, config.recipe
+    trainer_gpus, teacher_gpus = x.nnodes * x.n_gpus_per_node, x.teacher_nnodes * x.teacher_n_gpus_per_node
+    warned = {w.split("=", 1)[0] for w in warnings}
+    out = [
+        f"# verl v{VERL_VERSION} launch of the miniverl recipe `{r.name}`",
+        "",
+        f"Profile `{r.profile}`, exported by miniverl {__version__} for verl v{VERL_VERSION} (commit "
+        f"`{VERL_COMMIT[:12]}`); field rule digest `{digest}`.",
+        "",
+        "```bash",
+        "bash run_opd.sh        # STUDENT_MODEL=DIR TEACHER_MODEL=DIR TRAIN_FILES='[/data/a.parquet]' bash run_opd.sh",
+        "xargs -d '\\n' python3 -m verl.trainer.main_ppo < overrides.txt   # the same launch, without the script",
+        "```",
+        "",
+        f"Run it where verl v0.8.0 and {x.rollout_name} are installed, on a Ray cluster (or one machine) with "
+        f"{trainer_gpus + teacher_gpus} GPUs: the trainer pool, {x.nnodes} x {x.n_gpus_per_node}, holds the FSDP "
+        f"actor and its {x.rollout_name} rollout (tensor parallel {x.rollout_tensor_parallel_size}); the teacher "
+        f"pool, {x.teacher_nnodes} x {x.teacher_n_gpus_per_node}, serves the frozen teacher ({x.teacher_replicas} "
+        f"replica(s), tensor parallel {x.teacher_tensor_parallel_size}). Change the scale by exporting again with "
+        "`export.*`. The data files must be visible to the trainer at the `TRAIN_FILES` paths, and each row needs "
+        "`data_source` and `reward_model.ground_truth` (verl's reward manager reads them even with task rewards "
+        f"off; `{REWARD_FILE}` scores every sample 0).",
+        "",
+        "`field_rules.json` holds every miniverl field's rule (the verl key it maps to, or why it has none) and what "
+        "it wrote here.",
+        "",
+    ]
+    if warnings:
+        out += ["## Differences in this export", ""] + [f"- {w}" for w in warnings] + [""]
+    out += ["## What does not carry over from miniverl", ""]
+    for rule in RULES:
+        if rule.field in warned:
+            continue
+        if rule.status == "no_verl_equivalent":
+            out.append(f"- `{rule.field}`: {rule.note}.")
+        elif rule.status == "fixed_in_verl":
+            out.append(f"- `{rule.field}`: verl v0.8.0 always uses `{rule.verl_value!r}` ({rule.note.split(';')[0]}).")
+    out += [
+        "- Exactness: verl's rollout engine does not seed each sample, so a verl run is neither byte-reproducible "
+        "nor exactly resumable; its checkpoints are verl's, not miniverl's.",
+        "- verl v0.8.0 normalises the first micro-batch of each update with the previous update's token count; "
+        "miniverl uses the exact token mean (docs/losses.md).",
+        *(
+            []
+            if config.algorithm.rollout_correction.bypass_mode
+            else [
+                "- verl v0.8.0 recomputes the old log-probs in a pass of their own before each update; miniverl takes "
+                "them from the update's own forward (on-policy, ratio exactly 1). They differ by rounding "
+                "(docs/losses.md)."
+            ]
+        ),
+        "",
+        "Also written, because the recipe is pure on-policy distillation: "
+        + "; ".join(f"`{key}`" for key, _, _ in FIXED)
+        + ". Every other key takes verl's YAML default.",
+        "",
+    ]
+    return "\n".join(out)
