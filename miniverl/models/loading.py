@@ -1,7 +1,7 @@
 """Loading the student and the teacher through `transformers` (Auto classes), `bitsandbytes`
 (NF4) and `peft` (LoRA).
 
-Which numerical path each role takes (measured on bitsandbytes 0.50, see tests/test_models.py):
+Which numerical path each role takes (measured on bitsandbytes 0.50, see tests/models/test_loading.py):
 on a CPU with AVX512-BF16, bitsandbytes repacks an NF4 weight in place for a bf16 kernel the
 first time its layer runs in eval mode without grad; from then on that layer differs from the
 dequantized base by ~0.5%, permanently. Rollout and teacher scoring run in eval mode without

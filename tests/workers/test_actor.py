@@ -1,5 +1,5 @@
 """Where the PPO ratio's old log-probs come from. By default the update's own forward (on-policy;
-bitwise the separate pass: tests/test_estimators.py), a pass of their own when dropout makes the
+bitwise the separate pass: tests/workers/test_estimators.py), a pass of their own when dropout makes the
 train forward random, and never a failed attempt's. With algorithm.rollout_correction.bypass_mode
 (verl's key) the rollout's log-probs, and training is the default's up to rounding; without it,
 verl's debug metrics compare the two."""

@@ -90,7 +90,7 @@ def test_a_read_only_output_folder_is_one_line(tmp_path, monkeypatch):
 
 
 def test_a_full_disk_keeps_the_last_checkpoint_whole(tmp_path, monkeypatch):
-    import miniverl.checkpoint as ckpt_module
+    import miniverl.utils.checkpoint as ckpt_module
 
     real, calls = ckpt_module.save_file, {"n": 0}
 

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 
 from miniverl.config.estimator import EstimatorConfig
 from miniverl.conformance import main
 
-GOLDEN = Path(__file__).parent / "data" / "verl-0.8.0-opd-loss.json"
+from conftest import DATA
+
+GOLDEN = DATA / "verl-0.8.0-opd-loss.json"
 N_CASES = 54
 
 

@@ -101,7 +101,7 @@ def test_the_self_test_fails_when_scoring_disagrees_with_sampling(tmp_path, monk
     trainer = OPDTrainer(to_config(cfg), {}, tmp_path / "run")
     trainer.setup()
     assert preflight.check_self_test(trainer).status == "PASS"
-    import miniverl.teacher as teacher_module
+    import miniverl.workers.teacher as teacher_module
 
     real = teacher_module.response_log_probs
     monkeypatch.setattr(teacher_module, "response_log_probs", lambda *a, **k: real(*a, **k) + 0.01)  # misaligned

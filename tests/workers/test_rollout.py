@@ -61,7 +61,7 @@ def test_sampling_is_reproducible_and_seed_dependent(trainer):
 
 
 def test_a_failed_resume_check_fails_the_command(monkeypatch, tmp_path):
-    import miniverl.resume_check as resume_check
+    import miniverl.trainer.resume_check as resume_check
 
     monkeypatch.setattr(
         resume_check,
