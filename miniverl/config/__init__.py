@@ -17,13 +17,13 @@ from miniverl.config.actor import ActorConfig, RolloutConfig
 from miniverl.config.algorithm import AlgorithmConfig
 from miniverl.config.data import DataConfig
 from miniverl.config.estimator import EstimatorConfig
-from miniverl.config.evaluation import EvalConfig
 from miniverl.config.export import ExportConfig
 from miniverl.config.hardware import HardwareConfig
 from miniverl.config.model import StudentConfig
 from miniverl.config.recipe import RecipeConfig, teacher_target_for
 from miniverl.config.teacher import TeacherConfig
 from miniverl.config.trainer import TrainerConfig
+from miniverl.config.validation import ValidationConfig
 
 
 @dataclass
@@ -39,7 +39,7 @@ class MiniverlConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     recipe: RecipeConfig = field(default_factory=RecipeConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
+    eval: ValidationConfig = field(default_factory=ValidationConfig)
 
     def __post_init__(self) -> None:
         wanted = teacher_target_for(self.estimator.loss_mode)

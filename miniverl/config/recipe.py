@@ -22,7 +22,7 @@ class RecipeConfig:
     interrupt_after_updates: Optional[int] = None
     prompt_limit: int = 128  # verl: data.max_prompt_length
     response_limit: int = 64  # verl: data.max_response_length
-    # conf/config.yaml derives it from the estimator (resolver `teacher_target`, see miniverl.schema).
+    # conf/config.yaml derives it from the estimator (resolver `teacher_target`, see miniverl.config).
     teacher_target: str = "sampled_token_log_probability"
 
     def __post_init__(self) -> None:

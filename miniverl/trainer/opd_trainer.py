@@ -22,7 +22,7 @@ from miniverl.models import loading as models
 from miniverl.trainer.metrics import batch_metrics, console_line
 from miniverl.trainer.plan import Plan, UpdatePlan, compile_plan, derive_seed
 from miniverl.trainer.run_report import RunFacts, build_report, device_facts, resume_block
-from miniverl.trainer.validation import DistillationProbe
+from miniverl.trainer.validation import ValidationProbe
 from miniverl.utils import checkpoint
 from miniverl.utils.dataset import PromptSet, read_conversations, tokenize_prompts, with_answers
 from miniverl.utils.device import resolve_device, set_determinism, timed
@@ -49,7 +49,7 @@ class OPDTrainer:
         self.stopped_by: int | None = None  # the signal that stopped the run, if one did
         self.seconds_to_first: dict[str, float | None] = {"rollout": None, "teacher_targets": None, "update": None}
         self.progress: dict[str, list[dict]] = {}  # held-out k1_mean / exact_reverse_kl per evaluated update
-        self.probe: DistillationProbe | None = None  # with eval.every != -1
+        self.probe: ValidationProbe | None = None  # with eval.every != -1
         self.adapter_saved = False  # peft_adapter/ written (by finish, or before release_models)
 
     # ------------------------------------------------------------------ setup
@@ -95,7 +95,7 @@ class OPDTrainer:
         roles = build_roles(cfg, self.student, self.tokenizer, self.device, toy_paths.get("teacher"))
         self.rollout, self.teacher, self.actor = roles.rollout, roles.teacher, roles.actor
         if cfg.eval.every != -1:
-            self.probe = DistillationProbe.from_config(cfg, self.tokenizer, self.rollout, self.teacher, self.student)
+            self.probe = ValidationProbe.from_config(cfg, self.tokenizer, self.rollout, self.teacher, self.student)
         self.downshift = Downshift.for_hardware(self.device, hw)
         if self.resumed is not None:
             self.load_checkpoint(self.resumed)

@@ -35,9 +35,9 @@ def full_log_probs(model, batch: Batch, tokenizer_vocab: int | None) -> torch.Te
     return token_logits(model.get_output_embeddings(), hidden, tokenizer_vocab).log_softmax(-1)
 
 
-class DistillationProbe:
+class ValidationProbe:
     @classmethod
-    def from_config(cls, cfg, tokenizer, rollout: RolloutWorker, teacher: TeacherWorker, student) -> DistillationProbe:
+    def from_config(cls, cfg, tokenizer, rollout: RolloutWorker, teacher: TeacherWorker, student) -> ValidationProbe:
         """The probe of a run: its `data.val_files` prompts, the run's rollout and teacher."""
         heldout = tokenize_prompts(
             read_conversations(cfg.data, "val_files"), cfg.data, tokenizer, cfg.recipe.prompt_limit

@@ -1,4 +1,4 @@
-"""Schema of the `eval` node: the held-out distillation-progress measurement (not part of the
+"""Schema of the `eval` node: validation, the held-out distillation-progress measurement (not part of the
 compiled plan: evaluating never changes training)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Optional
 
 
 @dataclass
-class EvalConfig:
+class ValidationConfig:
     # Evaluate before training and after every N updates (and after the last); -1 = never.
     # verl's equivalent is trainer.test_freq (+ trainer.val_before_train).
     every: int = -1
