@@ -4,7 +4,10 @@ no module outgrows the house's limits."""
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
+
+import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "miniverl"
 # Lowest first; a module may import its own layer and those below it, never one above.
@@ -66,3 +69,12 @@ def test_no_module_outgrows_the_house_and_the_controller_stays_short():
     long = {m: n for m, p in modules().items() if (n := len(p.read_text().splitlines())) > MODULE_LINES}
     assert long == {}
     assert len((PACKAGE / "trainer" / "opd_trainer.py").read_text().splitlines()) <= CONTROLLER_LINES
+
+
+def test_every_console_script_names_a_command_that_imports():
+    tomllib = pytest.importorskip("tomllib")
+    scripts = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["project"]["scripts"]
+    for name, target in scripts.items():
+        module, _, function = target.partition(":")
+        assert layer_of(module) == LAYERS.index("commands"), name
+        assert callable(getattr(importlib.import_module(module), function)), name
