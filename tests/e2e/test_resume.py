@@ -146,10 +146,11 @@ def test_the_refusal_is_one_line_on_the_command_line(stopped_run, tmp_path):
     assert result.stderr.strip().splitlines()[-1].startswith("miniverl: error: trainer.resume_from")
 
 
+HERE = Path(__file__).parent  # this module, imported by the child processes below
 KILL_SCRIPT = """
 import sys, time
 from pathlib import Path
-sys.path[:0] = [{root!r}, {tests!r}]
+sys.path[:0] = [{root!r}, {root!r} + "/tests", {tests!r}]  # conftest, and this test module
 from miniverl.utils import checkpoint
 real_fsync_dir = checkpoint._fsync_dir
 def slow_fsync_dir(path):
@@ -179,7 +180,8 @@ def sigkill_once_flagged(script: str, flag: Path) -> None:
 def test_a_process_killed_while_writing_a_checkpoint_leaves_the_previous_one_loadable(reference, tmp_path):
     run_dir, flag = tmp_path / "killed", tmp_path / "writing"
     sigkill_once_flagged(
-        KILL_SCRIPT.format(root=str(ROOT), tests=str(ROOT / "tests"), signal=str(flag), run_dir=str(run_dir)), flag
+        KILL_SCRIPT.format(root=str(ROOT), tests=str(HERE), signal=str(flag), run_dir=str(run_dir)),
+        flag,
     )
     assert [p.name for p in checkpoint.checkpoints_in(run_dir)] == ["update_1", "update_2"]
     assert (run_dir / "checkpoints" / ".update_3.tmp").is_dir()  # the torn write, invisible
@@ -313,7 +315,7 @@ def test_a_died_run_is_not_started_again_over_another_plan_a_report_or_a_checkpo
 HANG_BEFORE_CHECKPOINT = """
 import sys, time
 from pathlib import Path
-sys.path[:0] = [{root!r}, {tests!r}]
+sys.path[:0] = [{root!r}, {root!r} + "/tests", {tests!r}]  # conftest, and this test module
 from miniverl.utils import checkpoint
 def hang(*args, **kwargs):
     Path({signal!r}).write_text("update 1 done, no checkpoint yet")
@@ -327,9 +329,7 @@ run_in_process(Path({run_dir!r}))
 def test_the_same_command_restarts_a_run_killed_before_its_first_checkpoint(reference, tmp_path):
     run_dir, flag = tmp_path / "killed", tmp_path / "flag"
     sigkill_once_flagged(
-        HANG_BEFORE_CHECKPOINT.format(
-            root=str(ROOT), tests=str(ROOT / "tests"), signal=str(flag), run_dir=str(run_dir)
-        ),
+        HANG_BEFORE_CHECKPOINT.format(root=str(ROOT), tests=str(HERE), signal=str(flag), run_dir=str(run_dir)),
         flag,
     )
     assert (run_dir / "plan.json").is_file() and not checkpoint.checkpoints_in(run_dir)

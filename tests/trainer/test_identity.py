@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -31,7 +32,7 @@ def digests(overrides: list[str]) -> tuple[str, str]:
 
 SCRIPT = f"""
 import sys, json
-sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / "tests")!r}]
+sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / "tests")!r}, {str(Path(__file__).parent)!r}]
 from test_identity import digests, BASE
 print(json.dumps(digests(BASE)))
 """
