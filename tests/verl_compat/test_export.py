@@ -28,7 +28,7 @@ from miniverl import import_verl as import_command
 from miniverl.config import to_config
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import resolved_config, sha256_json
-from miniverl.verl_compat import import_verl
+from miniverl.verl_compat import import_verl, launch_reader
 from miniverl.verl_compat.defaults import DATACLASS_DEFAULTS_THAT_DIFFER, FIXED, LOSS, TEACHER, VERL_DEFAULTS
 from miniverl.verl_compat.export import config_fields, export, field_rule_digest, field_rules
 from miniverl.verl_compat.field_rules import RULES, STATUSES, rule_for, rule_table
@@ -649,7 +649,7 @@ python3 -m verl.trainer.main_ppo \
 def test_import_reads_a_verl_example_shaped_script(tmp_path, verl_root):
     script = tmp_path / "run_qwen3_opd.sh"
     script.write_text(VERL_SHAPED_SCRIPT)
-    lines = import_verl.read_overrides(script, env={"HOME": "/home/user", "TEACHER_TP": "4"})
+    lines = launch_reader.read_overrides(script, env={"HOME": "/home/user", "TEACHER_TP": "4"})
     compose_verl(verl_root, lines)  # the script's overrides are verl's
     assert "distillation.teacher_models.teacher_model.inference.max_model_len=1537" in lines
     assert "data.train_files=['/home/user/data/gsm8k/train.parquet']" in lines
