@@ -15,7 +15,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from miniverl.config import to_config
-from miniverl.utils.errors import MiniverlError, RunStopped
+from miniverl.utils.errors import MiniverlError, RunStopped, exit_code_of
 from miniverl.utils.identity import resolved_config
 from miniverl.utils.run_folder import ERROR_FILE
 
@@ -134,10 +134,9 @@ def main(cfg: DictConfig) -> None:
             (run_dir / ERROR_FILE).write_text(message + "\n")
             log.error("job failed: %s", message)
             return
-        if not isinstance(error, MiniverlError) or os.environ.get("HYDRA_FULL_ERROR") == "1":
+        if not isinstance(error, MiniverlError):
             raise
-        print(f"miniverl: error: {error}", file=sys.stderr)
-        sys.exit(getattr(error, "exit_code", 2))
+        sys.exit(exit_code_of(error))
 
 
 if __name__ == "__main__":

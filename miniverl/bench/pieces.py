@@ -62,7 +62,9 @@ def products_in_float32(s: Setup, hw) -> bool:
     """Whether miniverl's roles multiply half-precision layers in float32 here (cpu_gemm.py): the
     in-house baselines (naive scoring, bare forward+backward) then do too, so that they differ from
     miniverl's roles only in what they are meant to; the peers (generate, TRL) run as shipped."""
-    return hw.cpu_float32_gemm and s.device.type == "cpu"
+    from miniverl.models import cpu_gemm
+
+    return cpu_gemm.enabled_for(hw, s.device)
 
 
 def miniverl_workers(s: Setup, hw):

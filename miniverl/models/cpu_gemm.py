@@ -25,6 +25,11 @@ import torch
 HALF = (torch.bfloat16, torch.float16)
 
 
+def enabled_for(hardware, device: torch.device) -> bool:
+    """Whether a run's roles multiply this way: `hardware.cpu_float32_gemm` (a HardwareConfig), on the CPU."""
+    return hardware.cpu_float32_gemm and device.type == "cpu"
+
+
 def linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, float32_gemm: bool
 ) -> torch.Tensor:

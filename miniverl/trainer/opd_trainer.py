@@ -32,7 +32,7 @@ from miniverl.utils.measure import release_memory, seconds_since_start
 from miniverl.utils.run_folder import RunFolder, TensorBoardLogger
 from miniverl.utils.signals import deferred_signals
 from miniverl.workers.actor import NonFiniteLoss
-from miniverl.workers.factory import build_roles, products_in_float32
+from miniverl.workers.factory import build_roles
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +91,9 @@ class OPDTrainer:
         )
         hw = cfg.hardware
         self.tokenizer_vocab = len(self.tokenizer)
-        self.float32_gemm = products_in_float32(cfg, self.device)
         roles = build_roles(cfg, self.student, self.tokenizer, self.device, toy_paths.get("teacher"))
         self.rollout, self.teacher, self.actor = roles.rollout, roles.teacher, roles.actor
+        self.float32_gemm = self.rollout.float32_gemm  # every role's alike (models/cpu_gemm.py)
         if cfg.eval.every != -1:
             self.probe = ValidationProbe.from_config(cfg, self.tokenizer, self.rollout, self.teacher, self.student)
         self.downshift = Downshift.for_hardware(self.device, hw)

@@ -23,4 +23,4 @@ def exit_code_of(error: MiniverlError, prefix: str = "miniverl") -> int:
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         raise error
     print(f"{prefix}: error: {error}", file=sys.stderr)
-    return 2
+    return getattr(error, "exit_code", 2)  # a RunStopped carries its own

@@ -11,7 +11,7 @@ import torch
 from peft import PeftModel
 
 from miniverl.config import MiniverlConfig
-from miniverl.models import adapters
+from miniverl.models import adapters, cpu_gemm
 from miniverl.models import loading as models
 from miniverl.workers.actor import ActorWorker
 from miniverl.workers.rollout import RolloutWorker
@@ -31,7 +31,7 @@ def build_roles(
     hw, base = cfg.hardware, student.get_base_model()
     # Output rows past the tokenizer are padding: no role samples or scores them.
     vocab = len(tokenizer)
-    float32_gemm = products_in_float32(cfg, device)
+    float32_gemm = cpu_gemm.enabled_for(cfg.hardware, device)
     rollout = RolloutWorker(
         base,
         cfg.rollout,
@@ -59,11 +59,6 @@ def build_roles(
     return Roles(rollout, build_teacher(cfg, student, tokenizer, device, teacher_toy_path), actor)
 
 
-def products_in_float32(cfg: MiniverlConfig, device: torch.device) -> bool:
-    """Every role multiplies half-precision layers alike (models/cpu_gemm.py): float32 GEMMs on the CPU."""
-    return cfg.hardware.cpu_float32_gemm and device.type == "cpu"
-
-
 def build_teacher(
     cfg: MiniverlConfig, student: PeftModel, tokenizer, device: torch.device, toy_path: Path | None
 ) -> TeacherWorker:
@@ -71,7 +66,7 @@ def build_teacher(
         logprob_chunk=cfg.hardware.logprob_chunk,
         topk=cfg.estimator.topk if cfg.estimator.uses_topk else None,
         tokenizer_vocab=len(tokenizer),
-        float32_gemm=products_in_float32(cfg, device),
+        float32_gemm=cpu_gemm.enabled_for(cfg.hardware, device),
     )
     if cfg.teacher.mode == "standard":  # a separate frozen model
         source = models.source_of(cfg.teacher, toy_path)
