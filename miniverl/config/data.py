@@ -10,7 +10,7 @@ from typing import Any
 class DataConfig:
     # One path or a list of paths (verl: data.train_files). Relative paths are taken from the
     # directory the command runs in.
-    train_files: Any = "recipes/data/toy_prompts.parquet"
+    train_files: Any = "data/toy_prompts.parquet"
     # Held-out prompts for the distillation-progress measurement (verl: data.val_files); never trained on.
     val_files: Any = None
     prompt_key: str = "prompt"

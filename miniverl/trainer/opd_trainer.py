@@ -89,14 +89,11 @@ class OPDTrainer:
             self.device,
             lora_seed=derive_seed(cfg.trainer.seed, "lora"),
         )
-        hw = cfg.hardware
-        self.tokenizer_vocab = len(self.tokenizer)
         roles = build_roles(cfg, self.student, self.tokenizer, self.device, toy_paths.get("teacher"))
         self.rollout, self.teacher, self.actor = roles.rollout, roles.teacher, roles.actor
-        self.float32_gemm = self.rollout.float32_gemm  # every role's alike (models/cpu_gemm.py)
         if cfg.eval.every != -1:
             self.probe = ValidationProbe.from_config(cfg, self.tokenizer, self.rollout, self.teacher, self.student)
-        self.downshift = Downshift.for_hardware(self.device, hw)
+        self.downshift = Downshift.for_hardware(self.device, cfg.hardware)
         if self.resumed is not None:
             self.load_checkpoint(self.resumed)
         self.cold_startup_seconds = seconds_since_start()
@@ -225,10 +222,7 @@ class OPDTrainer:
 
     # ------------------------------------------------------------------ checkpoints
     def checkpoint_due(self, update: int) -> bool:
-        freq = self.cfg.trainer.save_freq
-        return update in (self.cfg.trainer.stop_after_updates, len(self.plan.updates)) or (
-            freq > 0 and update % freq == 0
-        )
+        return checkpoint.is_due(update, self.cfg.trainer, len(self.plan.updates))
 
     def ensure_checkpoint(self) -> None:
         """Checkpoint the last complete update unless that is already done."""

@@ -235,8 +235,8 @@ def check_self_test(trainer) -> Check:
         trainer.student.get_base_model(),
         logprob_chunk=trainer.cfg.hardware.logprob_chunk,
         topk=None,
-        tokenizer_vocab=trainer.tokenizer_vocab,
-        float32_gemm=trainer.float32_gemm,
+        tokenizer_vocab=len(trainer.tokenizer),
+        float32_gemm=trainer.rollout.float32_gemm,  # every role's alike (models/cpu_gemm.py)
     )
     batch = own.compute_teacher_log_prob(batch, trainer.cfg.hardware.update_chunk)
     mask = batch.response_mask
@@ -300,7 +300,7 @@ def check_nf4_gradients(trainer, source: models.Source) -> Check:
         return Check("PASS", "nf4-gradients", "the student is not quantized")
     if block.adapter:
         return Check("PASS", "nf4-gradients", "skipped: the student starts from an adapter")
-    twin = dequantized_twin(trainer.student.get_base_model(), source, block, trainer.float32_gemm)
+    twin = dequantized_twin(trainer.student.get_base_model(), source, block, trainer.rollout.float32_gemm)
     dense = models.wrap_student(twin, block, torch.device("cpu"), lora_seed=0)
     nf4 = trainer.student
     ids = torch.tensor([trainer.prompts.token_ids[0]], device=trainer.device)

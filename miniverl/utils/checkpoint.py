@@ -88,6 +88,13 @@ def save_checkpoint(
     return final
 
 
+def is_due(update: int, trainer, total_updates: int) -> bool:
+    """Whether a checkpoint follows `update`: every trainer.save_freq updates, at
+    trainer.stop_after_updates and after the last update."""
+    freq = trainer.save_freq
+    return update in (trainer.stop_after_updates, total_updates) or (freq > 0 and update % freq == 0)
+
+
 def prune(run_dir: Path, keep: int | None) -> None:
     """Delete all but the newest `keep` checkpoints of a run folder (None: keep every one)."""
     if keep is not None:

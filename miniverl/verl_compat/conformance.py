@@ -18,7 +18,8 @@ from typing import Any
 import torch
 
 from miniverl.config.estimator import EstimatorConfig
-from miniverl.workers.losses import distillation_loss, forward_kl_topk, forward_kl_topk_terms
+from miniverl.workers.losses import distillation_loss
+from miniverl.workers.topk_loss import forward_kl_topk, forward_kl_topk_terms
 
 # Relative tolerances. Estimator cases reproduce verl's float64 arithmetic closely; verl computed the
 # top-k KL in float32, so float64 runs can only agree with it to float32 precision.

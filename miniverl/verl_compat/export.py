@@ -78,7 +78,7 @@ def field_rules(cfg: DictConfig | MiniverlConfig | dict | None = None) -> list[d
         missing = [path for path in config_fields(cfg) if rule_for(path) is None]
         if missing:
             raise MiniverlError(
-                f"no verl field rule for {', '.join(missing)} (add one to miniverl/verl_compat/field_rules.py)"
+                f"no verl field rule for {', '.join(missing)} (add one to miniverl/verl_compat/field_rules/)"
             )
     return rule_table()["fields"]
 

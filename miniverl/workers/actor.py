@@ -27,7 +27,8 @@ from miniverl.config.estimator import EstimatorConfig
 from miniverl.models import cpu_gemm
 from miniverl.protocol import Batch
 from miniverl.workers.logprobs import response_log_probs, response_topk_terms
-from miniverl.workers.losses import combine_metrics, distillation_loss, topk_distillation_loss
+from miniverl.workers.losses import combine_metrics, distillation_loss
+from miniverl.workers.topk_loss import topk_distillation_loss
 
 
 class NonFiniteLoss(Exception):

@@ -33,7 +33,7 @@ from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
 from miniverl.protocol import Batch
-from miniverl.workers.losses import TopkTerms, forward_kl_topk_terms
+from miniverl.workers.topk_loss import TopkTerms, forward_kl_topk_terms
 
 MAX_CHUNK_ELEMENTS = 1 << 24  # logits per chunk at most (64 MiB in float32), whatever `chunk` says
 

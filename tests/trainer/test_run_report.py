@@ -206,7 +206,7 @@ def test_an_oom_in_the_held_out_probe_halves_its_rows_too(tmp_path, monkeypatch)
         tmp_path,
         "probe",
         "hardware.simulate_oom_above_rows=1",
-        "data.val_files=recipes/data/toy_prompts_heldout.parquet",
+        "data.val_files=data/toy_prompts_heldout.parquet",
         "eval.every=2",
     )
     assert report["status"] == "measured"

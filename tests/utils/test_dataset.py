@@ -51,9 +51,9 @@ def write_user_parquet(path):
 def test_shipped_toy_prompts_are_what_the_committed_script_makes(tmp_path):
     out = tmp_path / "toy.parquet"
     subprocess.run(
-        [sys.executable, str(ROOT / "recipes/data/make_toy_prompts.py"), str(out)], check=True, capture_output=True
+        [sys.executable, str(ROOT / "data/make_toy_prompts.py"), str(out)], check=True, capture_output=True
     )
-    shipped = pq.read_table(ROOT / "recipes/data/toy_prompts.parquet")
+    shipped = pq.read_table(ROOT / "data/toy_prompts.parquet")
     assert pq.read_table(out).to_pylist() == shipped.to_pylist()
     assert shipped.num_rows == 64
     assert set(shipped.column_names) == {"data_source", "prompt", "ability", "reward_model", "extra_info"}
@@ -82,7 +82,7 @@ def test_a_users_verl_parquet_runs_unchanged(tmp_path):
 
 def test_several_train_files_are_read_in_order(tmp_path):
     path = write_user_parquet(tmp_path / "mine.parquet")
-    config = to_config(compose_config([f"data.train_files=[{ROOT}/recipes/data/toy_prompts.parquet,{path}]"]))
+    config = to_config(compose_config([f"data.train_files=[{ROOT}/data/toy_prompts.parquet,{path}]"]))
     conversations = read_conversations(config.data)
     assert len(conversations.messages) == 64 + len(USER_ROWS)
     assert conversations.messages[64][0]["content"] == USER_ROWS[0][0][0][1]

@@ -85,7 +85,7 @@ EVERYTHING_CHANGED = [
     "rollout.temperature=0.8",
     "rollout.top_p=0.95",
     "rollout.top_k=50",
-    "data.val_files=[recipes/data/held_out.parquet]",
+    "data.val_files=[data/held_out.parquet]",
     "data.shuffle=true",
     "data.seed=7",
     "data.filter_overlong_prompts=true",
@@ -587,7 +587,7 @@ def test_export_import_export_is_a_fixed_point(tmp_path, variant):
         assert values["export.teacher_tensor_parallel_size"] == 4 and values["export.rollout_name"] == "sglang"
         assert values["data.apply_chat_template_kwargs.enable_thinking"] is False
         assert values["trainer.logger"] == ["console", "tensorboard"] and values["actor.optim.eps"] == 1e-6
-        assert values["data.val_files"] == [str(ROOT / "recipes/data/held_out.parquet")]
+        assert values["data.val_files"] == [str(ROOT / "data/held_out.parquet")]
 
 
 VERL_SHAPED_SCRIPT = r"""#!/usr/bin/env bash

@@ -157,7 +157,8 @@ def test_the_updates_own_old_log_probs_equal_a_separate_recompute_bitwise(scored
 def test_actor_gradients_equal_those_of_a_plain_full_forward(scored_batches, family):
     """The chunked, checkpointed log-prob path computes the same LoRA gradients as the textbook
     one: full logits from the PEFT model, log_softmax, gather."""
-    from miniverl.workers.losses import distillation_loss, forward_kl_topk
+    from miniverl.workers.losses import distillation_loss
+    from miniverl.workers.topk_loss import forward_kl_topk
 
     trainer, batch = scored_batches[family]
     actor, est = trainer.actor, trainer.actor.estimator

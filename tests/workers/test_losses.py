@@ -14,9 +14,9 @@ from miniverl.workers.losses import (
     batch_normalisers,
     combine_metrics,
     distillation_loss,
-    forward_kl_topk,
     kl_estimate,
 )
+from miniverl.workers.topk_loss import forward_kl_topk
 
 B, T, V, K = 8, 6, 13, 4
 

@@ -1,6 +1,6 @@
 """Write the 64 toy prompts (verl's parquet format) that toy runs train on, and 16 held-out ones.
 
-    python recipes/data/make_toy_prompts.py [OUT.parquet [HELDOUT.parquet]]
+    python data/make_toy_prompts.py [OUT.parquet [HELDOUT.parquet]]
 
 Deterministic: the same file on every machine with the same pyarrow. Rows follow verl's data
 preprocessing (e.g. examples/data_preprocess/gsm8k.py): `data_source`, `prompt` (a list of chat

@@ -1,0 +1,137 @@
+"""Field rules of the two models: `model` (the student) and `teacher`."""
+
+from __future__ import annotations
+
+from miniverl.verl_compat.defaults import MODEL, TEACHER
+from miniverl.verl_compat.field_rules.rule import (
+    TOY_FIELDS,
+    TOY_NOTE,
+    Rule,
+    mapped,
+    no_equivalent,
+    not_applicable,
+)
+
+MODEL_RULES: tuple[Rule, ...] = (
+    # ---- model: the student
+    mapped(
+        "model.model_id",
+        f"{MODEL}.path",
+        note="a hub id or a local folder (run_opd.sh: STUDENT_MODEL). model_id=toy has no verl equivalent: the "
+        "export is then a template and run_opd.sh refuses to start until STUDENT_MODEL names a real model",
+    ),
+    no_equivalent(
+        "model.revision",
+        "verl has no revision key and loads actor_rollout_ref.model.path at the hub's current "
+        "head: download the pinned revision (hf download ID --revision REV --local-dir DIR) and "
+        "set STUDENT_MODEL=DIR",
+    ),
+    mapped("model.tokenizer_id", f"{MODEL}.tokenizer_path", note="null: the model's own tokenizer"),
+    no_equivalent("model.tokenizer_revision", "verl has no tokenizer revision key (see model.revision)"),
+    mapped(
+        "model.trust_remote_code",
+        f"{MODEL}.trust_remote_code",
+        "data.trust_remote_code",
+        note="verl reads it twice: for the model and for the dataset's tokenizer",
+    ),
+    no_equivalent(
+        "model.dtype",
+        "verl's FSDP actor keeps float32 weights (actor.fsdp_config.model_dtype=fp32) and computes "
+        "in bfloat16 mixed precision; its rollout engine serves the student in bfloat16",
+    ),
+    not_applicable(
+        "model.attn_implementation",
+        "verl loads the actor with flash_attention_2 and removes padding "
+        "(model.use_remove_padding); the rollout engine picks its own kernels",
+    ),
+    no_equivalent(
+        "model.quantization",
+        "verl v0.8.0 has no 4-bit student: the FSDP actor trains the LoRA over the "
+        "full-precision base and the rollout serves it in bfloat16, so memory per GPU is "
+        "higher and log-probs differ slightly from NF4's",
+    ),
+    not_applicable("model.prepare_kbit_training", "only meaningful for a 4-bit base (see model.quantization)"),
+    mapped("model.gradient_checkpointing", f"{MODEL}.enable_gradient_checkpointing"),
+    Rule(
+        "model.lora.enabled",
+        "derived",
+        (f"{MODEL}.lora_rank",),
+        "enabled <=> lora_rank > 0",
+        "verl trains a LoRA when lora_rank > 0 (written from model.lora.r); miniverl trains LoRA adapters only",
+    ),
+    mapped("model.lora.r", f"{MODEL}.lora_rank", note="vLLM serves LoRA ranks up to 512"),
+    mapped("model.lora.alpha", f"{MODEL}.lora_alpha"),
+    Rule(
+        "model.lora.dropout",
+        "fixed_in_verl",
+        (),
+        "",
+        "verl's FSDP engine builds peft.LoraConfig without "
+        "lora_dropout (peft's default, 0.0); another value does not carry over",
+        0.0,
+    ),
+    mapped(
+        "model.lora.target_modules",
+        f"{MODEL}.target_modules",
+        transform="list of module names",
+        note="verl's default is all-linear",
+    ),
+    Rule("model.lora.bias", "fixed_in_verl", (), "", "verl's FSDP engine always uses bias='none'", "none"),
+    mapped(
+        "model.adapter",
+        f"{MODEL}.lora_adapter_path",
+        transform="absolute path",
+        note="a PEFT adapter folder to start from (null: a fresh LoRA); verl loads it with PeftModel.from_pretrained, "
+        "and lora_rank, lora_alpha and target_modules are then written from its adapter_config.json",
+    ),
+    *(not_applicable(f"model.toy.{k}", TOY_NOTE) for k in TOY_FIELDS),
+    # ---- teacher
+    mapped(
+        "teacher.mode",
+        "distillation.enabled",
+        f"{TEACHER}.model_path",
+        transform="standard: distillation.enabled=True, teacher_model.model_path=teacher.model_id; ref: "
+        "teacher_model.model_path=model.model_id; shared_base: refused",
+        note="verl serves the frozen teacher on vLLM/SGLang in its own GPU pool (distillation.nnodes x "
+        "distillation.n_gpus_per_node), never on the student's GPUs: ref becomes a second copy of the student's "
+        "base there; shared_base (an adapter on the student's base) has no verl equivalent, since verl's teacher "
+        "takes no adapter",
+    ),
+    mapped(
+        "teacher.model_id",
+        f"{TEACHER}.model_path",
+        note="run_opd.sh: TEACHER_MODEL; toy: see model.model_id; unused with teacher.mode=ref",
+    ),
+    no_equivalent(
+        "teacher.revision",
+        "verl has no revision key for the teacher: download the pinned revision and set TEACHER_MODEL to its folder",
+    ),
+    no_equivalent(
+        "teacher.tokenizer_id",
+        "verl feeds the student's token ids to the teacher (skip_tokenizer_init): the "
+        "teacher must share the student's tokenizer",
+    ),
+    no_equivalent("teacher.tokenizer_revision", "see teacher.tokenizer_id"),
+    no_equivalent(
+        "teacher.trust_remote_code",
+        "verl builds the teacher's model config without trust_remote_code: only "
+        "architectures transformers knows natively",
+    ),
+    mapped("teacher.dtype", f"{TEACHER}.inference.dtype", note="the inference engine's dtype (auto: its choice)"),
+    not_applicable("teacher.attn_implementation", "the teacher's inference engine picks its own kernels"),
+    no_equivalent(
+        "teacher.quantization",
+        "verl v0.8.0 wires no 4-bit teacher: it runs on vLLM/SGLang in teacher.dtype in "
+        "its own GPU pool, so teacher log-probs differ slightly from NF4's",
+    ),
+    no_equivalent(
+        "teacher.adapter",
+        "verl's teacher entry has no adapter key: merge the adapter into its base "
+        "(PeftModel.merge_and_unload, save_pretrained) and export teacher.mode=standard with "
+        "teacher.model_id=<merged folder>; the export refuses a teacher adapter",
+    ),
+    *(not_applicable(f"teacher.toy.{k}", TOY_NOTE) for k in TOY_FIELDS),
+    not_applicable("teacher.toy_teacher_seed", TOY_NOTE),
+    not_applicable("teacher.toy_pretrain_steps", TOY_NOTE),
+    not_applicable("teacher.toy_pretrain_lr", TOY_NOTE),
+)
