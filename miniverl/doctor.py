@@ -3,12 +3,14 @@
 Before hours of GPU time, check that the teacher and the student can be distilled at all: one line
 per check, PASS / WARN / FAIL with the reason (miniverl/trainer/preflight.py has what each checks);
 any FAIL makes the exit code 1. The training command (`miniverl.main`) runs the cheap ones (data,
-tokenizer, memory) first and stops on a FAIL.
+tokenizer, memory) first and stops on a FAIL. It writes nothing into outputs/: what the checks build
+goes to a temporary folder, or with `--out DIR` to DIR.
 """
 
 from __future__ import annotations
 
 import sys
+import tempfile
 from pathlib import Path
 
 import hydra
@@ -21,6 +23,7 @@ from miniverl.trainer.opd_trainer import OPDTrainer
 from miniverl.trainer.preflight import Check, cheap_checks, check_nf4_gradients, check_self_test, guarded
 from miniverl.utils.device import resolve_device
 from miniverl.utils.errors import MiniverlError, exit_code_of
+from miniverl.utils.hydra_entry import one_line_hydra_errors, run_as_main
 
 
 def run_checks(cfg: MiniverlConfig, run_dir: Path) -> list[Check]:
@@ -36,8 +39,9 @@ def run_checks(cfg: MiniverlConfig, run_dir: Path) -> list[Check]:
     return checks
 
 
+@one_line_hydra_errors
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def doctor_app(cfg: DictConfig) -> None:
     try:
         checks = run_checks(to_config(cfg), Path(HydraConfig.get().runtime.output_dir))
     except MiniverlError as error:
@@ -47,6 +51,30 @@ def main(cfg: DictConfig) -> None:
     failed = [c.name for c in checks if c.status == "FAIL"]
     print(f"doctor: {len(checks) - len(failed)}/{len(checks)} checks without FAIL")
     sys.exit(1 if failed else 0)
+
+
+def main() -> None:
+    """`--out DIR` keeps what the checks build (plan.json, toy models, Hydra's .hydra/) in DIR;
+    without it they go to a temporary folder that is removed, and outputs/ is left alone."""
+    argv = sys.argv[1:]
+    out = None
+    if "--out" in argv:
+        at = argv.index("--out")
+        if at + 1 >= len(argv):
+            sys.exit(exit_code_of(MiniverlError("--out needs a folder: python -m miniverl.doctor --out DIR ...")))
+        out = argv[at + 1]
+        del argv[at : at + 2]
+    with tempfile.TemporaryDirectory(prefix="miniverl-doctor-") as scratch:
+        folder = ["hydra.run.dir=" + (out or scratch)]
+        if out is None:  # nothing of Hydra's either: no .hydra/ and no doctor.log
+            folder += ["hydra.output_subdir=null", "hydra/job_logging=stdout"]
+        sys.argv = [sys.argv[0], *folder, *argv]
+        doctor_app()
+
+
+def cli() -> None:
+    """The console script: runs this module as `python -m miniverl.doctor` does."""
+    run_as_main("miniverl.doctor")
 
 
 if __name__ == "__main__":

@@ -11,10 +11,12 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from miniverl.utils.errors import MiniverlError, exit_code_of
+from miniverl.utils.hydra_entry import one_line_hydra_errors, run_as_main
 from miniverl.verl_compat.defaults import VERL_VERSION
 from miniverl.verl_compat.export import EXPORT_FOLDER, export
 
 
+@one_line_hydra_errors
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     try:
@@ -27,6 +29,11 @@ def main(cfg: DictConfig) -> None:
         f"verl v{VERL_VERSION} launch written to {result.folder} (run_opd.sh, overrides.txt, field_rules.json, "
         "README.md)"
     )
+
+
+def cli() -> None:
+    """The console script: runs this module as `python -m miniverl.export` does."""
+    run_as_main("miniverl.export")
 
 
 if __name__ == "__main__":

@@ -15,9 +15,10 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from miniverl.config import to_config
+from miniverl.trainer.console import closing_lines, start_lines
 from miniverl.utils.errors import MiniverlError, RunStopped, exit_code_of
+from miniverl.utils.hydra_entry import one_line_hydra_errors, run_as_main
 from miniverl.utils.identity import resolved_config
-from miniverl.utils.run_folder import ERROR_FILE
 
 log = logging.getLogger("miniverl")
 # A full disk, a read-only folder, no permission: the user's to fix, not a bug.
@@ -28,8 +29,7 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str] = ()) -> dict:
     """Validate, check, train and report; returns the report. `overrides` (the command line's)
     let the recipe's resume check run this same job again in fresh processes."""
     config = to_config(cfg)
-    # bitsandbytes logs a warning at import when the optional `kernels` package is absent.
-    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+    print(start_lines(config, run_dir), flush=True)  # at once: the imports below take seconds
     # Heavy imports (torch, transformers) after validation.
     from miniverl.trainer.opd_trainer import OPDTrainer
 
@@ -60,10 +60,10 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str] = ()) -> dict:
             f"update is checkpointed (resume with trainer.resume_from={run_dir}); report: "
             f"{run_dir / 'report.json'}"
         )
-    k = config.recipe.interrupt_after_updates
+    k = config.recipe.resume_check_after
     if k is not None and config.trainer.stop_after_updates is None and trainer.resumed is None:
         report = check_own_resume(trainer, run_dir, overrides, k)
-    print_summary(report, run_dir)
+    print(closing_lines(report, trainer.history, run_dir), flush=True)
     return report
 
 
@@ -74,7 +74,7 @@ def preflight(config) -> None:
 
     checks = cheap_checks(config, resolve_device(config.hardware))
     for check in checks:
-        if check.status != "PASS":
+        if check.status == "WARN":  # a FAIL is the error line below
             log.warning("pre-flight %s", check)
     failed = [f"{c.name}: {c.reason}" for c in checks if c.status == "FAIL"]
     if failed:
@@ -98,28 +98,7 @@ def check_own_resume(trainer, run_dir: Path, overrides, k: int) -> dict:
     return report
 
 
-def print_summary(report: dict, run_dir: Path) -> None:
-    """The closing table on the console: status, phases, throughputs, memory, resume, paths."""
-    m = report["measurements"]
-    seconds, rates = m["steady_state_median_seconds"], m["steady_state_median_throughput"]
-    rows = [
-        ("status", report["status"]),
-        *[
-            (f"{phase} (median s/update)", seconds.get(phase))
-            for phase in ("rollout", "teacher_scoring", "actor_update")
-        ],
-        *[(name.replace("_", " "), value) for name, value in rates.items()],
-        ("peak reserved GiB (CUDA)", m["peak_reserved_gib"]),
-        ("peak resident GiB (process)", m["peak_rss_gib"]),
-        ("batch downshifts", m["batch_downshifts"]),
-        ("resume", report["resume"]["status"]),
-        ("report", run_dir / "report.json"),
-        ("adapter", run_dir / "peft_adapter"),
-    ]
-    width = max(len(name) for name, _ in rows)
-    print("\n".join(f"  {name:<{width}}  {value}" for name, value in rows), flush=True)
-
-
+@one_line_hydra_errors
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
@@ -130,6 +109,8 @@ def main(cfg: DictConfig) -> None:
         if hydra_cfg.mode == RunMode.MULTIRUN and os.environ.get("HYDRA_FULL_ERROR") != "1":
             # Record why this job failed and let the sweep go on; the sweep-summary callback lists
             # it and makes the command exit non-zero at the end.
+            from miniverl.utils.run_folder import ERROR_FILE
+
             message = str(error) if isinstance(error, MiniverlError) else f"{type(error).__name__}: {error}"
             (run_dir / ERROR_FILE).write_text(message + "\n")
             log.error("job failed: %s", message)
@@ -137,6 +118,11 @@ def main(cfg: DictConfig) -> None:
         if not isinstance(error, MiniverlError):
             raise
         sys.exit(exit_code_of(error))
+
+
+def cli() -> None:
+    """The console script: runs this module as `python -m miniverl.main` does."""
+    run_as_main("miniverl.main")
 
 
 if __name__ == "__main__":

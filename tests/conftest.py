@@ -63,7 +63,8 @@ def toy_config():
     return lambda *extra: compose_config(["+recipe=opd_k1", *SHORT, *extra])
 
 
-# The command a user types, with the recipe's own exact-resume check on (stop after 1 of 3).
+# The README's quick start (tests/test_readme.py checks), shorter: the recipe's own exact-resume check
+# on (stop after 1 of 3).
 RECIPE_RUN = [
     "+recipe=opd_k1",
     "model=toy",
@@ -74,9 +75,9 @@ RECIPE_RUN = [
 ]
 
 
-def main(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
+def main(*args: str, cwd=ROOT, env: dict | None = None) -> subprocess.CompletedProcess:
     """`python -m miniverl.main ARGS` in a fresh process, offline, on the CPU."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "", **(env or {})}
     env.pop("HYDRA_FULL_ERROR", None)
     return subprocess.run(
         [sys.executable, "-m", "miniverl.main", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600
@@ -85,6 +86,7 @@ def main(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="session")
 def recipe_run(tmp_path_factory):
-    """(CompletedProcess, run folder) of one full toy recipe run from the command line."""
+    """(CompletedProcess, run folder) of one full toy recipe run from the command line: the README's
+    quick start with short settings, its warnings as errors (the resume check's children too)."""
     run_dir = tmp_path_factory.mktemp("cli") / "run"
-    return main(*RECIPE_RUN, f"hydra.run.dir={run_dir}"), run_dir
+    return main(*RECIPE_RUN, f"hydra.run.dir={run_dir}", env={"PYTHONWARNINGS": "error"}), run_dir

@@ -29,12 +29,34 @@ class RecipeConfig:
         for key in ("logical_batch", "optimizer_updates", "prompt_limit", "response_limit"):
             if getattr(self, key) < 1:
                 raise ValueError(f"recipe.{key} must be >= 1")
-        if self.interrupt_after_updates is not None and not 0 < self.interrupt_after_updates < self.optimizer_updates:
+        if self.interrupt_after_updates is not None and self.interrupt_after_updates < 1:
             raise ValueError(
-                f"recipe.interrupt_after_updates={self.interrupt_after_updates} must lie between 1 and "
-                f"recipe.optimizer_updates-1={self.optimizer_updates - 1} (or be null)"
+                f"recipe.interrupt_after_updates={self.interrupt_after_updates} must be >= 1 (or null: no resume check)"
             )
         if self.teacher_target not in TEACHER_TARGETS:
             raise ValueError(
                 f"recipe.teacher_target={self.teacher_target!r}; choose one of {', '.join(TEACHER_TARGETS)}"
             )
+
+    @property
+    def resume_check_after(self) -> int | None:
+        """The update the recipe's own resume check interrupts after: interrupt_after_updates when
+        it lies inside the run, else half the run (a run of fewer updates than the preset's); None
+        when it is off or the run has a single update."""
+        k, n = self.interrupt_after_updates, self.optimizer_updates
+        if k is None or n < 2:
+            return None
+        return k if k < n else n // 2
+
+    @property
+    def resume_check_note(self) -> str | None:
+        """One line on how the resume check departs from interrupt_after_updates (None: as set)."""
+        k, n = self.interrupt_after_updates, self.optimizer_updates
+        if k is None or k < n:
+            return None
+        if n < 2:
+            return f"resume check skipped: recipe.optimizer_updates={n} leaves no update to interrupt after"
+        return (
+            f"resume check after update {n // 2}: recipe.interrupt_after_updates={k} is not before "
+            f"recipe.optimizer_updates={n}"
+        )

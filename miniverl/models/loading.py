@@ -193,6 +193,7 @@ def load_student(block: StudentConfig, source: Source, device: torch.device, *, 
         return wrap_student(model, block, device, lora_seed)
 
 
+@quiet_loading()  # peft's and transformers' notices while wrapping, as while loading
 def wrap_student(model: PreTrainedModel, block: StudentConfig, device: torch.device, lora_seed: int) -> PeftModel:
     if block.quantization == "nf4" and block.prepare_kbit_training:
         # Casts the non-quantized parameters to float32 and enables gradient checkpointing.

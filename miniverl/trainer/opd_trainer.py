@@ -19,8 +19,10 @@ from tqdm import tqdm
 
 from miniverl.config import MiniverlConfig
 from miniverl.models import loading as models
+from miniverl.trainer.console import LOSS_KEY
 from miniverl.trainer.metrics import batch_metrics, console_line
 from miniverl.trainer.plan import Plan, UpdatePlan, compile_plan, derive_seed
+from miniverl.trainer.report_page import write_report_page
 from miniverl.trainer.run_report import RunFacts, build_report, device_facts, resume_block
 from miniverl.trainer.validation import ValidationProbe
 from miniverl.utils import checkpoint
@@ -126,17 +128,15 @@ class OPDTrainer:
     def train(self) -> str:
         """Runs the remaining updates; returns the run status: measured (every update done),
         interrupted or failed."""
+        progress = dict(disable=not self.cfg.trainer.progress_bar, dynamic_ncols=True, unit="update")
+        # Advanced after each update is logged, and closed before the closing table: a run that
+        # stops early or resumes shows where it stands.
+        with tqdm(desc="opd", initial=len(self.history), total=len(self.plan.updates), **progress) as bar:
+            return self.fit(bar)
+
+    def fit(self, bar) -> str:
         stop = self.cfg.trainer.stop_after_updates
         todo = self.plan.updates[len(self.history) :]
-        bar = tqdm(
-            todo,
-            desc="opd",
-            unit="update",
-            disable=not self.cfg.trainer.progress_bar,
-            dynamic_ncols=True,
-            initial=len(self.history),
-            total=len(self.plan.updates),
-        )
         if self.probe is not None and not self.history:
             try:
                 self.evaluate(0)
@@ -144,7 +144,7 @@ class OPDTrainer:
                 self.failure = {"update": 0, "reason": f"held-out probe before training: {error}"}
                 return "failed"
         with deferred_signals() as stop_request:
-            for update in bar:
+            for update in todo:
                 try:
                     metrics = self.fit_step(update)
                     if self.probe is not None and (
@@ -176,7 +176,8 @@ class OPDTrainer:
             self.out.append_metrics(metrics)
         if self.tensorboard is not None:
             self.tensorboard.log(metrics, update)
-        bar.set_postfix(loss=f"{metrics['actor/distillation/loss']:.4f}", resp=f"{metrics['response_length/mean']:.1f}")
+        bar.set_postfix(loss=f"{metrics[LOSS_KEY]:.4f}", resp=f"{metrics['response_length/mean']:.1f}", refresh=False)
+        bar.update(1)
         if "console" in self.cfg.trainer.logger and not self.cfg.trainer.progress_bar:
             log.info("update %d/%d %s", update, len(self.plan.updates), console_line(metrics))
 
@@ -281,6 +282,7 @@ class OPDTrainer:
         )
         report = build_report(self.cfg, self.plan, facts)
         self.out.write_json("report.json", report)
+        write_report_page(report, self.history, self.run_dir)  # report.md and curves.png beside it
         return report
 
     def release_models(self) -> None:
@@ -293,7 +295,5 @@ class OPDTrainer:
         release_memory(self.device, compiled=self.cfg.hardware.rollout_compile)
 
     def save_adapter(self) -> None:
-        self.student.save_pretrained(
-            str(self.out.path("peft_adapter")), safe_serialization=True, selected_adapters=["default"]
-        )  # not a shared_base teacher's
+        checkpoint.save_adapter(self.student, self.out.path("peft_adapter"))
         self.adapter_saved = True

@@ -120,6 +120,6 @@ def compile_plan(cfg: MiniverlConfig, prompts: PromptSet) -> Plan:
         settings={"miniverl_version": __version__, **experiment_settings(cfg)},
         input_parquet_sha256=prompts.parquet_sha256,
         prompts_available=len(prompts),
-        interrupt_after_updates=recipe.interrupt_after_updates,
+        interrupt_after_updates=recipe.resume_check_after,
         updates=tuple(updates),
     )

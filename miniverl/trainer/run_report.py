@@ -169,7 +169,7 @@ def build_report(cfg: MiniverlConfig, plan: Plan, facts: RunFacts) -> dict:
             "compiled_plan_sha256": plan.digest,
             "estimator": est.loss_mode,
             "input_parquet_sha256": plan.input_parquet_sha256,
-            "interrupt_after_updates": cfg.recipe.interrupt_after_updates,
+            "interrupt_after_updates": cfg.recipe.resume_check_after,
             "logical_batch": cfg.recipe.logical_batch,
             "optimizer_updates": cfg.recipe.optimizer_updates,
             "policy_loss": est.policy_loss_mode if est.use_policy_gradient else None,
@@ -211,7 +211,7 @@ def build_report(cfg: MiniverlConfig, plan: Plan, facts: RunFacts) -> dict:
             "trajectory_sha256": facts.trajectory_sha256,
         },
         "resource_contract": resource_contract(cfg, facts),
-        "resume": facts.resume,
+        "resume": {**facts.resume, "note": cfg.recipe.resume_check_note},
         # Additive to schema v1: held-out progress, [{"update": u, "value": v}, ...] from update 0.
         "distillation_progress": None
         if facts.distillation_progress is None

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
+from peft.utils.constants import EMBEDDING_LAYER_NAMES
 from safetensors.torch import load_file, save_file
 
 from miniverl import __version__
@@ -72,7 +73,9 @@ def save_checkpoint(
     tmp = root / f".{PREFIX}{update}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)  # a leftover of a crash mid-write
     tmp.mkdir()
-    adapter = {k: v.detach().cpu().contiguous() for k, v in get_peft_model_state_dict(student).items()}
+    embeddings = embeddings_targeted(student)
+    adapter = get_peft_model_state_dict(student, save_embedding_layers=embeddings)
+    adapter = {k: v.detach().cpu().contiguous() for k, v in adapter.items()}
     save_file(adapter, str(tmp / "adapter.safetensors"), metadata={"format": "pt"})
     tensors, metadata = optimizer_tensors(optimizer, param_names)
     save_file(tensors, str(tmp / "optimizer.safetensors"), metadata=metadata)
@@ -93,6 +96,25 @@ def is_due(update: int, trainer, total_updates: int) -> bool:
     trainer.stop_after_updates and after the last update."""
     freq = trainer.save_freq
     return update in (trainer.stop_after_updates, total_updates) or (freq > 0 and update % freq == 0)
+
+
+def embeddings_targeted(student: PeftModel) -> bool:
+    """Whether the LoRA adapter wraps an embedding or the output layer, whose weights peft then
+    saves whole. Given to peft explicitly: its "auto" asks the hub whether the vocabulary changed,
+    which in an offline run warns at every save."""
+    targets = student.peft_config["default"].target_modules or ()
+    return any(name in targets for name in EMBEDDING_LAYER_NAMES)
+
+
+def save_adapter(student: PeftModel, folder: Path) -> None:
+    """The trained student as a standard PEFT adapter folder (adapter_config.json and
+    adapter_model.safetensors), the default adapter only (not a shared_base teacher's)."""
+    student.save_pretrained(
+        str(folder),
+        safe_serialization=True,
+        selected_adapters=["default"],
+        save_embedding_layers=embeddings_targeted(student),
+    )
 
 
 def prune(run_dir: Path, keep: int | None) -> None:
@@ -176,7 +198,8 @@ def verify_checkpoint(path: str | Path, plan_digest: str) -> Checkpoint:
     if checkpoint.update >= len(state["history"]) and state.get("finished"):
         raise MiniverlError(
             f"{checkpoint.run_dir} already holds a finished run ({path.name} is its last update): "
-            "nothing is left to resume; choose another hydra.run.dir for a new run"
+            "nothing is left to resume; choose another hydra.run.dir for a new run, or replace this one "
+            "with trainer.overwrite=true"
         )
     for update, digest in enumerate(state["trajectory_digests"], start=1):
         source = trajectory_path(checkpoint.run_dir, update)

@@ -4,28 +4,24 @@ the identity of the code that drove the workload."""
 from __future__ import annotations
 
 import gc
-import os
 import resource
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import psutil
 import torch
 
+from miniverl import STARTED_AT
 from miniverl.utils.identity import sha256_file, sha256_json
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 
 
-def process_start() -> float:
-    """Wall-clock time (epoch seconds) at which this process was created, from the OS."""
-    return psutil.Process(os.getpid()).create_time()
-
-
 def seconds_since_start() -> float:
-    return time.time() - process_start()
+    """Seconds since the interpreter imported miniverl (`miniverl.STARTED_AT`): the clock of the
+    report's cold start and times to first rollout, teacher targets and update."""
+    return time.time() - STARTED_AT
 
 
 def peak_rss_gib() -> float:

@@ -38,6 +38,8 @@ RUN_OUTPUTS = (
     "toy_models",
     "resume_check",
     "tensorboard",
+    "report.md",
+    "curves.png",
     ERROR_FILE,
 )
 

@@ -114,10 +114,26 @@ def test_a_wrong_type_fails_at_composition():
         ("recipe.logical_batch=0", "recipe.logical_batch must be >= 1"),
         ("model.quantization=int3", "model.quantization='int3'"),
         ("hardware.device=tpu", "hardware.device='tpu'"),
-        ("recipe.interrupt_after_updates=8", "recipe.interrupt_after_updates=8"),
+        ("recipe.interrupt_after_updates=0", "recipe.interrupt_after_updates=0 must be >= 1"),
     ],
 )
 def test_a_refused_value_is_one_line_naming_the_key(override, message):
     with pytest.raises(MiniverlError) as info:
         to_config(compose_config(["+recipe=opd_k1", override]))
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "overrides,after,note",
+    [
+        ([], 4, None),
+        (["recipe.optimizer_updates=3"], 1, "resume check after update 1: recipe.interrupt_after_updates=4"),
+        (["recipe.optimizer_updates=4"], 2, "is not before recipe.optimizer_updates=4"),
+        (["recipe.optimizer_updates=1"], None, "resume check skipped: recipe.optimizer_updates=1"),
+        (["recipe.interrupt_after_updates=null"], None, None),
+    ],
+)
+def test_fewer_updates_than_the_preset_adapt_the_resume_check(overrides, after, note):
+    recipe = to_config(compose_config(["+recipe=opd_k1", *overrides])).recipe
+    assert recipe.resume_check_after == after
+    assert (recipe.resume_check_note is None) if note is None else note in recipe.resume_check_note

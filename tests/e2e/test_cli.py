@@ -25,6 +25,37 @@ def test_the_toy_recipe_runs_from_the_command_line(toy_run):
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 3
 
 
+def test_the_toy_recipe_prints_no_warning_with_warnings_as_errors(toy_run):
+    result, _ = toy_run
+    assert result.returncode == 0, result.stderr[-2000:]
+    # What is left on stderr: the progress bar and miniverl's own log lines, nothing else.
+    lines = [line for line in result.stderr.replace("\r", "\n").splitlines() if line.strip()]
+    others = [line for line in lines if not line.startswith("opd:") and "][miniverl" not in line]
+    assert others == [], others[:5]
+    assert not any("WARNING" in line or "Warning" in line for line in lines)
+
+
+def test_the_console_says_what_will_run_at_once_and_closes_in_words(toy_run):
+    result, run_dir = toy_run
+    out = result.stdout.splitlines()
+    assert out[0] == f"miniverl: run folder {run_dir}"
+    assert out[1].split()[0] == "student" and "LoRA r=16" in out[1] and out[3].startswith("  plan     3 updates x 4")
+    closing = out[out.index(next(line for line in out if line.strip().startswith("status"))) :]
+    text = "\n".join(closing)
+    assert "measured (3 of 3 updates)" in text and "(actor/distillation/loss at update 3)" in text
+    assert "s/update" in text and "tokens/s" in text and "GiB resident" in text and "downshifts       none" in text
+    assert "None" not in text and "{" not in text  # words and units, not Python reprs
+
+
+def test_every_run_folder_has_its_report_as_a_page_and_its_curves(toy_run):
+    _, run_dir = toy_run
+    page = (run_dir / "report.md").read_text()
+    assert page.startswith("# miniverl run: verl-opd-v0.8-single-gpu-pg-k1-v1") and "![curves](curves.png)" in page
+    final = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])["actor/distillation/loss"]
+    assert f"**{final:.5g}**" in page and "| `resume.status` |" not in page and "| `status` | exact_match |" in page
+    assert (run_dir / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_the_recipe_checks_its_own_exact_resume(toy_run):
     result, run_dir = toy_run
     resume = json.loads((run_dir / "report.json").read_text())["resume"]
@@ -50,13 +81,29 @@ def test_a_finished_run_folder_is_never_overwritten(toy_run):
     again = main(*TOY, f"hydra.run.dir={run_dir}")
     assert again.returncode == 2
     assert "already holds a finished run" in again.stderr and "Traceback" not in again.stderr
+    assert "trainer.overwrite=true" in again.stderr
     assert all(p.read_bytes() == data for p, data in before.items())
 
 
-def test_a_typo_fails_with_hydras_message():
-    result = main("+recipe=opd_k1", "model=toy", "teacher=toy", "recipe.logical_btch=2")
-    assert result.returncode != 0
-    assert "Could not override 'recipe.logical_btch'" in result.stderr
+@pytest.mark.parametrize(
+    "override,wording,fix",
+    [
+        ("recipe.logical_btch=2", "Could not override 'recipe.logical_btch'", "did you mean recipe.logical_batch?"),
+        ("model=tyo", "Could not find 'model/tyo'", "Available options in 'model': qwen3_0_6b, toy, toy_qwen3"),
+    ],
+)
+def test_a_composition_mistake_is_hydras_wording_in_one_line_and_exit_2(override, wording, fix):
+    result = main("+recipe=opd_k1", "model=toy", "teacher=toy", override)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()]
+    assert result.stderr.startswith("miniverl: error: ") and wording in result.stderr and fix in result.stderr
+
+
+def test_a_missing_parquet_is_one_line(tmp_path):
+    result = main(*TOY, "data.train_files=/nowhere/prompts.parquet", f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "data.train_files: /nowhere/prompts.parquet does not exist" in lines[0]
 
 
 def test_missing_weights_are_one_line_without_traceback(tmp_path):

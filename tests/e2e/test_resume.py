@@ -64,7 +64,7 @@ def reference(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("k", [1, 2, N - 1])
+@pytest.mark.parametrize("k", [1, N - 1])
 def test_stopped_after_k_and_resumed_in_a_fresh_process_equals_the_uninterrupted_run(reference, tmp_path, k):
     stopped = tmp_path / "stopped"
     report = run_in_process(stopped, f"trainer.stop_after_updates={k}")

@@ -50,9 +50,7 @@ def write_user_parquet(path):
 
 def test_shipped_toy_prompts_are_what_the_committed_script_makes(tmp_path):
     out = tmp_path / "toy.parquet"
-    subprocess.run(
-        [sys.executable, str(ROOT / "data/make_toy_prompts.py"), str(out)], check=True, capture_output=True
-    )
+    subprocess.run([sys.executable, str(ROOT / "data/make_toy_prompts.py"), str(out)], check=True, capture_output=True)
     shipped = pq.read_table(ROOT / "data/toy_prompts.parquet")
     assert pq.read_table(out).to_pylist() == shipped.to_pylist()
     assert shipped.num_rows == 64

@@ -1,0 +1,100 @@
+"""What a run says on the console: what will run, at once (before the heavy imports), and the
+closing table, in words and units. Imports nothing heavy: main prints the start lines before torch
+and transformers are loaded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from miniverl.config import MiniverlConfig
+
+# The distillation loss the closing table and the progress bar show (verl's metric name).
+LOSS_KEY = "actor/distillation/loss"
+
+
+def _model_line(block) -> str:
+    quantization = "NF4" if block.quantization == "nf4" else block.dtype
+    return f"{block.model_id} ({quantization})"
+
+
+def start_lines(cfg: MiniverlConfig, run_dir: Path) -> str:
+    """The run folder and what will run: the models, the updates, the loss and the device."""
+    recipe, est, lora = cfg.recipe, cfg.estimator, cfg.model.lora
+    student = f"{_model_line(cfg.model)} + LoRA r={lora.r} on {', '.join(lora.target_modules)}"
+    if cfg.model.adapter:
+        student = f"{_model_line(cfg.model)} + the adapter {cfg.model.adapter}"
+    teacher = _model_line(cfg.teacher) if cfg.teacher.mode == "standard" else f"teacher.mode={cfg.teacher.mode}"
+    update = "policy gradient" if est.use_policy_gradient else "direct"
+    device = "CUDA if present, else the CPU" if cfg.hardware.device == "auto" else cfg.hardware.device
+    resume = (
+        f"resume check after update {recipe.resume_check_after}"
+        if recipe.resume_check_after is not None and cfg.trainer.stop_after_updates is None
+        else "no resume check"
+    )
+    rows = [
+        ("student", student),
+        ("teacher", teacher),
+        (
+            "plan",
+            f"{recipe.optimizer_updates} updates x {recipe.logical_batch} prompts, responses up to "
+            f"{recipe.response_limit} tokens; estimator {est.loss_mode} ({update}, {est.loss_agg_mode})",
+        ),
+        ("device", f"{device} (hardware={cfg.hardware.name}); {resume}"),
+    ]
+    if recipe.resume_check_note:
+        rows.append(("note", recipe.resume_check_note))
+    return f"miniverl: run folder {run_dir}\n" + _table(rows)
+
+
+def _table(rows: list[tuple[str, str]]) -> str:
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"  {name:<{width}}  {value}" for name, value in rows)
+
+
+def _seconds_and_rate(seconds: float | None, rate: float | None, unit: str) -> str:
+    if seconds is None:
+        return "not measured"
+    return f"{seconds:.3g} s/update, {rate:.4g} {unit}/s" if rate is not None else f"{seconds:.3g} s/update"
+
+
+def closing_lines(report: dict, history: list[dict], run_dir: Path) -> str:
+    """The closing table: status, final loss, phases, memory, downshifts, resume and where it all is."""
+    m, resume = report["measurements"], report["resume"]
+    seconds, rates = m["steady_state_median_seconds"], m["steady_state_median_throughput"]
+    planned = report["recipe"]["optimizer_updates"]
+    loss = f"{history[-1][LOSS_KEY]:.4g} ({LOSS_KEY} at update {len(history)})" if history else "no update ran"
+    if m["peak_reserved_gib"] is not None:
+        memory = f"{m['peak_reserved_gib']:.2f} GiB reserved, {m['peak_allocated_gib']:.2f} GiB allocated (CUDA)"
+    else:
+        memory = f"{m['peak_rss_gib']:.2f} GiB resident (the process, CPU)"
+    shifts = {k: v for k, v in m["batch_downshifts"].items() if v}
+    checked = resume.get("status") in ("exact_match", "mismatch")
+    resume_text = {
+        "exact_match": "exact_match: stopped, resumed in a fresh process, byte-identical",
+        "not_checked": "not checked",
+        "resumed": f"resumed from {resume.get('resumed_from')}",
+    }.get(resume["status"], resume["status"])
+    if checked and resume.get("resumed_after_update"):
+        resume_text += f" (interrupted after update {resume['resumed_after_update']})"
+    rows = [
+        ("status", f"{report['status']} ({len(history)} of {planned} updates)"),
+        ("final loss", loss),
+        ("rollout", _seconds_and_rate(seconds.get("rollout"), rates.get("rollout_tokens_per_second"), "tokens")),
+        (
+            "teacher scoring",
+            _seconds_and_rate(
+                seconds.get("teacher_scoring"), rates.get("teacher_scored_positions_per_second"), "positions"
+            ),
+        ),
+        (
+            "actor update",
+            _seconds_and_rate(seconds.get("actor_update"), rates.get("update_positions_per_second"), "positions"),
+        ),
+        ("peak memory", memory),
+        ("downshifts", ", ".join(f"{k.replace('_oom', '')} {v}" for k, v in shifts.items()) or "none"),
+        ("resume", resume_text),
+        ("run folder", str(run_dir)),
+        ("read", "report.md (the report as a page), curves.png (loss, grad norm, length), report.json"),
+        ("adapter", f"{run_dir / 'peft_adapter'} (a standard PEFT adapter)"),
+    ]
+    return _table(rows)

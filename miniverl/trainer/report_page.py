@@ -1,0 +1,86 @@
+"""The report as people would rather read it: `report.md` (report.json as a page) and `curves.png`
+(distillation loss, grad norm, response length and, when measured, held-out KL over the updates),
+beside report.json in every run folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from miniverl.trainer.console import LOSS_KEY
+from miniverl.utils.run_folder import atomic_write
+from miniverl.utils.tables import flatten, format_value
+
+# (metric, axis label) of the curves, in verl's metric names.
+CURVES = (
+    (LOSS_KEY, "distillation loss"),
+    ("actor/grad_norm", "grad norm"),
+    ("response_length/mean", "response length (tokens)"),
+)
+# Sections of report.json shown as tables, in this order; the rest follow.
+SECTIONS = ("recipe", "measurements", "resume", "models", "hardware", "artifacts", "resource_contract")
+
+
+def _cell(value) -> str:
+    return format_value(value, null="—", digits=5).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown(report: dict, history: list[dict]) -> str:
+    recipe = report["recipe"]
+    lines = [
+        f"# miniverl run: {report['profile']}",
+        "",
+        f"Status **{report['status']}** after {len(history)} of {recipe['optimizer_updates']} updates; "
+        f"estimator `{recipe['estimator']}`; resume `{report['resume']['status']}`.",
+    ]
+    if history:
+        lines.append(f"Final distillation loss ({LOSS_KEY}): **{history[-1][LOSS_KEY]:.5g}**.")
+    if report.get("failure"):
+        lines.append(f"Failure: update {report['failure']['update']}: {report['failure']['reason']}")
+    lines += ["", "![curves](curves.png)", ""]
+    rest = [k for k, v in report.items() if isinstance(v, dict) and k not in SECTIONS]
+    for section in (*SECTIONS, *rest):
+        if not isinstance(report.get(section), dict):
+            continue
+        lines += [f"## {section}", "", "| field | value |", "|---|---|"]
+        lines += [f"| `{key}` | {_cell(value)} |" for key, value in flatten(report[section]).items()]
+        lines.append("")
+    top = {k: v for k, v in report.items() if not isinstance(v, dict)}
+    lines += ["## identity", "", "| field | value |", "|---|---|"]
+    lines += [f"| `{key}` | {_cell(value)} |" for key, value in top.items()]
+    return "\n".join(lines) + "\n"
+
+
+def plot_curves(report: dict, history: list[dict], path: Path) -> None:
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    progress = report.get("distillation_progress") or {}
+    held_out = [(key, progress[key]) for key in ("k1_mean", "exact_reverse_kl") if progress.get(key)]
+    panels = len(CURVES) + (1 if held_out else 0)
+    fig, axes = plt.subplots(1, panels, figsize=(3.6 * panels, 3.2), dpi=100, squeeze=False)
+    updates = range(1, len(history) + 1)
+    for ax, (key, label) in zip(axes[0], CURVES):
+        ax.plot(updates, [m.get(key) for m in history], marker="o", markersize=3)
+        ax.set_title(label, fontsize=10)
+    if held_out:
+        ax = axes[0][-1]
+        for key, points in held_out:
+            ax.plot([p["update"] for p in points], [p["value"] for p in points], marker="o", markersize=3, label=key)
+        ax.set_title("held-out KL (val/distillation)", fontsize=10)
+        ax.legend(fontsize=7)
+    for ax in axes[0]:
+        ax.set_xlabel("optimizer update")
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{report['profile']}: {report['status']}", fontsize=10)
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))
+    plt.close(fig)
+
+
+def write_report_page(report: dict, history: list[dict], run_dir: Path) -> None:
+    atomic_write(run_dir / "report.md", lambda tmp: tmp.write_text(markdown(report, history)))
+    plot_curves(report, history, run_dir / "curves.png")

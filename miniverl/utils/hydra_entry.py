@@ -1,0 +1,90 @@
+"""How miniverl's Hydra apps start and fail: Hydra's composition errors as one line, and the
+console scripts run as `python -m` runs them."""
+
+import difflib
+import functools
+import os
+import runpy
+import sys
+from collections.abc import Callable
+
+from miniverl.utils.errors import MiniverlError, exit_code_of
+
+
+def run_as_main(module: str) -> None:
+    """Run `module` as `python -m module` does: a console script (`miniverl`, `miniverl-doctor`, ...)
+    then finds conf/ as the command does (Hydra resolves config_path from the file of a __main__
+    module, but as a Python package for an imported one)."""
+    sys.modules.pop(module, None)  # the console script imported it to call this; run it afresh
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+# Lines of Hydra's composition messages that say nothing a user acts on: OmegaConf's node types,
+# and "To append ... use +key", which a typed schema refuses as well.
+_HYDRA_NOISE = ("To append to your config", "full_key:", "reference_type=", "object_type=")
+
+
+def hydra_error_line(error: Exception) -> str:
+    """Hydra's own wording of a composition error (and its OmegaConf cause) as one line, with the
+    fix: the closest key of the node for a misspelt key, the options of a group for a missing one."""
+    text = str(error)
+    cause = error.__cause__
+    if cause is not None and type(cause).__module__.startswith("omegaconf"):
+        text += "\n" + str(cause)
+    parts: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("Config search path"):
+            break  # Hydra's search path follows the options: where it looked, not what to do
+        if not line.strip() or line.strip().startswith(_HYDRA_NOISE):
+            continue
+        if line.startswith(("\t", "    ")) and parts and parts[-1].endswith(":"):
+            parts[-1] += " " + line.strip()  # the first option of a list
+        elif line.startswith(("\t", "    ")) and parts and ":" in parts[-1]:
+            parts[-1] += ", " + line.strip()
+        else:
+            parts.append(line.strip().rstrip("."))
+    message = "; ".join(parts)
+    key, node = getattr(cause, "key", None), getattr(cause, "parent_node", None)
+    if "not in" in message and key is not None and node is not None:
+        full_key = getattr(cause, "full_key", key)
+        close = difflib.get_close_matches(str(key), [str(k) for k in node.keys()], n=1)
+        prefix = full_key.rsplit(".", 1)[0] + "." if "." in full_key else ""
+        fix = f"did you mean {prefix}{close[0]}?" if close else "spell the key as `--cfg job` prints it"
+        message += f"; {fix}"
+    elif "could not be converted" in message:
+        message += "; give it a value of the type its schema in miniverl/config/ declares"
+    return message
+
+
+def one_line_hydra_errors(entry: Callable) -> Callable:
+    """Wrap a `@hydra.main` entry point so that Hydra's composition errors (an unknown key, a
+    value of the wrong type, a missing config option, an override it cannot parse), which are
+    user mistakes, end like every other one: one line on stderr, exit 2 (HYDRA_FULL_ERROR=1:
+    Hydra's own report)."""
+
+    @functools.wraps(entry)
+    def wrapped(*args, **kwargs):
+        from hydra._internal import utils as hydra_internal
+        from hydra.errors import CompactHydraException
+
+        original = hydra_internal.run_and_report
+
+        def run_and_report(func):
+            def guarded():
+                try:
+                    return func()
+                except CompactHydraException as error:
+                    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                        raise
+                    raise SystemExit(exit_code_of(MiniverlError(hydra_error_line(error)))) from None
+
+            return original(guarded)
+
+        # Hydra reports through this module-level helper; swapped only while the entry point runs.
+        hydra_internal.run_and_report = run_and_report
+        try:
+            return entry(*args, **kwargs)
+        finally:
+            hydra_internal.run_and_report = original
+
+    return wrapped

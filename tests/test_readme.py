@@ -1,0 +1,211 @@
+"""Every command block of the README runs as written, so the README cannot drift from the code.
+
+The shell blocks are read from README.md itself. Each command line is matched to one rule below: it
+runs (miniverl's commands in this process, with SHORT appended to training runs, as the README's
+"Overrides and sweeps" section says; the toy doctor in a fresh process with warnings as errors), or it
+is composed and validated without running (it needs the Qwen3 weights, a GPU, a cluster, or minutes
+of benchmark) — and says why. A command no rule matches fails the walk: add a rule.
+The quick start is the suite's `recipe_run` (tests/conftest.py), the README's command with its
+short settings; the Python blocks run against that run's folder.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import RECIPE_RUN, ROOT, compose_config
+
+README = ROOT / "README.md"
+# Appended to every training command the walk runs (the README says so under "Overrides and sweeps").
+SHORT = [
+    "recipe.optimizer_updates=4",
+    "recipe.logical_batch=1",
+    "recipe.response_limit=4",
+    "recipe.interrupt_after_updates=null",
+    "trainer.progress_bar=false",
+]
+
+
+def readme_blocks() -> list[tuple[int, str, list[str]]]:
+    """(line, language, lines) of every fenced block."""
+    blocks, lines, start, lang = [], README.read_text().splitlines(), None, ""
+    for number, line in enumerate(lines, start=1):
+        if line.startswith("```"):
+            if start is None:
+                start, lang, body = number, line[3:].strip(), []
+            else:
+                blocks.append((start, lang, body))
+                start = None
+        elif start is not None:
+            body.append(line)
+    return blocks
+
+
+def commands_of(body: list[str]) -> list[str]:
+    """The command lines of a shell block: continuations joined, comments dropped."""
+    out, pending = [], ""
+    for line in body:
+        line = pending + line.strip()
+        if line.endswith("\\"):
+            pending = line[:-1] + " "
+            continue
+        pending = ""
+        line = re.sub(r"\s+#.*$", "", line).strip()
+        if line and not line.startswith("#"):
+            out.append(line)
+    return out
+
+
+SHELL_BLOCKS = [(n, commands_of(body)) for n, lang, body in readme_blocks() if lang == "bash"]
+PYTHON_BLOCKS = [(n, "\n".join(body)) for n, lang, body in readme_blocks() if lang == "python"]
+
+# (pattern, what the walk does, why). "run": the command runs; "compose": its overrides are
+# composed and validated; "skip": not a miniverl command the suite can run here.
+RULES = [
+    (r"^python3 -m venv .* -e \. && .*miniverl\.main ", "quickstart", "the suite's recipe_run fixture"),
+    (r"^python3 -m venv .*pytest", "skip", "the test suite itself: .ci/run runs exactly this"),
+    (r"^hf download ", "skip", "downloads Qwen3 from the hub: no network here"),
+    (r"^pip install ", "skip", "installs an extra; the test extra has both launchers"),
+    (r"^bash outputs/.*/run_opd\.sh$", "bash -n", "needs verl v0.8.0, vLLM and GPUs: checked with bash -n"),
+    (r"hydra/launcher=slurm", "compose", "submits to a SLURM cluster"),
+    (r"hydra/launcher=parallel", "compose", "the sweep above in joblib's processes: composed, not run again"),
+    (r"^python -m miniverl\.bench ", "parse", "minutes of benchmark: tests/bench/ runs --scale toy"),
+    (r"^python -m miniverl\.main \+recipe=opd_k1( hardware=\S+)?$", "compose", "needs the Qwen3 weights"),
+    (r"^python -m miniverl\.(main|export|doctor|report|conformance|import_verl) ", "run", ""),
+]
+
+
+def rule_for(command: str) -> tuple[str, str]:
+    for pattern, action, why in RULES:
+        if re.search(pattern, command):
+            return action, why
+    raise AssertionError(f"README command without a rule in tests/test_readme.py: {command}")
+
+
+def test_every_readme_command_has_a_rule_and_the_quick_start_is_the_suites_recipe_run():
+    commands = [c for _, block in SHELL_BLOCKS for c in block]
+    assert len(commands) >= 25, "the README's command blocks were not found"
+    actions = [rule_for(c)[0] for c in commands]
+    assert actions.count("quickstart") == 1 and actions.count("run") >= 15
+    quick = next(c for c in commands if rule_for(c)[0] == "quickstart")
+    args = shlex.split(quick.split("miniverl.main", 1)[1])
+    assert RECIPE_RUN[: len(args)] == args, "conftest.RECIPE_RUN must begin with the quick start's overrides"
+
+
+class Walk:
+    """State shared by the blocks, in README order: the quick start's run and the folders made."""
+
+    def __init__(self, root: Path, quick_run: Path):
+        self.root, self.quick_run, self.count = root, quick_run, 0
+        self.export_dir: Path | None = None
+        self.repository_outputs = outputs_of_the_repository()  # what the doctor must leave as it is
+
+    def substitute(self, text: str) -> str:
+        text = text.replace("outputs/<run>", str(self.quick_run)).replace("outputs/<date>/<time>", str(self.quick_run))
+        text = text.replace("/path/to/your_verl.parquet", str(ROOT / "data/toy_prompts.parquet"))
+        text = text.replace("<partition>", "gpu")
+        return re.sub(r"(?<![\w/])outputs/", f"{self.root}/outputs/", text)
+
+    def fresh_dir(self) -> Path:
+        self.count += 1
+        return self.root / f"cmd{self.count}"
+
+
+@pytest.fixture(scope="module")
+def walk(recipe_run, tmp_path_factory):
+    result, run_dir = recipe_run
+    assert result.returncode == 0, result.stderr[-2000:]
+    return Walk(tmp_path_factory.mktemp("readme"), run_dir)
+
+
+def run_in_process(module: str, args: list[str], monkeypatch) -> None:
+    """A miniverl command as `python -m miniverl.<module> ARGS`, in this process."""
+    import importlib
+
+    from miniverl.utils.hydra_entry import run_as_main
+
+    if module in ("main", "export", "doctor"):  # Hydra apps: run as `python -m` runs them, reading sys.argv
+        monkeypatch.setattr(sys, "argv", [f"miniverl/{module}.py", *args])
+        try:
+            run_as_main(f"miniverl.{module}")
+        except SystemExit as stop:
+            assert stop.code in (0, None), f"python -m miniverl.{module} {' '.join(args)} exited {stop.code}"
+        return
+    entry = importlib.import_module(f"miniverl.{module}")
+    assert entry.main(args) == 0, f"python -m miniverl.{module} {' '.join(args)} failed"
+
+
+def run_command(command: str, walk: Walk, monkeypatch) -> None:
+    action, why = rule_for(command)
+    words = shlex.split(walk.substitute(command))
+    if action in ("skip", "quickstart"):
+        return
+    if action == "bash -n":
+        assert walk.export_dir is not None, "the export block must come before run_opd.sh"
+        subprocess.run(["bash", "-n", str(walk.export_dir / "verl" / "run_opd.sh")], check=True)
+        return
+    module, args = words[2].removeprefix("miniverl."), words[3:]
+    if action == "parse":
+        from miniverl.bench.cli import parse_args
+
+        parse_args(args)
+        return
+    # A sweep's overrides are composed at their first value (Hydra composes one job at a time).
+    overrides = [re.sub(r"^([^=\[]+=)([^,\[]+),.*$", r"\1\2", a) for a in args if a not in ("-m", "--multirun")]
+    if action == "compose":
+        from miniverl.config import to_config
+
+        hydra_overrides = [o for o in overrides if o.startswith(("hydra/", "hydra."))]
+        to_config(compose_config([o for o in overrides if o not in hydra_overrides]))
+        if hydra_overrides:
+            from hydra import compose, initialize_config_dir
+
+            with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+                compose("config", overrides=hydra_overrides, return_hydra_config=True)
+        return
+    if module in ("main", "export") and "--cfg" not in args:
+        where = walk.fresh_dir()
+        if not any(a.startswith("hydra.run.dir=") for a in args):
+            args = [*args, f"hydra.run.dir={where}", f"hydra.sweep.dir={where}"]
+        if module == "main":
+            args = [*args, *SHORT]
+        if module == "export":
+            walk.export_dir = Path(next(a for a in args if a.startswith("hydra.run.dir=")).split("=", 1)[1])
+    if module == "doctor" and "model=toy" in args:  # a fresh process, warnings as errors: no noise
+        env = {**os.environ, "PYTHONWARNINGS": "error", "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
+        result = subprocess.run(
+            [sys.executable, "-m", "miniverl.doctor", *args], capture_output=True, text=True, cwd=ROOT, env=env
+        )
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+        checks = [line.split()[:2] for line in result.stdout.splitlines() if line[:4] in ("PASS", "WARN", "FAIL")]
+        names = ["data:", "tokenizer:", "memory:", "self-test:", "nf4-gradients:"]
+        assert checks == [["PASS", name] for name in names], result.stdout
+        noise = [line for line in result.stderr.splitlines() if line.strip()]
+        assert noise == [], f"the doctor printed what a user cannot act on: {noise[:5]}"
+    else:
+        run_in_process(module, args, monkeypatch)
+    if module == "doctor":
+        assert outputs_of_the_repository() == walk.repository_outputs, "the doctor wrote into outputs/"
+
+
+def outputs_of_the_repository() -> set[Path]:
+    return set((ROOT / "outputs").rglob("*")) if (ROOT / "outputs").exists() else set()
+
+
+@pytest.mark.parametrize("line,commands", SHELL_BLOCKS, ids=[f"README:{n}" for n, _ in SHELL_BLOCKS])
+def test_the_readme_block_runs_as_written(line, commands, walk, monkeypatch):
+    for command in commands:
+        run_command(command, walk, monkeypatch)
+
+
+@pytest.mark.parametrize("line,code", PYTHON_BLOCKS, ids=[f"README:{n}" for n, _ in PYTHON_BLOCKS])
+def test_the_readme_python_block_runs_as_written(line, code, walk, monkeypatch):
+    monkeypatch.chdir(walk.root)  # what it saves lands in the walk's folder
+    exec(compile(walk.substitute(code), f"README.md:{line}", "exec"), {"__name__": "readme"})

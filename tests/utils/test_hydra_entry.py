@@ -1,0 +1,52 @@
+"""Hydra's composition errors as miniverl's one line: Hydra's wording kept, the noise dropped, the fix added."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from hydra.errors import ConfigCompositionException, OverrideParseException
+
+from miniverl.utils.hydra_entry import hydra_error_line
+
+from conftest import compose_config
+
+
+def _line_of(*overrides: str) -> str:
+    with pytest.raises((ConfigCompositionException, OverrideParseException)) as info:
+        compose_config(["+recipe=opd_k1", *overrides])
+    return hydra_error_line(info.value)
+
+
+def test_a_misspelt_key_names_the_closest_key_of_its_node():
+    line = _line_of("model.lora.rr=3")
+    assert line == "Could not override 'model.lora.rr'; Key 'rr' not in 'LoraSettings'; did you mean model.lora.r?"
+
+
+def test_an_unknown_top_level_key_points_at_the_composed_config():
+    assert _line_of("foo=3").endswith("Key 'foo' not in 'MiniverlConfig'; spell the key as `--cfg job` prints it")
+
+
+def test_a_wrong_type_keeps_hydras_wording_and_names_the_schema():
+    line = _line_of("recipe.logical_batch=four")
+    assert line.startswith("Error merging override recipe.logical_batch=four; Value 'four' of type 'str'")
+    assert "miniverl/config/" in line and "\n" not in line
+
+
+def test_a_missing_option_lists_the_groups_options_without_the_search_path():
+    line = _line_of("estimator=k9")
+    assert line.startswith("In 'config': Could not find 'estimator/k9'; Available options in 'estimator': abs, ")
+    assert "provider=" not in line and "\n" not in line
+
+
+@pytest.mark.parametrize("module", ["main", "doctor", "export"])
+def test_the_console_scripts_find_the_config_from_any_folder(module, tmp_path):
+    # `miniverl`, `miniverl-doctor`, `miniverl-export` import the module and call its cli().
+    code = f"import sys; sys.argv = ['miniverl', 'model=tyo']; from miniverl.{module} import cli; cli()"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == (
+        "miniverl: error: In 'config': Could not find 'model/tyo'; "
+        "Available options in 'model': qwen3_0_6b, toy, toy_qwen3"
+    )
