@@ -18,15 +18,18 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from miniverl.config import MiniverlConfig, to_config
-from miniverl.models import loading as models
-from miniverl.trainer.opd_trainer import OPDTrainer
-from miniverl.trainer.preflight import Check, cheap_checks, check_nf4_gradients, check_self_test, guarded
-from miniverl.utils.device import resolve_device
 from miniverl.utils.errors import MiniverlError, exit_code_of
 from miniverl.utils.hydra_entry import one_line_hydra_errors, run_as_main
 
 
-def run_checks(cfg: MiniverlConfig, run_dir: Path) -> list[Check]:
+def run_checks(cfg: MiniverlConfig, run_dir: Path) -> list:
+    """Every check, in order (trainer.preflight.Check each); the model checks only if the cheap pass."""
+    # Imported here, after the config composed: a mistake in it is reported without loading torch.
+    from miniverl.models import loading as models
+    from miniverl.trainer.opd_trainer import OPDTrainer
+    from miniverl.trainer.preflight import cheap_checks, check_nf4_gradients, check_self_test, guarded
+    from miniverl.utils.device import resolve_device
+
     device = resolve_device(cfg.hardware)
     checks = cheap_checks(cfg, device)
     if any(c.status == "FAIL" for c in checks):

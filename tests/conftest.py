@@ -90,3 +90,35 @@ def recipe_run(tmp_path_factory):
     quick start with short settings, its warnings as errors (the resume check's children too)."""
     run_dir = tmp_path_factory.mktemp("cli") / "run"
     return main(*RECIPE_RUN, f"hydra.run.dir={run_dir}", env={"PYTHONWARNINGS": "error"}), run_dir
+
+
+def run_as_command(module: str, *args: str) -> int:
+    """`python -m miniverl.<module> ARGS` in this process (its Hydra app reads sys.argv, and finds
+    conf/ as the command does); returns the exit status."""
+    from miniverl.utils.hydra_entry import run_as_main
+
+    saved, sys.argv = sys.argv, [f"miniverl/{module}.py", *args]
+    try:
+        run_as_main(f"miniverl.{module}")
+    except SystemExit as stop:
+        return stop.code if isinstance(stop.code, int) else int(stop.code is not None)
+    finally:
+        sys.argv = saved
+    return 0
+
+
+# The README's sweep (tests/test_readme.py checks), shorter.
+SWEEP_2X2 = ["+recipe=opd_k1", "model=toy", "teacher=toy", "estimator=k1,k3", "model.lora.r=8,16"]
+SHORT_SWEEP = ["recipe.optimizer_updates=2", "recipe.interrupt_after_updates=null", "recipe.response_limit=8"]
+
+
+def multirun(sweep_dir, *args: str) -> int:
+    """`python -m miniverl.main -m ARGS` (short toy jobs) into sweep_dir, in this process."""
+    return run_as_command("main", "-m", *args, *SHORT_SWEEP, f"hydra.sweep.dir={sweep_dir}")
+
+
+@pytest.fixture(scope="session")
+def sweep_2x2(tmp_path_factory):
+    """(exit status, sweep folder) of the README's 2x2 sweep on the toy."""
+    sweep_dir = tmp_path_factory.mktemp("sweep") / "s"
+    return multirun(sweep_dir, *SWEEP_2X2), sweep_dir

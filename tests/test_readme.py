@@ -2,7 +2,7 @@
 
 The shell blocks are read from README.md itself. Each command line is matched to one rule below: it
 runs (miniverl's commands in this process, with SHORT appended to training runs, as the README's
-"Overrides and sweeps" section says; the toy doctor in a fresh process with warnings as errors), or it
+"Overrides and sweeps" section says; the doctor with warnings as errors, its output checked), or it
 is composed and validated without running (it needs the Qwen3 weights, a GPU, a cluster, or minutes
 of benchmark) — and says why. A command no rule matches fails the walk: add a rule.
 The quick start is the suite's `recipe_run` (tests/conftest.py), the README's command with its
@@ -11,16 +11,15 @@ short settings; the Python blocks run against that run's folder.
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import subprocess
-import sys
+import warnings
 from pathlib import Path
 
 import pytest
 
-from conftest import RECIPE_RUN, ROOT, compose_config
+from conftest import RECIPE_RUN, ROOT, SWEEP_2X2, compose_config, run_as_command
 
 README = ROOT / "README.md"
 # Appended to every training command the walk runs (the README says so under "Overrides and sweeps").
@@ -76,6 +75,7 @@ RULES = [
     (r"^bash outputs/.*/run_opd\.sh$", "bash -n", "needs verl v0.8.0, vLLM and GPUs: checked with bash -n"),
     (r"hydra/launcher=slurm", "compose", "submits to a SLURM cluster"),
     (r"hydra/launcher=parallel", "compose", "the sweep above in joblib's processes: composed, not run again"),
+    (r"^python -m miniverl\.main -m \+recipe=opd_k1 model=toy teacher=toy estimator=", "sweep", "conftest's sweep_2x2"),
     (r"^python -m miniverl\.bench ", "parse", "minutes of benchmark: tests/bench/ runs --scale toy"),
     (r"^python -m miniverl\.main \+recipe=opd_k1( hardware=\S+)?$", "compose", "needs the Qwen3 weights"),
     (r"^python -m miniverl\.(main|export|doctor|report|conformance|import_verl) ", "run", ""),
@@ -125,24 +125,18 @@ def walk(recipe_run, tmp_path_factory):
     return Walk(tmp_path_factory.mktemp("readme"), run_dir)
 
 
-def run_in_process(module: str, args: list[str], monkeypatch) -> None:
+def run_in_process(module: str, args: list[str]) -> None:
     """A miniverl command as `python -m miniverl.<module> ARGS`, in this process."""
     import importlib
 
-    from miniverl.utils.hydra_entry import run_as_main
-
-    if module in ("main", "export", "doctor"):  # Hydra apps: run as `python -m` runs them, reading sys.argv
-        monkeypatch.setattr(sys, "argv", [f"miniverl/{module}.py", *args])
-        try:
-            run_as_main(f"miniverl.{module}")
-        except SystemExit as stop:
-            assert stop.code in (0, None), f"python -m miniverl.{module} {' '.join(args)} exited {stop.code}"
-        return
-    entry = importlib.import_module(f"miniverl.{module}")
-    assert entry.main(args) == 0, f"python -m miniverl.{module} {' '.join(args)} failed"
+    if module in ("main", "export", "doctor"):  # Hydra apps
+        status = run_as_command(module, *args)
+    else:
+        status = importlib.import_module(f"miniverl.{module}").main(args)
+    assert status == 0, f"python -m miniverl.{module} {' '.join(args)} exited {status}"
 
 
-def run_command(command: str, walk: Walk, monkeypatch) -> None:
+def run_command(command: str, walk: Walk, request, capfd) -> None:
     action, why = rule_for(command)
     words = shlex.split(walk.substitute(command))
     if action in ("skip", "quickstart"):
@@ -152,6 +146,10 @@ def run_command(command: str, walk: Walk, monkeypatch) -> None:
         subprocess.run(["bash", "-n", str(walk.export_dir / "verl" / "run_opd.sh")], check=True)
         return
     module, args = words[2].removeprefix("miniverl."), words[3:]
+    if action == "sweep":
+        assert args == ["-m", *SWEEP_2X2], "conftest.SWEEP_2X2 must be the README's sweep"
+        assert request.getfixturevalue("sweep_2x2")[0] == 0
+        return
     if action == "parse":
         from miniverl.bench.cli import parse_args
 
@@ -178,21 +176,21 @@ def run_command(command: str, walk: Walk, monkeypatch) -> None:
             args = [*args, *SHORT]
         if module == "export":
             walk.export_dir = Path(next(a for a in args if a.startswith("hydra.run.dir=")).split("=", 1)[1])
-    if module == "doctor" and "model=toy" in args:  # a fresh process, warnings as errors: no noise
-        env = {**os.environ, "PYTHONWARNINGS": "error", "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
-        result = subprocess.run(
-            [sys.executable, "-m", "miniverl.doctor", *args], capture_output=True, text=True, cwd=ROOT, env=env
-        )
-        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-        checks = [line.split()[:2] for line in result.stdout.splitlines() if line[:4] in ("PASS", "WARN", "FAIL")]
-        names = ["data:", "tokenizer:", "memory:", "self-test:", "nf4-gradients:"]
-        assert checks == [["PASS", name] for name in names], result.stdout
-        noise = [line for line in result.stderr.splitlines() if line.strip()]
-        assert noise == [], f"the doctor printed what a user cannot act on: {noise[:5]}"
-    else:
-        run_in_process(module, args, monkeypatch)
-    if module == "doctor":
-        assert outputs_of_the_repository() == walk.repository_outputs, "the doctor wrote into outputs/"
+    if module != "doctor":
+        run_in_process(module, args)
+        return
+    capfd.readouterr()  # only the doctor's own output below
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warnings as errors: nothing a user cannot act on
+        status = run_as_command("doctor", *args)
+    out, err = capfd.readouterr()
+    assert status == 0, out[-2000:] + err[-2000:]
+    checks = [line.split()[:2] for line in out.splitlines() if line[:4] in ("PASS", "WARN", "FAIL")]
+    names = ["data:", "tokenizer:", "memory:", "self-test:", "nf4-gradients:"]
+    assert checks == [["PASS", name] for name in names], out
+    noise = [line for line in err.splitlines() if line.strip()]
+    assert noise == [], f"the doctor printed what a user cannot act on: {noise[:5]}"
+    assert outputs_of_the_repository() == walk.repository_outputs, "the doctor wrote into outputs/"
 
 
 def outputs_of_the_repository() -> set[Path]:
@@ -200,9 +198,9 @@ def outputs_of_the_repository() -> set[Path]:
 
 
 @pytest.mark.parametrize("line,commands", SHELL_BLOCKS, ids=[f"README:{n}" for n, _ in SHELL_BLOCKS])
-def test_the_readme_block_runs_as_written(line, commands, walk, monkeypatch):
+def test_the_readme_block_runs_as_written(line, commands, walk, request, capfd):
     for command in commands:
-        run_command(command, walk, monkeypatch)
+        run_command(command, walk, request, capfd)
 
 
 @pytest.mark.parametrize("line,code", PYTHON_BLOCKS, ids=[f"README:{n}" for n, _ in PYTHON_BLOCKS])

@@ -128,6 +128,8 @@ def tokenize_prompts(source: Conversations, data: DataConfig, tokenizer, prompt_
         kept.rows.append(row)
         kept.messages.append(messages)
         kept.answers.append(source.answers[row])
+    if not kept.rows:  # the error alone, without the warning that would say the same first
+        raise MiniverlError(f"data: no prompt fits recipe.prompt_limit={prompt_limit}; raise it")
     if kept.dropped_overlong:
         log.warning(
             "data: dropped %d prompt(s) over recipe.prompt_limit=%d tokens (rows %s)",
@@ -135,8 +137,6 @@ def tokenize_prompts(source: Conversations, data: DataConfig, tokenizer, prompt_
             prompt_limit,
             kept.dropped_overlong[:10],
         )
-    if not kept.rows:
-        raise MiniverlError(f"data: no prompt fits recipe.prompt_limit={prompt_limit}")
     return kept
 
 

@@ -13,6 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from miniverl.config import to_config
+from miniverl.main import run
 from miniverl.models import cpu_gemm, precision, toy
 from miniverl.models import loading as models
 from miniverl.trainer import preflight
@@ -21,7 +22,7 @@ from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import resolved_config
 from miniverl.workers.teacher import TeacherWorker
 
-from conftest import compose_config, main
+from conftest import compose_config
 
 QWEN3 = [
     "+recipe=opd_k1",
@@ -94,7 +95,7 @@ def test_rollout_and_actor_log_probs_agree_within_the_bf16_tolerance(trainer, sc
     mask = scored.response_mask
     actor = trainer.actor.compute_log_prob(scored, rows_per_forward=4)
     own = TeacherWorker(
-        trainer.student.get_base_model(), logprob_chunk=64, topk=None, tokenizer_vocab=trainer.tokenizer_vocab
+        trainer.student.get_base_model(), logprob_chunk=64, topk=None, tokenizer_vocab=len(trainer.tokenizer)
     ).compute_teacher_log_prob(copy.copy(scored), 4)
     for other in (actor, own.teacher_logprobs):
         diff = (scored.rollout_log_probs - other) * mask
@@ -193,7 +194,7 @@ def test_a_teacher_padded_to_another_row_count_is_accepted_and_scores_the_same(t
 
 @pytest.mark.parametrize("float32_gemm", [True, False], ids=["cpu_float32_gemm", "bitsandbytes_products"])
 def test_the_doctor_passes_the_recipes_precision_and_fails_a_broken_nf4_path(trainer, monkeypatch, float32_gemm):
-    monkeypatch.setattr(trainer, "float32_gemm", float32_gemm)
+    monkeypatch.setattr(trainer.rollout, "float32_gemm", float32_gemm)
     source = models.source_of(trainer.cfg.model, trainer.run_dir / "toy_models" / "student")
     self_test = preflight.check_self_test(trainer)
     assert self_test.status == "PASS" and "bfloat16 compute" in self_test.reason
@@ -220,17 +221,17 @@ def test_the_memory_estimate_counts_the_tied_embedding_once_in_float32():
 
 
 @pytest.mark.slow
-def test_the_recipe_on_qwen3s_layout_runs_and_resumes_exactly_from_the_command_line(tmp_path):
-    result = main(
+def test_the_recipe_on_qwen3s_layout_resumes_exactly_in_fresh_processes(tmp_path):
+    # The recipe's own resume check: stopped and resumed in two fresh processes, compared byte for byte.
+    overrides = [
         "+recipe=opd_k1",
         "model=toy_qwen3",
         "teacher=toy_qwen3",
         "recipe.optimizer_updates=2",
         "recipe.interrupt_after_updates=1",
         "recipe.response_limit=6",
-        f"hydra.run.dir={tmp_path}/run",
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
+    ]
+    run(compose_config(overrides), tmp_path / "run", overrides)
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert report["resume"]["status"] == "exact_match", report["resume"]
     worst_allowed, _ = precision.log_prob_tolerance(torch.bfloat16)

@@ -5,38 +5,13 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 from hydra import compose, initialize_config_dir
 
 from miniverl import sweep_summary
 
-from conftest import CONF, ROOT
-
-SHORT_SWEEP = [
-    "+recipe=opd_k1",
-    "model=toy",
-    "teacher=toy",
-    "recipe.optimizer_updates=2",
-    "recipe.interrupt_after_updates=null",
-    "recipe.response_limit=8",
-]
-
-
-def multirun(sweep_dir, *args):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
-    env.pop("HYDRA_FULL_ERROR", None)
-    return subprocess.run(
-        [sys.executable, "-m", "miniverl.main", "-m", *SHORT_SWEEP, *args, f"hydra.sweep.dir={sweep_dir}"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        timeout=600,
-    )
+from conftest import CONF, multirun
 
 
 def read_csv(path):
@@ -44,16 +19,10 @@ def read_csv(path):
         return list(csv.DictReader(handle))
 
 
-@pytest.fixture(scope="module")
-def sweep_2x2(tmp_path_factory):
-    sweep_dir = tmp_path_factory.mktemp("sweep") / "s"
-    return multirun(sweep_dir, "estimator=k1,k3", "model.lora.r=8,16"), sweep_dir
-
-
 @pytest.mark.slow
 def test_a_2x2_sweep_leaves_four_reports_and_a_summary(sweep_2x2):
-    result, sweep_dir = sweep_2x2
-    assert result.returncode == 0, result.stderr[-2000:]
+    status, sweep_dir = sweep_2x2
+    assert status == 0
     reports = [json.loads((sweep_dir / str(i) / "report.json").read_text()) for i in range(4)]
     assert {(r["recipe"]["estimator"], r["models"]["student"]["lora"]["r"]) for r in reports} == {
         ("k1", 8),
@@ -94,11 +63,10 @@ def test_a_2x2_sweep_leaves_four_reports_and_a_summary(sweep_2x2):
 
 
 @pytest.mark.slow
-def test_a_failing_job_is_listed_and_the_others_finish(tmp_path):
+def test_a_failing_job_is_listed_and_the_others_finish(tmp_path, capfd):
     sweep_dir = tmp_path / "s"
-    result = multirun(sweep_dir, "recipe.logical_batch=4,0,2")
-    assert result.returncode == 1
-    assert "miniverl: error: sweep job(s) 1 failed" in result.stderr
+    assert multirun(sweep_dir, "+recipe=opd_k1", "model=toy", "teacher=toy", "recipe.logical_batch=4,0,2") == 1
+    assert "miniverl: error: sweep job(s) 1 failed" in capfd.readouterr().err
     rows = read_csv(sweep_dir / "sweep_summary.csv")
     assert [row["status"] for row in rows] == ["measured", "failed", "measured"]
     assert rows[1]["error"] == "recipe.logical_batch must be >= 1"

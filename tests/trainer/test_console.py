@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from conftest import SHORT, compose_config
 from miniverl.main import run
+
+from conftest import SHORT, compose_config
 
 
 def _bar_states(stderr: str) -> list[str]:

@@ -1,0 +1,37 @@
+"""Saving the adapter of an offline run: no hub look-up, no warning, the same files."""
+
+from __future__ import annotations
+
+import warnings
+
+from peft import LoraConfig, get_peft_model
+from safetensors.torch import load_file
+
+from miniverl.config.model import ToyArchitecture
+from miniverl.models import toy
+from miniverl.utils import checkpoint
+
+
+def _student(model_id: str):
+    tokenizer = toy.build_toy_tokenizer()
+    model = toy.build_toy_model(ToyArchitecture(), tokenizer, seed=0)
+    model.config.name_or_path = model.name_or_path = model_id  # as a hub model loaded offline names itself
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    return get_peft_model(model, lora)
+
+
+def test_an_offline_hub_base_saves_its_adapter_without_asking_the_hub(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    student = _student("Qwen/Qwen3-0.6B")  # not on disk: peft's "auto" would look it up and warn
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        checkpoint.save_adapter(student, tmp_path / "adapter")
+    saved = load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))
+    assert saved and all("lora_" in name for name in saved)  # the LoRA matrices only, no embedding
+
+
+def test_lora_on_the_output_layer_saves_it_whole():
+    student = _student("Qwen/Qwen3-0.6B")
+    assert not checkpoint.embeddings_targeted(student)
+    student.peft_config["default"].target_modules = {"q_proj", "lm_head"}
+    assert checkpoint.embeddings_targeted(student)
