@@ -7,7 +7,7 @@ import json
 import pytest
 
 from conftest import RECIPE_RUN as TOY
-from conftest import ROOT, main
+from conftest import ROOT, main, run_as_command
 
 
 @pytest.fixture
@@ -75,13 +75,13 @@ def test_the_recipe_checks_its_own_exact_resume(toy_run):
     assert (run_dir / "resume_check" / "interrupted" / "checkpoints" / "update_1").is_dir()
 
 
-def test_a_finished_run_folder_is_never_overwritten(toy_run):
+def test_a_finished_run_folder_is_never_overwritten(toy_run, capfd):
     _, run_dir = toy_run
     before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and ".hydra" not in p.parts}
-    again = main(*TOY, f"hydra.run.dir={run_dir}")
-    assert again.returncode == 2
-    assert "already holds a finished run" in again.stderr and "Traceback" not in again.stderr
-    assert "trainer.overwrite=true" in again.stderr
+    assert run_as_command("main", *TOY, f"hydra.run.dir={run_dir}") == 2
+    err = capfd.readouterr().err
+    assert "already holds a finished run" in err and "Traceback" not in err
+    assert "trainer.overwrite=true" in err
     assert all(p.read_bytes() == data for p, data in before.items())
 
 
@@ -99,19 +99,20 @@ def test_a_composition_mistake_is_hydras_wording_in_one_line_and_exit_2(override
     assert result.stderr.startswith("miniverl: error: ") and wording in result.stderr and fix in result.stderr
 
 
-def test_a_missing_parquet_is_one_line(tmp_path):
-    result = main(*TOY, "data.train_files=/nowhere/prompts.parquet", f"hydra.run.dir={tmp_path / 'run'}")
-    assert result.returncode == 2
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
+def test_a_missing_parquet_is_one_line(tmp_path, capfd):
+    status = run_as_command("main", *TOY, "data.train_files=/nowhere/prompts.parquet", f"hydra.run.dir={tmp_path}/r")
+    out, err = capfd.readouterr()
+    assert status == 2 and "WARNING" not in out + err  # no warning line saying the same first
+    lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and "data.train_files: /nowhere/prompts.parquet does not exist" in lines[0]
 
 
-def test_missing_weights_are_one_line_without_traceback(tmp_path):
-    result = main("+recipe=opd_k1", f"hydra.run.dir={tmp_path / 'run'}")
-    assert result.returncode == 2
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
+def test_missing_weights_are_one_line_without_traceback(tmp_path, capfd):
+    assert run_as_command("main", "+recipe=opd_k1", f"hydra.run.dir={tmp_path / 'run'}") == 2
+    err = capfd.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
     assert lines[-1].startswith("miniverl: error: model.model_id=Qwen/Qwen3-0.6B at revision c1899de")
-    assert "model=toy teacher=toy" in lines[-1] and "Traceback" not in result.stderr
+    assert "model=toy teacher=toy" in lines[-1] and "Traceback" not in err
 
 
 def test_a_combination_verl_refuses_is_one_line(tmp_path):

@@ -38,14 +38,10 @@ print(json.dumps(digests(BASE)))
 """
 
 
-def test_digests_are_the_same_in_two_fresh_processes():
-    runs = [
-        subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, cwd=ROOT, check=True)
-        for _ in range(2)
-    ]
-    first, second = (json.loads(r.stdout.strip().splitlines()[-1]) for r in runs)
-    assert first == second
-    assert tuple(first) == digests(BASE)  # and equal to this process's
+def test_digests_are_the_same_in_a_fresh_process():
+    # Another process has another hash seed and another import order: the digests must not notice.
+    fresh = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert tuple(json.loads(fresh.stdout.strip().splitlines()[-1])) == digests(BASE)
 
 
 @pytest.mark.parametrize(
