@@ -25,10 +25,8 @@ def main(cfg: DictConfig) -> None:
         sys.exit(exit_code_of(error))
     for warning in result.warnings:
         print(f"miniverl: warning: {warning}", file=sys.stderr)
-    print(
-        f"verl v{VERL_VERSION} launch written to {result.folder} (run_opd.sh, overrides.txt, field_rules.json, "
-        "README.md)"
-    )
+    files = ", ".join(sorted(path.name for path in result.folder.iterdir()))
+    print(f"verl v{VERL_VERSION} launch written to {result.folder} ({files})")
 
 
 def cli() -> None:
