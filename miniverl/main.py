@@ -55,9 +55,13 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str] = ()) -> dict:
             trainer.stopped_by,
         )
     if status == "failed":
+        kept = (
+            f"the last complete update is checkpointed (resume with trainer.resume_from={run_dir})"
+            if trainer.last_checkpoint
+            else "no update completed, so there is nothing to resume: run again once it is fixed"
+        )
         raise MiniverlError(
-            f"update {trainer.failure['update']} failed: {trainer.failure['reason']}; the last complete "
-            f"update is checkpointed (resume with trainer.resume_from={run_dir}); report: "
+            f"update {trainer.failure['update']} failed: {trainer.failure['reason']}; {kept}; report: "
             f"{run_dir / 'report.json'}"
         )
     k = config.recipe.resume_check_after

@@ -14,7 +14,8 @@ LOSS_KEY = "actor/distillation/loss"
 
 def _model_line(block) -> str:
     quantization = "NF4" if block.quantization == "nf4" else block.dtype
-    return f"{block.model_id} ({quantization})"
+    name = f"toy, {block.toy.tokenizer} tokenizer" if block.model_id == "toy" else block.model_id
+    return f"{name} ({quantization})"
 
 
 def start_lines(cfg: MiniverlConfig, run_dir: Path) -> str:
@@ -23,14 +24,18 @@ def start_lines(cfg: MiniverlConfig, run_dir: Path) -> str:
     student = f"{_model_line(cfg.model)} + LoRA r={lora.r} on {', '.join(lora.target_modules)}"
     if cfg.model.adapter:
         student = f"{_model_line(cfg.model)} + the adapter {cfg.model.adapter}"
-    teacher = _model_line(cfg.teacher) if cfg.teacher.mode == "standard" else f"teacher.mode={cfg.teacher.mode}"
+    teacher = _model_line(cfg.teacher)
+    if cfg.teacher.mode != "standard":  # the student's own base: see models/adapters.py
+        teacher = f"the student's base (teacher.mode={cfg.teacher.mode})"
     update = "policy gradient" if est.use_policy_gradient else "direct"
     device = "CUDA if present, else the CPU" if cfg.hardware.device == "auto" else cfg.hardware.device
-    resume = (
-        f"resume check after update {recipe.resume_check_after}"
-        if recipe.resume_check_after is not None and cfg.trainer.stop_after_updates is None
-        else "no resume check"
+    # main runs the check after a whole fresh run only: not when stopped early, nor when resuming
+    # (from trainer.resume_from, or from this folder's own checkpoints with resume_mode=auto).
+    resuming = bool(cfg.trainer.resume_from) or (
+        cfg.trainer.resume_mode != "disable" and not cfg.trainer.overwrite and any(run_dir.glob("checkpoints/update_*"))
     )
+    checked = recipe.resume_check_after is not None and cfg.trainer.stop_after_updates is None and not resuming
+    resume = f"resume check after update {recipe.resume_check_after}" if checked else "no resume check"
     rows = [
         ("student", student),
         ("teacher", teacher),
@@ -41,7 +46,7 @@ def start_lines(cfg: MiniverlConfig, run_dir: Path) -> str:
         ),
         ("device", f"{device} (hardware={cfg.hardware.name}); {resume}"),
     ]
-    if recipe.resume_check_note:
+    if checked and recipe.resume_check_note:
         rows.append(("note", recipe.resume_check_note))
     return f"miniverl: run folder {run_dir}\n" + _table(rows)
 
@@ -54,7 +59,13 @@ def _table(rows: list[tuple[str, str]]) -> str:
 def _seconds_and_rate(seconds: float | None, rate: float | None, unit: str) -> str:
     if seconds is None:
         return "not measured"
-    return f"{seconds:.3g} s/update, {rate:.4g} {unit}/s" if rate is not None else f"{seconds:.3g} s/update"
+    if rate is None:
+        return f"{seconds:.3g} s/update"
+    return (
+        f"{seconds:.3g} s/update, {rate:,.1f} {unit}/s"
+        if rate < 100
+        else f"{seconds:.3g} s/update, {rate:,.0f} {unit}/s"
+    )
 
 
 def closing_lines(report: dict, history: list[dict], run_dir: Path) -> str:
@@ -62,7 +73,9 @@ def closing_lines(report: dict, history: list[dict], run_dir: Path) -> str:
     m, resume = report["measurements"], report["resume"]
     seconds, rates = m["steady_state_median_seconds"], m["steady_state_median_throughput"]
     planned = report["recipe"]["optimizer_updates"]
-    loss = f"{history[-1][LOSS_KEY]:.4g} ({LOSS_KEY} at update {len(history)})" if history else "no update ran"
+    # A log-ratio of probabilities (nats), squared for mse/k2; with policy gradient the surrogate of it.
+    unit = "nats^2" if report["recipe"]["estimator"] in ("mse", "k2") else "nats"
+    loss = f"{history[-1][LOSS_KEY]:.4g} {unit} ({LOSS_KEY} at update {len(history)})" if history else "no update ran"
     if m["peak_reserved_gib"] is not None:
         memory = f"{m['peak_reserved_gib']:.2f} GiB reserved, {m['peak_allocated_gib']:.2f} GiB allocated (CUDA)"
     else:

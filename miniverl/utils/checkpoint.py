@@ -172,7 +172,7 @@ def verify_checkpoint(path: str | Path, plan_digest: str) -> Checkpoint:
     """Every check a resume needs, reading only: files present, hashes right, same plan, and the
     earlier trajectory files of its run present and intact."""
     path = resolve_checkpoint(path)
-    where = f"trainer.resume_from: checkpoint {path}"
+    where = f"checkpoint {path}"  # trainer.resume_from's, or this folder's own (trainer.resume_mode=auto)
     missing = [name for name in (*TENSOR_FILES, STATE_FILE) if not (path / name).is_file()]
     if missing:
         raise MiniverlError(f"{where} is incomplete: missing {', '.join(missing)}; resume from an earlier checkpoint")
@@ -192,7 +192,8 @@ def verify_checkpoint(path: str | Path, plan_digest: str) -> Checkpoint:
     if state.get("compiled_plan_sha256") != plan_digest:
         raise MiniverlError(
             f"{where} belongs to another plan (compiled_plan_sha256 {state.get('compiled_plan_sha256')}"
-            f" != {plan_digest}): resume with the overrides of the run that wrote it"
+            f" != {plan_digest}): resume with the overrides of the run that wrote it, or for a new run choose "
+            "another hydra.run.dir (or replace that run with trainer.overwrite=true)"
         )
     checkpoint = Checkpoint(path, state)
     if checkpoint.update >= len(state["history"]) and state.get("finished"):

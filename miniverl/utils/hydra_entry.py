@@ -7,6 +7,10 @@ import os
 import runpy
 import sys
 from collections.abc import Callable
+from pathlib import Path
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from miniverl.utils.errors import MiniverlError, exit_code_of
 
@@ -88,3 +92,20 @@ def one_line_hydra_errors(entry: Callable) -> Callable:
             hydra_internal.run_and_report = original
 
     return wrapped
+
+
+class KeepEarlierRunRecord(Callback):
+    """Hydra rewrites <run dir>/.hydra/ (config, overrides) before the job starts. In a folder that
+    already holds a run, which miniverl then resumes in place or refuses, that record is the earlier
+    run's: this job writes none, so a refused command changes nothing there. With
+    trainer.overwrite=true the new run replaces the old one, record included."""
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        run_dir = Path(config.hydra.run.dir)
+        if not (run_dir / ".hydra").is_dir() or OmegaConf.select(config, "trainer.overwrite"):
+            return
+        from miniverl.utils.run_folder import FINISHED_MARKERS  # torch and peft: only in this case
+
+        if any((run_dir / name).exists() for name in FINISHED_MARKERS):
+            with read_write(config.hydra), open_dict(config.hydra):
+                config.hydra.output_subdir = None

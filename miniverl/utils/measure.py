@@ -25,7 +25,15 @@ def seconds_since_start() -> float:
 
 
 def peak_rss_gib() -> float:
-    """Peak resident memory of this process (the CPU's counterpart of CUDA's peak reserved)."""
+    """Peak resident memory of this process (the CPU's counterpart of CUDA's peak reserved). On
+    Linux, VmHWM: the high-water mark of this program's memory, which starts afresh at exec (the
+    rusage maximum would carry the parent's peak into the resume check's children)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 2**20, 4)  # kB
+    except OSError:
+        pass
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     scale = 1 if sys.platform == "darwin" else 1024  # macOS reports bytes, Linux KiB
     return round(peak_kib * scale / 2**30, 4)

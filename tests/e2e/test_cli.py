@@ -42,7 +42,7 @@ def test_the_console_says_what_will_run_at_once_and_closes_in_words(toy_run):
     assert out[1].split()[0] == "student" and "LoRA r=16" in out[1] and out[3].startswith("  plan     3 updates x 4")
     closing = out[out.index(next(line for line in out if line.strip().startswith("status"))) :]
     text = "\n".join(closing)
-    assert "measured (3 of 3 updates)" in text and "(actor/distillation/loss at update 3)" in text
+    assert "measured (3 of 3 updates)" in text and " nats (actor/distillation/loss at update 3)" in text
     assert "s/update" in text and "tokens/s" in text and "GiB resident" in text and "downshifts       none" in text
     assert "None" not in text and "{" not in text  # words and units, not Python reprs
 

@@ -1,8 +1,13 @@
-"""The console: the progress bar shows where a run stands when it stops early and when it resumes."""
+"""The console: the start lines say what will run, and the progress bar where a run stands when it
+stops early and when it resumes."""
 
 from __future__ import annotations
 
+import pytest
+
+from miniverl.config import to_config
 from miniverl.main import run
+from miniverl.trainer.console import start_lines
 
 from conftest import SHORT, compose_config
 
@@ -20,3 +25,22 @@ def test_the_bar_stops_where_the_run_stopped_and_a_resume_starts_there(tmp_path,
     run(compose_config([*args, f"trainer.resume_from={stopped}"]), tmp_path / "resumed")
     states = _bar_states(capsys.readouterr().err)
     assert states[0] == "2/4" and states[-1] == "4/4"
+
+
+@pytest.mark.parametrize(
+    "extra,resume_line",
+    [
+        ([], "resume check after update 1"),
+        (["trainer.stop_after_updates=2"], "no resume check"),
+        (["trainer.resume_from=/some/run"], "no resume check"),
+    ],
+)
+def test_the_start_lines_say_whether_the_resume_check_will_run(tmp_path, extra, resume_line):
+    config = to_config(
+        compose_config(["+recipe=opd_k1", "model=toy", "teacher=toy", "recipe.optimizer_updates=3", *extra])
+    )
+    text = start_lines(config, tmp_path / "run")
+    assert text.splitlines()[0] == f"miniverl: run folder {tmp_path / 'run'}"
+    assert resume_line in text
+    # The note on the moved check only where the check runs.
+    assert ("note     resume check after update 1" in text) == (resume_line != "no resume check")
