@@ -14,7 +14,7 @@ from miniverl.models import toy
 from miniverl.trainer import preflight
 from miniverl.utils.errors import MiniverlError
 
-from conftest import SHORT, compose_config
+from conftest import SHORT, compose_config, run_as_command
 
 BASE = ["+recipe=opd_k1", "model=toy", "teacher=toy"]
 
@@ -147,3 +147,13 @@ def test_the_toy_distill_recipe_moves_the_student_toward_the_teacher(tmp_path):
     )
     before, after = (p["value"] for p in report["distillation_progress"]["exact_reverse_kl"])
     assert after < 0.7 * before  # measured: 2.23 -> 0.88
+
+
+def test_the_doctor_says_which_checks_a_cheap_fail_left_out(capfd):
+    status = run_as_command("doctor", *BASE, "data.train_files=/nowhere/prompts.parquet")
+    last = capfd.readouterr().out.strip().splitlines()[-1]
+    assert status == 1
+    assert (
+        last
+        == "doctor: 2/3 checks without FAIL; not run after the FAIL: self-test, nf4-gradients (they load the models)"
+    )
