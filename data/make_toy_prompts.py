@@ -1,6 +1,7 @@
-"""Write the 64 toy prompts (verl's parquet format) that toy runs train on, and 16 held-out ones.
+"""Write the 64 toy prompts (verl's parquet format) that toy runs train on, and 16 held-out ones;
+and the digit-sum task of the task-reward toy recipe (64 + 16 prompts whose answer is one digit).
 
-    python data/make_toy_prompts.py [OUT.parquet [HELDOUT.parquet]]
+    python data/make_toy_prompts.py [OUT.parquet [HELDOUT.parquet]]   # digit sums: beside them
 
 Deterministic: the same file on every machine with the same pyarrow. Rows follow verl's data
 preprocessing (e.g. examples/data_preprocess/gsm8k.py): `data_source`, `prompt` (a list of chat
@@ -20,6 +21,7 @@ N_PROMPTS = 64
 SEED = 20260829
 N_HELDOUT = 16
 HELDOUT_SEED = 20261129
+DIGIT_SEED, DIGIT_HELDOUT_SEED = 20261201, 20261202
 TEMPLATES = (
     ("What is {a} + {b}?", lambda a, b: a + b),
     ("What is {a} - {b}?", lambda a, b: a - b),
@@ -46,6 +48,26 @@ def make_rows(n: int = N_PROMPTS, seed: int = SEED, split: str = "train") -> lis
     return rows
 
 
+def make_digit_rows(n: int = N_PROMPTS, seed: int = DIGIT_SEED, split: str = "train") -> list[dict]:
+    """`What is a + b?` with a + b <= 9: an answer a 2-layer toy can sample by chance, so that the
+    task reward (the last number of the response equals the sum) is earned from the first update."""
+    rng = random.Random(seed)
+    rows = []
+    for index in range(n):
+        a = rng.randint(0, 9)
+        b = rng.randint(0, 9 - a)
+        rows.append(
+            {
+                "data_source": "miniverl/toy_arithmetic",
+                "prompt": [{"role": "user", "content": f"What is {a} + {b}? Answer with one digit."}],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": str(a + b)},
+                "extra_info": {"split": split, "index": index},
+            }
+        )
+    return rows
+
+
 def write(path: Path, rows: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows), path)
@@ -56,4 +78,8 @@ if __name__ == "__main__":
     heldout = Path(sys.argv[2]) if len(sys.argv) > 2 else Path(__file__).with_name("toy_prompts_heldout.parquet")
     write(out, make_rows())
     write(heldout, make_rows(N_HELDOUT, HELDOUT_SEED, split="test"))
+    digits, digits_heldout = out.with_name("toy_digit_sums.parquet"), out.with_name("toy_digit_sums_heldout.parquet")
+    write(digits, make_digit_rows())
+    write(digits_heldout, make_digit_rows(N_HELDOUT, DIGIT_HELDOUT_SEED, split="test"))
     print(f"wrote {N_PROMPTS} prompts to {out} and {N_HELDOUT} held-out prompts to {heldout}")
+    print(f"wrote {N_PROMPTS} digit sums to {digits} and {N_HELDOUT} held-out ones to {digits_heldout}")

@@ -1,5 +1,6 @@
 """`python -m miniverl.conformance FILE [--dtype float64|float32] [--rtol R]`: miniverl's losses
-against golden vectors computed by verl v0.8.0's own functions (miniverl/verl_compat/conformance.py
+(and its task advantages and rewards) against golden vectors computed by verl v0.8.0's own functions
+(miniverl/verl_compat/conformance.py
 says what is checked; exit 0 when everything matches, 1 on a mismatch, 2 when FILE cannot be read)."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from miniverl.verl_compat.conformance import (
     check_warned,
     describe,
     describe_config,
+    rtol_kind,
 )
 
 
@@ -51,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     n_match = 0
     for i, case in enumerate(cases):
         kind = case.get("kind") if isinstance(case, dict) else None
-        rtol = args.rtol if args.rtol is not None else DEFAULT_RTOL[args.dtype].get(kind, 1e-9)
+        rtol = args.rtol if args.rtol is not None else DEFAULT_RTOL[args.dtype].get(rtol_kind(kind), 1e-9)
         if isinstance(case, dict):
             label, problems = describe(case), check_case(case, dtype, rtol, SCALE_FLOOR[args.dtype])
         else:

@@ -17,10 +17,18 @@ response of the logical batch), L = P + R.
     teacher_ids        (B, R, k) long  their token ids                          [teacher, top-k only]
     old_log_probs      (B, R)  float32  log pi_old(y_t), from the update's own forward [actor]
     advantages         (B, R)  float32  -(distillation loss), clamped: the PG advantage  [actor, PG only]
+    token_level_scores (B, R)  float32  the task reward, at each sample's last response token [reward]
+    task_advantages    (B, R)  float32  GRPO / RLOO advantage of the task reward, on every response
+                                        token                                     [advantage]
 
 verl's batch carries the teacher's output as `teacher_logprobs`/`teacher_ids` with a last
 dimension of k (1 for the single-sample estimators); miniverl keeps the sampled token's
 log-prob as a (B, R) `teacher_logprobs` in every mode and the top-k in `teacher_topk_logprobs`.
+verl's `advantages` column is the task advantages, miniverl's `task_advantages`; miniverl's
+`advantages` is the distillation policy gradient's (kept under that name since the first
+release, so pure-distillation trajectories keep their bytes). verl's `token_level_rewards`
+equal `token_level_scores` here (no KL in the reward): they are not stored twice.
+With `rollout.n` > 1 a prompt's samples are adjacent rows (verl's interleaved repeat).
 
 Position t of every (B, R) tensor is about response token t given everything before it.
 """
@@ -47,6 +55,8 @@ class Batch:
     teacher_ids: torch.Tensor | None = None
     old_log_probs: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
+    token_level_scores: torch.Tensor | None = None
+    task_advantages: torch.Tensor | None = None
 
     @property
     def prompt_length(self) -> int:

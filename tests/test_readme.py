@@ -78,6 +78,11 @@ RULES = [
     (r"^python -m miniverl\.main -m \+recipe=opd_k1 model=toy teacher=toy estimator=", "sweep", "conftest's sweep_2x2"),
     (r"^python -m miniverl\.bench ", "parse", "minutes of benchmark: tests/bench/ runs --scale toy"),
     (r"^python -m miniverl\.main \+recipe=opd_k1( hardware=\S+)?$", "compose", "needs the Qwen3 weights"),
+    (
+        r"^python -m miniverl\.main \+recipe=opd_k1_grpo_toy algorithm\.",
+        "compose",
+        "the run above with other options: tests/workers/test_advantages.py checks RLOO against verl",
+    ),
     (r"^python -m miniverl\.(main|export|doctor|report|conformance|import_verl) ", "run", ""),
 ]
 

@@ -21,6 +21,7 @@ from miniverl.config.export import ExportConfig
 from miniverl.config.hardware import HardwareConfig
 from miniverl.config.model import StudentConfig
 from miniverl.config.recipe import RecipeConfig, teacher_target_for
+from miniverl.config.reward import RewardConfig
 from miniverl.config.teacher import TeacherConfig
 from miniverl.config.trainer import TrainerConfig
 from miniverl.config.validation import ValidationConfig
@@ -37,6 +38,7 @@ class MiniverlConfig:
     actor: ActorConfig = field(default_factory=ActorConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     recipe: RecipeConfig = field(default_factory=RecipeConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     eval: ValidationConfig = field(default_factory=ValidationConfig)

@@ -4,6 +4,7 @@
 Defaults are those of verl's YAML (`verl/trainer/config/distillation/distillation.yaml`), which is
 what a `python3 -m verl.trainer.main_ppo` user gets; verl's dataclass defaults differ for
 `topk`, `loss_max_clamp`, `log_prob_min_clamp` and `use_policy_gradient` (see docs/losses.md).
+One default is miniverl's own: `use_task_rewards` is false (pure distillation), where verl's is true.
 Combinations verl refuses are refused here, when the config is composed and converted.
 """
 
@@ -34,6 +35,11 @@ class EstimatorConfig:
     loss_max_clamp: Optional[float] = None
     log_prob_min_clamp: Optional[float] = None
     loss_agg_mode: str = "token-mean"  # verl: actor_rollout_ref.actor.loss_agg_mode
+    # Task rewards beside the distillation loss: verl's PPO loss on the task advantages (see
+    # `algorithm`, `reward`) + distillation_loss_coef x the distillation loss. verl's default is
+    # true; miniverl's is false, pure distillation (with which a coefficient is not used).
+    use_task_rewards: bool = False
+    distillation_loss_coef: float = 1.0
 
     def __post_init__(self) -> None:
         where = "estimator"
@@ -69,6 +75,8 @@ class EstimatorConfig:
             )
         if self.loss_max_clamp is not None and self.loss_max_clamp <= 0:
             raise ValueError(f"{where}.loss_max_clamp must be positive or null")
+        if self.distillation_loss_coef < 0:
+            raise ValueError(f"{where}.distillation_loss_coef={self.distillation_loss_coef} must be >= 0")
 
     @property
     def uses_topk(self) -> bool:

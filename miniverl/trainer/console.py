@@ -10,6 +10,7 @@ from miniverl.config import MiniverlConfig
 
 # The distillation loss the closing table and the progress bar show (verl's metric name).
 LOSS_KEY = "actor/distillation/loss"
+SCORE_KEY = "critic/score/mean"  # with task rewards: the mean task reward of the update's samples
 
 
 def _model_line(block) -> str:
@@ -41,11 +42,23 @@ def start_lines(cfg: MiniverlConfig, run_dir: Path) -> str:
         ("teacher", teacher),
         (
             "plan",
-            f"{recipe.optimizer_updates} updates x {recipe.logical_batch} prompts, responses up to "
-            f"{recipe.response_limit} tokens; estimator {est.loss_mode} ({update}, {est.loss_agg_mode})",
+            f"{recipe.optimizer_updates} updates x {recipe.logical_batch} prompts"
+            + (f" x {cfg.rollout.n} samples" if cfg.rollout.n > 1 else "")
+            + f", responses up to {recipe.response_limit} tokens; estimator {est.loss_mode} ({update}, "
+            f"{est.loss_agg_mode})",
         ),
         ("device", f"{device} (hardware={cfg.hardware.name}); {resume}"),
     ]
+    if est.use_task_rewards:
+        scorer = cfg.reward.custom_reward_function
+        rule = f"{scorer.name} from {scorer.path}" if scorer.path else "the rule of each row's data_source"
+        rows.append(
+            (
+                "reward",
+                f"task rewards ({rule}), {cfg.algorithm.adv_estimator} advantages, + "
+                f"{est.distillation_loss_coef:g} x the distillation loss",
+            )
+        )
     if checked and recipe.resume_check_note:
         rows.append(("note", recipe.resume_check_note))
     return f"miniverl: run folder {run_dir}\n" + _table(rows)
@@ -92,6 +105,11 @@ def closing_lines(report: dict, history: list[dict], run_dir: Path) -> str:
     rows = [
         ("status", f"{report['status']} ({len(history)} of {planned} updates)"),
         ("final loss", loss),
+        *(
+            [("task score", f"{history[-1][SCORE_KEY]:.4g} ({SCORE_KEY} at update {len(history)})")]
+            if history and SCORE_KEY in history[-1]
+            else []
+        ),
         ("rollout", _seconds_and_rate(seconds.get("rollout"), rates.get("rollout_tokens_per_second"), "tokens")),
         (
             "teacher scoring",

@@ -1,7 +1,10 @@
-"""Per-update metrics that describe the batch itself (verl's response_length/* and prompt_length/*),
+"""Per-update metrics that describe the batch itself (verl's response_length/* and prompt_length/*,
+with task rewards its critic/score/*, critic/rewards/*, critic/advantages/*, critic/returns/*),
 and the console line of an update."""
 
 from __future__ import annotations
+
+import torch
 
 from miniverl.protocol import Batch
 
@@ -10,6 +13,7 @@ def batch_metrics(batch: Batch, response_limit: int) -> dict:
     lengths = batch.response_mask.sum(-1)  # (B,)
     prompt_lengths = batch.attention_mask[:, : batch.prompt_length].sum(-1).float()
     return {
+        **(task_metrics(batch) if batch.token_level_scores is not None else {}),
         "response_length/mean": float(lengths.mean()),
         "response_length/max": float(lengths.max()),
         "response_length/min": float(lengths.min()),
@@ -20,6 +24,23 @@ def batch_metrics(batch: Batch, response_limit: int) -> dict:
     }
 
 
+def task_metrics(batch: Batch) -> dict:
+    """verl's critic/* metrics of a critic-free estimator: per-sample scores (= rewards: no KL in the
+    reward) and per-token advantages (= returns for the outcome estimators), over response tokens."""
+    scores = batch.token_level_scores.sum(-1)  # (B,)
+    advantages = torch.masked_select(batch.task_advantages, batch.response_mask.bool())  # (N,)
+    out = {}
+    for name, values in (("score", scores), ("rewards", scores), ("advantages", advantages), ("returns", advantages)):
+        out.update(
+            {
+                f"critic/{name}/mean": float(values.mean()),
+                f"critic/{name}/max": float(values.max()),
+                f"critic/{name}/min": float(values.min()),
+            }
+        )
+    return out
+
+
 def console_line(metrics: dict) -> str:
-    keys = ("actor/distillation/loss", "actor/grad_norm", "response_length/mean", "timing_s/step")
+    keys = ("actor/distillation/loss", "critic/score/mean", "actor/grad_norm", "response_length/mean", "timing_s/step")
     return " ".join(f"{k}={metrics[k]:.4g}" for k in keys if k in metrics)

@@ -23,7 +23,7 @@ from miniverl.trainer.console import LOSS_KEY
 from miniverl.trainer.metrics import batch_metrics, console_line
 from miniverl.trainer.plan import Plan, UpdatePlan, compile_plan, derive_seed
 from miniverl.trainer.report_page import write_report_page
-from miniverl.trainer.run_report import RunFacts, build_report, device_facts, resume_block
+from miniverl.trainer.run_report import build_report, resume_block, trainer_facts
 from miniverl.trainer.validation import ValidationProbe
 from miniverl.utils import checkpoint
 from miniverl.utils.dataset import PromptSet, read_conversations, tokenize_prompts, with_answers
@@ -34,7 +34,9 @@ from miniverl.utils.measure import release_memory, seconds_since_start
 from miniverl.utils.run_folder import RunFolder, TensorBoardLogger
 from miniverl.utils.signals import deferred_signals
 from miniverl.workers.actor import NonFiniteLoss
+from miniverl.workers.advantages import compute_advantage
 from miniverl.workers.factory import build_roles
+from miniverl.workers.reward import RewardWorker
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +65,8 @@ class OPDTrainer:
         self.tokenizer = models.load_tokenizer("model", cfg.model, models.source_of(cfg.model, None))
         self.prompts: PromptSet = tokenize_prompts(conversations, cfg.data, self.tokenizer, cfg.recipe.prompt_limit)
         self.plan: Plan = compile_plan(cfg, self.prompts)
+        # With task rewards every row is checked against its reward rule before any model loads.
+        self.reward = RewardWorker(self.tokenizer, self.prompts, cfg.reward) if cfg.estimator.use_task_rewards else None
         # Every resume check reads only; nothing is written before they all pass.
         source = checkpoint.resume_source(cfg.trainer, self.run_dir)
         if source is not None:
@@ -183,7 +187,7 @@ class OPDTrainer:
 
     def fit_step(self, update: UpdatePlan) -> dict:
         cfg, timings, shift = self.cfg, {}, self.downshift
-        prompts = self.prompts.token_ids_of(update.prompt_rows)
+        prompts = self.prompts.token_ids_of(update.sample_rows)
         physical, chunks = update.rollout_physical_batches, update.update_chunks  # the plan's, as it fits
         with timed("step", timings, self.device):
             with timed("gen", timings, self.device):
@@ -192,13 +196,18 @@ class OPDTrainer:
                     physical,
                     lambda sizes: self.rollout.generate_sequences(
                         prompts,
-                        list(update.prompt_rows),
+                        list(update.sample_rows),
                         list(update.sample_seeds),
                         response_limit=cfg.recipe.response_limit,
                         physical_batches=sizes,
                     ),
                 )
             self.mark_first("rollout")
+            if self.reward is not None:  # task rewards: scored from the text, then grouped per prompt
+                with timed("reward", timings, self.device):
+                    batch = self.reward.compute_reward(batch)
+                with timed("adv", timings, self.device):
+                    batch = compute_advantage(batch, cfg.algorithm, cfg.rollout.n)
             with timed("teacher", timings, self.device):
                 batch = shift.run(
                     "update_chunk", chunks, lambda sizes: self.teacher.compute_teacher_log_prob(batch, sizes[0])
@@ -263,23 +272,7 @@ class OPDTrainer:
         resume = resume_check or resume_block(
             self.resumed, getattr(self, "resume_load_seconds", None), len(self.history), self.plan
         )
-        facts = RunFacts(
-            **device_facts(self.device),
-            status=status,
-            history=self.history,
-            run_dir=self.run_dir,
-            last_checkpoint=self.last_checkpoint,
-            seconds_to_first=self.seconds_to_first,
-            cold_startup_seconds=self.cold_startup_seconds,
-            batch_downshifts=dict(self.downshift.counts),
-            observed_rollout_physical_batch_sizes=sorted(self.downshift.observed["rollout"]),
-            trajectory_sha256=self.out.trajectory_sha256,
-            resolved_config_digest=sha256_json(self.resolved),
-            resume=resume,
-            failure=self.failure,
-            workload_seconds=seconds_since_start(),
-            distillation_progress=self.progress if self.cfg.eval.every != -1 else None,
-        )
+        facts = trainer_facts(self, status, resume)
         report = build_report(self.cfg, self.plan, facts)
         self.out.write_json("report.json", report)
         write_report_page(report, self.history, self.run_dir)  # report.md and curves.png beside it

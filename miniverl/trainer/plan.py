@@ -31,7 +31,8 @@ def derive_seed(*parts: object) -> int:
 @dataclass(frozen=True)
 class UpdatePlan:
     update: int  # 1-based optimizer update number
-    prompt_rows: tuple[int, ...]  # parquet rows, in batch order
+    prompt_rows: tuple[int, ...]  # parquet rows of the update's prompts
+    sample_rows: tuple[int, ...]  # the parquet row of each sample, in batch order: rollout.n per prompt, adjacent
     sample_seeds: tuple[int, ...]  # one sampling stream per sample
     rollout_physical_batches: tuple[int, ...]
     update_chunks: tuple[int, ...]
@@ -106,13 +107,15 @@ def compile_plan(cfg: MiniverlConfig, prompts: PromptSet) -> Plan:
     updates = []
     for u in range(1, recipe.optimizer_updates + 1):
         rows = order[(u - 1) * recipe.logical_batch : u * recipe.logical_batch]
+        samples = [row for row in rows for _ in range(cfg.rollout.n)]  # verl's interleaved repeat
         updates.append(
             UpdatePlan(
                 update=u,
                 prompt_rows=tuple(rows),
-                sample_seeds=tuple(derive_seed(cfg.trainer.seed, "sample", u, slot) for slot in range(len(rows))),
-                rollout_physical_batches=tuple(split(len(rows), hardware.rollout_physical_batch)),
-                update_chunks=tuple(split(len(rows), hardware.update_chunk)),
+                sample_rows=tuple(samples),
+                sample_seeds=tuple(derive_seed(cfg.trainer.seed, "sample", u, slot) for slot in range(len(samples))),
+                rollout_physical_batches=tuple(split(len(samples), hardware.rollout_physical_batch)),
+                update_chunks=tuple(split(len(samples), hardware.update_chunk)),
             )
         )
     return Plan(

@@ -229,10 +229,10 @@ def check_self_test(trainer) -> Check:
     from miniverl.workers.teacher import TeacherWorker
 
     update = trainer.plan.updates[0]
-    prompts = trainer.prompts.token_ids_of(update.prompt_rows)
+    prompts = trainer.prompts.token_ids_of(update.sample_rows)
     batch = trainer.rollout.generate_sequences(
         prompts,
-        list(update.prompt_rows),
+        list(update.sample_rows),
         list(update.sample_seeds),
         response_limit=trainer.cfg.recipe.response_limit,
         physical_batches=list(update.rollout_physical_batches),

@@ -1,12 +1,13 @@
 """The report as people would rather read it: `report.md` (report.json as a page) and `curves.png`
-(distillation loss, grad norm, response length and, when measured, held-out KL over the updates),
+(distillation loss, grad norm, response length and, when measured, the task score and held-out
+KL over the updates),
 beside report.json in every run folder."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from miniverl.trainer.console import LOSS_KEY
+from miniverl.trainer.console import LOSS_KEY, SCORE_KEY
 from miniverl.utils.run_folder import atomic_write
 from miniverl.utils.tables import flatten, format_value
 
@@ -16,6 +17,7 @@ CURVES = (
     ("actor/grad_norm", "grad norm"),
     ("response_length/mean", "response length (tokens)"),
 )
+TASK_CURVE = (SCORE_KEY, "task score (mean)")  # with estimator.use_task_rewards
 # Sections of report.json shown as tables, in this order; the rest follow.
 SECTIONS = ("recipe", "measurements", "resume", "models", "hardware", "artifacts", "resource_contract")
 
@@ -34,6 +36,8 @@ def markdown(report: dict, history: list[dict]) -> str:
     ]
     if history:
         lines.append(f"Final distillation loss ({LOSS_KEY}): **{history[-1][LOSS_KEY]:.5g}**.")
+        if TASK_CURVE[0] in history[-1]:
+            lines.append(f"Task score ({TASK_CURVE[0]}) at the last update: **{history[-1][TASK_CURVE[0]]:.4g}**.")
     if report.get("failure"):
         lines.append(f"Failure: update {report['failure']['update']}: {report['failure']['reason']}")
     lines += ["", "![curves](curves.png)", ""]
@@ -59,10 +63,11 @@ def plot_curves(report: dict, history: list[dict], path: Path) -> None:
 
     progress = report.get("distillation_progress") or {}
     held_out = [(key, progress[key]) for key in ("k1_mean", "exact_reverse_kl") if progress.get(key)]
-    panels = len(CURVES) + (1 if held_out else 0)
+    curves = CURVES + ((TASK_CURVE,) if history and TASK_CURVE[0] in history[0] else ())
+    panels = len(curves) + (1 if held_out else 0)
     fig, axes = plt.subplots(1, panels, figsize=(3.6 * panels, 3.2), dpi=100, squeeze=False)
     updates = range(1, len(history) + 1)
-    for ax, (key, label) in zip(axes[0], CURVES):
+    for ax, (key, label) in zip(axes[0], curves):
         ax.plot(updates, [m.get(key) for m in history], marker="o", markersize=3)
         ax.set_title(label, fontsize=10)
     if held_out:

@@ -20,7 +20,14 @@ from miniverl.models.adapters import adapter_sha256
 from miniverl.trainer.plan import PLAN_VERSION, Plan
 from miniverl.utils.device import hardware_facts
 from miniverl.utils.identity import sha256_file, sha256_json
-from miniverl.utils.measure import cuda_peaks, folder_bytes, peak_rss_gib, source_commit, workload_driver_sha256
+from miniverl.utils.measure import (
+    cuda_peaks,
+    folder_bytes,
+    peak_rss_gib,
+    seconds_since_start,
+    source_commit,
+    workload_driver_sha256,
+)
 from miniverl.verl_compat.export import field_rule_digest
 
 SCHEMA_VERSION = 1
@@ -69,6 +76,40 @@ def device_facts(device: torch.device) -> dict:
         "peak_reserved_gib": peak_reserved,
         "peak_rss_gib": peak_rss_gib(),
     }
+
+
+def task_rewards_block(cfg: MiniverlConfig) -> dict | None:
+    """How the task reward was scored and weighed (None: pure distillation)."""
+    if not cfg.estimator.use_task_rewards:
+        return None
+    custom = cfg.reward.custom_reward_function
+    return {
+        "adv_estimator": cfg.algorithm.adv_estimator,
+        "norm_adv_by_std_in_grpo": cfg.algorithm.norm_adv_by_std_in_grpo,
+        "distillation_loss_coef": cfg.estimator.distillation_loss_coef,
+        "reward_function": f"{custom.path}:{custom.name}" if custom.path else "rule of data_source",
+    }
+
+
+def trainer_facts(trainer, status: str, resume: dict) -> RunFacts:
+    """The facts an OPDTrainer observed (its run so far), for the report."""
+    return RunFacts(
+        **device_facts(trainer.device),
+        status=status,
+        history=trainer.history,
+        run_dir=trainer.run_dir,
+        last_checkpoint=trainer.last_checkpoint,
+        seconds_to_first=trainer.seconds_to_first,
+        cold_startup_seconds=trainer.cold_startup_seconds,
+        batch_downshifts=dict(trainer.downshift.counts),
+        observed_rollout_physical_batch_sizes=sorted(trainer.downshift.observed["rollout"]),
+        trajectory_sha256=trainer.out.trajectory_sha256,
+        resolved_config_digest=sha256_json(trainer.resolved),
+        resume=resume,
+        failure=trainer.failure,
+        workload_seconds=seconds_since_start(),
+        distillation_progress=trainer.progress if trainer.cfg.eval.every != -1 else None,
+    )
 
 
 def resume_block(resumed, load_seconds: float | None, updates_done: int, plan: Plan) -> dict:
@@ -177,6 +218,8 @@ def build_report(cfg: MiniverlConfig, plan: Plan, facts: RunFacts) -> dict:
             "prompts_available": plan.prompts_available,
             "prompts_consumed": plan.prompts_consumed,
             "response_limit": cfg.recipe.response_limit,
+            "samples_per_prompt": cfg.rollout.n,
+            "task_rewards": task_rewards_block(cfg),
             "teacher_target": cfg.recipe.teacher_target,
         },
         "models": {

@@ -1,5 +1,6 @@
 """Prompts from verl-format parquet files (columns `data_source`, `prompt`, `ability`,
-`reward_model`, `extra_info`; only the prompt column is needed), read with pyarrow.
+`reward_model`, `extra_info`; only the prompt column is needed, task rewards read
+`data_source`, `reward_model.ground_truth` and `extra_info`), read with pyarrow.
 
 Each prompt (a list of {role, content} messages) goes through the tokenizer's chat template with
 `add_generation_prompt=True`, as verl's RLHFDataset does. A prompt longer than
@@ -34,6 +35,7 @@ class PromptSet:
     parquet_sha256: str
     rows_in_files: int  # before dropping overlong prompts
     dropped_overlong: list[int] = field(default_factory=list)
+    tasks: dict[int, TaskRow] = field(default_factory=dict)  # parquet row -> what its task reward reads
     _position: dict | None = field(default=None, repr=False, compare=False)  # row -> index, built on first use
 
     def __len__(self) -> int:
@@ -46,6 +48,15 @@ class PromptSet:
         return [self.token_ids[self._position[r]] for r in rows]
 
 
+@dataclass(frozen=True)
+class TaskRow:
+    """What a row's task reward is scored from (verl's reward manager reads the same columns)."""
+
+    data_source: str | None
+    ground_truth: str | None  # reward_model.ground_truth, as a string
+    extra_info: dict | None
+
+
 @dataclass
 class Conversations:
     """The prompt column of every file, untokenized, with ground truths where present."""
@@ -53,11 +64,12 @@ class Conversations:
     messages: list[list[dict]]
     answers: list[str | None]
     parquet_sha256: str
+    tasks: list[TaskRow] = field(default_factory=list)
 
 
 def read_conversations(data: DataConfig, key: str = "train_files") -> Conversations:
     """All prompts of all files of `data.<key>`, in file order, and the digest of the input bytes."""
-    conversations, answers, digests = [], [], []
+    conversations, answers, tasks, digests = [], [], [], []
     where = f"data.{key}"
     for name in getattr(data, key):
         path = Path(name)
@@ -73,8 +85,9 @@ def read_conversations(data: DataConfig, key: str = "train_files") -> Conversati
                 f"(columns: {', '.join(table.column_names)}); set data.prompt_key"
             )
         prompts = table.column(data.prompt_key).to_pylist()
-        truths = (
-            table.column("reward_model").to_pylist() if "reward_model" in table.column_names else [None] * len(prompts)
+        truths, sources, extras = (
+            table.column(key).to_pylist() if key in table.column_names else [None] * len(prompts)
+            for key in ("reward_model", "data_source", "extra_info")
         )
         for row, messages in enumerate(prompts):
             conversations.append(check_messages(messages, name, row, data.prompt_key, where))
@@ -84,10 +97,12 @@ def read_conversations(data: DataConfig, key: str = "train_files") -> Conversati
                 if isinstance(truth, dict) and truth.get("ground_truth") is not None
                 else None
             )
+            extra = extras[row] if isinstance(extras[row], dict) else None
+            tasks.append(TaskRow(None if sources[row] is None else str(sources[row]), answers[-1], extra))
         digests.append(sha256_file(path))
     if not conversations:
         raise MiniverlError(f"{where}: {', '.join(getattr(data, key))} holds no rows")
-    return Conversations(conversations, answers, digests[0] if len(digests) == 1 else sha256_json(digests))
+    return Conversations(conversations, answers, digests[0] if len(digests) == 1 else sha256_json(digests), tasks)
 
 
 def check_messages(messages, name: str, row: int, column: str, where: str = "data.train_files") -> list[dict]:
@@ -128,6 +143,8 @@ def tokenize_prompts(source: Conversations, data: DataConfig, tokenizer, prompt_
         kept.rows.append(row)
         kept.messages.append(messages)
         kept.answers.append(source.answers[row])
+        if source.tasks:
+            kept.tasks[row] = source.tasks[row]
     if not kept.rows:  # the error alone, without the warning that would say the same first
         raise MiniverlError(f"data: no prompt fits recipe.prompt_limit={prompt_limit}; raise it")
     if kept.dropped_overlong:

@@ -1,6 +1,11 @@
 """Check miniverl.losses against golden vectors computed by verl v0.8.0's own functions.
 
     python -m miniverl.conformance tests/data/verl-0.8.0-opd-loss.json [--dtype float64|float32] [--rtol R]
+    python -m miniverl.conformance tests/data/verl-0.8.0-task-rewards.json
+
+The second file (scripts/make_task_reward_goldens.py) holds task rewards beside distillation:
+verl's `distillation_ppo_loss` with the task PPO loss (`task_ppo`), its GRPO and RLOO advantages,
+and its rule rewards (`reward_score`).
 
 Every case runs through the same functions the actor uses (miniverl.losses), with gradients from
 torch.autograd. Each mismatch is printed as `case <i> (<description>): <quantity>: expected <e> got <g>`;
@@ -17,16 +22,25 @@ from typing import Any
 
 import torch
 
+from miniverl.config.actor import ActorConfig
 from miniverl.config.estimator import EstimatorConfig
-from miniverl.workers.losses import distillation_loss
+from miniverl.utils.reward_score import default_compute_score
+from miniverl.workers.advantages import grpo_outcome_advantage, rloo_outcome_advantage
+from miniverl.workers.losses import distillation_loss, distillation_ppo_loss, task_policy_loss
 from miniverl.workers.topk_loss import forward_kl_topk, forward_kl_topk_terms
 
 # Relative tolerances. Estimator cases reproduce verl's float64 arithmetic closely; verl computed the
 # top-k KL in float32, so float64 runs can only agree with it to float32 precision.
 DEFAULT_RTOL = {
-    "float64": {"estimator": 1e-9, "forward_kl_topk": 1e-6},
-    "float32": {"estimator": 1e-5, "forward_kl_topk": 1e-5},
+    "float64": {"estimator": 1e-9, "forward_kl_topk": 1e-6, "task_ppo": 1e-7, "advantage": 1e-6, "reward_score": 0.0},
+    "float32": {"estimator": 1e-5, "forward_kl_topk": 1e-5, "task_ppo": 1e-5, "advantage": 1e-6, "reward_score": 0.0},
 }
+# verl's task PPO loss runs on a boolean mask: its clip fractions come out in float32 (`.float()`)
+# and seq-mean-token-mean adds its 1e-8 to an integer token count in float32 (where it vanishes),
+# whatever the inputs' dtype, so float64 agrees with that path to ~1e-7 (task_ppo) and its clip
+# fractions to float32 precision. The distillation path keeps the float mask: 1e-9 there.
+FLOAT32_IN_VERL = frozenset({"actor/pg_clipfrac", "actor/pg_clipfrac_lower"})
+FLOAT32_RTOL = 1e-6
 # Scale floor of the tolerance (see _close). In float32 the inputs themselves (O(1) log-probs) are
 # rounded by ~1e-7 absolute, so quantities formed by cancellation (ppo_kl ~1e-4, a k3 of ~1e-6) can
 # only be checked absolutely: float32 compares within rtol * max(|expected|, 1).
@@ -37,10 +51,29 @@ _ESTIMATOR_FIELDS = (
     "clip_ratio", "clip_ratio_low", "clip_ratio_high", "clip_ratio_c",
 )  # fmt: skip
 _TOPK_FIELDS = ("loss_mode", "use_policy_gradient", "topk", "log_prob_min_clamp", "loss_agg_mode", "loss_max_clamp")
+_TASK_FIELDS = (
+    "loss_mode", "use_policy_gradient", "loss_agg_mode", "loss_max_clamp", "use_task_rewards", "distillation_loss_coef",
+)  # fmt: skip
+_ACTOR_CLIP_FIELDS = ("clip_ratio", "clip_ratio_low", "clip_ratio_high", "clip_ratio_c")  # as actor_<field> in a case
+ADVANTAGE_KINDS = ("grpo_advantage", "rloo_advantage")
+
+
+def rtol_kind(kind: str | None) -> str | None:
+    """The DEFAULT_RTOL entry of a case kind."""
+    return "advantage" if kind in ADVANTAGE_KINDS else kind
 
 
 def describe(case: dict) -> str:
     """Short human label of a case, e.g. `k3 direct seq-mean-token-mean clamp=0.5`."""
+    kind = case.get("kind")
+    if kind == "reward_score":
+        return f"reward {case.get('data_source')} {str(case.get('solution_str'))[:24]!r}"
+    if kind in ADVANTAGE_KINDS:
+        norm = case.get("norm_adv_by_std_in_grpo")
+        return kind.replace("_advantage", "") + ("" if norm is None else f" norm_by_std={norm}")
+    if kind == "task_ppo":
+        task = f"task rewards coef={case.get('distillation_loss_coef')}" if case.get("use_task_rewards") else "no task"
+        return f"{describe({**case, 'kind': 'estimator'})} {task}"
     if case.get("kind") == "forward_kl_topk":
         parts = [f"forward_kl_topk k={case.get('topk')}", case.get("loss_agg_mode", "?")]
         if case.get("log_prob_min_clamp") is not None:
@@ -98,6 +131,11 @@ def _first_diff(expected: Any, got: torch.Tensor) -> str:
 
 def _run_case(case: dict, dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     """Run one case; return the quantities to compare (tensors) and the metrics."""
+    if case["kind"] == "reward_score":
+        score = default_compute_score(case["data_source"], case["solution_str"], case["ground_truth"])
+        return {"score": torch.tensor(score, dtype=torch.float64)}, {}
+    if case["kind"] in ADVANTAGE_KINDS:
+        return _run_advantage_case(case), {}
     inp = case["inputs"]
     mask = torch.tensor(inp["response_mask"], dtype=dtype)  # (B, T)
     # Single device, whole batch in one call: normalisers are this batch's own, T for ...-sum-norm.
@@ -120,6 +158,8 @@ def _run_case(case: dict, dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], 
         loss.backward()
         got = {"per_token_loss": per_token, "loss": loss, "grad_log_prob": log_prob.grad}
         return got, metrics
+    if case["kind"] == "task_ppo":
+        return _run_task_ppo_case(case, dtype, mask, norms)
     if case["kind"] == "forward_kl_topk":
         est = EstimatorConfig(**{k: case[k] for k in _TOPK_FIELDS if k in case})
         logits = torch.tensor(inp["student_logits"], dtype=dtype, requires_grad=True)  # (B, T, V)
@@ -141,6 +181,37 @@ def _run_case(case: dict, dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], 
     raise ValueError(f"unknown case kind {case.get('kind')!r}")
 
 
+def _run_task_ppo_case(case: dict, dtype: torch.dtype, mask: torch.Tensor, norms: dict):
+    """verl's distillation_ppo_loss: the actor's task PPO loss + coef x the distillation loss."""
+    inp = case["inputs"]
+    est = EstimatorConfig(**{k: case[k] for k in _TASK_FIELDS if k in case})
+    clip = ActorConfig(**{k: case[f"actor_{k}"] for k in _ACTOR_CLIP_FIELDS if f"actor_{k}" in case})
+    log_prob = torch.tensor(inp["log_prob"], dtype=dtype, requires_grad=True)  # (B, T)
+    old_log_prob = torch.tensor(inp["old_log_prob"], dtype=dtype)
+    distill, _, metrics = distillation_loss(
+        est, log_prob, old_log_prob, torch.tensor(inp["teacher_log_prob"], dtype=dtype), mask, **norms
+    )
+    advantages = torch.tensor(inp["advantages"], dtype=dtype)
+    pg_loss, pg_metrics = task_policy_loss(clip, est.loss_agg_mode, log_prob, old_log_prob, advantages, mask, **norms)
+    loss = distillation_ppo_loss(est, pg_loss, distill)
+    loss.backward()
+    metrics.update({f"actor/{k}": v for k, v in pg_metrics.items()})  # verl's names for the task PPO loss
+    metrics["distillation/loss"] = float(distill.detach())
+    return {"loss": loss, "grad_log_prob": log_prob.grad}, metrics
+
+
+def _run_advantage_case(case: dict) -> dict[str, torch.Tensor]:
+    """verl's outcome advantages, in the dtype verl computed them in (the case's)."""
+    inp, dtype = case["inputs"], getattr(torch, case.get("dtype", "float32"))
+    rewards = torch.tensor(inp["token_level_rewards"], dtype=dtype)  # (B, R)
+    mask = torch.tensor(inp["response_mask"], dtype=dtype)
+    index = torch.tensor(inp["index"])  # (B,)
+    if case["kind"] == "grpo_advantage":
+        norm = case.get("norm_adv_by_std_in_grpo", True)
+        return {"advantages": grpo_outcome_advantage(rewards, mask, index, norm_adv_by_std_in_grpo=norm)}
+    return {"advantages": rloo_outcome_advantage(rewards, mask, index)}
+
+
 def check_case(case: dict, dtype: torch.dtype, rtol: float, floor: float = 0.0) -> list[str]:
     """Mismatch descriptions (`<quantity>: expected .. got ..`) for one case; empty when it matches."""
     try:
@@ -156,7 +227,12 @@ def check_case(case: dict, dtype: torch.dtype, rtol: float, floor: float = 0.0) 
             for key, exp_val in exp.items():
                 if key not in metrics:
                     problems.append(f"metric {key}: expected {exp_val!r} got (missing)")
-                elif not _close(exp_val, torch.tensor(metrics[key], dtype=torch.float64), rtol, floor):
+                elif not _close(
+                    exp_val,
+                    torch.tensor(metrics[key], dtype=torch.float64),
+                    max(rtol, FLOAT32_RTOL) if key in FLOAT32_IN_VERL else rtol,
+                    floor,
+                ):
                     problems.append(f"metric {key}: expected {exp_val!r} got {metrics[key]!r}")
         elif name not in got or got[name] is None:
             problems.append(f"{name}: expected a value got (missing)")

@@ -2,8 +2,8 @@
 nothing in miniverl imports verl (a test checks `VERL_DEFAULTS` against the installed verl 0.8.0).
 
 `VERL_DEFAULTS` is verl/trainer/config/ppo_trainer.yaml and its defaults tree, unresolved; `FIXED`
-lists the verl keys the export writes because of what the recipe *is* (pure on-policy
-distillation), not because of a field.
+lists the verl keys the export writes because of what the recipe *is* (on-policy distillation on
+miniverl's terms), not because of a field.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ MODEL = "actor_rollout_ref.model"
 # or the run-time checks read is here.
 VERL_DEFAULTS: dict[str, Any] = {
     "algorithm.adv_estimator": "gae",
+    "algorithm.norm_adv_by_std_in_grpo": True,
     "algorithm.use_kl_in_reward": False,
     "algorithm.rollout_correction.bypass_mode": False,
     "critic.enable": None,
@@ -60,6 +61,10 @@ VERL_DEFAULTS: dict[str, Any] = {
     f"{ACTOR}.use_dynamic_bsz": False,
     f"{ACTOR}.ppo_max_token_len_per_gpu": 16384,
     f"{ACTOR}.loss_agg_mode": "token-mean",
+    f"{ACTOR}.clip_ratio": 0.2,
+    f"{ACTOR}.clip_ratio_low": 0.2,
+    f"{ACTOR}.clip_ratio_high": 0.2,
+    f"{ACTOR}.clip_ratio_c": 3.0,
     f"{ACTOR}.use_kl_loss": False,
     f"{ACTOR}.strategy": "fsdp",
     f"{ACTOR}.fsdp_config.full_determinism": False,
@@ -102,6 +107,7 @@ VERL_DEFAULTS: dict[str, Any] = {
     f"{LOSS}.loss_mode": "k3",
     f"{LOSS}.topk": 32,
     f"{LOSS}.use_task_rewards": True,
+    f"{LOSS}.distillation_loss_coef": 1.0,
     f"{LOSS}.use_policy_gradient": False,
     f"{LOSS}.policy_loss_mode": "vanilla",
     f"{LOSS}.clip_ratio": 0.2,
@@ -143,13 +149,6 @@ LOGGERS_TO_VERL = {"console": "console", "jsonl": "file", "tensorboard": "tensor
 # verl keys written because of what the recipe is, not from one field: (key, value, why).
 FIXED: tuple[tuple[str, Any, str], ...] = (
     (
-        f"{LOSS}.use_task_rewards",
-        False,
-        "pure on-policy distillation: no task reward (verl's YAML and dataclass both default to true)",
-    ),
-    ("algorithm.adv_estimator", "grpo", "no critic (verl's default gae needs one); task advantages are unused"),
-    (f"{ROLLOUT}.n", 1, "one sample per prompt, as miniverl"),
-    (
         f"{ROLLOUT}.calculate_log_probs",
         True,
         "miniverl records every sampled token's log-prob (rollout_log_probs): "
@@ -164,11 +163,7 @@ FIXED: tuple[tuple[str, Any, str], ...] = (
     (
         "trainer.val_before_train",
         False,
-        "verl's validation scores task rewards, which pure distillation does not have (see eval.every)",
-    ),
-    (
-        "reward.custom_reward_function.path",
-        "<export>/no_task_reward.py",
-        "a reward of 0 for every sample, so that verl's reward manager needs no scorer for the data_source",
+        "verl's validation scores the task reward on data.val_files; miniverl's held-out measurement is the "
+        "student-teacher KL (eval.every), which verl does not have",
     ),
 )

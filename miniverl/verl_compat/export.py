@@ -6,7 +6,9 @@ A Hydra app like `miniverl.main`: the same config, the same overrides. It writes
     verl/run_opd.sh        the launch, in the shape of verl's
                            examples/on_policy_distillation_trainer/run_qwen3_8b_fsdp.sh
     verl/field_rules.json  every miniverl field's rule (miniverl.verl_compat.field_rules) and what it wrote here
-    verl/no_task_reward.py the zero task reward the launch points verl's reward manager at
+    verl/no_task_reward.py the zero task reward the launch points verl's reward manager at (task rewards off),
+    verl/task_reward.py    or, with estimator.use_task_rewards=true, miniverl's rules through verl's own
+                           scorers (none when reward.custom_reward_function names the user's own)
     verl/README.md         how to run it, and what does not carry over from miniverl
 
 The scale is set by the `export.*` knobs (conf/export/default.yaml; defaults: one trainer GPU plus
@@ -41,9 +43,10 @@ from miniverl.verl_compat.defaults import (
 )
 from miniverl.verl_compat.field_rules import RULES, rule_for, rule_table
 from miniverl.verl_compat.launch_files import (
-    REWARD_FILE,
-    REWARD_SOURCE,
+    LaunchReward,
     Override,
+    absolute_path,
+    launch_reward,
     launch_script,
     readme,
     resolved_flat,
@@ -94,10 +97,6 @@ def field_rule_digest(table: Any = None) -> str:
 # ---------------------------------------------------------------- the overrides
 
 
-def _absolute(path: str, cwd: Path) -> str:
-    return os.path.abspath(os.path.join(cwd, os.path.expanduser(path)))
-
-
 def adapter_lora(folder: str) -> tuple[int, int, list[str]] | None:
     """(r, alpha, target modules) of a PEFT adapter folder, or None when it cannot be read here."""
     try:
@@ -108,15 +107,14 @@ def adapter_lora(folder: str) -> tuple[int, int, list[str]] | None:
         return None
 
 
-def verl_overrides(config: MiniverlConfig, *, reward_fn: str, cwd: Path) -> list[Override]:
+def verl_overrides(config: MiniverlConfig, *, reward: LaunchReward, cwd: Path) -> list[Override]:
     """The verl v0.8.0 overrides that run `config` (every key the rules map, plus FIXED)."""
     m, t, e, d, tr = config.model, config.teacher, config.estimator, config.data, config.trainer
-    r, x, hw = config.recipe, config.export, config.hardware
+    r, x, hw, algo, clip = config.recipe, config.export, config.hardware, config.algorithm, config.actor
     fixed = {key: value for key, value, _ in FIXED}
-    fixed["reward.custom_reward_function.path"] = reward_fn
     max_len = r.prompt_limit + r.response_limit + 1
-    files = [_absolute(p, cwd) for p in d.train_files]
-    val_files = [_absolute(p, cwd) for p in getattr(d, "val_files", None) or []]
+    files = [absolute_path(p, cwd) for p in d.train_files]
+    val_files = [absolute_path(p, cwd) for p in getattr(d, "val_files", None) or []]
     ppo_micro = x.ppo_micro_batch_size_per_gpu if x.ppo_micro_batch_size_per_gpu is not None else hw.update_chunk
     log_prob_micro = ppo_micro if x.log_prob_micro_batch_size_per_gpu is None else x.log_prob_micro_batch_size_per_gpu
     micro_src = (
@@ -136,7 +134,8 @@ def verl_overrides(config: MiniverlConfig, *, reward_fn: str, cwd: Path) -> list
     def add_fixed(section: str, key: str) -> None:
         add(section, key, fixed[key])
 
-    add_fixed("DATA", "algorithm.adv_estimator")
+    add("DATA", "algorithm.adv_estimator", algo.adv_estimator, "algorithm.adv_estimator")
+    add("DATA", "algorithm.norm_adv_by_std_in_grpo", algo.norm_adv_by_std_in_grpo, "algorithm.norm_adv_by_std_in_grpo")
     add("DATA", "data.train_files", files, "data.train_files")
     add("DATA", "data.val_files", val_files or files, "data.val_files")
     add("DATA", "data.train_batch_size", r.logical_batch, "recipe.logical_batch")
@@ -157,11 +156,13 @@ def verl_overrides(config: MiniverlConfig, *, reward_fn: str, cwd: Path) -> list
     else:
         add("DATA", "data.apply_chat_template_kwargs", {}, "data.apply_chat_template_kwargs")
     add("DATA", "data.trust_remote_code", m.trust_remote_code, "model.trust_remote_code")
-    add_fixed("DATA", "reward.custom_reward_function.path")
+    reward_src = ("reward.custom_reward_function.path", "estimator.use_task_rewards")
+    add("DATA", "reward.custom_reward_function.path", reward.path, *reward_src)
+    add("DATA", "reward.custom_reward_function.name", reward.name, "reward.custom_reward_function.name")
 
     lora = (m.lora.r, m.lora.alpha, list(m.lora.target_modules))
     lora_src = (("model.lora.r", "model.lora.enabled"), ("model.lora.alpha",), ("model.lora.target_modules",))
-    adapter = None if m.adapter is None else _absolute(m.adapter, cwd)
+    adapter = None if m.adapter is None else absolute_path(m.adapter, cwd)
     if adapter is not None:  # the adapter's own config decides r, alpha and targets (as in miniverl)
         own = adapter_lora(adapter)
         if own is not None:
@@ -194,11 +195,13 @@ def verl_overrides(config: MiniverlConfig, *, reward_fn: str, cwd: Path) -> list
     else:
         add("ACTOR", f"{ACTOR}.ppo_micro_batch_size_per_gpu", ppo_micro, *micro_src)
     add("ACTOR", f"{ACTOR}.loss_agg_mode", e.loss_agg_mode, "estimator.loss_agg_mode")
+    for name in ("clip_ratio", "clip_ratio_low", "clip_ratio_high", "clip_ratio_c"):  # the task PPO loss's
+        add("ACTOR", f"{ACTOR}.{name}", getattr(clip, name), f"actor.{name}")
     add("ACTOR", f"{ACTOR}.fsdp_config.full_determinism", hw.deterministic, "hardware.deterministic")
     add("ACTOR", f"{ACTOR}.fsdp_config.seed", tr.seed, "trainer.seed")
 
     add("ROLLOUT", f"{ROLLOUT}.name", x.rollout_name, "export.rollout_name")
-    add_fixed("ROLLOUT", f"{ROLLOUT}.n")
+    add("ROLLOUT", f"{ROLLOUT}.n", config.rollout.n, "rollout.n")
     add_fixed("ROLLOUT", f"{ROLLOUT}.calculate_log_probs")
     add(
         "ROLLOUT",
@@ -266,7 +269,9 @@ def verl_overrides(config: MiniverlConfig, *, reward_fn: str, cwd: Path) -> list
     add_fixed("DISTILLATION", f"{TEACHER}.inference.temperature")
     add("DISTILLATION", f"{LOSS}.loss_mode", e.loss_mode, "estimator.loss_mode")
     add("DISTILLATION", f"{LOSS}.topk", e.topk, "estimator.topk")
-    add_fixed("DISTILLATION", f"{LOSS}.use_task_rewards")
+    add("DISTILLATION", f"{LOSS}.use_task_rewards", e.use_task_rewards, "estimator.use_task_rewards")
+    coef = e.distillation_loss_coef
+    add("DISTILLATION", f"{LOSS}.distillation_loss_coef", coef, "estimator.distillation_loss_coef")
     add("DISTILLATION", f"{LOSS}.use_policy_gradient", e.use_policy_gradient, "estimator.use_policy_gradient")
     add("DISTILLATION", f"{LOSS}.policy_loss_mode", e.policy_loss_mode, "estimator.policy_loss_mode")
     add("DISTILLATION", f"{LOSS}.clip_ratio", e.clip_ratio, "estimator.clip_ratio")
@@ -363,8 +368,9 @@ def export(cfg: DictConfig, folder: Path, *, cwd: Path | None = None) -> ExportR
             "teacher.mode=standard teacher.model_id=<merged folder>"
         )
     folder = Path(folder).absolute()
-    reward_fn = str(folder / REWARD_FILE)
-    overrides = verl_overrides(config, reward_fn=reward_fn, cwd=Path.cwd() if cwd is None else cwd)
+    cwd = Path.cwd() if cwd is None else cwd
+    reward = launch_reward(config, folder, cwd)
+    overrides = verl_overrides(config, reward=reward, cwd=cwd)
     check_launch(overrides)
     warnings = differences(config)
     for path in next(o.value for o in overrides if o.key == "data.train_files"):
@@ -378,13 +384,14 @@ def export(cfg: DictConfig, folder: Path, *, cwd: Path | None = None) -> ExportR
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "overrides.txt").write_text("".join(o.line + "\n" for o in overrides))
         script = folder / "run_opd.sh"
-        script.write_text(launch_script(config, overrides, digest))
+        script.write_text(launch_script(config, overrides, digest, reward))
         script.chmod(0o755)
-        (folder / REWARD_FILE).write_text(REWARD_SOURCE)
+        if reward.written:
+            (folder / reward.written).write_text(reward.source)
         (folder / "field_rules.json").write_text(
             json.dumps(rules_document(config, rules, overrides, digest), indent=2, sort_keys=False) + "\n"
         )
-        (folder / "README.md").write_text(readme(config, overrides, warnings, digest))
+        (folder / "README.md").write_text(readme(config, overrides, warnings, digest, reward))
     except OSError as error:
         raise MiniverlError(f"cannot write the verl export into {folder}: {error.strerror}") from None
     return ExportResult(folder, overrides, warnings, digest)

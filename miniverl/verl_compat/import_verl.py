@@ -19,9 +19,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from miniverl.config.algorithm import ADV_ESTIMATORS
 from miniverl.utils.errors import MiniverlError
 from miniverl.verl_compat.defaults import ACTOR, FIXED, LOGGERS_TO_VERL, MODEL, ROLLOUT, TEACHER, VERL_DEFAULTS
 from miniverl.verl_compat.field_rules import RULES
+from miniverl.verl_compat.launch_files import NO_TASK_REWARD_FILE, TASK_REWARD_FILE
 from miniverl.verl_compat.launch_reader import read_overrides
 from miniverl.verl_compat.overrides import get, hydra_value, virtual_verl_config
 
@@ -109,6 +111,7 @@ def to_miniverl(lines: list[str]) -> tuple[list[tuple[str, Any]], list[tuple[str
         "export.log_prob_micro_batch_size_per_gpu",
         "export.max_token_len_per_gpu",
         "export.teacher_replicas",
+        "algorithm.adv_estimator",
     }
     for rule in identity_rules:
         if rule.field in special:
@@ -138,6 +141,16 @@ def to_miniverl(lines: list[str]) -> tuple[list[tuple[str, Any]], list[tuple[str
     emit("teacher.mode", "ref" if same_base else "standard", "distillation.enabled")
     emit("recipe.prompt_limit", v("data.max_prompt_length"), "data.max_prompt_length")
     emit("recipe.response_limit", v("data.max_response_length"), "data.max_response_length")
+    # Task advantages: verl's critic-free outcome estimators only.
+    if v("algorithm.adv_estimator") in ADV_ESTIMATORS:
+        emit("algorithm.adv_estimator", v("algorithm.adv_estimator"), "algorithm.adv_estimator")
+    else:
+        skip("algorithm.adv_estimator", f"miniverl has no critic: its estimators are {', '.join(ADV_ESTIMATORS)}")
+    # The task reward: the export's own files mean miniverl's own rules.
+    path = v("reward.custom_reward_function.path")
+    if path is not None and Path(path).name in (NO_TASK_REWARD_FILE, TASK_REWARD_FILE):
+        path = None
+    emit("reward.custom_reward_function.path", path, "reward.custom_reward_function.path")
     # LoRA: miniverl trains LoRA adapters only.
     rank, targets = v(f"{MODEL}.lora_rank"), v(f"{MODEL}.target_modules")
     if rank and rank > 0:
@@ -217,7 +230,7 @@ def to_miniverl(lines: list[str]) -> tuple[list[tuple[str, Any]], list[tuple[str
     # The keys the export writes because of what the recipe is.
     for key, value, why in FIXED:
         used.add(key)
-        if key in values and key != "reward.custom_reward_function.path" and values[key] != value:
+        if key in values and values[key] != value:
             unmapped.append((f"{key}={hydra_value(values[key])}", f"miniverl means {hydra_value(value)}: {why}"))
     for key, value in values.items():
         if key not in used and _dict_parent(key) not in used:

@@ -1,11 +1,13 @@
 """The files of a verl launch, as text: run_opd.sh in the shape of verl's example scripts, the
-README of what does not carry over, field_rules.json, and the zero task reward verl's reward
-manager is pointed at (export.py decides the overrides; this writes them down)."""
+README of what does not carry over, field_rules.json, and the task reward verl's reward manager is
+pointed at (export.py decides the overrides; this writes them down)."""
 
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from miniverl import VERL_COMMIT, __version__
@@ -21,7 +23,8 @@ from miniverl.verl_compat.defaults import (
 from miniverl.verl_compat.field_rules import RULES, rule_table
 from miniverl.verl_compat.overrides import override_line
 
-REWARD_FILE = "no_task_reward.py"
+NO_TASK_REWARD_FILE = "no_task_reward.py"  # estimator.use_task_rewards=false: 0 for every sample
+TASK_REWARD_FILE = "task_reward.py"  # true, and no function of the user's: miniverl's rules, scored by verl
 SECTIONS = ("DATA", "MODEL", "ACTOR", "ROLLOUT", "TRAINER", "DISTILLATION")
 
 
@@ -61,7 +64,7 @@ def rules_document(config: MiniverlConfig, rules: list[dict], overrides: list[Ov
     }
 
 
-REWARD_SOURCE = '''"""Written by miniverl's export: the task reward of a pure on-policy distillation launch.
+NO_TASK_REWARD_SOURCE = '''"""Written by miniverl's export: the task reward of a pure on-policy distillation launch.
 
 The launch sets distillation.distillation_loss.use_task_rewards=False, so verl trains on the
 distillation loss only; verl's reward manager still scores every sample. This scorer returns 0 for
@@ -73,12 +76,56 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
     return 0.0
 '''
 
+TASK_REWARD_SOURCE = '''"""Written by miniverl's export: the task reward of a launch with task rewards, as miniverl
+scores it.
+
+miniverl's rules (miniverl/utils/reward_score.py) score each row by its data_source as verl's
+default_compute_score does; its toy source uses verl's GSM8K rule in its "flexible" mode (the last
+number of the response). Both are verl's own functions here.
+"""
+
+from verl.utils.reward_score import default_compute_score, gsm8k
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    if data_source == "miniverl/toy_arithmetic":
+        return gsm8k.compute_score(solution_str, ground_truth, method="flexible")
+    return default_compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs)
+'''
+
+
+@dataclass(frozen=True)
+class LaunchReward:
+    """The task reward verl's reward manager is pointed at: a file the export writes beside the
+    launch (`written`, holding `source`), or the user's own function (`written` None)."""
+
+    path: str
+    name: str
+    written: str | None = None
+    source: str | None = None
+
+
+def absolute_path(path: str, cwd: Path) -> str:
+    """A config's path as the trainer must see it: relative paths are taken from `cwd`, ~ expanded."""
+    return os.path.abspath(os.path.join(cwd, os.path.expanduser(path)))
+
+
+def launch_reward(config: MiniverlConfig, folder: Path, cwd: Path) -> LaunchReward:
+    custom = config.reward.custom_reward_function
+    if not config.estimator.use_task_rewards:
+        return LaunchReward(
+            str(folder / NO_TASK_REWARD_FILE), "compute_score", NO_TASK_REWARD_FILE, NO_TASK_REWARD_SOURCE
+        )
+    if custom.path:  # the user's own function, at the path the trainer must see
+        return LaunchReward(absolute_path(custom.path, cwd), custom.name)
+    return LaunchReward(str(folder / TASK_REWARD_FILE), "compute_score", TASK_REWARD_FILE, TASK_REWARD_SOURCE)
+
 
 def _shell_word(text: str) -> str:
     return shlex.quote(text)
 
 
-def launch_script(config: MiniverlConfig, overrides: list[Override], digest: str) -> str:
+def launch_script(config: MiniverlConfig, overrides: list[Override], digest: str, reward: LaunchReward) -> str:
     """run_opd.sh: the overrides as bash arrays, the user-adjustable model and data paths first."""
     x, r = config.export, config.recipe
     by_key = {o.key: o for o in overrides}
@@ -87,7 +134,7 @@ def launch_script(config: MiniverlConfig, overrides: list[Override], digest: str
         f"{TEACHER}.model_path": "TEACHER_MODEL",
         "data.train_files": "TRAIN_FILES",
         "data.val_files": "VAL_FILES",
-        "reward.custom_reward_function.path": None,
+        **({"reward.custom_reward_function.path": None} if reward.written else {}),
     }
     engine = {"vllm": "vLLM", "sglang": "SGLang"}[x.rollout_name]
     lines = [
@@ -133,7 +180,7 @@ def launch_script(config: MiniverlConfig, overrides: list[Override], digest: str
                 continue
             if o.key in variables:
                 name = variables[o.key]
-                value = f'"$EXPORT_DIR/{REWARD_FILE}"' if name is None else f'"${name}"'
+                value = f'"$EXPORT_DIR/{reward.written}"' if name is None else f'"${name}"'
                 lines.append(f"    {o.key}={value}")
             else:
                 lines.append(f"    {_shell_word(o.line)}")
@@ -144,7 +191,20 @@ def launch_script(config: MiniverlConfig, overrides: list[Override], digest: str
     return "\n".join(lines)
 
 
-def readme(config: MiniverlConfig, overrides: list[Override], warnings: list[str], digest: str) -> str:
+def _reward_sentence(reward: LaunchReward) -> str:
+    if reward.written == NO_TASK_REWARD_FILE:
+        return f"Task rewards are off: `{reward.written}` scores every sample 0."
+    if reward.written == TASK_REWARD_FILE:
+        return (
+            f"Task rewards are on: `{reward.written}` scores each row by its `data_source` with verl's own "
+            "scorers, as miniverl's rules do."
+        )
+    return f"Task rewards are on: `{reward.name}` of `{reward.path}` scores them (it must exist on the trainer)."
+
+
+def readme(
+    config: MiniverlConfig, overrides: list[Override], warnings: list[str], digest: str, reward: LaunchReward
+) -> str:
     x, r = config.export, config.recipe
     trainer_gpus, teacher_gpus = x.nnodes * x.n_gpus_per_node, x.teacher_nnodes * x.teacher_n_gpus_per_node
     warned = {w.split("=", 1)[0] for w in warnings}
@@ -166,7 +226,7 @@ def readme(config: MiniverlConfig, overrides: list[Override], warnings: list[str
         f"replica(s), tensor parallel {x.teacher_tensor_parallel_size}). Change the scale by exporting again with "
         "`export.*`. The data files must be visible to the trainer at the `TRAIN_FILES` paths, and each row needs "
         "`data_source` and `reward_model.ground_truth` (verl's reward manager reads them even with task rewards "
-        f"off; `{REWARD_FILE}` scores every sample 0).",
+        f"off). {_reward_sentence(reward)}",
         "",
         "`field_rules.json` holds every miniverl field's rule (the verl key it maps to, or why it has none) and what "
         "it wrote here.",
@@ -197,7 +257,7 @@ def readme(config: MiniverlConfig, overrides: list[Override], warnings: list[str
             ]
         ),
         "",
-        "Also written, because the recipe is pure on-policy distillation: "
+        "Also written, because of what a miniverl recipe is: "
         + "; ".join(f"`{key}`" for key, _, _ in FIXED)
         + ". Every other key takes verl's YAML default.",
         "",

@@ -138,8 +138,6 @@ def runtime_violations(cfg: Mapping) -> list[str]:
             cap = (get(g(f"{inference}.engine_kwargs", {}) or {}, "vllm", {}) or {}).get("max_logprobs")
             if cap is not None and cap < topk:
                 out.append(f"the teacher's vLLM max_logprobs={cap} must be >= topk={topk}")
-    if loss("use_task_rewards"):
-        out.append(f"{LOSS}.use_task_rewards must be False for pure distillation")
     if g(f"{inference}.temperature") != 1.0:
         out.append(
             f"{inference}.temperature={g(f'{inference}.temperature')} must be 1.0 (verl computes the "

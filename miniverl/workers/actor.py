@@ -27,7 +27,7 @@ from miniverl.config.estimator import EstimatorConfig
 from miniverl.models import cpu_gemm
 from miniverl.protocol import Batch
 from miniverl.workers.logprobs import response_log_probs, response_topk_terms
-from miniverl.workers.losses import combine_metrics, distillation_loss
+from miniverl.workers.losses import combine_metrics, distillation_loss, distillation_ppo_loss, task_policy_loss
 from miniverl.workers.topk_loss import topk_distillation_loss
 
 
@@ -55,6 +55,7 @@ class ActorWorker:
         )
         self.model = model.get_base_model()  # LoRA layers are injected in place
         self.estimator = estimator
+        self.clip = actor  # the task-reward PPO loss's clip ratios (verl's actor ones)
         self.grad_clip = actor.grad_clip
         self.temperature = temperature
         self.logprob_chunk = logprob_chunk
@@ -121,12 +122,13 @@ class ActorWorker:
     def _step(self, batch: Batch, chunks: list[int]) -> tuple[dict[str, float], torch.Tensor]:
         metrics, per_token_loss = self.accumulate_gradients(batch, chunks)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip))
-        if not (math.isfinite(grad_norm) and math.isfinite(metrics["actor/distillation/loss"])):
+        loss = metrics["actor/distillation/loss"] + metrics.get("actor/pg_loss", 0.0)
+        if not (math.isfinite(grad_norm) and math.isfinite(loss)):
             # verl skips such a step and goes on; miniverl stops, so a diverging run does not burn
             # hours: the weights stay those of the last complete update.
             self.optimizer.zero_grad(set_to_none=True)
             raise NonFiniteLoss(
-                f"non-finite loss {metrics['actor/distillation/loss']} / gradient norm {grad_norm}; "
+                f"non-finite loss {loss} / gradient norm {grad_norm}; "
                 "lower actor.optim.lr, set estimator.loss_max_clamp, or check the teacher's log-probs"
             )
         self.optimizer.step()
@@ -150,7 +152,19 @@ class ActorWorker:
             chunk = batch.rows(start, start + size)
             start += size
             loss, chunk_per_token, metrics, log_prob = self._chunk_loss(chunk, normalisers)
-            loss.backward()
+            pg_loss = None
+            if self.estimator.use_task_rewards:  # verl's PPO loss on the task advantages, beside distillation
+                pg_loss, pg_metrics = task_policy_loss(
+                    self.clip,
+                    self.estimator.loss_agg_mode,
+                    log_prob,
+                    chunk.old_log_probs,
+                    chunk.task_advantages,
+                    chunk.response_mask,
+                    **normalisers,
+                )
+                metrics.update(pg_metrics)
+            distillation_ppo_loss(self.estimator, pg_loss, loss).backward()
             total_loss += float(loss.detach())
             parts.append((metrics, float(chunk.response_mask.sum())))
             per_token.append(chunk_per_token.detach())
@@ -158,10 +172,10 @@ class ActorWorker:
         if batch.old_log_probs is None:  # on-policy: this forward's log-probs are the old ones
             batch.old_log_probs = torch.cat(log_probs) * batch.response_mask
         metrics = {f"actor/{k}": float(v) for k, v in combine_metrics(parts).items()}
-        metrics["actor/distillation/loss"] = total_loss
+        metrics["actor/distillation/loss"] = total_loss  # before distillation_loss_coef, as verl logs it
         for name in ("pg_clipfrac", "ppo_kl", "pg_clipfrac_lower"):  # pure distillation: the actor's PG
-            if f"actor/distillation/{name}" in metrics:  # is the distillation PG (verl's names)
-                metrics[f"actor/{name}"] = metrics[f"actor/distillation/{name}"]
+            if f"actor/distillation/{name}" in metrics and f"actor/{name}" not in metrics:  # is the
+                metrics[f"actor/{name}"] = metrics[f"actor/distillation/{name}"]  # distillation PG (verl's names)
         return metrics, torch.cat(per_token) * batch.response_mask
 
     def _chunk_loss(self, chunk: Batch, normalisers: dict):

@@ -41,7 +41,7 @@ _VERL_EPS = 1e-8
 # chunk's masked tokens and is combined weighted by the chunk's token count.
 MIN_METRICS = frozenset({"distillation/loss_min", "distillation/student_mass_min", "distillation/teacher_mass_min"})
 MAX_METRICS = frozenset({"distillation/loss_max", "distillation/student_mass_max", "distillation/teacher_mass_max"})
-SUM_METRICS = frozenset({"distillation/loss"})  # aggregated losses already carry global normalisers
+SUM_METRICS = frozenset({"distillation/loss", "pg_loss"})  # aggregated losses already carry global normalisers
 # Means over a subset of tokens: key -> fraction-of-tokens metric that sizes that subset.
 SUBSET_MEAN_METRICS = {"distillation/overlap_token_advantage": "distillation/overlap_position_frac"}
 
@@ -134,7 +134,8 @@ def _ppo_clip_losses(
     clip_ratio_high: float,
     clip_ratio_c: float,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """verl's vanilla PPO per-token surrogate (dual-clip) and its token-mean diagnostics."""
+    """verl's vanilla PPO per-token surrogate (dual-clip) and its token-mean diagnostics
+    (pg_clipfrac, ppo_kl, pg_clipfrac_lower, unprefixed: the caller says whose)."""
     log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)  # bounded for exp stability
     ratio = torch.exp(log_ratio)  # (B, T)
     unclipped = -advantages * ratio
@@ -146,11 +147,9 @@ def _ppo_clip_losses(
     per_token = torch.where(negative, torch.minimum(dual_bound, pessimistic), pessimistic)  # (B, T)
     with torch.no_grad():
         stats = {
-            "distillation/pg_clipfrac": masked_mean((clipped > unclipped).to(log_prob.dtype), response_mask),
-            "distillation/ppo_kl": masked_mean(-log_ratio, response_mask),
-            "distillation/pg_clipfrac_lower": masked_mean(
-                ((pessimistic > dual_bound) & negative).to(log_prob.dtype), response_mask
-            ),
+            "pg_clipfrac": masked_mean((clipped > unclipped).to(log_prob.dtype), response_mask),
+            "ppo_kl": masked_mean(-log_ratio, response_mask),
+            "pg_clipfrac_lower": masked_mean(((pessimistic > dual_bound) & negative).to(log_prob.dtype), response_mask),
         }
     return per_token, {k: float(v) for k, v in stats.items()}
 
@@ -203,7 +202,7 @@ def finish_loss(
             clip_ratio_high=clip_high,
             clip_ratio_c=est.clip_ratio_c,
         )
-        metrics.update(pg_metrics)
+        metrics.update({f"distillation/{k}": v for k, v in pg_metrics.items()})
         loss = agg_loss(pg_losses, mask, est.loss_agg_mode, **norms)
     else:
         # Supervised (GKD-style): backpropagate the per-token loss itself.
@@ -260,6 +259,56 @@ def distillation_loss(
         global_batch_size=global_batch_size,
         loss_scale_factor=loss_scale_factor,
     )
+
+
+# --------------------------------------------------------------------------------------------------
+# Task rewards beside distillation
+# --------------------------------------------------------------------------------------------------
+
+
+def task_policy_loss(
+    actor: Any,
+    loss_agg_mode: str,
+    log_prob: torch.Tensor,  # (B, T) with the gradient
+    old_log_prob: torch.Tensor | None,  # (B, T); None: on-policy, log_prob.detach()
+    advantages: torch.Tensor,  # (B, T) the task advantages
+    response_mask: torch.Tensor,  # (B, T)
+    *,
+    batch_num_tokens: Number | None,
+    global_batch_size: Number | None,
+    loss_scale_factor: Number | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """verl's `ppo_loss` on the task advantages (vanilla policy loss, the actor's clip ratios and
+    loss_agg_mode): (pg_loss, {pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower})."""
+    mask = response_mask.bool()
+    old = log_prob.detach() if old_log_prob is None else old_log_prob
+    pg_losses, metrics = _ppo_clip_losses(
+        log_prob,
+        old,
+        advantages.detach(),
+        mask,
+        clip_ratio_low=actor.clip_ratio if actor.clip_ratio_low is None else actor.clip_ratio_low,
+        clip_ratio_high=actor.clip_ratio if actor.clip_ratio_high is None else actor.clip_ratio_high,
+        clip_ratio_c=actor.clip_ratio_c,
+    )
+    pg_loss = agg_loss(
+        pg_losses,
+        mask,
+        loss_agg_mode,
+        batch_num_tokens=batch_num_tokens,
+        global_batch_size=global_batch_size,
+        loss_scale_factor=loss_scale_factor,
+    )
+    metrics["pg_loss"] = float(pg_loss.detach())
+    return pg_loss, metrics
+
+
+def distillation_ppo_loss(est: Any, pg_loss: torch.Tensor | None, distill_loss: torch.Tensor) -> torch.Tensor:
+    """verl's `distillation_ppo_loss`: with task rewards, the task PPO loss + distillation_loss_coef x
+    the distillation loss; without, the distillation loss alone (the coefficient is not read)."""
+    if not est.use_task_rewards:
+        return distill_loss
+    return pg_loss + distill_loss * est.distillation_loss_coef
 
 
 # --------------------------------------------------------------------------------------------------

@@ -44,3 +44,11 @@ def test_the_start_lines_say_whether_the_resume_check_will_run(tmp_path, extra, 
     assert resume_line in text
     # The note on the moved check only where the check runs.
     assert ("note     resume check after update 1" in text) == (resume_line != "no resume check")
+
+
+def test_the_start_lines_name_the_samples_the_reward_and_the_coefficient(tmp_path):
+    lines = start_lines(to_config(compose_config(["+recipe=opd_k1_grpo_toy"])), tmp_path)
+    assert "100 updates x 8 prompts x 4 samples" in lines
+    assert "task rewards (the rule of each row's data_source), grpo advantages, + 0.1 x the distillation loss" in lines
+    plain = start_lines(to_config(compose_config(["+recipe=opd_k1", "model=toy", "teacher=toy"])), tmp_path)
+    assert "samples" not in plain and "reward" not in plain

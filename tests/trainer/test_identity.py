@@ -62,6 +62,11 @@ def test_digests_are_the_same_in_a_fresh_process():
         "hardware.rollout_physical_batch=2",
         "data.shuffle=true",
         "recipe.interrupt_after_updates=1",
+        "rollout.n=2",
+        "estimator.use_task_rewards=true",
+        "estimator.distillation_loss_coef=0.5",
+        "algorithm.adv_estimator=rloo",
+        "actor.clip_ratio_c=2.5",
     ],
 )
 def test_any_experiment_field_changes_both_digests(override):
@@ -93,3 +98,18 @@ def test_canonical_json_is_sorted_compact_utf8():
     assert canonical_json({"b": 1, "a": ["é", 2.5]}) == '{"a":["é",2.5],"b":1}'.encode()
     with pytest.raises(ValueError):
         canonical_json({"x": float("nan")})
+
+
+def test_with_rollout_n_each_prompt_has_n_adjacent_samples_with_streams_of_their_own():
+    config = to_config(compose_config([*BASE, "recipe.logical_batch=3", "rollout.n=2", "hardware.update_chunk=4"]))
+    prompts = tokenize_prompts(read_conversations(config.data), config.data, build_toy_tokenizer(), 128)
+    plan = compile_plan(config, prompts)
+    single = compile_plan(to_config(compose_config([*BASE, "recipe.logical_batch=3"])), prompts)
+    first = plan.updates[0]
+    assert first.prompt_rows == (0, 1, 2) and first.sample_rows == (0, 0, 1, 1, 2, 2)
+    assert first.update_chunks == (4, 2)  # chunks and physical batches count samples
+    seeds = [s for u in plan.updates for s in u.sample_seeds]
+    assert len(seeds) == 2 * 3 * len(plan.updates) and len(set(seeds)) == len(seeds)
+    # The first samples' streams are those of rollout.n=1: one rule derives every seed.
+    assert first.sample_seeds[:3] == single.updates[0].sample_seeds
+    assert plan.task_cursor(1) == 3  # the cursor counts prompts

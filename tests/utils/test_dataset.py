@@ -55,6 +55,10 @@ def test_shipped_toy_prompts_are_what_the_committed_script_makes(tmp_path):
     assert pq.read_table(out).to_pylist() == shipped.to_pylist()
     assert shipped.num_rows == 64
     assert set(shipped.column_names) == {"data_source", "prompt", "ability", "reward_model", "extra_info"}
+    for name in ("toy_digit_sums.parquet", "toy_digit_sums_heldout.parquet"):  # the task-reward recipe's
+        digits = pq.read_table(ROOT / "data" / name).to_pylist()
+        assert pq.read_table(tmp_path / name).to_pylist() == digits
+        assert all(len(r["reward_model"]["ground_truth"]) == 1 for r in digits)  # one digit: a toy can earn it
 
 
 def test_a_users_verl_parquet_runs_unchanged(tmp_path):

@@ -107,3 +107,38 @@ def test_forward_kl_topk_with_policy_gradient_is_accepted_with_a_warning():
 def test_dual_clip_bound_not_above_one_is_refused():
     with pytest.raises(ValueError, match=r"clip_ratio_c.*> 1"):
         EstimatorConfig(loss_mode="k1", use_policy_gradient=True, clip_ratio_c=1.0)
+
+
+TASK_GOLDEN = DATA / "verl-0.8.0-task-rewards.json"
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_task_rewards_match_verls_combined_loss_advantages_and_rule_scores(capsys, dtype):
+    cases = json.loads(TASK_GOLDEN.read_text())["cases"]
+    kinds = {c["kind"] for c in cases}
+    assert kinds == {"task_ppo", "grpo_advantage", "rloo_advantage", "reward_score"}
+    assert main([str(TASK_GOLDEN), "--dtype", dtype]) == 0
+    out = capsys.readouterr().out
+    assert _last_line(out) == f"conformance: {len(cases)}/{len(cases)} cases match verl v0.8.0"
+
+
+@pytest.mark.parametrize(
+    "kind, field, label",
+    [
+        ("task_ppo", ("expected", "metrics", "actor/pg_loss"), r"task rewards coef=1.0\): metric actor/pg_loss"),
+        ("grpo_advantage", ("expected", "advantages"), r"grpo norm_by_std=True\): advantages"),
+        ("reward_score", ("expected", "score"), r"reward openai/gsm8k .*\): score"),
+    ],
+)
+def test_a_corrupted_task_reward_value_is_reported(tmp_path, capsys, kind, field, label):
+    data = json.loads(TASK_GOLDEN.read_text())
+    case = next(c for c in data["cases"] if c["kind"] == kind)
+    holder = case
+    for key in field[:-1]:
+        holder = holder[key]
+    value = holder[field[-1]]
+    holder[field[-1]] = [[v + 0.5 for v in row] for row in value] if isinstance(value, list) else value + 0.5
+    bad = tmp_path / "corrupted.json"
+    bad.write_text(json.dumps(data))
+    assert main([str(bad)]) == 1
+    assert re.search(label, capsys.readouterr().out)

@@ -364,6 +364,40 @@ def test_export_composes_against_verl_0_8_0_and_passes_its_run_time_checks(
     assert runtime_violations(resolved) == []
 
 
+@pytest.mark.parametrize("custom", [False, True], ids=["miniverl-rules", "users-function"])
+def test_a_recipe_with_task_rewards_exports_a_launch_verl_accepts(tmp_path, verl_root, verl_default, custom):
+    fn = tmp_path / "my_reward.py"
+    fn.write_text("def my_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n")
+    extra = [f"reward.custom_reward_function.path={fn}", "reward.custom_reward_function.name=my_score"]
+    result = export(
+        compose_config(["+recipe=opd_k1_grpo_toy", "algorithm.adv_estimator=rloo", *(extra if custom else [])]),
+        tmp_path / "verl",
+        cwd=ROOT,
+    )
+    verl_cfg = compose_verl(verl_root, result.lines)
+    assert type_errors(verl_root, verl_default, result.lines) == []
+    resolved = OmegaConf.to_container(verl_cfg, resolve=True)
+    assert runtime_violations(resolved) == []
+    loss = resolved["distillation"]["distillation_loss"]
+    assert loss["use_task_rewards"] is True and loss["distillation_loss_coef"] == 0.1
+    assert resolved["actor_rollout_ref"]["rollout"]["n"] == 4 and resolved["algorithm"]["adv_estimator"] == "rloo"
+    reward = resolved["reward"]["custom_reward_function"]
+    if custom:  # the user's own function, where the trainer finds it; the export writes no scorer
+        assert (reward["path"], reward["name"]) == (str(fn), "my_score")
+        assert not (tmp_path / "verl" / "task_reward.py").exists()
+    else:  # miniverl's rules, through verl's own scorers
+        assert (reward["path"], reward["name"]) == (str(tmp_path / "verl" / "task_reward.py"), "compute_score")
+        source = (tmp_path / "verl" / "task_reward.py").read_text()
+        assert "from verl.utils.reward_score import default_compute_score, gsm8k" in source
+        compile(source, "task_reward.py", "exec")
+    assert not (tmp_path / "verl" / "no_task_reward.py").exists()
+    # and back: the import gives the same miniverl fields
+    text = import_verl.import_file(tmp_path / "verl" / "overrides.txt")
+    values = parsed([line for line in text.splitlines() if line and not line.startswith("#")])
+    assert values["estimator.use_task_rewards"] is True and values["rollout.n"] == 4
+    assert values["reward.custom_reward_function.path"] == (str(fn) if custom else None)
+
+
 def test_keys_whose_verl_defaults_differ_from_the_recipe_are_written_out(verl_root, recipe_lines):
     written = parsed(recipe_lines)
     for key in DATACLASS_DEFAULTS_THAT_DIFFER:  # written even where the YAML default happens to agree
@@ -426,7 +460,6 @@ BROKEN = {  # overrides appended to a valid launch -> what verl would refuse at 
     "rollout_name_unset": ("actor_rollout_ref.rollout.name=null", "must name a rollout engine"),
     "k1_without_policy_gradient": (f"{LOSS}.use_policy_gradient=False", "k1 needs use_policy_gradient"),
     "teacher_temperature_not_1": (f"{TEACHER}.inference.temperature=0.7", "must be 1.0"),
-    "task_rewards_on": (f"{LOSS}.use_task_rewards=True", "use_task_rewards must be False"),
     "rollout_tp_not_dividing_trainer": ("actor_rollout_ref.rollout.tensor_model_parallel_size=2", "not divisible"),
     "critic_built": ("algorithm.adv_estimator=gae", "critic"),
     "bypass_without_rollout_log_probs": (
@@ -663,7 +696,8 @@ def test_import_reads_a_verl_example_shaped_script(tmp_path, verl_root):
     assert values["trainer.logger"] == ["console"] and values["data.shuffle"] is True
     assert values["data.train_files"] == ["/home/user/data/gsm8k/train.parquet"]
     notes = "\n".join(line for line in text.splitlines() if line.startswith("#"))
-    assert "actor_rollout_ref.rollout.n=4  -- miniverl means 1" in notes
+    assert values["rollout.n"] == 4 and values["algorithm.adv_estimator"] == "grpo"
+    assert values["estimator.use_task_rewards"] is False and values["reward.custom_reward_function.path"] is None
     assert "trainer.logger: wandb" in notes
     assert "model.quantization" in notes  # a miniverl field verl does not set
     # The imported overrides make a valid miniverl config that exports a launch verl accepts.

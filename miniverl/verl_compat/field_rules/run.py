@@ -1,4 +1,5 @@
-"""Field rules of the training: estimator, hardware, data, eval, trainer, actor, rollout, recipe, export."""
+"""Field rules of the training: estimator, hardware, data, eval, trainer, actor, rollout, algorithm,
+reward, recipe, export."""
 
 from __future__ import annotations
 
@@ -45,6 +46,12 @@ RUN_RULES: tuple[Rule, ...] = (
         f"{LOSS}.log_prob_min_clamp",
         note="written whatever its value: verl's YAML says null, its dataclass -10.0",
     ),
+    mapped(
+        "estimator.use_task_rewards",
+        f"{LOSS}.use_task_rewards",
+        note="written whatever its value: verl's default is true, miniverl's false (pure distillation)",
+    ),
+    mapped("estimator.distillation_loss_coef", f"{LOSS}.distillation_loss_coef"),
     mapped(
         "estimator.loss_agg_mode",
         f"{ACTOR}.loss_agg_mode",
@@ -96,7 +103,7 @@ RUN_RULES: tuple[Rule, ...] = (
         "data.train_files",
         transform="list of absolute paths",
         note="relative paths are taken from the directory export runs in. verl's reward manager reads each row's "
-        "data_source and reward_model.ground_truth even though task rewards are off",
+        "data_source and reward_model.ground_truth, with task rewards off too",
     ),
     not_applicable(
         "data.repeat_prompts",
@@ -166,6 +173,10 @@ RUN_RULES: tuple[Rule, ...] = (
         note="verl v0.8.0's engine clips with optim.clip_grad (actor.grad_clip is not read)",
     ),
     mapped("actor.ppo_epochs", f"{ACTOR}.ppo_epochs"),
+    mapped("actor.clip_ratio", f"{ACTOR}.clip_ratio", note="the task-reward PPO loss's (estimator.use_task_rewards)"),
+    mapped("actor.clip_ratio_low", f"{ACTOR}.clip_ratio_low"),
+    mapped("actor.clip_ratio_high", f"{ACTOR}.clip_ratio_high"),
+    mapped("actor.clip_ratio_c", f"{ACTOR}.clip_ratio_c"),
     mapped(
         "rollout.temperature",
         f"{ROLLOUT}.temperature",
@@ -175,10 +186,33 @@ RUN_RULES: tuple[Rule, ...] = (
     mapped("rollout.top_p", f"{ROLLOUT}.top_p"),
     mapped("rollout.top_k", f"{ROLLOUT}.top_k"),
     mapped(
+        "rollout.n",
+        f"{ROLLOUT}.n",
+        note="samples per prompt; miniverl gives each its own sampling stream, verl's engine does not seed them",
+    ),
+    mapped(
+        "algorithm.adv_estimator",
+        "algorithm.adv_estimator",
+        note="written whatever its value: verl's default gae needs a critic, which neither builds here",
+    ),
+    mapped("algorithm.norm_adv_by_std_in_grpo", "algorithm.norm_adv_by_std_in_grpo"),
+    mapped(
         "algorithm.rollout_correction.bypass_mode",
         "algorithm.rollout_correction.bypass_mode",
         note="true: verl takes the old log-probs from its rollout engine (vLLM/SGLang), whose numerics differ from "
         "the trainer's more than miniverl's (one model for both); verl's PPO ratio then also corrects that gap",
+    ),
+    # ---- reward: the task reward
+    mapped(
+        "reward.custom_reward_function.path",
+        "reward.custom_reward_function.path",
+        transform="absolute path; null -> the export's task_reward.py (task rewards on) or no_task_reward.py (off)",
+        note="task_reward.py scores miniverl's data sources with verl's own scorers; no_task_reward.py scores 0",
+    ),
+    mapped(
+        "reward.custom_reward_function.name",
+        "reward.custom_reward_function.name",
+        note="compute_score for the export's own files",
     ),
     # ---- recipe
     not_applicable("recipe.name", "a label (written into the launch's README and script header)"),
@@ -187,7 +221,7 @@ RUN_RULES: tuple[Rule, ...] = (
         "recipe.logical_batch",
         "data.train_batch_size",
         f"{ACTOR}.ppo_mini_batch_size",
-        note="prompts per optimizer update, one sample each (rollout.n=1): one mini-batch per batch",
+        note="prompts per optimizer update (rollout.n samples each): one mini-batch per batch",
     ),
     mapped(
         "recipe.optimizer_updates",

@@ -1,0 +1,32 @@
+"""Schema of the `reward` node (verl: reward.*): how a sample's task reward is scored, when
+`estimator.use_task_rewards=true`.
+
+By default each row's `data_source` picks one of miniverl's rules (`miniverl.utils.reward_score`,
+verl's `default_compute_score` for the sources listed there). A function of the user's own takes
+over for every row with `reward.custom_reward_function.path=<file.py>` (and `.name`, default
+`compute_score`), called as verl calls it: `fn(data_source, solution_str, ground_truth,
+extra_info)`, returning a float or a dict with a "score".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+@dataclass
+class CustomRewardFunctionConfig:
+    path: Optional[str] = None  # a Python file; relative paths are taken from the directory the command runs in
+    name: str = "compute_score"
+
+
+@dataclass
+class RewardConfig:
+    custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
+
+    def __post_init__(self) -> None:
+        fn = self.custom_reward_function
+        if fn.path is not None and not fn.name:
+            raise ValueError(
+                "reward.custom_reward_function.name must name the function in reward.custom_reward_function.path"
+            )

@@ -1,0 +1,66 @@
+"""Reward role (verl: `compute_reward`, its naive reward manager): the task reward of each sample.
+
+Each response is decoded up to its last response token with special tokens skipped, scored
+against its row's `reward_model.ground_truth` by the rule of its `data_source` (or the user's
+`reward.custom_reward_function`), and the score is placed at the sample's last response token
+(`token_level_scores`, (B, R)), as verl places it. Runs on the CPU: no model is involved.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from miniverl.config.reward import RewardConfig
+from miniverl.protocol import Batch
+from miniverl.utils.dataset import PromptSet
+from miniverl.utils.errors import MiniverlError
+from miniverl.utils.reward_score import RULES, ScoreFn, default_compute_score, load_custom_reward_function, score_value
+
+
+class RewardWorker:
+    def __init__(self, tokenizer, prompts: PromptSet, reward: RewardConfig):
+        """Checks every kept row before any model loads: a row the reward cannot score is one line."""
+        custom = reward.custom_reward_function
+        self.compute_score: ScoreFn = (
+            load_custom_reward_function(custom.path, custom.name) if custom.path else default_compute_score
+        )
+        self.tokenizer = tokenizer
+        self.tasks = prompts.tasks
+        if custom.path is None:
+            check_rule_rows(prompts)
+
+    def compute_reward(self, batch: Batch) -> Batch:
+        """Fills token_level_scores (B, R) float32."""
+        lengths = batch.response_mask.sum(-1).long().tolist()  # (B,)
+        scores = torch.zeros(batch.responses.shape, dtype=torch.float32)  # (B, R)
+        for i, (row, length) in enumerate(zip(batch.prompt_rows.tolist(), lengths)):
+            task = self.tasks[row]
+            text = self.tokenizer.decode(batch.responses[i, :length].tolist(), skip_special_tokens=True)
+            try:
+                result = self.compute_score(task.data_source, text, task.ground_truth, task.extra_info)
+            except Exception as error:  # the user's function: where and what, in one line
+                raise MiniverlError(
+                    f"the task reward failed on row {row} (data_source {task.data_source!r}, response "
+                    f"{text[:40]!r}): {type(error).__name__}: {error}"
+                ) from None
+            scores[i, max(length, 1) - 1] = score_value(result, task.data_source, row)
+        batch.token_level_scores = scores.to(batch.responses.device)
+        return batch
+
+
+def check_rule_rows(prompts: PromptSet) -> None:
+    """Every kept row has a data_source with a rule and a ground truth, or one line naming the row."""
+    for row in prompts.rows:
+        task = prompts.tasks.get(row)
+        source = task.data_source if task else None
+        if source not in RULES:
+            raise MiniverlError(
+                f"data.train_files row {row}: no task-reward rule for data_source {source!r} (rules: "
+                f"{', '.join(RULES)}); set reward.custom_reward_function.path=<file.py> to score it, or "
+                "estimator.use_task_rewards=false"
+            )
+        if task.ground_truth is None:
+            raise MiniverlError(
+                f"data.train_files row {row}: no reward_model.ground_truth for the {source} rule; add it, "
+                "or set estimator.use_task_rewards=false"
+            )

@@ -1,0 +1,166 @@
+"""Task rewards beside distillation, end to end on the toy: every sample's score is its rule's on
+its decoded response, at its last token; the task advantages are GRPO's over each prompt's
+rollout.n samples; a run stopped and resumed, and a run whose batches were halved by
+out-of-memory, sample and train the same; a row the reward cannot score is one line."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoTokenizer
+
+from miniverl.main import run
+from miniverl.utils.errors import MiniverlError
+from miniverl.utils.identity import sha256_file
+from miniverl.utils.reward_score import default_compute_score
+from miniverl.workers.advantages import grpo_outcome_advantage
+
+from conftest import SHORT, compose_config
+
+N_SAMPLES = 4  # the recipe's rollout.n
+ARGS = [
+    "+recipe=opd_k1_grpo_toy",
+    "recipe.optimizer_updates=2",
+    "recipe.logical_batch=2",
+    "eval.every=-1",
+    "data.val_files=[]",
+    "teacher.toy_pretrain_steps=3",
+    "trainer.progress_bar=false",
+]
+
+
+def task_run(run_dir, *extra):
+    return run(compose_config([*ARGS, *extra]), run_dir)
+
+
+def trajectory(run_dir, update):
+    return load_file(str(run_dir / "trajectories" / f"update_{update:06d}.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("task") / "run"
+    report = task_run(run_dir)
+    assert report["status"] == "measured"
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def parity_run(tmp_path_factory):
+    """One update scored by a function of the user's: 1 for a response of odd length (a mix of 0 and 1)."""
+    folder = tmp_path_factory.mktemp("parity")
+    fn = folder / "parity_reward.py"
+    fn.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return {'score': float(len(solution_str) % 2), 'length': len(solution_str)}\n"
+    )
+    task_run(folder / "run", "recipe.optimizer_updates=1", f"reward.custom_reward_function.path={fn}")
+    return folder / "run"
+
+
+def test_each_score_is_its_rule_on_the_decoded_response_at_the_last_token(reference):
+    tokenizer = AutoTokenizer.from_pretrained(reference / "toy_models" / "student")
+    rows = pq.read_table("data/toy_digit_sums.parquet").to_pylist()
+    truths = {row: record["reward_model"]["ground_truth"] for row, record in enumerate(rows)}
+    scored = 0
+    for update in (1, 2):
+        t = trajectory(reference, update)
+        lengths = t["response_mask"].sum(-1).long()
+        for i, n in enumerate(lengths.tolist()):
+            text = tokenizer.decode(t["responses"][i, :n].tolist(), skip_special_tokens=True)
+            want = default_compute_score("miniverl/toy_arithmetic", text, truths[int(t["prompt_rows"][i])])
+            assert t["token_level_scores"][i, n - 1] == want
+            assert t["token_level_scores"][i].sum() == want  # nowhere else
+            scored += 1
+    assert scored == 2 * 2 * N_SAMPLES
+
+
+def test_task_advantages_are_grpo_over_each_prompts_samples(reference, parity_run):
+    for run_dir in (reference, parity_run):
+        t = trajectory(run_dir, 1)
+        rows = t["prompt_rows"].view(-1, N_SAMPLES)
+        assert (rows == rows[:, :1]).all()  # a prompt's samples are adjacent
+        index = torch.arange(len(rows) * N_SAMPLES) // N_SAMPLES
+        expected = grpo_outcome_advantage(t["token_level_scores"], t["response_mask"], index)
+        assert torch.equal(t["task_advantages"], expected)
+    scores = trajectory(parity_run, 1)["token_level_scores"].sum(-1)
+    assert 0 < scores.sum() < len(scores)  # right and wrong samples: the advantages are not all zero
+    assert trajectory(parity_run, 1)["task_advantages"].abs().sum() > 0
+
+
+def test_the_metrics_carry_verls_task_reward_names(reference):
+    history = [json.loads(line) for line in (reference / "metrics.jsonl").read_text().splitlines()]
+    for update, metrics in enumerate(history, start=1):
+        scores = trajectory(reference, update)["token_level_scores"].sum(-1)
+        assert metrics["critic/score/mean"] == pytest.approx(float(scores.mean()))
+        assert metrics["critic/rewards/max"] == float(scores.max())
+        for key in ("actor/pg_loss", "actor/pg_clipfrac", "critic/advantages/mean", "timing_s/reward", "timing_s/adv"):
+            assert key in metrics, key
+    recipe = json.loads((reference / "report.json").read_text())["recipe"]
+    assert recipe["samples_per_prompt"] == N_SAMPLES
+    assert recipe["task_rewards"] == {
+        "adv_estimator": "grpo",
+        "norm_adv_by_std_in_grpo": True,
+        "distillation_loss_coef": 0.1,
+        "reward_function": "rule of data_source",
+    }
+
+
+def test_a_run_stopped_and_resumed_with_rollout_n_samples_equals_the_whole_run(reference, tmp_path):
+    stopped = tmp_path / "stopped"
+    assert task_run(stopped, "trainer.stop_after_updates=1")["status"] == "interrupted"
+    assert task_run(stopped)["status"] == "measured"  # resume_mode=auto: goes on in its own folder
+    for update in (1, 2):
+        name = f"trajectories/update_{update:06d}.safetensors"
+        assert sha256_file(stopped / name) == sha256_file(reference / name)
+    name = "peft_adapter/adapter_model.safetensors"
+    assert sha256_file(stopped / name) == sha256_file(reference / name)
+
+
+def test_a_downshift_with_rollout_n_samples_samples_the_same_tokens(reference, tmp_path):
+    report = task_run(tmp_path / "oom", "hardware.simulate_oom_above_rows=2")
+    assert report["measurements"]["batch_downshifts"]["rollout_oom"] > 0
+    for update in (1, 2):
+        a, b = trajectory(reference, update), trajectory(tmp_path / "oom", update)
+        assert torch.equal(a["responses"], b["responses"])
+        assert torch.equal(a["token_level_scores"], b["token_level_scores"])
+        torch.testing.assert_close(a["task_advantages"], b["task_advantages"])
+
+
+def test_a_row_without_a_rule_or_a_ground_truth_is_one_line_naming_the_row(tmp_path):
+    rows = pq.read_table("data/toy_digit_sums.parquet").to_pylist()[:8]
+    rows[5]["data_source"] = "my/benchmark"
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "unknown.parquet")
+    with pytest.raises(MiniverlError, match=r"row 5: no task-reward rule for data_source 'my/benchmark' \(rules: "):
+        task_run(tmp_path / "a", f"data.train_files={tmp_path / 'unknown.parquet'}")
+    rows[5]["data_source"] = "openai/gsm8k"
+    rows[5]["reward_model"] = {"style": "rule", "ground_truth": None}
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "no_truth.parquet")
+    with pytest.raises(MiniverlError, match=r"row 5: no reward_model.ground_truth for the openai/gsm8k rule"):
+        task_run(tmp_path / "b", f"data.train_files={tmp_path / 'no_truth.parquet'}")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()  # refused before writing anything
+
+
+def test_a_users_reward_function_scores_every_row(parity_run):
+    t = trajectory(parity_run, 1)
+    tokenizer = AutoTokenizer.from_pretrained(parity_run / "toy_models" / "student")
+    for i, n in enumerate(t["response_mask"].sum(-1).long().tolist()):
+        text = tokenizer.decode(t["responses"][i, :n].tolist(), skip_special_tokens=True)
+        assert t["token_level_scores"][i].sum() == len(text) % 2
+
+
+def test_without_task_rewards_the_task_settings_change_no_byte(tmp_path):
+    # Pure distillation reads none of them: the same trajectories and adapter, and no task columns.
+    plain = ["+recipe=opd_k1", *SHORT, "recipe.optimizer_updates=2"]
+    run(compose_config(plain), tmp_path / "a")
+    unread = ["estimator.distillation_loss_coef=0.3", "algorithm.adv_estimator=rloo", "actor.clip_ratio=0.1"]
+    run(compose_config([*plain, "estimator.use_task_rewards=false", *unread]), tmp_path / "b")
+    for name in ("trajectories/update_000001.safetensors", "trajectories/update_000002.safetensors",
+                 "peft_adapter/adapter_model.safetensors"):  # fmt: skip
+        assert sha256_file(tmp_path / "a" / name) == sha256_file(tmp_path / "b" / name)
+    assert not {"token_level_scores", "task_advantages"} & set(trajectory(tmp_path / "a", 1))
