@@ -96,6 +96,21 @@ def check_data(cfg: MiniverlConfig, tokenizer) -> Check:
     return Check("PASS", "data", f"{facts}{dropped}; the plan consumes {needed} of {usable} usable prompts")
 
 
+def check_reward(cfg: MiniverlConfig) -> Check:
+    """With task rewards: every row can be scored (the trainer checks the same before loading)."""
+    from miniverl.utils.reward_score import load_custom_reward_function
+    from miniverl.workers.reward import check_rule_rows
+
+    tasks = read_conversations(cfg.data).tasks
+    custom = cfg.reward.custom_reward_function
+    if custom.path:
+        load_custom_reward_function(custom.path, custom.name)
+        return Check("PASS", "reward", f"{len(tasks)} rows scored by {custom.name} of {custom.path}")
+    check_rule_rows(range(len(tasks)), dict(enumerate(tasks)))
+    sources = sorted({t.data_source for t in tasks})
+    return Check("PASS", "reward", f"{len(tasks)} rows, each with its data_source's rule ({', '.join(sources)})")
+
+
 def check_tokenizers(cfg: MiniverlConfig, student_tok) -> Check:
     if cfg.teacher.mode != "standard":
         return Check("PASS", "tokenizer", f"teacher.mode={cfg.teacher.mode} shares the student's tokenizer and base")
@@ -219,6 +234,7 @@ def cheap_checks(cfg: MiniverlConfig, device: torch.device) -> list[Check]:
         guarded("data", check_data, cfg, tokenizer),
         guarded("tokenizer", check_tokenizers, cfg, tokenizer),
         guarded("memory", check_memory, cfg, device),
+        *([guarded("reward", check_reward, cfg)] if cfg.estimator.use_task_rewards else []),
     ]
 
 

@@ -8,11 +8,13 @@ against its row's `reward_model.ground_truth` by the rule of its `data_source` (
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+
 import torch
 
 from miniverl.config.reward import RewardConfig
 from miniverl.protocol import Batch
-from miniverl.utils.dataset import PromptSet
+from miniverl.utils.dataset import PromptSet, TaskRow
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.reward_score import RULES, ScoreFn, default_compute_score, load_custom_reward_function, score_value
 
@@ -27,7 +29,7 @@ class RewardWorker:
         self.tokenizer = tokenizer
         self.tasks = prompts.tasks
         if custom.path is None:
-            check_rule_rows(prompts)
+            check_rule_rows(prompts.rows, prompts.tasks)
 
     def compute_reward(self, batch: Batch) -> Batch:
         """Fills token_level_scores (B, R) float32."""
@@ -48,10 +50,10 @@ class RewardWorker:
         return batch
 
 
-def check_rule_rows(prompts: PromptSet) -> None:
-    """Every kept row has a data_source with a rule and a ground truth, or one line naming the row."""
-    for row in prompts.rows:
-        task = prompts.tasks.get(row)
+def check_rule_rows(rows: Iterable[int], tasks: Mapping[int, TaskRow]) -> None:
+    """Every row has a data_source with a rule and a ground truth, or one line naming the row."""
+    for row in rows:
+        task = tasks.get(row)
         source = task.data_source if task else None
         if source not in RULES:
             raise MiniverlError(

@@ -131,13 +131,13 @@ def test_a_nan_loss_stops_at_once_keeps_the_last_good_checkpoint_and_reports_fai
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 1
 
 
-SIGNAL_ARGS = [
+SIGNAL_ARGS = [  # 8 updates: the signal lands after the first checkpoint with 7 still to run (~2 s)
     "+recipe=opd_k1",
     "model=toy",
     "teacher=toy",
-    "recipe.optimizer_updates=16",
+    "recipe.optimizer_updates=8",
     "recipe.interrupt_after_updates=null",
-    "recipe.response_limit=12",
+    "recipe.response_limit=8",
     "actor.optim.lr=1e-3",
     "trainer.progress_bar=false",
 ]
@@ -168,9 +168,9 @@ def test_a_signal_mid_run_stops_cleanly_and_the_resume_is_exact(tmp_path, signum
     assert last.startswith(f"miniverl: error: stopped by {signal.Signals(signum).name} after update")
     assert f"trainer.resume_from={stopped}" in last and "Traceback" not in stderr
     report = json.loads((stopped / "report.json").read_text())
-    assert report["status"] == "interrupted" and report["recipe"]["optimizer_updates"] == 16
+    assert report["status"] == "interrupted" and report["recipe"]["optimizer_updates"] == 8
     done = len((stopped / "metrics.jsonl").read_text().splitlines())
-    assert 1 <= done < 16 and checkpoint.checkpoints_in(stopped)[-1].name == f"update_{done}"
+    assert 1 <= done < 8 and checkpoint.checkpoints_in(stopped)[-1].name == f"update_{done}"
     resumed = tmp_path / "resumed"  # in this process: the stop, not the resume, needs its own process
     run(compose_config([*SIGNAL_ARGS, f"trainer.resume_from={stopped}"]), resumed)
     assert first_difference(reference, resumed)[1] is None

@@ -7,6 +7,7 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from miniverl.config import to_config
 from miniverl.main import run
@@ -14,7 +15,7 @@ from miniverl.models import toy
 from miniverl.trainer import preflight
 from miniverl.utils.errors import MiniverlError
 
-from conftest import SHORT, compose_config, run_as_command
+from conftest import ROOT, SHORT, compose_config, run_as_command
 
 BASE = ["+recipe=opd_k1", "model=toy", "teacher=toy"]
 
@@ -157,3 +158,20 @@ def test_the_doctor_says_which_checks_a_cheap_fail_left_out(capfd):
         last
         == "doctor: 2/3 checks without FAIL; not run after the FAIL: self-test, nf4-gradients (they load the models)"
     )
+
+
+def test_with_task_rewards_the_doctor_checks_every_row_can_be_scored(tmp_path):
+    cfg = to_config(compose_config(["+recipe=opd_k1_grpo_toy"]))
+    assert str(preflight.check_reward(cfg)) == (
+        "PASS reward: 64 rows, each with its data_source's rule (miniverl/toy_arithmetic)"
+    )
+    rows = pq.read_table(ROOT / "data/toy_digit_sums.parquet").to_pylist()
+    rows[3]["data_source"] = "my/benchmark"
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "mixed.parquet")
+    cfg = to_config(compose_config(["+recipe=opd_k1_grpo_toy", f"data.train_files={tmp_path / 'mixed.parquet'}"]))
+    checks = preflight.cheap_checks(cfg, torch.device("cpu"))
+    assert [c.name for c in checks] == ["data", "tokenizer", "memory", "reward"]
+    assert checks[-1].status == "FAIL"
+    assert "row 3: no task-reward rule for data_source 'my/benchmark'" in checks[-1].reason
+    plain = preflight.cheap_checks(to_config(compose_config(["+recipe=opd_k1", *SHORT])), torch.device("cpu"))
+    assert "reward" not in [c.name for c in plain]  # pure distillation reads no reward
