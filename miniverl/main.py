@@ -63,7 +63,7 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str] = ()) -> dict:
         raise MiniverlError(
             f"update {trainer.failure['update']} failed: {trainer.failure['reason']}; {kept}; report: "
             f"{run_dir / 'report.json'}"
-        )
+        ) from trainer.failure_cause
     k = config.recipe.resume_check_after
     if k is not None and config.trainer.stop_after_updates is None and trainer.resumed is None:
         report = check_own_resume(trainer, run_dir, overrides, k)

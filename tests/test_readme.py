@@ -79,9 +79,16 @@ RULES = [
     (r"^python -m miniverl\.bench ", "parse", "minutes of benchmark: tests/bench/ runs --scale toy"),
     (r"^python -m miniverl\.main \+recipe=opd_k1( hardware=\S+)?$", "compose", "needs the Qwen3 weights"),
     (
-        r"^python -m miniverl\.main \+recipe=opd_k1_grpo_toy algorithm\.",
+        r"^python -m miniverl\.main \+recipe=opd_k1_grpo_toy (algorithm\.|reward\.)",
         "compose",
-        "the run above with other options: tests/workers/test_advantages.py checks RLOO against verl",
+        "the run above with other options: tests/workers/test_advantages.py checks RLOO against verl, "
+        "tests/utils/test_reward_score.py scores with the shipped digit_reward.py",
+    ),
+    (
+        r"^python -m miniverl\.main \+recipe=opd_k1 model=toy_qwen3 teacher=toy_qwen3$",
+        "compose",
+        "tests/e2e/test_qwen3_layout.py runs this recipe on this config (short, as the walk would), stopped "
+        "and resumed in a fresh process",
     ),
     (r"^python -m miniverl\.(main|export|doctor|report|conformance|import_verl) ", "run", ""),
 ]

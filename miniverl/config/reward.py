@@ -4,8 +4,8 @@
 By default each row's `data_source` picks one of miniverl's rules (`miniverl.utils.reward_score`,
 verl's `default_compute_score` for the sources listed there). A function of the user's own takes
 over for every row with `reward.custom_reward_function.path=<file.py>` (and `.name`, default
-`compute_score`), called as verl calls it: `fn(data_source, solution_str, ground_truth,
-extra_info)`, returning a float or a dict with a "score".
+`compute_score`), called as verl calls it, by keyword: `fn(data_source=..., solution_str=...,
+ground_truth=..., extra_info=...)`, returning a float or a dict with a "score".
 """
 
 from __future__ import annotations

@@ -125,7 +125,7 @@ def closing_lines(report: dict, history: list[dict], run_dir: Path) -> str:
         ("downshifts", ", ".join(f"{k.replace('_oom', '')} {v}" for k, v in shifts.items()) or "none"),
         ("resume", resume_text),
         ("run folder", str(run_dir)),
-        ("read", "report.md (the report as a page), curves.png (loss, grad norm, length), report.json"),
+        ("read", "report.md (the report as a page), curves.png (the curves over the updates), report.json"),
         ("adapter", f"{run_dir / 'peft_adapter'} (a standard PEFT adapter)"),
     ]
     return _table(rows)

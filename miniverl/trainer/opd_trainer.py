@@ -36,7 +36,7 @@ from miniverl.utils.signals import deferred_signals
 from miniverl.workers.actor import NonFiniteLoss
 from miniverl.workers.advantages import compute_advantage
 from miniverl.workers.factory import build_roles
-from miniverl.workers.reward import RewardWorker
+from miniverl.workers.reward import RewardFailed, RewardWorker
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,7 @@ class OPDTrainer:
         self.resumed: checkpoint.Checkpoint | None = None
         self.last_checkpoint: Path | None = None
         self.failure: dict | None = None
+        self.failure_cause: BaseException | None = None  # its exception: HYDRA_FULL_ERROR=1 shows the chain
         self.stopped_by: int | None = None  # the signal that stopped the run, if one did
         self.seconds_to_first: dict[str, float | None] = {"rollout": None, "teacher_targets": None, "update": None}
         self.progress: dict[str, list[dict]] = {}  # held-out k1_mean / exact_reverse_kl per evaluated update
@@ -155,8 +156,8 @@ class OPDTrainer:
                         update.update % self.cfg.eval.every == 0 or update.update == len(self.plan.updates)
                     ):
                         metrics.update(self.evaluate(update.update))
-                except (OutOfMemoryAtOneRow, NonFiniteLoss) as error:
-                    self.failure = {"update": update.update, "reason": str(error)}
+                except (OutOfMemoryAtOneRow, NonFiniteLoss, RewardFailed) as error:
+                    self.failure, self.failure_cause = {"update": update.update, "reason": str(error)}, error
                     self.ensure_checkpoint()  # of the last complete update
                     return "failed"
                 self.log_update(update.update, metrics, bar)

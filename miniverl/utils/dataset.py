@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -53,7 +54,7 @@ class TaskRow:
     """What a row's task reward is scored from (verl's reward manager reads the same columns)."""
 
     data_source: str | None
-    ground_truth: str | None  # reward_model.ground_truth, as a string
+    ground_truth: Any  # reward_model.ground_truth as the parquet holds it (verl passes it unchanged)
     extra_info: dict | None
 
 
@@ -98,7 +99,8 @@ def read_conversations(data: DataConfig, key: str = "train_files") -> Conversati
                 else None
             )
             extra = extras[row] if isinstance(extras[row], dict) else None
-            tasks.append(TaskRow(None if sources[row] is None else str(sources[row]), answers[-1], extra))
+            raw = truth.get("ground_truth") if isinstance(truth, dict) else None
+            tasks.append(TaskRow(None if sources[row] is None else str(sources[row]), raw, extra))
         digests.append(sha256_file(path))
     if not conversations:
         raise MiniverlError(f"{where}: {', '.join(getattr(data, key))} holds no rows")

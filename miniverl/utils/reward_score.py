@@ -16,8 +16,11 @@ prime_math, code sandboxes, search) have no rule here: name your own function fo
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
+import inspect
 import re
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -150,40 +153,51 @@ RULES: dict[str, ScoreFn] = {
 }
 
 
-def default_compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info=None) -> float:
-    """The rule of `data_source` (verl's signature); an unknown source is a KeyError."""
+def default_compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info=None, **kwargs) -> float:
+    """The rule of `data_source` (verl's signature, called by keyword); an unknown source is a KeyError."""
     return RULES[data_source](solution_str, ground_truth)
 
 
+def where_in(error: BaseException, file: Path) -> str:
+    """`<file> line <n>`: the deepest frame of `error` in the user's `file` ('' when none is)."""
+    if isinstance(error, SyntaxError) and error.lineno is not None:
+        return f" ({file.name} line {error.lineno})"
+    lines = [f.lineno for f in traceback.extract_tb(error.__traceback__) if Path(f.filename) == file.resolve()]
+    return f" ({file.name} line {lines[-1]})" if lines else ""
+
+
 def load_custom_reward_function(path: str, name: str) -> ScoreFn:
-    """`name` from the Python file `path` (verl: reward.custom_reward_function), or one line saying
-    what is wrong."""
+    """`name` from the Python file `path` (verl: reward.custom_reward_function), called by keyword as
+    verl calls it (an `async def` is run to completion); or one line saying what is wrong."""
     where = "reward.custom_reward_function"
     file = Path(path)
     if not file.is_file():
-        raise MiniverlError(f"{where}.path={path}: no such file (paths are relative to {Path.cwd()})")
+        relative = "" if file.is_absolute() else f" (paths are relative to {Path.cwd()})"
+        raise MiniverlError(f"{where}.path={path}: no such file{relative}")
     spec = importlib.util.spec_from_file_location(f"miniverl_custom_reward_{file.stem}", file)
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
-    except Exception as error:  # the user's file: say where it failed, in one line
-        raise MiniverlError(f"{where}.path={path} failed to import: {type(error).__name__}: {error}") from None
+    except Exception as error:  # the user's file: where it failed, in one line (the chain for HYDRA_FULL_ERROR)
+        raise MiniverlError(
+            f"{where}.path={path} failed to import: {type(error).__name__}: {error}{where_in(error, file)}"
+        ) from error
     fn = getattr(module, name, None)
     if not callable(fn):
         found = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
         raise MiniverlError(
             f"{where}.name={name}: {path} defines no function {name!r} (it has: {', '.join(found) or 'none'})"
         )
+    if inspect.iscoroutinefunction(fn):
+        return lambda **kwargs: asyncio.run(fn(**kwargs))
     return fn
 
 
-def score_value(result: Any, data_source: str, row: int) -> float:
-    """A scorer's result as a float: a number, or a dict's "score" (verl's reward manager)."""
+def score_value(result: Any) -> float:
+    """A scorer's result as a float: a number, or a dict's "score" (verl's reward manager); a
+    ValueError saying what came back otherwise."""
     value = result.get("score") if isinstance(result, dict) else result
     try:
         return float(value)
     except (TypeError, ValueError):
-        raise MiniverlError(
-            f"the reward function returned {result!r:.80} for row {row} (data_source {data_source!r}): "
-            "return a number or a dict with a 'score'"
-        ) from None
+        raise ValueError(f"returned {result!r:.80}: return a number or a dict with a 'score'") from None

@@ -379,6 +379,8 @@ def export(cfg: DictConfig, folder: Path, *, cwd: Path | None = None) -> ExportR
                 f"data file {path} does not exist here: the verl trainer must see it at this path "
                 "(or set TRAIN_FILES in run_opd.sh)"
             )
+    if reward.written is None and not os.path.exists(reward.path):
+        warnings.append(f"reward function file {reward.path} does not exist here: the verl trainer must see it there")
     digest = field_rule_digest()
     try:
         folder.mkdir(parents=True, exist_ok=True)

@@ -142,13 +142,23 @@ def to_miniverl(lines: list[str]) -> tuple[list[tuple[str, Any]], list[tuple[str
     emit("recipe.prompt_limit", v("data.max_prompt_length"), "data.max_prompt_length")
     emit("recipe.response_limit", v("data.max_response_length"), "data.max_response_length")
     # Task advantages: verl's critic-free outcome estimators only.
-    if v("algorithm.adv_estimator") in ADV_ESTIMATORS:
-        emit("algorithm.adv_estimator", v("algorithm.adv_estimator"), "algorithm.adv_estimator")
+    estimator = v("algorithm.adv_estimator")
+    if estimator in ADV_ESTIMATORS:
+        emit("algorithm.adv_estimator", estimator, "algorithm.adv_estimator")
     else:
-        skip("algorithm.adv_estimator", f"miniverl has no critic: its estimators are {', '.join(ADV_ESTIMATORS)}")
-    # The task reward: the export's own files mean miniverl's own rules.
+        why = f"miniverl has verl's {' and '.join(ADV_ESTIMATORS)} only (gae needs a critic)"
+        skip("algorithm.adv_estimator", why)
+        if "algorithm.adv_estimator" not in values:
+            unmapped.append((f"algorithm.adv_estimator={estimator} (verl's default)", why))
+    # The task reward: the export's own scorer files mean miniverl's own rules.
     path = v("reward.custom_reward_function.path")
-    if path is not None and Path(path).name in (NO_TASK_REWARD_FILE, TASK_REWARD_FILE):
+    if path is not None and _written_by_the_export(path):
+        unmapped.append(
+            (
+                f"reward.custom_reward_function.path={path}",
+                "the export's own scorer: imported as null, miniverl's rules (they score as it does)",
+            )
+        )
         path = None
     emit("reward.custom_reward_function.path", path, "reward.custom_reward_function.path")
     # LoRA: miniverl trains LoRA adapters only.
@@ -239,6 +249,16 @@ def to_miniverl(lines: list[str]) -> tuple[list[tuple[str, Any]], list[tuple[str
     final = dict(out)
     order = {"estimator": -1, **{rule.field: k for k, rule in enumerate(RULES)}}
     return sorted(final.items(), key=lambda item: order.get(item[0], len(order))), unmapped
+
+
+def _written_by_the_export(path: str) -> bool:
+    """A reward file of the export's (by its name, and by its header when it can be read here)."""
+    if Path(path).name not in (NO_TASK_REWARD_FILE, TASK_REWARD_FILE):
+        return False
+    try:
+        return Path(path).read_text().startswith('"""Written by miniverl\'s export')
+    except OSError:  # not on this machine (the launch was made elsewhere): trust the name
+        return True
 
 
 def _dict_parent(key: str) -> str | None:

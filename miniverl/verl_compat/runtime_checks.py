@@ -154,7 +154,7 @@ def runtime_violations(cfg: Mapping) -> list[str]:
     rank = g(f"{MODEL}.lora_rank", 0) or 0
     if name == "vllm" and rank > VLLM_MAX_LORA_RANK:
         out.append(f"{MODEL}.lora_rank={rank} exceeds vLLM's largest LoRA rank {VLLM_MAX_LORA_RANK}")
-    # No critic: pure distillation has no value model.
+    # No critic: miniverl has no value model (its task advantages are GRPO or RLOO).
     critic = g("critic.enable")
     if critic or (critic is None and g("algorithm.adv_estimator") == "gae"):
         out.append("a critic would be built (algorithm.adv_estimator=gae or critic.enable): distillation has none")

@@ -9,6 +9,7 @@ against its row's `reward_model.ground_truth` by the rule of its `data_source` (
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 import torch
 
@@ -16,7 +17,18 @@ from miniverl.config.reward import RewardConfig
 from miniverl.protocol import Batch
 from miniverl.utils.dataset import PromptSet, TaskRow
 from miniverl.utils.errors import MiniverlError
-from miniverl.utils.reward_score import RULES, ScoreFn, default_compute_score, load_custom_reward_function, score_value
+from miniverl.utils.reward_score import (
+    RULES,
+    ScoreFn,
+    default_compute_score,
+    load_custom_reward_function,
+    score_value,
+    where_in,
+)
+
+
+class RewardFailed(Exception):
+    """The user's reward function raised, or returned no number: the update is not applied."""
 
 
 class RewardWorker:
@@ -26,6 +38,8 @@ class RewardWorker:
         self.compute_score: ScoreFn = (
             load_custom_reward_function(custom.path, custom.name) if custom.path else default_compute_score
         )
+        self.scorer = f"{custom.name} of {custom.path}" if custom.path else "miniverl's rules"
+        self.file = Path(custom.path) if custom.path else None
         self.tokenizer = tokenizer
         self.tasks = prompts.tasks
         if custom.path is None:
@@ -38,14 +52,22 @@ class RewardWorker:
         for i, (row, length) in enumerate(zip(batch.prompt_rows.tolist(), lengths)):
             task = self.tasks[row]
             text = self.tokenizer.decode(batch.responses[i, :length].tolist(), skip_special_tokens=True)
-            try:
-                result = self.compute_score(task.data_source, text, task.ground_truth, task.extra_info)
-            except Exception as error:  # the user's function: where and what, in one line
-                raise MiniverlError(
-                    f"the task reward failed on row {row} (data_source {task.data_source!r}, response "
-                    f"{text[:40]!r}): {type(error).__name__}: {error}"
-                ) from None
-            scores[i, max(length, 1) - 1] = score_value(result, task.data_source, row)
+            try:  # by keyword, as verl's reward manager calls it
+                result = self.compute_score(
+                    data_source=task.data_source,
+                    solution_str=text,
+                    ground_truth=task.ground_truth,
+                    extra_info=task.extra_info,
+                )
+                score = score_value(result)
+            except Exception as error:  # the user's function: what, where and on what, in one line
+                location = where_in(error, self.file) if self.file else ""
+                raise RewardFailed(
+                    f"the task reward ({self.scorer}) {type(error).__name__}: {error}{location} on row {row} "
+                    f"(data_source {task.data_source!r}, response {text[:40]!r}); fix it and rerun the same "
+                    "command"
+                ) from error
+            scores[i, max(length, 1) - 1] = score
         batch.token_level_scores = scores.to(batch.responses.device)
         return batch
 
@@ -65,4 +87,10 @@ def check_rule_rows(rows: Iterable[int], tasks: Mapping[int, TaskRow]) -> None:
             raise MiniverlError(
                 f"data.train_files row {row}: no reward_model.ground_truth for the {source} rule; add it, "
                 "or set estimator.use_task_rewards=false"
+            )
+        if not isinstance(task.ground_truth, str):  # verl's rules compare strings: 5 != "5" scores 0 there
+            raise MiniverlError(
+                f"data.train_files row {row}: reward_model.ground_truth is {task.ground_truth!r:.40} "
+                f"({type(task.ground_truth).__name__}); the {source} rule compares strings, as verl's does: "
+                "store it as a string, or score it with reward.custom_reward_function.path"
             )

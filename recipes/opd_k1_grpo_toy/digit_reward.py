@@ -3,7 +3,7 @@
     python -m miniverl.main +recipe=opd_k1_grpo_toy \\
         reward.custom_reward_function.path=recipes/opd_k1_grpo_toy/digit_reward.py
 
-Called as verl calls it, once per sample; returns a number or a dict with a "score" (the other
+Called as verl calls it, once per sample, by keyword; returns a number or a dict with a "score" (the other
 keys are verl's reward_extra_info, not used by miniverl). Here: 1 for an answer that is exactly
 the ground truth, 0.1 for one that holds a digit at all (a shaped reward), else 0.
 """

@@ -164,3 +164,25 @@ def test_without_task_rewards_the_task_settings_change_no_byte(tmp_path):
                  "peft_adapter/adapter_model.safetensors"):  # fmt: skip
         assert sha256_file(tmp_path / "a" / name) == sha256_file(tmp_path / "b" / name)
     assert not {"token_level_scores", "task_advantages"} & set(trajectory(tmp_path / "a", 1))
+
+
+def test_a_reward_function_that_raises_mid_run_fails_the_update_with_a_report(tmp_path):
+    fn = tmp_path / "late_reward.py"
+    fn.write_text(
+        "calls = []\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    calls.append(1)\n"
+        "    if len(calls) > 8:  # the second update's first sample\n"
+        "        raise RuntimeError('boom')\n"
+        "    return 0.0\n"
+    )
+    run_dir = tmp_path / "run"
+    with pytest.raises(MiniverlError) as error:
+        task_run(run_dir, f"reward.custom_reward_function.path={fn}")
+    message = str(error.value)
+    assert message.startswith("update 2 failed: the task reward (compute_score of ")
+    assert "RuntimeError: boom (late_reward.py line 5) on row" in message
+    assert "the last complete update is checkpointed" in message
+    assert json.loads((run_dir / "report.json").read_text())["status"] == "failed"
+    cause = error.value.__cause__.__cause__  # MiniverlError <- RewardFailed <- the user's own exception
+    assert isinstance(cause, RuntimeError) and cause.__traceback__.tb_next is not None  # HYDRA_FULL_ERROR shows it

@@ -795,3 +795,24 @@ def test_export_command_writes_the_launch_into_its_run_folder(tmp_path):
     )
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert bad.stderr.strip().splitlines()[-1].startswith("miniverl: error: export: the teacher pool")
+
+
+def test_import_keeps_a_users_task_reward_py_and_lists_verls_default_gae(tmp_path):
+    result = export(compose_config(["+recipe=opd_k1_grpo_toy"]), tmp_path / "verl", cwd=ROOT)
+    own = tmp_path / "mine" / "task_reward.py"  # the user's file, under the export's file name
+    own.parent.mkdir()
+    own.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n")
+    lines = [
+        f"reward.custom_reward_function.path={own}" if line.startswith("reward.custom_reward_function.path=") else line
+        for line in result.lines
+        if not line.startswith("algorithm.adv_estimator=")  # left out: verl runs its default, gae
+    ]
+    mapped, unmapped = import_verl.to_miniverl(lines)
+    values = dict(mapped)
+    assert values["reward.custom_reward_function.path"] == str(own)
+    assert "algorithm.adv_estimator" not in values
+    assert any(line == "algorithm.adv_estimator=gae (verl's default)" for line, _ in unmapped)
+    # The export's own scorer, where it was written, imports as miniverl's rules, and says so.
+    mapped, unmapped = import_verl.to_miniverl(result.lines)
+    assert dict(mapped)["reward.custom_reward_function.path"] is None
+    assert any("the export's own scorer" in why for _, why in unmapped)

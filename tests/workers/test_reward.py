@@ -12,7 +12,7 @@ from miniverl.models.toy import build_toy_tokenizer
 from miniverl.protocol import Batch
 from miniverl.utils.dataset import PromptSet, TaskRow
 from miniverl.utils.errors import MiniverlError
-from miniverl.workers.reward import RewardWorker
+from miniverl.workers.reward import RewardFailed, RewardWorker
 
 TOKENIZER = build_toy_tokenizer()
 
@@ -52,9 +52,17 @@ def test_a_failing_function_of_the_users_is_one_line_naming_the_row(tmp_path):
     reward = RewardConfig()
     reward.custom_reward_function.path = str(fn)
     worker = RewardWorker(TOKENIZER, prompts_of(["7", "12"], source="my/task"), reward)
-    with pytest.raises(MiniverlError, match=r"failed on row 1 \(data_source 'my/task'.*ZeroDivisionError") as error:
+    with pytest.raises(
+        RewardFailed, match=r"ZeroDivisionError: division by zero \(broken.py line 2\) on row 1 "
+    ) as error:
         worker.compute_reward(batch_of(["x"], [1]))
-    assert "\n" not in str(error.value)
+    assert "\n" not in str(error.value) and f"compute_score of {fn}" in str(error.value)
+    assert isinstance(error.value.__cause__, ZeroDivisionError)  # the chain HYDRA_FULL_ERROR=1 shows
+
+
+def test_a_ground_truth_that_is_no_string_is_refused_for_the_rules():
+    with pytest.raises(MiniverlError, match=r"row 1: reward_model.ground_truth is 12 \(int\); .* compares strings"):
+        RewardWorker(TOKENIZER, prompts_of(["7", 12]), RewardConfig())
 
 
 def test_the_users_function_sees_the_rows_extra_info(tmp_path):
