@@ -12,13 +12,14 @@ from __future__ import annotations
 import dataclasses
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 from miniverl import __version__
 from miniverl.config import MiniverlConfig
 from miniverl.utils.dataset import PromptSet
 from miniverl.utils.downshift import split
 from miniverl.utils.errors import MiniverlError
-from miniverl.utils.identity import sha256_json
+from miniverl.utils.identity import sha256_file, sha256_json
 
 PLAN_VERSION = 1
 
@@ -73,6 +74,10 @@ def experiment_settings(cfg: MiniverlConfig) -> dict:
     settings["data"].pop("val_files")
     settings["data"].pop("train_files")
     settings["hardware"].pop("name")
+    custom = cfg.reward.custom_reward_function
+    if cfg.estimator.use_task_rewards and custom.path and Path(custom.path).is_file():
+        # The function's code is part of the experiment, like the data: an edited file is another plan.
+        settings["reward"]["custom_reward_function"]["sha256"] = sha256_file(Path(custom.path))
     return settings
 
 

@@ -113,3 +113,13 @@ def test_with_rollout_n_each_prompt_has_n_adjacent_samples_with_streams_of_their
     # The first samples' streams are those of rollout.n=1: one rule derives every seed.
     assert first.sample_seeds[:3] == single.updates[0].sample_seeds
     assert plan.task_cursor(1) == 3  # the cursor counts prompts
+
+
+def test_editing_the_users_reward_function_makes_another_plan(tmp_path):
+    fn = tmp_path / "reward.py"
+    fn.write_text("def compute_score(**kwargs):\n    return 0.0\n")
+    task = [*BASE, "estimator.use_task_rewards=true", f"reward.custom_reward_function.path={fn}"]
+    before = digests(task)
+    fn.write_text("def compute_score(**kwargs):\n    return 1.0\n")  # same path, other code
+    after = digests(task)
+    assert before[0] == after[0] and before[1] != after[1]  # the config reads the same; the plan does not
