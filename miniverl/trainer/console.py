@@ -59,6 +59,8 @@ def start_lines(cfg: MiniverlConfig, run_dir: Path) -> str:
                 f"{est.distillation_loss_coef:g} x the distillation loss",
             )
         )
+    elif cfg.reward.custom_reward_function.path:  # set, and not read: say so before the run, not after
+        rows.append(("note", "reward.custom_reward_function.path is not read: estimator.use_task_rewards=false"))
     if checked and recipe.resume_check_note:
         rows.append(("note", recipe.resume_check_note))
     return f"miniverl: run folder {run_dir}\n" + _table(rows)

@@ -11,6 +11,9 @@ Both end the same way, as verl's `distillation_loss` does: range metrics, option
 +-loss_max_clamp, then either the vanilla PPO clipped loss with advantage = -per-token loss
 (`use_policy_gradient=true`) or a direct masked aggregation of the per-token loss.
 
+With task rewards (`use_task_rewards=true`), `task_policy_loss` is verl's PPO loss on the task
+advantages and `distillation_ppo_loss` adds `distillation_loss_coef` x the distillation loss.
+
 Normalisers are explicit so that one mini-batch split into micro-batches ("update chunks") gives
 per-chunk losses that SUM to the whole mini-batch's loss; metrics returned per chunk combine with
 `combine_metrics` into the whole mini-batch's values.

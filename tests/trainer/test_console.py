@@ -52,3 +52,13 @@ def test_the_start_lines_name_the_samples_the_reward_and_the_coefficient(tmp_pat
     assert "task rewards (the rule of each row's data_source), grpo advantages, + 0.1 x the distillation loss" in lines
     plain = start_lines(to_config(compose_config(["+recipe=opd_k1", "model=toy", "teacher=toy"])), tmp_path)
     assert "samples" not in plain and "reward" not in plain
+
+
+def test_a_reward_function_given_without_task_rewards_is_noted_as_not_read(tmp_path):
+    lines = start_lines(
+        to_config(
+            compose_config(["+recipe=opd_k1", "model=toy", "teacher=toy", "reward.custom_reward_function.path=x.py"])
+        ),
+        tmp_path,
+    )
+    assert "note" in lines and "reward.custom_reward_function.path is not read" in lines
