@@ -26,7 +26,7 @@ from miniverl.config.actor import ActorConfig
 from miniverl.config.estimator import EstimatorConfig
 from miniverl.utils.reward_score import default_compute_score
 from miniverl.workers.advantages import grpo_outcome_advantage, rloo_outcome_advantage
-from miniverl.workers.losses import distillation_loss, distillation_ppo_loss, task_policy_loss
+from miniverl.workers.losses import distillation_loss, distillation_ppo_loss
 from miniverl.workers.topk_loss import forward_kl_topk, forward_kl_topk_terms
 
 # Relative tolerances. Estimator cases reproduce verl's float64 arithmetic closely; verl computed the
@@ -192,8 +192,7 @@ def _run_task_ppo_case(case: dict, dtype: torch.dtype, mask: torch.Tensor, norms
         est, log_prob, old_log_prob, torch.tensor(inp["teacher_log_prob"], dtype=dtype), mask, **norms
     )
     advantages = torch.tensor(inp["advantages"], dtype=dtype)
-    pg_loss, pg_metrics = task_policy_loss(clip, est.loss_agg_mode, log_prob, old_log_prob, advantages, mask, **norms)
-    loss = distillation_ppo_loss(est, pg_loss, distill)
+    loss, pg_metrics = distillation_ppo_loss(est, clip, distill, log_prob, old_log_prob, advantages, mask, **norms)
     loss.backward()
     metrics.update({f"actor/{k}": v for k, v in pg_metrics.items()})  # verl's names for the task PPO loss
     metrics["distillation/loss"] = float(distill.detach())

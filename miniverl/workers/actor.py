@@ -27,7 +27,7 @@ from miniverl.config.estimator import EstimatorConfig
 from miniverl.models import cpu_gemm
 from miniverl.protocol import Batch
 from miniverl.workers.logprobs import response_log_probs, response_topk_terms
-from miniverl.workers.losses import combine_metrics, distillation_loss, distillation_ppo_loss, task_policy_loss
+from miniverl.workers.losses import combine_metrics, distillation_loss, distillation_ppo_loss
 from miniverl.workers.topk_loss import topk_distillation_loss
 
 
@@ -152,19 +152,18 @@ class ActorWorker:
             chunk = batch.rows(start, start + size)
             start += size
             loss, chunk_per_token, metrics, log_prob = self._chunk_loss(chunk, normalisers)
-            pg_loss = None
-            if self.estimator.use_task_rewards:  # verl's PPO loss on the task advantages, beside distillation
-                pg_loss, pg_metrics = task_policy_loss(
-                    self.clip,
-                    self.estimator.loss_agg_mode,
-                    log_prob,
-                    chunk.old_log_probs,
-                    chunk.task_advantages,
-                    chunk.response_mask,
-                    **normalisers,
-                )
-                metrics.update(pg_metrics)
-            distillation_ppo_loss(self.estimator, pg_loss, loss).backward()
+            loss_with_task, task_metrics = distillation_ppo_loss(  # verl's, with or without task rewards
+                self.estimator,
+                self.clip,
+                loss,
+                log_prob,
+                chunk.old_log_probs,
+                chunk.task_advantages,
+                chunk.response_mask,
+                **normalisers,
+            )
+            metrics.update(task_metrics)
+            loss_with_task.backward()
             total_loss += float(loss.detach())
             parts.append((metrics, float(chunk.response_mask.sum())))
             per_token.append(chunk_per_token.detach())

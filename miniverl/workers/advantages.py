@@ -32,7 +32,7 @@ def grpo_outcome_advantage(
         members = index == group
         group_scores = scores[members]
         if group_scores.numel() == 1:
-            mean, std = torch.tensor(0.0, dtype=scores.dtype), torch.tensor(1.0, dtype=scores.dtype)
+            mean, std = 0.0, 1.0
         else:
             mean, std = group_scores.mean(), group_scores.std()
         centred = group_scores - mean

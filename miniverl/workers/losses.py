@@ -306,12 +306,29 @@ def task_policy_loss(
     return pg_loss, metrics
 
 
-def distillation_ppo_loss(est: Any, pg_loss: torch.Tensor | None, distill_loss: torch.Tensor) -> torch.Tensor:
-    """verl's `distillation_ppo_loss`: with task rewards, the task PPO loss + distillation_loss_coef x
-    the distillation loss; without, the distillation loss alone (the coefficient is not read)."""
+def distillation_ppo_loss(
+    est: Any,
+    actor: Any,
+    distill_loss: torch.Tensor,  # the distillation loss of the (micro-)batch, with its graph
+    log_prob: torch.Tensor,  # (B, T) with the gradient
+    old_log_prob: torch.Tensor | None,  # (B, T); None: on-policy
+    task_advantages: torch.Tensor | None,  # (B, T); read only with task rewards
+    response_mask: torch.Tensor,  # (B, T)
+    **normalisers: Number | None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """verl's `distillation_ppo_loss`: with task rewards, the task PPO loss (`task_policy_loss`) +
+    distillation_loss_coef x the distillation loss, and the task loss's metrics; without, the
+    distillation loss alone (the coefficient is not read). Given advantages without task rewards,
+    the task loss's metrics are still computed, as verl computes and drops that loss; the trainer
+    gives none then."""
+    pg_loss, metrics = None, {}
+    if task_advantages is not None:
+        pg_loss, metrics = task_policy_loss(
+            actor, est.loss_agg_mode, log_prob, old_log_prob, task_advantages, response_mask, **normalisers
+        )
     if not est.use_task_rewards:
-        return distill_loss
-    return pg_loss + distill_loss * est.distillation_loss_coef
+        return distill_loss, metrics
+    return pg_loss + distill_loss * est.distillation_loss_coef, metrics
 
 
 # --------------------------------------------------------------------------------------------------
