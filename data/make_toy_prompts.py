@@ -1,5 +1,6 @@
 """Write the 64 toy prompts (verl's parquet format) that toy runs train on, and 16 held-out ones;
-and the digit-sum task of the task-reward toy recipe (64 + 16 prompts whose answer is one digit).
+the digit-sum task of the task-reward toy recipe (64 + 16 prompts whose answer is one digit); and
+the two-source mix of the two-teacher recipe (arithmetic and echo rows, alternating: 64 + 16).
 
     python data/make_toy_prompts.py [OUT.parquet [HELDOUT.parquet]]   # digit sums: beside them
 
@@ -22,6 +23,8 @@ SEED = 20260829
 N_HELDOUT = 16
 HELDOUT_SEED = 20261129
 DIGIT_SEED, DIGIT_HELDOUT_SEED = 20261201, 20261202
+MIXED_SEED, MIXED_HELDOUT_SEED = 20261203, 20261204
+WORDS = ("cat", "dog", "sun", "map", "red", "owl", "ink", "bee", "fig", "jam", "kit", "log")
 TEMPLATES = (
     ("What is {a} + {b}?", lambda a, b: a + b),
     ("What is {a} - {b}?", lambda a, b: a - b),
@@ -68,6 +71,28 @@ def make_digit_rows(n: int = N_PROMPTS, seed: int = DIGIT_SEED, split: str = "tr
     return rows
 
 
+def make_mixed_rows(n: int = N_PROMPTS, seed: int = MIXED_SEED, split: str = "train") -> list[dict]:
+    """Two data sources in turn, one teacher each in the two-teacher recipe: the arithmetic prompts
+    (data_source miniverl/toy_arithmetic) and `Repeat: <w> <w>` (data_source miniverl/toy_echo,
+    the answer is the two words)."""
+    arithmetic = make_rows(n // 2, seed, split)
+    rng = random.Random(seed + 1)
+    rows = []
+    for index in range(n):
+        if index % 2 == 0:
+            row = arithmetic[index // 2]
+        else:
+            words = f"{rng.choice(WORDS)} {rng.choice(WORDS)}"
+            row = {
+                "data_source": "miniverl/toy_echo",
+                "prompt": [{"role": "user", "content": f"Repeat: {words}"}],
+                "ability": "copy",
+                "reward_model": {"style": "rule", "ground_truth": words},
+            }
+        rows.append({**row, "extra_info": {"split": split, "index": index}})
+    return rows
+
+
 def write(path: Path, rows: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows), path)
@@ -81,5 +106,9 @@ if __name__ == "__main__":
     digits, digits_heldout = out.with_name("toy_digit_sums.parquet"), out.with_name("toy_digit_sums_heldout.parquet")
     write(digits, make_digit_rows())
     write(digits_heldout, make_digit_rows(N_HELDOUT, DIGIT_HELDOUT_SEED, split="test"))
+    mixed, mixed_heldout = out.with_name("toy_mixed.parquet"), out.with_name("toy_mixed_heldout.parquet")
+    write(mixed, make_mixed_rows())
+    write(mixed_heldout, make_mixed_rows(N_HELDOUT, MIXED_HELDOUT_SEED, split="test"))
     print(f"wrote {N_PROMPTS} prompts to {out} and {N_HELDOUT} held-out prompts to {heldout}")
     print(f"wrote {N_PROMPTS} digit sums to {digits} and {N_HELDOUT} held-out ones to {digits_heldout}")
+    print(f"wrote {N_PROMPTS} mixed rows to {mixed} and {N_HELDOUT} held-out ones to {mixed_heldout}")

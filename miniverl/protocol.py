@@ -20,6 +20,8 @@ response of the logical batch), L = P + R.
     token_level_scores (B, R)  float32  the task reward, at each sample's last response token [reward]
     task_advantages    (B, R)  float32  GRPO / RLOO advantage of the task reward, on every response
                                         token                                     [advantage]
+    teacher_index      (B,)    long   which of several teachers scores each sample (its position in
+                                      `teachers`; the plan's sample_teachers)      [teacher router]
 
 verl's batch carries the teacher's output as `teacher_logprobs`/`teacher_ids` with a last
 dimension of k (1 for the single-sample estimators); miniverl keeps the sampled token's
@@ -57,6 +59,7 @@ class Batch:
     advantages: torch.Tensor | None = None
     token_level_scores: torch.Tensor | None = None
     task_advantages: torch.Tensor | None = None
+    teacher_index: torch.Tensor | None = None
 
     @property
     def prompt_length(self) -> int:
@@ -73,6 +76,13 @@ class Batch:
         """Rows [start, stop) as a Batch sharing storage (an update chunk or physical batch)."""
         return replace(
             self, **{f.name: t[start:stop] for f in fields(self) if (t := getattr(self, f.name)) is not None}
+        )
+
+    def select(self, index: torch.Tensor) -> Batch:
+        """The rows at `index` (B',), in that order, as a new Batch (one teacher's samples)."""
+        return replace(
+            self,
+            **{f.name: t.index_select(0, index) for f in fields(self) if (t := getattr(self, f.name)) is not None},
         )
 
     def tensors(self) -> dict[str, torch.Tensor]:

@@ -85,6 +85,11 @@ RULES = [
         "tests/utils/test_reward_score.py scores with the shipped digit_reward.py",
     ),
     (
+        r"^python -m miniverl\.main \+recipe=opd_k1 \+teacher@teachers\.",
+        "compose",
+        "needs the Qwen3 weights; tests/e2e/test_several_teachers.py runs two teachers on the toy",
+    ),
+    (
         r"^python -m miniverl\.main \+recipe=opd_k1 model=toy_qwen3 teacher=toy_qwen3$",
         "compose",
         "tests/e2e/test_qwen3_layout.py runs this recipe on this config (short, as the walk would), stopped "

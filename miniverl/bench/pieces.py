@@ -16,6 +16,7 @@ import torch
 from miniverl.bench.measuring import best, median, rounds
 from miniverl.bench.opd_step import OursOPDStep, bench_opd_step_trl
 from miniverl.bench.setups import BATCH, NEW_TOKENS, PREFIX, TRL_KINDS, Setup
+from miniverl.utils.measure import four_bit_storage_bytes
 
 log = logging.getLogger("miniverl.bench")
 
@@ -27,23 +28,6 @@ def response_tokens(completions: torch.Tensor, eos_id: int) -> int:
         is_eos.any(1), is_eos.int().argmax(1) + 1, torch.full_like(is_eos[:, 0], completions.shape[1], dtype=torch.long)
     )
     return int(first.sum())
-
-
-def four_bit_storage_bytes(model: torch.nn.Module) -> int:
-    """Bytes of a model's bitsandbytes 4-bit weights as stored (packed weight + block scales)."""
-    try:
-        import bitsandbytes as bnb
-    except ImportError:
-        return 0
-    total = 0
-    for module in model.modules():
-        if isinstance(module, bnb.nn.Linear4bit):
-            weight, state = module.weight, module.weight.quant_state
-            total += weight.data.numel() * weight.data.element_size()
-            for tensor in (state.absmax, getattr(getattr(state, "state2", None), "absmax", None)):
-                if tensor is not None:
-                    total += tensor.numel() * tensor.element_size()
-    return total
 
 
 @contextmanager

@@ -9,6 +9,7 @@ Hydra's own message. Cross-field rules (the ones verl checks at run time) run in
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
@@ -22,7 +23,7 @@ from miniverl.config.hardware import HardwareConfig
 from miniverl.config.model import StudentConfig
 from miniverl.config.recipe import RecipeConfig, teacher_target_for
 from miniverl.config.reward import RewardConfig
-from miniverl.config.teacher import TeacherConfig
+from miniverl.config.teacher import TeacherConfig, check_teachers
 from miniverl.config.trainer import TrainerConfig
 from miniverl.config.validation import ValidationConfig
 
@@ -31,6 +32,11 @@ from miniverl.config.validation import ValidationConfig
 class MiniverlConfig:
     model: StudentConfig = field(default_factory=StudentConfig)
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    # Several teachers routed by a data column (verl: distillation.teacher_models, .teacher_key):
+    # `+teacher@teachers.<name>=<option>` each; empty: `teacher` alone scores every row.
+    teachers: dict[str, TeacherConfig] = field(default_factory=dict)
+    teacher_key: str = "data_source"
+    default_teacher: Optional[str] = None  # miniverl: the teacher of rows whose key matches none (verl refuses them)
     estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -43,7 +49,17 @@ class MiniverlConfig:
     export: ExportConfig = field(default_factory=ExportConfig)
     eval: ValidationConfig = field(default_factory=ValidationConfig)
 
+    @property
+    def teacher_blocks(self) -> dict[str, TeacherConfig]:
+        """Every teacher of the run by name: `teachers`, or the single `teacher` as "teacher"."""
+        return dict(self.teachers) if self.teachers else {"teacher": self.teacher}
+
+    def teacher_where(self, name: str) -> str:
+        """The config path of a teacher (`teacher` or `teachers.<name>`), for messages."""
+        return f"teachers.{name}" if self.teachers else "teacher"
+
     def __post_init__(self) -> None:
+        check_teachers(self.teachers, self.teacher_key, self.default_teacher)
         wanted = teacher_target_for(self.estimator.loss_mode)
         if self.recipe.teacher_target != wanted:
             raise ValueError(
@@ -62,7 +78,8 @@ class MiniverlConfig:
                 f"{self.recipe.optimizer_updates}"
             )
         needed = self.recipe.prompt_limit + self.recipe.response_limit
-        for where, block in (("model", self.model), ("teacher", self.teacher)):
+        blocks = [("model", self.model)] + [(self.teacher_where(n), t) for n, t in self.teacher_blocks.items()]
+        for where, block in blocks:
             if block.model_id == "toy" and block.toy.max_position_embeddings < needed:
                 raise ValueError(
                     f"{where}.toy.max_position_embeddings={block.toy.max_position_embeddings} is below "

@@ -65,14 +65,7 @@ class ExportConfig:
                 raise ValueError(f"{where}.{key}={getattr(self, key)} must be in (0, 1]")
         if self.rollout_name not in ENGINES:
             raise ValueError(f"{where}.rollout_name={self.rollout_name!r}; choose one of {', '.join(ENGINES)}")
-        pool = self.teacher_nnodes * self.teacher_n_gpus_per_node
         replica = self.teacher_tensor_parallel_size
-        if pool != self.teacher_replicas * replica:
-            raise ValueError(
-                f"{where}: the teacher pool (teacher_nnodes x teacher_n_gpus_per_node = {pool} GPUs) must equal "
-                f"teacher_replicas x teacher_tensor_parallel_size = {self.teacher_replicas} x {replica} "
-                f"= {self.teacher_replicas * replica} (verl checks the same at start-up)"
-            )
         per_node = self.teacher_n_gpus_per_node
         if (per_node % replica if replica <= per_node else replica % per_node) != 0:
             raise ValueError(
@@ -87,3 +80,18 @@ class ExportConfig:
             )
         if self.max_token_len_per_gpu is not None and not self.use_dynamic_bsz:
             raise ValueError(f"{where}.max_token_len_per_gpu is only used with export.use_dynamic_bsz=true")
+
+
+def teacher_pool_problem(export: ExportConfig, teachers: int) -> str | None:
+    """Why the teacher pool does not hold every teacher's replicas exactly (verl's
+    DistillationConfig rule), or None. Checked by the export, which knows how many teachers there are."""
+    pool = export.teacher_nnodes * export.teacher_n_gpus_per_node
+    replica, replicas = export.teacher_tensor_parallel_size, export.teacher_replicas
+    if pool == teachers * replicas * replica:
+        return None
+    each = "" if teachers == 1 else f"{teachers} teachers x "
+    return (
+        f"export: the teacher pool (teacher_nnodes x teacher_n_gpus_per_node = {pool} GPUs) must equal "
+        f"{each}teacher_replicas x teacher_tensor_parallel_size = {each}{replicas} x {replica} "
+        f"= {teachers * replicas * replica} (verl checks the same at start-up)"
+    )

@@ -16,6 +16,9 @@ TEACHER_MODES = ("standard", "ref", "shared_base")
 
 @dataclass
 class TeacherConfig:
+    # With several teachers (`teachers.<name>`): the value of the row's `teacher_key` column this
+    # teacher scores (verl: distillation.teacher_models.<name>.key). The single `teacher` reads none.
+    key: Optional[str] = None
     mode: str = "standard"
     model_id: str = "toy"
     revision: Optional[str] = None
@@ -53,3 +56,43 @@ class TeacherConfig:
             )
         if self.toy_pretrain_steps < 0:
             raise ValueError("teacher.toy_pretrain_steps must be >= 0")
+
+
+def check_teachers(teachers: dict[str, TeacherConfig], teacher_key: str, default_teacher: Optional[str]) -> None:
+    """Several teachers (verl's multi-teacher distillation): each names the key it scores, keys
+    are distinct, and the default teacher (miniverl's; verl has none) is one of them."""
+    if not teachers:
+        if default_teacher is not None:
+            raise ValueError(
+                f"default_teacher={default_teacher!r} names no teacher: it picks one of teachers.<name> "
+                "(+teacher@teachers.<name>=<option>); with the single `teacher` set default_teacher=null"
+            )
+        return
+    if len(teachers) == 1:
+        (name,) = teachers
+        raise ValueError(
+            f"teachers has one entry ({name}); for one teacher use `teacher` (teacher=<option>), for "
+            "several add another with +teacher@teachers.<name>=<option>"
+        )
+    if not teacher_key:
+        raise ValueError("teacher_key is empty: name the data column that routes rows (verl's default: data_source)")
+    owners: dict[str, str] = {}
+    for name, teacher in teachers.items():
+        if teacher.key is None:
+            raise ValueError(
+                f"teachers.{name}.key is not set: give the {teacher_key} value it scores (teachers.{name}.key=<value>)"
+            )
+        if teacher.key in owners:
+            raise ValueError(
+                f"teachers.{owners[teacher.key]} and teachers.{name} both have key={teacher.key!r}; "
+                "each teacher scores its own key"
+            )
+        owners[teacher.key] = name
+    shared = [n for n, t in teachers.items() if t.mode == "shared_base"]
+    if len(shared) > 1:
+        raise ValueError(
+            f"teachers {', '.join(shared)} are all mode=shared_base: the student's base holds one teacher "
+            "adapter; load the others as mode=standard with teacher.adapter"
+        )
+    if default_teacher is not None and default_teacher not in teachers:
+        raise ValueError(f"default_teacher={default_teacher!r} is not one of teachers: {', '.join(teachers)}")

@@ -77,21 +77,28 @@ def student_from_adapter(model: PreTrainedModel, path: str) -> PeftModel:
     return PeftModel.from_pretrained(model, str(folder), is_trainable=True)
 
 
-def teacher_with_adapter(model: PreTrainedModel, path: str) -> PreTrainedModel:
+def teacher_with_adapter(model: PreTrainedModel, path: str, where: str = "teacher.adapter") -> PreTrainedModel:
     """teacher.mode=standard with teacher.adapter: the adapter applied (unmerged) on the teacher."""
-    folder = check_folder(path, "teacher.adapter")
-    check_fits(model, folder, "teacher.adapter")
+    folder = check_folder(path, where)
+    check_fits(model, folder, where)
     peft_teacher = PeftModel.from_pretrained(model, str(folder), is_trainable=False)
     peft_teacher.requires_grad_(False)
     return peft_teacher.get_base_model()  # LoRA layers injected in place, always active
 
 
-def attach_shared_teacher(student: PeftModel, path: str) -> None:
-    """teacher.mode=shared_base: the teacher adapter joins the student's base as a frozen second adapter."""
-    folder = check_folder(path, "teacher.adapter")
-    check_fits(student.get_base_model(), folder, "teacher.adapter")
+def attach_shared_teacher(student: PeftModel, path: str, where: str = "teacher") -> None:
+    """teacher.mode=shared_base: the teacher adapter joins the student's base as a frozen second
+    adapter (`where`: the teacher's config path; one shared_base teacher per run)."""
+    folder = check_folder(path, f"{where}.adapter")
+    check_fits(student.get_base_model(), folder, f"{where}.adapter")
     student.load_adapter(str(folder), adapter_name=TEACHER_ADAPTER, is_trainable=False)
     student.set_adapter("default")  # the student's own adapter stays the active, trainable one
+
+
+def shared_teacher_bytes(student: PeftModel) -> int:
+    """Bytes of the shared_base teacher's adapter weights (all that teacher adds to memory)."""
+    marker = f".{TEACHER_ADAPTER}."  # lora_A.teacher.weight
+    return sum(p.numel() * p.element_size() for name, p in student.named_parameters() if marker in name)
 
 
 def teacher_context(student: PeftModel, mode: str) -> Callable[[], ContextManager]:

@@ -63,40 +63,44 @@ def quiet_loading():
 
 def materialize_toys(
     student: StudentConfig,
-    teacher: TeacherConfig | None,
+    teachers: dict[str, TeacherConfig],
     folder: Path,
     *,
     student_seed: int,
-    corpus_texts: Sequence[list[dict]] = (),
+    corpus_texts: dict[str, Sequence[list[dict]]] | None = None,
 ) -> dict[str, Path]:
-    """Write the toy student and/or toy teacher (None: no separate teacher model) to
-    `folder/{student,teacher}`; return their paths."""
+    """Write the toy student to `folder/student` and each toy teacher (the separate teacher models
+    by name; "teacher" for the single one) to `folder/teacher` or `folder/teachers/<name>`; return
+    their paths by name. A toy teacher pretrains on `corpus_texts[name]`, the rows it scores."""
     with quiet_loading():
-        return _materialize_toys(student, teacher, folder, student_seed, corpus_texts)
+        paths = {}
+        if student.model_id == "toy":
+            tokenizer = toy.build_toy_tokenizer(student.toy.tokenizer)
+            model = toy.build_toy_model(student.toy, tokenizer, seed=student_seed)
+            paths["student"] = toy.save_toy(model, tokenizer, folder / "student", student.toy.dtype)
+        for name, teacher in teachers.items():
+            if teacher.model_id == "toy":
+                where = folder / "teacher" if name == "teacher" else folder / "teachers" / name
+                corpus = (corpus_texts or {}).get(name, ())
+                paths[name] = _materialize_toy_teacher(teacher, where, student_seed, corpus)
+        return paths
 
 
-def _materialize_toys(student, teacher, folder, student_seed, corpus_texts) -> dict[str, Path]:
-    paths = {}
-    if student.model_id == "toy":
-        tokenizer = toy.build_toy_tokenizer(student.toy.tokenizer)
-        model = toy.build_toy_model(student.toy, tokenizer, seed=student_seed)
-        paths["student"] = toy.save_toy(model, tokenizer, folder / "student", student.toy.dtype)
-    if teacher is not None and teacher.model_id == "toy":
-        tokenizer = toy.build_toy_tokenizer(teacher.toy.tokenizer)
-        seed = student_seed if teacher.toy_teacher_seed is None else teacher.toy_teacher_seed
-        model = toy.build_toy_model(teacher.toy, tokenizer, seed=seed)
-        corpus = [tokenizer.apply_chat_template(conv, tokenize=False) for conv in corpus_texts]
-        corpus_ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in corpus]
-        toy.pretrain_on_corpus(
-            model,
-            corpus_ids,
-            steps=teacher.toy_pretrain_steps,
-            lr=teacher.toy_pretrain_lr,
-            seed=seed,
-            pad_id=tokenizer.pad_token_id,
-        )
-        paths["teacher"] = toy.save_toy(model, tokenizer, folder / "teacher", teacher.toy.dtype)
-    return paths
+def _materialize_toy_teacher(teacher: TeacherConfig, where: Path, student_seed: int, corpus_texts) -> Path:
+    tokenizer = toy.build_toy_tokenizer(teacher.toy.tokenizer)
+    seed = student_seed if teacher.toy_teacher_seed is None else teacher.toy_teacher_seed
+    model = toy.build_toy_model(teacher.toy, tokenizer, seed=seed)
+    corpus = [tokenizer.apply_chat_template(conv, tokenize=False) for conv in corpus_texts]
+    corpus_ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in corpus]
+    toy.pretrain_on_corpus(
+        model,
+        corpus_ids,
+        steps=teacher.toy_pretrain_steps,
+        lr=teacher.toy_pretrain_lr,
+        seed=seed,
+        pad_id=tokenizer.pad_token_id,
+    )
+    return toy.save_toy(model, tokenizer, where, teacher.toy.dtype)
 
 
 def source_of(block: StudentConfig | TeacherConfig, toy_path: Path | None) -> Source:
@@ -225,13 +229,14 @@ def wrap_student(model: PreTrainedModel, block: StudentConfig, device: torch.dev
     return peft_model.eval()
 
 
-def load_teacher(block: TeacherConfig, source: Source, device: torch.device) -> PreTrainedModel:
-    """teacher.mode=standard: a separate frozen model, with teacher.adapter applied when set."""
-    model = load_causal_lm("teacher", block, source, device)
+def load_teacher(block: TeacherConfig, source: Source, device: torch.device, where: str = "teacher") -> PreTrainedModel:
+    """mode=standard: a separate frozen model, with its adapter applied when set (`where`: the
+    teacher's config path, `teacher` or `teachers.<name>`)."""
+    model = load_causal_lm(where, block, source, device)
     model.requires_grad_(False)
     if block.adapter:
         with quiet_loading():
-            model = adapters.teacher_with_adapter(model, block.adapter)
+            model = adapters.teacher_with_adapter(model, block.adapter, f"{where}.adapter")
     return model.eval()
 
 
@@ -290,9 +295,11 @@ def tokenizer_problem(student_tok, teacher_tok, student_rows: int, teacher_rows:
     return None
 
 
-def check_tokenizers_compatible(student_tok, teacher_tok, student: PreTrainedModel, teacher: PreTrainedModel) -> None:
+def check_tokenizers_compatible(
+    student_tok, teacher_tok, student: PreTrainedModel, teacher: PreTrainedModel, where: str = "teacher"
+) -> None:
     """The teacher scores the student's token ids: refuse a pair that cannot (tokenizer_problem)."""
     rows = [m.get_output_embeddings().weight.shape[0] for m in (student, teacher)]
     problem = tokenizer_problem(student_tok, teacher_tok, *rows)
     if problem:
-        raise MiniverlError(f"teacher and student: {problem}")
+        raise MiniverlError(f"{where} and student: {problem}")

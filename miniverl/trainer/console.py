@@ -13,10 +13,35 @@ LOSS_KEY = "actor/distillation/loss"
 SCORE_KEY = "critic/score/mean"  # with task rewards: the mean task reward of the update's samples
 
 
+def teacher_losses(metrics: dict) -> dict[str, float]:
+    """Several teachers: each teacher's distillation loss of an update (`LOSS_KEY/<name>`), by name."""
+    prefix = LOSS_KEY + "/"
+    return {k.removeprefix(prefix): v for k, v in metrics.items() if k.startswith(prefix)}
+
+
 def _model_line(block) -> str:
     quantization = "NF4" if block.quantization == "nf4" else block.dtype
     name = f"toy, {block.toy.tokenizer} tokenizer" if block.model_id == "toy" else block.model_id
     return f"{name} ({quantization})"
+
+
+def _teacher_line(block, where: str) -> str:
+    if block.mode != "standard":  # the student's own base: see models/adapters.py
+        return f"the student's base ({where}.mode={block.mode})"
+    return _model_line(block)
+
+
+def teacher_rows(cfg: MiniverlConfig) -> list[tuple[str, str]]:
+    """One row for the single teacher; one per teacher, with the key it scores, for several."""
+    if not cfg.teachers:
+        return [("teacher", _teacher_line(cfg.teacher, "teacher"))]
+    rows = [
+        (f"teacher {name}", f"{_teacher_line(block, cfg.teacher_where(name))} for {cfg.teacher_key}={block.key}")
+        for name, block in cfg.teachers.items()
+    ]
+    if cfg.default_teacher is not None:
+        rows.append(("routing", f"a row of another {cfg.teacher_key} goes to {cfg.default_teacher}"))
+    return rows
 
 
 def start_lines(cfg: MiniverlConfig, run_dir: Path) -> str:
@@ -25,9 +50,6 @@ def start_lines(cfg: MiniverlConfig, run_dir: Path) -> str:
     student = f"{_model_line(cfg.model)} + LoRA r={lora.r} on {', '.join(lora.target_modules)}"
     if cfg.model.adapter:
         student = f"{_model_line(cfg.model)} + the adapter {cfg.model.adapter}"
-    teacher = _model_line(cfg.teacher)
-    if cfg.teacher.mode != "standard":  # the student's own base: see models/adapters.py
-        teacher = f"the student's base (teacher.mode={cfg.teacher.mode})"
     update = "policy gradient" if est.use_policy_gradient else "direct"
     device = "CUDA if present, else the CPU" if cfg.hardware.device == "auto" else cfg.hardware.device
     # main runs the check after a whole fresh run only: not when stopped early, nor when resuming
@@ -39,7 +61,7 @@ def start_lines(cfg: MiniverlConfig, run_dir: Path) -> str:
     resume = f"resume check after update {recipe.resume_check_after}" if checked else "no resume check"
     rows = [
         ("student", student),
-        ("teacher", teacher),
+        *teacher_rows(cfg),
         (
             "plan",
             f"{recipe.optimizer_updates} updates x {recipe.logical_batch} prompts"
@@ -107,6 +129,10 @@ def closing_lines(report: dict, history: list[dict], run_dir: Path) -> str:
     rows = [
         ("status", f"{report['status']} ({len(history)} of {planned} updates)"),
         ("final loss", loss),
+        *[  # several teachers: each one's
+            (f"  {name}", f"{value:.4g} {unit} ({LOSS_KEY}/{name})")
+            for name, value in teacher_losses(history[-1] if history else {}).items()
+        ],
         *(
             [("task score", f"{history[-1][SCORE_KEY]:.4g} ({SCORE_KEY} at update {len(history)})")]
             if history and SCORE_KEY in history[-1]

@@ -21,12 +21,12 @@ from miniverl.config import MiniverlConfig
 from miniverl.models import loading as models
 from miniverl.trainer.console import LOSS_KEY
 from miniverl.trainer.metrics import batch_metrics, console_line
-from miniverl.trainer.plan import Plan, UpdatePlan, compile_plan, derive_seed
+from miniverl.trainer.plan import Plan, UpdatePlan, compile_plan, derive_seed, route_column
 from miniverl.trainer.report_page import write_report_page
 from miniverl.trainer.run_report import build_report, resume_block, trainer_facts
 from miniverl.trainer.validation import ValidationProbe
 from miniverl.utils import checkpoint
-from miniverl.utils.dataset import PromptSet, read_conversations, tokenize_prompts, with_answers
+from miniverl.utils.dataset import PromptSet, read_conversations, teacher_corpora, tokenize_prompts
 from miniverl.utils.device import resolve_device, set_determinism, timed
 from miniverl.utils.downshift import Downshift, OutOfMemoryAtOneRow
 from miniverl.utils.identity import sha256_json
@@ -62,7 +62,7 @@ class OPDTrainer:
         cfg = self.cfg
         self.device = resolve_device(cfg.hardware)
         set_determinism(self.device, cfg.hardware.deterministic)
-        conversations = read_conversations(cfg.data)
+        conversations = read_conversations(cfg.data, route_column=route_column(cfg))
         self.tokenizer = models.load_tokenizer("model", cfg.model, models.source_of(cfg.model, None))
         self.prompts: PromptSet = tokenize_prompts(conversations, cfg.data, self.tokenizer, cfg.recipe.prompt_limit)
         self.plan: Plan = compile_plan(cfg, self.prompts)
@@ -82,13 +82,17 @@ class OPDTrainer:
         self.out.write_yaml("resolved_config.yaml", self.resolved)
         self.out.write_json("plan.json", self.plan.to_dict(), canonical=True)
 
-        # Toy models are written to the run folder and then loaded like any hub model.
+        # Toy models are written to the run folder and then loaded like any hub model; a toy
+        # teacher learns the rows it scores (with several teachers, only its own).
+        separate = {name: t for name, t in cfg.teacher_blocks.items() if t.mode == "standard"}
         toy_paths = models.materialize_toys(
             cfg.model,
-            cfg.teacher if cfg.teacher.mode == "standard" else None,
+            separate,
             self.out.path("toy_models"),
             student_seed=derive_seed(cfg.trainer.seed, "toy"),
-            corpus_texts=with_answers(conversations.messages, conversations.answers),
+            corpus_texts=teacher_corpora(
+                conversations, {n: t.key for n, t in cfg.teacher_blocks.items()}, cfg.default_teacher
+            ),
         )
         self.student = models.load_student(
             cfg.model,
@@ -96,8 +100,9 @@ class OPDTrainer:
             self.device,
             lora_seed=derive_seed(cfg.trainer.seed, "lora"),
         )
-        roles = build_roles(cfg, self.student, self.tokenizer, self.device, toy_paths.get("teacher"))
+        roles = build_roles(cfg, self.student, self.tokenizer, self.device, toy_paths)
         self.rollout, self.teacher, self.actor = roles.rollout, roles.teacher, roles.actor
+        self.teacher_weight_bytes = roles.teacher_weight_bytes  # for the report's models block
         if cfg.eval.every != -1:
             self.probe = ValidationProbe.from_config(cfg, self.tokenizer, self.rollout, self.teacher, self.student)
         self.downshift = Downshift.for_hardware(self.device, cfg.hardware)
@@ -210,6 +215,8 @@ class OPDTrainer:
                 with timed("adv", timings, self.device):
                     batch = compute_advantage(batch, cfg.algorithm, cfg.rollout.n)
             with timed("teacher", timings, self.device):
+                if update.sample_teachers:  # several teachers: each sample to the one the plan routed it to
+                    batch = self.teacher.route(batch, update.sample_teachers)
                 batch = shift.run(
                     "update_chunk", chunks, lambda sizes: self.teacher.compute_teacher_log_prob(batch, sizes[0])
                 )

@@ -37,6 +37,7 @@ class UpdatePlan:
     sample_seeds: tuple[int, ...]  # one sampling stream per sample
     rollout_physical_batches: tuple[int, ...]
     update_chunks: tuple[int, ...]
+    sample_teachers: tuple[str, ...] = ()  # several teachers: the one that scores each sample; else empty
 
 
 @dataclass(frozen=True)
@@ -74,11 +75,44 @@ def experiment_settings(cfg: MiniverlConfig) -> dict:
     settings["data"].pop("val_files")
     settings["data"].pop("train_files")
     settings["hardware"].pop("name")
+    if cfg.teachers:  # the single `teacher` block is not read
+        settings.pop("teacher")
+    else:
+        for unread in ("teachers", "teacher_key", "default_teacher"):
+            settings.pop(unread)
     custom = cfg.reward.custom_reward_function
     if cfg.estimator.use_task_rewards and custom.path and Path(custom.path).is_file():
         # The function's code is part of the experiment, like the data: an edited file is another plan.
         settings["reward"]["custom_reward_function"]["sha256"] = sha256_file(Path(custom.path))
     return settings
+
+
+def route_column(cfg: MiniverlConfig) -> str | None:
+    """The data column several teachers are routed by (None with the single teacher)."""
+    return cfg.teacher_key if cfg.teachers else None
+
+
+def teacher_routes(
+    cfg: MiniverlConfig, values: dict[int, str | None], where: str = "data.train_files"
+) -> dict[int, str]:
+    """parquet row -> the name of the teacher that scores it, from each row's teacher_key value
+    (verl's routing); a row whose value matches no key goes to default_teacher, or is refused
+    naming the row. Empty with the single teacher."""
+    if not cfg.teachers:
+        return {}
+    by_key = {teacher.key: name for name, teacher in cfg.teachers.items()}
+    routes = {}
+    for row, value in values.items():
+        name = by_key.get(value, cfg.default_teacher)
+        if name is None:
+            keys = ", ".join(f"{n}: {t.key!r}" for n, t in cfg.teachers.items())
+            raise MiniverlError(
+                f"{where} row {row}: {cfg.teacher_key}={value!r} matches no teacher's key ({keys}); add a "
+                f"teacher for it (+teacher@teachers.<name>=<option> teachers.<name>.key={value}) or set "
+                "default_teacher=<name>"
+            )
+        routes[row] = name
+    return routes
 
 
 def prompt_order(prompts: PromptSet, cfg: MiniverlConfig, needed: int) -> list[int]:
@@ -109,6 +143,7 @@ def compile_plan(cfg: MiniverlConfig, prompts: PromptSet) -> Plan:
             "those numbers, or set data.repeat_prompts=true to go through them more than once"
         )
     order = prompt_order(prompts, cfg, needed)
+    routes = teacher_routes(cfg, prompts.routes)  # every row is checked, not only the planned ones
     updates = []
     for u in range(1, recipe.optimizer_updates + 1):
         rows = order[(u - 1) * recipe.logical_batch : u * recipe.logical_batch]
@@ -121,6 +156,7 @@ def compile_plan(cfg: MiniverlConfig, prompts: PromptSet) -> Plan:
                 sample_seeds=tuple(derive_seed(cfg.trainer.seed, "sample", u, slot) for slot in range(len(samples))),
                 rollout_physical_batches=tuple(split(len(samples), hardware.rollout_physical_batch)),
                 update_chunks=tuple(split(len(samples), hardware.update_chunk)),
+                sample_teachers=tuple(routes[row] for row in samples) if routes else (),
             )
         )
     return Plan(

@@ -7,14 +7,15 @@ check is one line, PASS / WARN / FAIL with the reason.
     tokenizer     same vocabulary, output rows covering it (padding past it may differ), same
                   special tokens, same chat template
     memory        an estimate of the peak memory against the hardware option's limit
+    routing       several teachers: every row's teacher_key value has a teacher (or a default)
     self-test     the teacher path scoring the student's own samples with the student's own
                   weights gives a k1 of ~0 (rollout and scoring agree position by position,
                   within the tolerance of the compute precision: miniverl/models/precision.py)
     nf4-gradients LoRA gradients through the NF4 base equal those through a dense twin that
                   multiplies the dequantized weights in the same compute dtype
 
-The training command (`miniverl.main`) runs the cheap ones (data, tokenizer, memory) first and
-stops on a FAIL.
+The training command (`miniverl.main`) runs the cheap ones (data, tokenizer, memory, reward,
+routing) first and stops on a FAIL.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch
 from miniverl.config import MiniverlConfig
 from miniverl.models import cpu_gemm, precision
 from miniverl.models import loading as models
+from miniverl.trainer.plan import route_column, teacher_routes
 from miniverl.utils.dataset import read_conversations
 from miniverl.utils.errors import MiniverlError
 
@@ -112,25 +114,41 @@ def check_reward(cfg: MiniverlConfig) -> Check:
 
 
 def check_tokenizers(cfg: MiniverlConfig, student_tok) -> Check:
-    if cfg.teacher.mode != "standard":
-        return Check("PASS", "tokenizer", f"teacher.mode={cfg.teacher.mode} shares the student's tokenizer and base")
-    source = models.source_of(cfg.teacher, None)
-    teacher_tok = models.load_tokenizer("teacher", cfg.teacher, source)
-    rows = (architecture(cfg.model)["vocab"], architecture(cfg.teacher)["vocab"])
-    problem = models.tokenizer_problem(student_tok, teacher_tok, *rows)
-    if problem:
-        return Check("FAIL", "tokenizer", problem)
-    padding = (
-        ""
-        if rows[0] == rows[1] == len(student_tok)
-        else "; output rows past the tokenizer are padding, never sampled or scored"
-    )
-    return Check(
-        "PASS",
-        "tokenizer",
-        f"vocabulary {len(student_tok.get_vocab())} (embedding rows: student {rows[0]}, teacher "
-        f"{rows[1]}), eos/pad, and chat template output identical{padding}",
-    )
+    """Every separate teacher scores the student's token ids (ref / shared_base share them)."""
+    shared, scored, padded = [], [], False
+    for name, block in cfg.teacher_blocks.items():
+        where = cfg.teacher_where(name)
+        if block.mode != "standard":
+            shared.append(f"{where}.mode={block.mode} shares the student's tokenizer and base")
+            continue
+        teacher_tok = models.load_tokenizer(where, block, models.source_of(block, None))
+        rows = (architecture(cfg.model)["vocab"], architecture(block)["vocab"])
+        problem = models.tokenizer_problem(student_tok, teacher_tok, *rows)
+        if problem:
+            return Check("FAIL", "tokenizer", f"{where}: {problem}" if cfg.teachers else problem)
+        padded = padded or not rows[0] == rows[1] == len(student_tok)
+        scored.append(f"{where if cfg.teachers else 'teacher'} {rows[1]}")
+    facts = shared
+    if scored:
+        student_rows = architecture(cfg.model)["vocab"]
+        padding = "; output rows past the tokenizer are padding, never sampled or scored" if padded else ""
+        facts.append(
+            f"vocabulary {len(student_tok.get_vocab())} (embedding rows: student {student_rows}, {', '.join(scored)}), "
+            f"eos/pad, and chat template output identical{padding}"
+        )
+    return Check("PASS", "tokenizer", "; ".join(facts))
+
+
+def check_routing(cfg: MiniverlConfig) -> Check:
+    """Several teachers: every row of the training and held-out files has a teacher."""
+    counts: dict[str, int] = {}
+    for key in ("train_files", "val_files"):
+        if getattr(cfg.data, key):
+            values = dict(enumerate(read_conversations(cfg.data, key, route_column(cfg)).routes))
+            for name in teacher_routes(cfg, values, f"data.{key}").values():
+                counts[name] = counts.get(name, 0) + 1
+    shares = ", ".join(f"{name} {counts.get(name, 0)}" for name in cfg.teachers)
+    return Check("PASS", "routing", f"rows by {cfg.teacher_key}: {shares}")
 
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -187,9 +205,10 @@ def estimate_peak_bytes(cfg: MiniverlConfig) -> int:
     # the embedding (tied to the output layer: one copy) and the norms.
     prepared = cfg.model.quantization == "nf4" and cfg.model.prepare_kbit_training
     total = weight_bytes(s, cfg.model.quantization, 4 if prepared else DTYPE_BYTES.get(s["dtype"], 4))
-    if cfg.teacher.mode == "standard":
-        t = architecture(cfg.teacher)
-        total += weight_bytes(t, cfg.teacher.quantization, DTYPE_BYTES.get(t["dtype"], 4))
+    for block in cfg.teacher_blocks.values():  # every teacher is loaded once, for the whole run
+        if block.mode == "standard":
+            t = architecture(block)
+            total += weight_bytes(t, block.quantization, DTYPE_BYTES.get(t["dtype"], 4))
     tokens = cfg.recipe.prompt_limit + cfg.recipe.response_limit
     rows = cfg.hardware.rollout_physical_batch
     total += 2 * s["layers"] * rows * tokens * s["kv"] * s["head_dim"] * 4  # KV cache
@@ -235,6 +254,7 @@ def cheap_checks(cfg: MiniverlConfig, device: torch.device) -> list[Check]:
         guarded("tokenizer", check_tokenizers, cfg, tokenizer),
         guarded("memory", check_memory, cfg, device),
         *([guarded("reward", check_reward, cfg)] if cfg.estimator.use_task_rewards else []),
+        *([guarded("routing", check_routing, cfg)] if cfg.teachers else []),
     ]
 
 

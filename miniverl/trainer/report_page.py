@@ -1,13 +1,13 @@
 """The report as people would rather read it: `report.md` (report.json as a page) and `curves.png`
-(distillation loss, grad norm, response length and, when measured, the task score and held-out
-KL over the updates),
-beside report.json in every run folder."""
+(distillation loss — with several teachers, each teacher's beside it —, grad norm, response length
+and, when measured, the task score and held-out KL over the updates), beside report.json in every
+run folder."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from miniverl.trainer.console import LOSS_KEY, SCORE_KEY
+from miniverl.trainer.console import LOSS_KEY, SCORE_KEY, teacher_losses
 from miniverl.utils.run_folder import atomic_write
 from miniverl.utils.tables import flatten, format_value
 
@@ -36,6 +36,10 @@ def markdown(report: dict, history: list[dict]) -> str:
     ]
     if history:
         lines.append(f"Final distillation loss ({LOSS_KEY}): **{history[-1][LOSS_KEY]:.5g}**.")
+        if per_teacher := teacher_losses(history[-1]):
+            lines.append(
+                "Per teacher: " + ", ".join(f"{name} **{value:.5g}**" for name, value in per_teacher.items()) + "."
+            )
         if TASK_CURVE[0] in history[-1]:
             lines.append(f"Task score ({TASK_CURVE[0]}) at the last update: **{history[-1][TASK_CURVE[0]]:.4g}**.")
     if report.get("failure"):
@@ -68,8 +72,13 @@ def plot_curves(report: dict, history: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, panels, figsize=(3.6 * panels, 3.2), dpi=100, squeeze=False)
     updates = range(1, len(history) + 1)
     for ax, (key, label) in zip(axes[0], curves):
-        ax.plot(updates, [m.get(key) for m in history], marker="o", markersize=3)
+        ax.plot(updates, [m.get(key) for m in history], marker="o", markersize=3, label="all")
         ax.set_title(label, fontsize=10)
+        names = list(teacher_losses(history[0])) if key == LOSS_KEY and history else []
+        for name in names:
+            ax.plot(updates, [teacher_losses(m).get(name) for m in history], linewidth=1, label=name)
+        if names:
+            ax.legend(fontsize=7)
     if held_out:
         ax = axes[0][-1]
         for key, points in held_out:

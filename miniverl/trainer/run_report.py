@@ -64,6 +64,7 @@ class RunFacts:
     failure: dict | None = None
     workload_seconds: float = 0.0
     distillation_progress: dict | None = None
+    teacher_weight_bytes: dict[str, int] = field(default_factory=dict)  # by teacher name ("teacher": the single one)
     extra_measurements: dict = field(default_factory=dict)
 
 
@@ -91,6 +92,26 @@ def task_rewards_block(cfg: MiniverlConfig) -> dict | None:
     }
 
 
+def teachers_block(cfg: MiniverlConfig, weight_bytes: dict[str, int]) -> dict:
+    """The report's teacher entries: `teacher` (the reference report's fields), or with several
+    `teachers` by name (each with its key), `teacher_key` and `default_teacher`; each with the
+    bytes its weights add (`weight_bytes`, measured on the loaded model)."""
+
+    def entry(name: str, block, with_key: bool) -> dict:
+        fields = dataclasses.asdict(block)
+        if not with_key:
+            fields.pop("key")  # the single teacher reads no key
+        return {**fields, "adapter_sha256": adapter_sha256(block.adapter), "weight_bytes": weight_bytes.get(name)}
+
+    if not cfg.teachers:
+        return {"teacher": entry("teacher", cfg.teacher, with_key=False)}
+    return {
+        "teachers": {name: entry(name, block, with_key=True) for name, block in cfg.teachers.items()},
+        "teacher_key": cfg.teacher_key,
+        "default_teacher": cfg.default_teacher,
+    }
+
+
 def trainer_facts(trainer, status: str, resume: dict) -> RunFacts:
     """The facts an OPDTrainer observed (its run so far), for the report."""
     return RunFacts(
@@ -109,6 +130,7 @@ def trainer_facts(trainer, status: str, resume: dict) -> RunFacts:
         failure=trainer.failure,
         workload_seconds=seconds_since_start(),
         distillation_progress=trainer.progress if trainer.cfg.eval.every != -1 else None,
+        teacher_weight_bytes=getattr(trainer, "teacher_weight_bytes", {}),
     )
 
 
@@ -224,7 +246,7 @@ def build_report(cfg: MiniverlConfig, plan: Plan, facts: RunFacts) -> dict:
         },
         "models": {
             "student": {**dataclasses.asdict(cfg.model), "adapter_sha256": adapter_sha256(cfg.model.adapter)},
-            "teacher": {**dataclasses.asdict(cfg.teacher), "adapter_sha256": adapter_sha256(cfg.teacher.adapter)},
+            **teachers_block(cfg, facts.teacher_weight_bytes),
         },
         "hardware": facts.hardware,
         "measurements": {

@@ -20,28 +20,24 @@ import torch
 
 from miniverl.models import cpu_gemm
 from miniverl.protocol import Batch
-from miniverl.trainer.plan import derive_seed
+from miniverl.trainer.plan import derive_seed, route_column, teacher_routes
 from miniverl.utils.dataset import PromptSet, read_conversations, tokenize_prompts
 from miniverl.utils.downshift import Downshift
-from miniverl.workers.logprobs import response_hidden_states, token_logits
+from miniverl.workers.logprobs import full_log_probs
 from miniverl.workers.rollout import RolloutWorker
-from miniverl.workers.teacher import TeacherWorker
-
-
-def full_log_probs(model, batch: Batch, tokenizer_vocab: int | None) -> torch.Tensor:
-    """(B, R, V) float32 next-token log-probs over the tokenizer's ids at the response positions
-    (small vocabularies only)."""
-    hidden = response_hidden_states(model, batch)
-    return token_logits(model.get_output_embeddings(), hidden, tokenizer_vocab).log_softmax(-1)
+from miniverl.workers.teacher import TeacherRouter, TeacherWorker
 
 
 class ValidationProbe:
     @classmethod
-    def from_config(cls, cfg, tokenizer, rollout: RolloutWorker, teacher: TeacherWorker, student) -> ValidationProbe:
+    def from_config(
+        cls, cfg, tokenizer, rollout: RolloutWorker, teacher: TeacherWorker | TeacherRouter, student
+    ) -> ValidationProbe:
         """The probe of a run: its `data.val_files` prompts, the run's rollout and teacher."""
         heldout = tokenize_prompts(
-            read_conversations(cfg.data, "val_files"), cfg.data, tokenizer, cfg.recipe.prompt_limit
+            read_conversations(cfg.data, "val_files", route_column(cfg)), cfg.data, tokenizer, cfg.recipe.prompt_limit
         )
+        routes = teacher_routes(cfg, heldout.routes, "data.val_files")  # several teachers: each row's, as in training
         return cls(
             heldout,
             rollout,
@@ -50,20 +46,23 @@ class ValidationProbe:
             seed=cfg.trainer.seed,
             response_limit=cfg.eval.response_limit or cfg.recipe.response_limit,
             exact_kl_max_vocab=cfg.eval.exact_kl_max_vocab,
+            sample_teachers=[routes[row] for row in heldout.rows] if routes else [],
         )
 
     def __init__(
         self,
         prompts: PromptSet,
         rollout: RolloutWorker,
-        teacher: TeacherWorker,
+        teacher: TeacherWorker | TeacherRouter,
         student_model,
         *,
         seed: int,
         response_limit: int,
         exact_kl_max_vocab: int,
+        sample_teachers: list[str] = (),
     ):
         self.prompts, self.rollout, self.teacher, self.student_model = prompts, rollout, teacher, student_model
+        self.sample_teachers = list(sample_teachers)  # several teachers: the one of each held-out row
         self.seeds = [derive_seed(seed, "eval", i) for i in range(len(prompts))]  # the same streams every time
         self.response_limit = response_limit
         self.tokenizer_vocab = rollout.tokenizer_vocab  # the rows every role samples and scores
@@ -84,6 +83,8 @@ class ValidationProbe:
                 physical_batches=sizes,
             ),
         )
+        if self.sample_teachers:
+            batch = self.teacher.route(batch, self.sample_teachers)
         batch = shift.run("update_chunk", every, lambda sizes: self.teacher.compute_teacher_log_prob(batch, sizes[0]))
         mask = batch.response_mask  # (B, R)
         tokens = mask.sum().clamp_min(1)
@@ -102,8 +103,6 @@ class ValidationProbe:
             rows = batch.rows(start, start + rows_per_forward)
             with cpu_gemm.float32_products(self.student_model, self.rollout.float32_gemm):
                 student = full_log_probs(self.student_model, rows, self.tokenizer_vocab)  # (b, R, V)
-            self.teacher.model.eval()
-            with self.teacher.scoring():
-                teacher = full_log_probs(self.teacher.model, rows, self.tokenizer_vocab)
+            teacher = self.teacher.compute_full_log_probs(rows)  # (b, R, V), each row its own teacher's
             parts.append((student.exp() * (student - teacher)).sum(-1))  # (b, R)
         return torch.cat(parts)

@@ -1,6 +1,7 @@
 """Prompts from verl-format parquet files (columns `data_source`, `prompt`, `ability`,
 `reward_model`, `extra_info`; only the prompt column is needed, task rewards read
-`data_source`, `reward_model.ground_truth` and `extra_info`), read with pyarrow.
+`data_source`, `reward_model.ground_truth` and `extra_info`, several teachers the `teacher_key`
+column), read with pyarrow.
 
 Each prompt (a list of {role, content} messages) goes through the tokenizer's chat template with
 `add_generation_prompt=True`, as verl's RLHFDataset does. A prompt longer than
@@ -37,6 +38,7 @@ class PromptSet:
     rows_in_files: int  # before dropping overlong prompts
     dropped_overlong: list[int] = field(default_factory=list)
     tasks: dict[int, TaskRow] = field(default_factory=dict)  # parquet row -> what its task reward reads
+    routes: dict[int, str | None] = field(default_factory=dict)  # parquet row -> its teacher_key value
     _position: dict | None = field(default=None, repr=False, compare=False)  # row -> index, built on first use
 
     def __len__(self) -> int:
@@ -66,11 +68,13 @@ class Conversations:
     answers: list[str | None]
     parquet_sha256: str
     tasks: list[TaskRow] = field(default_factory=list)
+    routes: list[str | None] = field(default_factory=list)  # each row's route_column value, when asked
 
 
-def read_conversations(data: DataConfig, key: str = "train_files") -> Conversations:
-    """All prompts of all files of `data.<key>`, in file order, and the digest of the input bytes."""
-    conversations, answers, tasks, digests = [], [], [], []
+def read_conversations(data: DataConfig, key: str = "train_files", route_column: str | None = None) -> Conversations:
+    """All prompts of all files of `data.<key>`, in file order, and the digest of the input bytes;
+    with `route_column` (several teachers' `teacher_key`) each row's value of that column too."""
+    conversations, answers, tasks, routes, digests = [], [], [], [], []
     where = f"data.{key}"
     for name in getattr(data, key):
         path = Path(name)
@@ -86,6 +90,13 @@ def read_conversations(data: DataConfig, key: str = "train_files") -> Conversati
                 f"(columns: {', '.join(table.column_names)}); set data.prompt_key"
             )
         prompts = table.column(data.prompt_key).to_pylist()
+        if route_column is not None:
+            if route_column not in table.column_names:
+                raise MiniverlError(
+                    f"{where}: {name} has no column {route_column!r}, which teacher_key routes rows by "
+                    f"(columns: {', '.join(table.column_names)}); set teacher_key to one of them"
+                )
+            routes.extend(None if v is None else str(v) for v in table.column(route_column).to_pylist())
         truths, sources, extras = (
             table.column(key).to_pylist() if key in table.column_names else [None] * len(prompts)
             for key in ("reward_model", "data_source", "extra_info")
@@ -104,7 +115,8 @@ def read_conversations(data: DataConfig, key: str = "train_files") -> Conversati
         digests.append(sha256_file(path))
     if not conversations:
         raise MiniverlError(f"{where}: {', '.join(getattr(data, key))} holds no rows")
-    return Conversations(conversations, answers, digests[0] if len(digests) == 1 else sha256_json(digests), tasks)
+    digest = digests[0] if len(digests) == 1 else sha256_json(digests)
+    return Conversations(conversations, answers, digest, tasks, routes)
 
 
 def check_messages(messages, name: str, row: int, column: str, where: str = "data.train_files") -> list[dict]:
@@ -147,6 +159,8 @@ def tokenize_prompts(source: Conversations, data: DataConfig, tokenizer, prompt_
         kept.answers.append(source.answers[row])
         if source.tasks:
             kept.tasks[row] = source.tasks[row]
+        if source.routes:
+            kept.routes[row] = source.routes[row]
     if not kept.rows:  # the error alone, without the warning that would say the same first
         raise MiniverlError(f"data: no prompt fits recipe.prompt_limit={prompt_limit}; raise it")
     if kept.dropped_overlong:
@@ -162,3 +176,20 @@ def tokenize_prompts(source: Conversations, data: DataConfig, tokenizer, prompt_
 def with_answers(messages: list[list[dict]], answers: list[str | None]) -> list[list[dict]]:
     """Prompt conversations completed with their ground truth: the toy teacher's pretraining text."""
     return [m + ([{"role": "assistant", "content": a}] if a is not None else []) for m, a in zip(messages, answers)]
+
+
+def teacher_corpora(
+    conversations: Conversations, keys: dict[str, str | None], default_teacher: str | None = None
+) -> dict[str, list[list[dict]]]:
+    """Each toy teacher's pretraining text by teacher name (`keys`: name -> its key): the rows it
+    scores, completed with their ground truth. Without routes (one teacher) every row."""
+    texts = with_answers(conversations.messages, conversations.answers)
+    if not conversations.routes:
+        return {name: texts for name in keys}
+    by_key = {key: name for name, key in keys.items()}
+    corpora: dict[str, list[list[dict]]] = {name: [] for name in keys}
+    for text, value in zip(texts, conversations.routes):
+        name = by_key.get(value, default_teacher)
+        if name is not None:
+            corpora[name].append(text)
+    return corpora

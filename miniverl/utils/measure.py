@@ -65,6 +65,37 @@ def release_memory(device: torch.device, *, compiled: bool = False) -> None:
     free_device_cache(device)
 
 
+def _four_bit_layers(model: torch.nn.Module) -> list:
+    try:
+        import bitsandbytes as bnb
+    except ImportError:
+        return []
+    return [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
+
+
+def _four_bit_scales_bytes(layer) -> int:
+    """A 4-bit layer's block scales (in its quant_state beside the packed weight, not buffers)."""
+    state = layer.weight.quant_state
+    scales = (state.absmax, getattr(getattr(state, "state2", None), "absmax", None))
+    return sum(t.numel() * t.element_size() for t in scales if t is not None)
+
+
+def four_bit_storage_bytes(model: torch.nn.Module) -> int:
+    """Bytes of a model's bitsandbytes 4-bit weights as stored (packed weight + block scales)."""
+    return sum(
+        m.weight.data.numel() * m.weight.data.element_size() + _four_bit_scales_bytes(m)
+        for m in _four_bit_layers(model)
+    )
+
+
+def stored_weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes a model's weights hold in memory: every parameter and buffer as stored (4-bit ones
+    packed, tied ones once) plus the 4-bit block scales."""
+    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    stored = sum(t.numel() * t.element_size() for t in tensors.values())
+    return stored + sum(_four_bit_scales_bytes(m) for m in _four_bit_layers(model))
+
+
 def folder_bytes(folder: Path, exclude: tuple[str, ...] = ()) -> int:
     """Bytes of every file below `folder`, leaving out top-level entries named in `exclude`."""
     if not folder.exists():

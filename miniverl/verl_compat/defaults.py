@@ -14,7 +14,8 @@ from miniverl.config.estimator import LOSS_AGG_MODES  # noqa: F401  (verl's four
 
 VERL_VERSION = "0.8.0"
 ENTRY_POINT = "python3 -m verl.trainer.main_ppo"
-TEACHER = "distillation.teacher_models.teacher_model"
+TEACHERS = "distillation.teacher_models"
+TEACHER = f"{TEACHERS}.teacher_model"  # the entry verl ships: the single teacher's
 LOSS = "distillation.distillation_loss"
 ACTOR = "actor_rollout_ref.actor"
 ROLLOUT = "actor_rollout_ref.rollout"
@@ -104,6 +105,7 @@ VERL_DEFAULTS: dict[str, Any] = {
     "distillation.enabled": False,
     "distillation.nnodes": 0,
     "distillation.n_gpus_per_node": 8,
+    "distillation.teacher_key": "data_source",
     f"{LOSS}.loss_mode": "k3",
     f"{LOSS}.topk": 32,
     f"{LOSS}.use_task_rewards": True,

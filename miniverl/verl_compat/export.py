@@ -14,7 +14,8 @@ A Hydra app like `miniverl.main`: the same config, the same overrides. It writes
 The scale is set by the `export.*` knobs (conf/export/default.yaml; defaults: one trainer GPU plus
 one teacher GPU). Before writing anything the export runs the checks verl makes only at run time
 (`runtime_checks.runtime_violations`) on the launch, so a launch verl would refuse is refused here with
-one line. For the report: `field_rule_digest()` is the sha256 of the canonical rule table.
+one line; what cannot carry over at all, or only with a difference, is `carry_over`'s. For the
+report: `field_rule_digest()` is the sha256 of the canonical rule table.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from miniverl.config import MiniverlConfig, to_config
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import resolved_config, sha256_json
 from miniverl.utils.tables import flatten
+from miniverl.verl_compat.carry_over import adapter_lora, differences, refusal, teacher_entries
 from miniverl.verl_compat.defaults import (
     ACTOR,
     FIXED,
@@ -41,7 +43,7 @@ from miniverl.verl_compat.defaults import (
     TEACHER,
     VERL_DEFAULTS,
 )
-from miniverl.verl_compat.field_rules import RULES, rule_for, rule_table
+from miniverl.verl_compat.field_rules import rule_for, rule_table
 from miniverl.verl_compat.launch_files import (
     LaunchReward,
     Override,
@@ -49,7 +51,6 @@ from miniverl.verl_compat.launch_files import (
     launch_reward,
     launch_script,
     readme,
-    resolved_flat,
     rules_document,
 )
 from miniverl.verl_compat.overrides import virtual_verl_config
@@ -95,16 +96,6 @@ def field_rule_digest(table: Any = None) -> str:
 
 
 # ---------------------------------------------------------------- the overrides
-
-
-def adapter_lora(folder: str) -> tuple[int, int, list[str]] | None:
-    """(r, alpha, target modules) of a PEFT adapter folder, or None when it cannot be read here."""
-    try:
-        config = json.loads((Path(folder) / "adapter_config.json").read_text())
-        targets = config["target_modules"]
-        return int(config["r"]), int(config["lora_alpha"]), [targets] if isinstance(targets, str) else list(targets)
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 def verl_overrides(config: MiniverlConfig, *, reward: LaunchReward, cwd: Path) -> list[Override]:
@@ -246,27 +237,39 @@ def verl_overrides(config: MiniverlConfig, *, reward: LaunchReward, cwd: Path) -
     add("DISTILLATION", "distillation.enabled", True, "teacher.mode")
     add("DISTILLATION", "distillation.nnodes", x.teacher_nnodes, "export.teacher_nnodes")
     add("DISTILLATION", "distillation.n_gpus_per_node", x.teacher_n_gpus_per_node, "export.teacher_n_gpus_per_node")
-    if t.mode == "ref":  # the student's base without its LoRA: a copy of it serves as the teacher
-        add("DISTILLATION", f"{TEACHER}.model_path", m.model_id, "teacher.mode", "model.model_id")
-    else:
-        add("DISTILLATION", f"{TEACHER}.model_path", t.model_id, "teacher.model_id")
-    add("DISTILLATION", f"{TEACHER}.num_replicas", x.teacher_replicas, "export.teacher_replicas")
-    add("DISTILLATION", f"{TEACHER}.inference.name", x.rollout_name, "export.rollout_name")
-    add(
-        "DISTILLATION",
-        f"{TEACHER}.inference.tensor_model_parallel_size",
-        x.teacher_tensor_parallel_size,
-        "export.teacher_tensor_parallel_size",
-    )
-    add(
-        "DISTILLATION",
-        f"{TEACHER}.inference.gpu_memory_utilization",
-        x.teacher_gpu_memory_utilization,
-        "export.teacher_gpu_memory_utilization",
-    )
-    add("DISTILLATION", f"{TEACHER}.inference.max_model_len", max_len, *lengths)
-    add("DISTILLATION", f"{TEACHER}.inference.dtype", t.dtype, "teacher.dtype")
-    add_fixed("DISTILLATION", f"{TEACHER}.inference.temperature")
+    for entry, t, where in teacher_entries(config):
+        several = where != "teacher"  # a teacher_models entry verl's YAML does not have: `+`, every key set
+        plus = "+" if several else ""
+        keys: list[tuple[str, Any, tuple[str, ...]]] = []
+        if several:
+            keys.append(("key", t.key, (f"{where}.key",)))
+        if t.mode == "ref":  # the student's base without its LoRA: a copy of it serves as the teacher
+            keys.append(("model_path", m.model_id, (f"{where}.mode", "model.model_id")))
+        else:
+            keys.append(("model_path", t.model_id, (f"{where}.model_id",)))
+        keys += [
+            ("num_replicas", x.teacher_replicas, ("export.teacher_replicas",)),
+            ("inference.name", x.rollout_name, ("export.rollout_name",)),
+            (
+                "inference.tensor_model_parallel_size",
+                x.teacher_tensor_parallel_size,
+                ("export.teacher_tensor_parallel_size",),
+            ),
+            (
+                "inference.gpu_memory_utilization",
+                x.teacher_gpu_memory_utilization,
+                ("export.teacher_gpu_memory_utilization",),
+            ),
+            ("inference.max_model_len", max_len, lengths),
+        ]
+        if several:  # the entry verl ships reads these from the rollout; a new one has its own defaults (512)
+            keys.append(("inference.prompt_length", r.prompt_limit, ("recipe.prompt_limit",)))
+            keys.append(("inference.response_length", r.response_limit, ("recipe.response_limit",)))
+        keys.append(("inference.dtype", t.dtype, (f"{where}.dtype",)))
+        keys.append(("inference.temperature", fixed[f"{TEACHER}.inference.temperature"], ("fixed",)))
+        out += [Override("DISTILLATION", f"{entry}.{key}", value, sources, plus) for key, value, sources in keys]
+    if config.teachers:
+        add("DISTILLATION", "distillation.teacher_key", config.teacher_key, "teacher_key")
     add("DISTILLATION", f"{LOSS}.loss_mode", e.loss_mode, "estimator.loss_mode")
     add("DISTILLATION", f"{LOSS}.topk", e.topk, "estimator.topk")
     add("DISTILLATION", f"{LOSS}.use_task_rewards", e.use_task_rewards, "estimator.use_task_rewards")
@@ -280,50 +283,6 @@ def verl_overrides(config: MiniverlConfig, *, reward: LaunchReward, cwd: Path) -
     add("DISTILLATION", f"{LOSS}.loss_max_clamp", e.loss_max_clamp, "estimator.loss_max_clamp")
     add("DISTILLATION", f"{LOSS}.log_prob_min_clamp", e.log_prob_min_clamp, "estimator.log_prob_min_clamp")
     return out
-
-
-# ---------------------------------------------------------------- what does not carry over
-
-
-def differences(config: MiniverlConfig) -> list[str]:
-    """The settings of this config that the verl launch does not reproduce, one line each."""
-    out: list[str] = []
-    values = resolved_flat(config)
-    for rule in RULES:
-        if rule.status == "fixed_in_verl" and values.get(rule.field) != rule.verl_value:
-            out.append(
-                f"{rule.field}={values.get(rule.field)!r} does not carry over: verl v0.8.0 runs with "
-                f"{rule.verl_value!r} ({rule.note.split(';')[0]})"
-            )
-    for where, block in (("model", config.model), ("teacher", config.teacher)):
-        if block.model_id == "toy":
-            out.append(
-                f"{where}.model_id=toy has no verl equivalent: the launch is a template until "
-                f"{'STUDENT_MODEL' if where == 'model' else 'TEACHER_MODEL'} names a Hugging Face model "
-                "(run_opd.sh refuses to start before)"
-            )
-        if block.quantization == "nf4":
-            out.append(f"{where}.quantization=nf4 does not carry over: {RULES_NOTE[where + '.quantization']}")
-        if block.revision is not None:
-            out.append(f"{where}.revision={block.revision} is not pinned by verl: {RULES_NOTE[where + '.revision']}")
-    if config.teacher.mode == "ref":
-        out.append(
-            "teacher.mode=ref: verl serves a second copy of the student's base (model.model_id) as the teacher, "
-            "in the teacher pool"
-        )
-    if config.model.adapter is not None and adapter_lora(config.model.adapter) is None:
-        out.append(
-            f"model.adapter={config.model.adapter}: its adapter_config.json cannot be read here, so lora_rank, "
-            "lora_alpha and target_modules come from model.lora; they must match the adapter"
-        )
-    if config.teacher.trust_remote_code:
-        out.append(f"teacher.trust_remote_code=true does not carry over: {RULES_NOTE['teacher.trust_remote_code']}")
-    if config.teacher.tokenizer_id is not None:
-        out.append(f"teacher.tokenizer_id does not carry over: {RULES_NOTE['teacher.tokenizer_id']}")
-    return out
-
-
-RULES_NOTE = {rule.field: rule.note for rule in RULES}
 
 
 # ---------------------------------------------------------------- writing the launch
@@ -356,17 +315,9 @@ def export(cfg: DictConfig, folder: Path, *, cwd: Path | None = None) -> ExportR
     """Validate `cfg`, build its verl launch, check it as verl would, and write it into `folder`."""
     config = to_config(cfg)
     rules = field_rules(cfg)
-    if config.trainer.resume_from is not None:
-        raise MiniverlError(
-            "trainer.resume_from: a miniverl checkpoint cannot be resumed by verl; export without it "
-            "(the verl run starts fresh)"
-        )
-    if config.teacher.adapter is not None:
-        raise MiniverlError(
-            f"teacher.mode={config.teacher.mode} with teacher.adapter: verl v0.8.0's teacher takes no "
-            "adapter; merge it into its base (PeftModel.merge_and_unload, save_pretrained) and export "
-            "teacher.mode=standard teacher.model_id=<merged folder>"
-        )
+    refused = refusal(config)
+    if refused:
+        raise MiniverlError(refused)
     folder = Path(folder).absolute()
     cwd = Path.cwd() if cwd is None else cwd
     reward = launch_reward(config, folder, cwd)

@@ -21,7 +21,16 @@ from typing import Any
 
 from miniverl.config.algorithm import ADV_ESTIMATORS
 from miniverl.utils.errors import MiniverlError
-from miniverl.verl_compat.defaults import ACTOR, FIXED, LOGGERS_TO_VERL, MODEL, ROLLOUT, TEACHER, VERL_DEFAULTS
+from miniverl.verl_compat.defaults import (
+    ACTOR,
+    FIXED,
+    LOGGERS_TO_VERL,
+    MODEL,
+    ROLLOUT,
+    TEACHER,
+    TEACHERS,
+    VERL_DEFAULTS,
+)
 from miniverl.verl_compat.field_rules import RULES
 from miniverl.verl_compat.launch_files import NO_TASK_REWARD_FILE, TASK_REWARD_FILE
 from miniverl.verl_compat.launch_reader import read_overrides
@@ -83,12 +92,17 @@ def to_miniverl(lines: list[str]) -> tuple[list[tuple[str, Any]], list[tuple[str
             "this verl launch does not enable distillation (distillation.enabled=True): it is not "
             "on-policy distillation and has no miniverl equivalent"
         )
-    teachers = sorted({k.split(".")[2] for k in values if k.startswith("distillation.teacher_models.")})
-    if any(name != "teacher_model" for name in teachers):
-        raise MiniverlError(
-            f"this verl launch configures teachers {', '.join(teachers)}: miniverl distils from one "
-            "teacher (distillation.teacher_models.teacher_model)"
-        )
+    entries = dict.fromkeys(k.split(".")[2] for k in values if k.startswith(f"{TEACHERS}."))  # launch order
+    named = [name for name in entries if name != "teacher_model"]
+    several = len(named) > 1
+    if named:  # verl drops teacher_model then, and serves the named entries
+        for key in [k for k in values if k.startswith(f"{TEACHER}.")]:
+            unmapped.append((f"{key}={hydra_value(values.pop(key))}", "verl drops teacher_model beside other teachers"))
+        # The scale (export.teacher_*) is one for all teachers in miniverl: read off the first entry.
+        first = f"{TEACHERS}.{named[0]}."
+        values.update({f"{TEACHER}.{k[len(first) :]}": val for k, val in list(values.items()) if k.startswith(first)})
+        known = {key for key in values if key in VERL_DEFAULTS or _dict_parent(key) is not None}
+        cfg = virtual_verl_config({k: val for k, val in values.items() if k in known})
     if v(f"{TEACHER}.model_path") is None:
         raise MiniverlError(f"this verl launch sets no {TEACHER}.model_path: there is no teacher to import")
     emit("estimator", v("distillation.distillation_loss.loss_mode"))  # the group; its fields follow
@@ -139,6 +153,11 @@ def to_miniverl(lines: list[str]) -> tuple[list[tuple[str, Any]], list[tuple[str
             emit(rule.field, rule.verl_value)
     same_base = v(f"{TEACHER}.model_path") == v(f"{MODEL}.path")  # the student's base as teacher: ref
     emit("teacher.mode", "ref" if same_base else "standard", "distillation.enabled")
+    if several:
+        out[:] = [(name, value) for name, value in out if not name.startswith("teacher.")]  # `teachers` instead
+        out.extend(several_teachers(values, named, v(f"{MODEL}.path"), unmapped))
+        used.update(k for k in values if k.startswith(f"{TEACHERS}."))
+        emit("export.teacher_replicas", values.get(f"{TEACHER}.num_replicas"), f"{TEACHER}.num_replicas")
     emit("recipe.prompt_limit", v("data.max_prompt_length"), "data.max_prompt_length")
     emit("recipe.response_limit", v("data.max_response_length"), "data.max_response_length")
     # Task advantages: verl's critic-free outcome estimators only.
@@ -251,6 +270,43 @@ def to_miniverl(lines: list[str]) -> tuple[list[tuple[str, Any]], list[tuple[str
     return sorted(final.items(), key=lambda item: order.get(item[0], len(order))), unmapped
 
 
+def several_teachers(
+    values: dict[str, Any], names: list[str], student_path: Any, unmapped: list[tuple[str, str]]
+) -> list[tuple[str, Any]]:
+    """`teachers.<name>` for each distillation.teacher_models.<name> entry: its key, model and dtype
+    on the recipe's teacher option; a scale that differs from the first teacher's is listed, since
+    miniverl's export gives every teacher the same (export.teacher_*)."""
+    out: list[tuple[str, Any]] = []
+    scale = ("num_replicas", "inference.tensor_model_parallel_size", "inference.gpu_memory_utilization")
+    first = {key: values.get(f"{TEACHERS}.{names[0]}.{key}") for key in scale}
+    for name in names:
+
+        def entry(key: str, name: str = name) -> Any:
+            return values.get(f"{TEACHERS}.{name}.{key}")
+
+        path = entry("model_path")
+        where = f"teachers.{name}"
+        out += [
+            (f"+teacher@{where}", "qwen3_1_7b"),  # the recipe's teacher option (NF4); its model is set next
+            (f"{where}.key", entry("key")),
+            (f"{where}.mode", "ref" if path == student_path else "standard"),
+            (f"{where}.model_id", path),
+            (f"{where}.revision", None),
+        ]
+        if entry("inference.dtype") is not None:
+            out.append((f"{where}.dtype", entry("inference.dtype")))
+        for key in scale:
+            if entry(key) != first[key]:
+                unmapped.append(
+                    (
+                        f"{TEACHERS}.{name}.{key}={hydra_value(entry(key))}",
+                        f"differs from {names[0]}'s {hydra_value(first[key])}: miniverl's export gives every "
+                        "teacher the same scale (export.teacher_*)",
+                    )
+                )
+    return out
+
+
 def _written_by_the_export(path: str) -> bool:
     """A reward file of the export's (by its name, and by its header when it can be read here)."""
     if Path(path).name not in (NO_TASK_REWARD_FILE, TASK_REWARD_FILE):
@@ -286,9 +342,12 @@ def override_lines(mapped: list[tuple[str, Any]]) -> list[str]:
 def unset_fields(mapped: list[tuple[str, Any]]) -> list[str]:
     """miniverl fields a verl launch does not set (kept from the config the import is applied to)."""
     names = {name for name, _ in mapped}
+    unread = "teacher." if any(name.startswith("teachers.") for name in names) else "teachers."
     out: list[str] = []
     for rule in RULES:
         if rule.field in names or rule.status not in ("no_verl_equivalent", "not_applicable"):
+            continue
+        if rule.field.startswith(unread):  # the single teacher's fields, or several teachers'
             continue
         name = re.sub(r"\.toy\..*$", ".toy.*", rule.field)
         if name not in out:

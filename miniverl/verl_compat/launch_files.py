@@ -5,6 +5,7 @@ pointed at (export.py decides the overrides; this writes them down)."""
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from miniverl.verl_compat.defaults import (
     FIXED,
     MODEL,
     TEACHER,
+    TEACHERS,
     VERL_VERSION,
 )
 from miniverl.verl_compat.field_rules import RULES, rule_table
@@ -125,13 +127,31 @@ def _shell_word(text: str) -> str:
     return shlex.quote(text)
 
 
+def teacher_variable(where: str) -> str:
+    """run_opd.sh's variable for a teacher's model: TEACHER_MODEL, or TEACHER_<NAME>_MODEL for
+    `teachers.<name>`."""
+    if where == "teacher":
+        return "TEACHER_MODEL"
+    return "TEACHER_" + re.sub(r"[^A-Za-z0-9]", "_", where.removeprefix("teachers.")).upper() + "_MODEL"
+
+
+def teacher_variables(config: MiniverlConfig) -> list[str]:
+    return [teacher_variable(f"teachers.{name}") for name in config.teachers] or ["TEACHER_MODEL"]
+
+
 def launch_script(config: MiniverlConfig, overrides: list[Override], digest: str, reward: LaunchReward) -> str:
     """run_opd.sh: the overrides as bash arrays, the user-adjustable model and data paths first."""
     x, r = config.export, config.recipe
     by_key = {o.key: o for o in overrides}
+    teachers = {  # verl key of each teacher's model -> its shell variable
+        (f"{TEACHERS}.{name}.model_path" if config.teachers else f"{TEACHER}.model_path"): teacher_variable(
+            f"teachers.{name}" if config.teachers else "teacher"
+        )
+        for name in (config.teachers or ["teacher"])
+    }
     variables = {  # verl key -> (shell variable, its default: the Hydra value the export wrote)
         f"{MODEL}.path": "STUDENT_MODEL",
-        f"{TEACHER}.model_path": "TEACHER_MODEL",
+        **teachers,
         "data.train_files": "TRAIN_FILES",
         "data.val_files": "VAL_FILES",
         **({"reward.custom_reward_function.path": None} if reward.written else {}),
@@ -153,7 +173,7 @@ def launch_script(config: MiniverlConfig, overrides: list[Override], digest: str
         "",
         "# ---- user-adjustable ----",
         f"STUDENT_MODEL=${{STUDENT_MODEL:-{_shell_word(by_key[f'{MODEL}.path'].line.split('=', 1)[1])}}}",
-        f"TEACHER_MODEL=${{TEACHER_MODEL:-{_shell_word(by_key[f'{TEACHER}.model_path'].line.split('=', 1)[1])}}}",
+        *(f"{name}=${{{name}:-{_shell_word(by_key[key].line.split('=', 1)[1])}}}" for key, name in teachers.items()),
         f"TRAIN_FILES=${{TRAIN_FILES:-{_shell_word(by_key['data.train_files'].line.split('=', 1)[1])}}}",
         "VAL_FILES=${VAL_FILES:-$TRAIN_FILES}"
         if by_key["data.val_files"].value == by_key["data.train_files"].value
@@ -162,9 +182,9 @@ def launch_script(config: MiniverlConfig, overrides: list[Override], digest: str
         "",
         'EXPORT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)',
         "",
-        'if [ "$STUDENT_MODEL" = toy ] || [ "$TEACHER_MODEL" = toy ]; then',
-        '    echo "run_opd.sh: the toy models have no verl equivalent; set STUDENT_MODEL and TEACHER_MODEL'
-        ' to Hugging Face models (hub ids or folders) that share one tokenizer" >&2',
+        "if " + " || ".join(f'[ "${name}" = toy ]' for name in ["STUDENT_MODEL", *teachers.values()]) + "; then",
+        f'    echo "run_opd.sh: the toy models have no verl equivalent; set STUDENT_MODEL and '
+        f'{" and ".join(teachers.values())} to Hugging Face models (hub ids or folders) that share one tokenizer" >&2',
         "    exit 2",
         "fi",
         "",
@@ -181,7 +201,7 @@ def launch_script(config: MiniverlConfig, overrides: list[Override], digest: str
             if o.key in variables:
                 name = variables[o.key]
                 value = f'"$EXPORT_DIR/{reward.written}"' if name is None else f'"${name}"'
-                lines.append(f"    {o.key}={value}")
+                lines.append(f"    {o.prefix}{o.key}={value}")
             else:
                 lines.append(f"    {_shell_word(o.line)}")
         lines.append(")")
@@ -215,15 +235,19 @@ def readme(
         f"`{VERL_COMMIT[:12]}`); field rule digest `{digest}`.",
         "",
         "```bash",
-        "bash run_opd.sh        # STUDENT_MODEL=DIR TEACHER_MODEL=DIR TRAIN_FILES='[/data/a.parquet]' bash run_opd.sh",
+        f"bash run_opd.sh        # STUDENT_MODEL=DIR {' '.join(f'{t}=DIR' for t in teacher_variables(config))} "
+        "TRAIN_FILES='[/data/a.parquet]' bash run_opd.sh",
         "xargs -d '\\n' python3 -m verl.trainer.main_ppo < overrides.txt   # the same launch, without the script",
         "```",
         "",
         f"Run it where verl v0.8.0 and {x.rollout_name} are installed, on a Ray cluster (or one machine) with "
         f"{trainer_gpus + teacher_gpus} GPUs: the trainer pool, {x.nnodes} x {x.n_gpus_per_node}, holds the FSDP "
         f"actor and its {x.rollout_name} rollout (tensor parallel {x.rollout_tensor_parallel_size}); the teacher "
-        f"pool, {x.teacher_nnodes} x {x.teacher_n_gpus_per_node}, serves the frozen teacher ({x.teacher_replicas} "
-        f"replica(s), tensor parallel {x.teacher_tensor_parallel_size}). Change the scale by exporting again with "
+        f"pool, {x.teacher_nnodes} x {x.teacher_n_gpus_per_node}, serves "
+        + (f"the {len(config.teachers)} frozen teachers, each" if config.teachers else "the frozen teacher")
+        + f" ({x.teacher_replicas} replica(s), tensor parallel {x.teacher_tensor_parallel_size})"
+        + (f", routed by `{config.teacher_key}`" if config.teachers else "")
+        + ". Change the scale by exporting again with "
         "`export.*`. The data files must be visible to the trainer at the `TRAIN_FILES` paths, and each row needs "
         "`data_source` and `reward_model.ground_truth` (verl's reward manager reads them even with task rewards "
         f"off). {_reward_sentence(reward)}",

@@ -13,12 +13,21 @@ from miniverl.verl_compat.defaults import (
     MODEL,
     ROLLOUT,
     ROLLOUT_ENGINES,
-    TEACHER,
     TEACHER_ENGINES,
+    TEACHERS,
     VERL_LOSS_MODES,
     VLLM_MAX_LORA_RANK,
 )
 from miniverl.verl_compat.overrides import get
+
+
+def served_teachers(cfg: Mapping) -> list[str]:
+    """The teacher_models entries verl serves (DistillationConfig._resolve_teacher_models): the one
+    it ships alone, or every other one when there are several (it drops `teacher_model` then)."""
+    names = list(get(cfg, TEACHERS, {}) or {})
+    if len(names) > 1:
+        names = [n for n in names if n != "teacher_model"]
+    return [f"{TEACHERS}.{name}" for name in names]
 
 
 def runtime_violations(cfg: Mapping) -> list[str]:
@@ -30,29 +39,47 @@ def runtime_violations(cfg: Mapping) -> list[str]:
     if not g("distillation.enabled"):
         out.append("distillation.enabled must be True: the launch is on-policy distillation")
         return out
-    # Teacher pool: non-empty, and replicas x per-replica world size fill it exactly.
+    # Teacher pool: non-empty, and the teachers' replicas x per-replica world sizes fill it exactly.
     t_nodes, t_per_node = g("distillation.nnodes", 0), g("distillation.n_gpus_per_node", 0)
     pool = t_nodes * t_per_node
-    inference = f"{TEACHER}.inference"
-    per_replica = (
-        g(f"{inference}.tensor_model_parallel_size", 1)
-        * g(f"{inference}.data_parallel_size", 1)
-        * g(f"{inference}.pipeline_model_parallel_size", 1)
+    entries = served_teachers(cfg)
+    world = lambda entry: (  # noqa: E731  (one replica's GPUs)
+        g(f"{entry}.inference.tensor_model_parallel_size", 1)
+        * g(f"{entry}.inference.data_parallel_size", 1)
+        * g(f"{entry}.inference.pipeline_model_parallel_size", 1)
     )
-    replicas = g(f"{TEACHER}.num_replicas", 0)
     if t_nodes <= 0 or t_per_node <= 0:
         out.append(
             f"the teacher pool is empty: distillation.nnodes={t_nodes}, distillation.n_gpus_per_node="
             f"{t_per_node} must both be > 0"
         )
-    elif pool % per_replica or replicas * per_replica != pool:
-        out.append(
-            f"teacher pool size {pool} (distillation.nnodes x n_gpus_per_node) must equal num_replicas x "
-            f"tensor_model_parallel_size x data_parallel_size x pipeline_model_parallel_size = "
-            f"{replicas} x {per_replica}"
-        )
-    elif (t_per_node % per_replica if per_replica <= t_per_node else per_replica % t_per_node) != 0:
-        out.append(f"a teacher replica of {per_replica} GPUs straddles nodes of {t_per_node} GPUs")
+    elif len(entries) == 1:
+        (entry,) = entries
+        per_replica, replicas = world(entry), g(f"{entry}.num_replicas", 0)
+        if pool % per_replica or replicas * per_replica != pool:
+            out.append(
+                f"teacher pool size {pool} (distillation.nnodes x n_gpus_per_node) must equal num_replicas x "
+                f"tensor_model_parallel_size x data_parallel_size x pipeline_model_parallel_size = "
+                f"{replicas} x {per_replica}"
+            )
+        elif (t_per_node % per_replica if per_replica <= t_per_node else per_replica % t_per_node) != 0:
+            out.append(f"a teacher replica of {per_replica} GPUs straddles nodes of {t_per_node} GPUs")
+    else:  # several: each entry fully configured, keys distinct, together filling the pool
+        keys: dict[str, str] = {}
+        for entry in entries:
+            for field in ("model_path", "key", "num_replicas"):
+                if g(f"{entry}.{field}") is None:
+                    out.append(f"{entry}.{field} must be set (verl: check_configured)")
+            key = g(f"{entry}.key")
+            if key is not None and key in keys:
+                out.append(f"{keys[key]} and {entry} have the same key {key!r} (verl: duplicate teacher key)")
+            keys.setdefault(key, entry)
+        total = sum((g(f"{entry}.num_replicas") or 0) * world(entry) for entry in entries)
+        if total != pool:
+            out.append(
+                f"the teachers' num_replicas x per-replica world size add up to {total} GPUs; the teacher pool "
+                f"(distillation.nnodes x n_gpus_per_node) has {pool}"
+            )
     # Student: trainer pool, rollout replicas, batch sizes.
     n_gpus = g("trainer.nnodes", 0) * g("trainer.n_gpus_per_node", 0)
     if n_gpus <= 0:
@@ -72,9 +99,10 @@ def runtime_violations(cfg: Mapping) -> list[str]:
     name = g(f"{ROLLOUT}.name")
     if name in (None, "???") or name not in ROLLOUT_ENGINES:
         out.append(f"actor_rollout_ref.rollout.name={name!r} must name a rollout engine ({', '.join(ROLLOUT_ENGINES)})")
-    teacher_name = g(f"{inference}.name")
-    if teacher_name not in TEACHER_ENGINES:
-        out.append(f"{inference}.name={teacher_name!r} must be one of {', '.join(TEACHER_ENGINES)}")
+    for entry in entries:
+        teacher_engine = g(f"{entry}.inference.name")
+        if teacher_engine not in TEACHER_ENGINES:
+            out.append(f"{entry}.inference.name={teacher_engine!r} must be one of {', '.join(TEACHER_ENGINES)}")
     dynamic = g(f"{ACTOR}.use_dynamic_bsz")
     if dynamic != g(f"{ROLLOUT}.log_prob_use_dynamic_bsz"):
         out.append("actor.use_dynamic_bsz and rollout.log_prob_use_dynamic_bsz must agree")
@@ -113,10 +141,8 @@ def runtime_violations(cfg: Mapping) -> list[str]:
             if (g(key) or 0) < length:
                 out.append(f"{key}={g(key)} must hold one prompt + response ({length} tokens)")
     # Context lengths: the teacher scores prompt + response and generates one token.
-    for where, prompt_key, response_key in (
-        (inference, f"{inference}.prompt_length", f"{inference}.response_length"),
-        (ROLLOUT, f"{ROLLOUT}.prompt_length", f"{ROLLOUT}.response_length"),
-    ):
+    for where in [f"{entry}.inference" for entry in entries] + [ROLLOUT]:
+        prompt_key, response_key = f"{where}.prompt_length", f"{where}.response_length"
         max_len = g(f"{where}.max_model_len")
         needed = g(prompt_key, 0) + g(response_key, 0) + 1
         if max_len is not None and max_len < needed:
@@ -134,15 +160,18 @@ def runtime_violations(cfg: Mapping) -> list[str]:
         topk = loss("topk")
         if topk is None or topk < 1:
             out.append(f"{LOSS}.topk must be set for forward_kl_topk")
-        elif teacher_name == "vllm":
-            cap = (get(g(f"{inference}.engine_kwargs", {}) or {}, "vllm", {}) or {}).get("max_logprobs")
-            if cap is not None and cap < topk:
-                out.append(f"the teacher's vLLM max_logprobs={cap} must be >= topk={topk}")
-    if g(f"{inference}.temperature") != 1.0:
-        out.append(
-            f"{inference}.temperature={g(f'{inference}.temperature')} must be 1.0 (verl computes the "
-            "teacher's prompt log-probs at temperature 1 only)"
-        )
+        for entry in entries:
+            if g(f"{entry}.inference.name") == "vllm":
+                kwargs = g(f"{entry}.inference.engine_kwargs", {}) or {}
+                cap = (get(kwargs, "vllm", {}) or {}).get("max_logprobs")
+                if cap is not None and cap < topk:
+                    out.append(f"{entry}: the teacher's vLLM max_logprobs={cap} must be >= topk={topk}")
+    for entry in entries:
+        if g(f"{entry}.inference.temperature") != 1.0:
+            out.append(
+                f"{entry}.inference.temperature={g(f'{entry}.inference.temperature')} must be 1.0 (verl computes "
+                "the teacher's prompt log-probs at temperature 1 only)"
+            )
     if g("algorithm.rollout_correction.bypass_mode") and not g(f"{ROLLOUT}.calculate_log_probs"):
         out.append(
             f"algorithm.rollout_correction.bypass_mode=True needs {ROLLOUT}.calculate_log_probs=True (the "

@@ -48,6 +48,7 @@ class ActorWorker:
         tokenizer_vocab: int | None = None,
         float32_gemm: bool = False,
         bypass_mode: bool = False,
+        teacher_names: tuple[str, ...] = (),
     ):
         self.peft_model = model
         self.bypass_mode = (
@@ -61,6 +62,7 @@ class ActorWorker:
         self.logprob_chunk = logprob_chunk
         self.tokenizer_vocab = tokenizer_vocab  # output rows past it are padding: never scored
         self.float32_gemm = float32_gemm  # CPU only: see cpu_gemm
+        self.teacher_names = teacher_names  # several teachers: batch.teacher_index i is teacher_names[i]
         # seq-mean-token-sum-norm divides by the padded response length; verl pads responses to
         # max_response_length, so that (not the batch's longest response) is the divisor.
         self.loss_scale_factor = loss_scale_factor
@@ -117,6 +119,8 @@ class ActorWorker:
             batch.advantages = -distillation_losses  # what the PG step maximised at each token
         if not self.bypass_mode:
             metrics.update(rollout_actor_metrics(batch))
+        if batch.teacher_index is not None:
+            metrics.update(per_teacher_losses(distillation_losses, batch, self.teacher_names))
         return batch, metrics
 
     def _step(self, batch: Batch, chunks: list[int]) -> tuple[dict[str, float], torch.Tensor]:
@@ -210,6 +214,20 @@ class ActorWorker:
             ),
             log_prob,
         )
+
+
+def per_teacher_losses(per_token_loss: torch.Tensor, batch: Batch, names: tuple[str, ...]) -> dict:
+    """`actor/distillation/loss/<teacher>`: the token-mean of the per-token distillation loss
+    (B, R) over each teacher's samples (NaN for a teacher with no response token this update)."""
+    metrics = {}
+    for i, name in enumerate(names):
+        rows = batch.teacher_index == i  # (B,)
+        mask = batch.response_mask[rows]
+        tokens = float(mask.sum())
+        metrics[f"actor/distillation/loss/{name}"] = (
+            float((per_token_loss[rows] * mask).sum() / tokens) if tokens else float("nan")
+        )
+    return metrics
 
 
 def rollout_actor_metrics(batch: Batch) -> dict:

@@ -1,6 +1,6 @@
 """The roles of one run built from its config: the rollout and the actor on the student (verl's
 hybrid engine on one device), the teacher by its mode (a separate frozen model, or the student's
-own base weights with ref / shared_base)."""
+own base weights with ref / shared_base); several teachers behind one router, all loaded once."""
 
 from __future__ import annotations
 
@@ -11,23 +11,29 @@ import torch
 from peft import PeftModel
 
 from miniverl.config import MiniverlConfig
+from miniverl.config.teacher import TeacherConfig
 from miniverl.models import adapters, cpu_gemm
 from miniverl.models import loading as models
+from miniverl.utils.measure import stored_weight_bytes
 from miniverl.workers.actor import ActorWorker
 from miniverl.workers.rollout import RolloutWorker
-from miniverl.workers.teacher import TeacherWorker
+from miniverl.workers.teacher import TeacherRouter, TeacherWorker
 
 
 @dataclass
 class Roles:
     rollout: RolloutWorker
-    teacher: TeacherWorker
+    teacher: TeacherWorker | TeacherRouter
     actor: ActorWorker
+    # Memory each teacher adds, by name: its own model's weights (standard), its adapter on the
+    # student's base (shared_base), nothing (ref).
+    teacher_weight_bytes: dict[str, int]
 
 
 def build_roles(
-    cfg: MiniverlConfig, student: PeftModel, tokenizer, device: torch.device, teacher_toy_path: Path | None
+    cfg: MiniverlConfig, student: PeftModel, tokenizer, device: torch.device, toy_paths: dict[str, Path]
 ) -> Roles:
+    """`toy_paths`: the toy teachers written to the run folder, by teacher name."""
     hw, base = cfg.hardware, student.get_base_model()
     # Output rows past the tokenizer are padding: no role samples or scores them.
     vocab = len(tokenizer)
@@ -55,30 +61,44 @@ def build_roles(
         tokenizer_vocab=vocab,
         float32_gemm=float32_gemm,
         bypass_mode=cfg.algorithm.rollout_correction.bypass_mode,
+        teacher_names=tuple(cfg.teachers),
     )
-    return Roles(rollout, build_teacher(cfg, student, tokenizer, device, teacher_toy_path), actor)
+    workers = {
+        name: build_teacher(cfg, cfg.teacher_where(name), block, student, tokenizer, device, toy_paths.get(name))
+        for name, block in cfg.teacher_blocks.items()
+    }
+    teacher = TeacherRouter(workers) if cfg.teachers else workers["teacher"]
+    return Roles(rollout, teacher, actor, {name: w.weight_bytes for name, w in workers.items()})
 
 
 def build_teacher(
-    cfg: MiniverlConfig, student: PeftModel, tokenizer, device: torch.device, toy_path: Path | None
+    cfg: MiniverlConfig,
+    where: str,
+    block: TeacherConfig,
+    student: PeftModel,
+    tokenizer,
+    device: torch.device,
+    toy_path: Path | None,
 ) -> TeacherWorker:
+    """One teacher (`where`: its config path, for messages)."""
     common = dict(
         logprob_chunk=cfg.hardware.logprob_chunk,
         topk=cfg.estimator.topk if cfg.estimator.uses_topk else None,
         tokenizer_vocab=len(tokenizer),
         float32_gemm=cpu_gemm.enabled_for(cfg.hardware, device),
     )
-    if cfg.teacher.mode == "standard":  # a separate frozen model
-        source = models.source_of(cfg.teacher, toy_path)
-        teacher = models.load_teacher(cfg.teacher, source, device)
+    if block.mode == "standard":  # a separate frozen model
+        source = models.source_of(block, toy_path)
+        teacher = models.load_teacher(block, source, device, where)
         models.check_tokenizers_compatible(
-            tokenizer, models.load_tokenizer("teacher", cfg.teacher, source), student.get_base_model(), teacher
+            tokenizer, models.load_tokenizer(where, block, source), student.get_base_model(), teacher, where
         )
-        return TeacherWorker(teacher, **common)
+        return TeacherWorker(teacher, weight_bytes=stored_weight_bytes(teacher), **common)
     # ref / shared_base: the teacher runs on the student's own base weights, no second copy.
-    if cfg.teacher.mode == "shared_base":
+    added = 0
+    if block.mode == "shared_base":
         with models.quiet_loading():
-            adapters.attach_shared_teacher(student, cfg.teacher.adapter)
-    return TeacherWorker(
-        student.get_base_model(), context=adapters.teacher_context(student, cfg.teacher.mode), **common
-    )
+            adapters.attach_shared_teacher(student, block.adapter, where)
+        added = adapters.shared_teacher_bytes(student)
+    context = adapters.teacher_context(student, block.mode)
+    return TeacherWorker(student.get_base_model(), context=context, weight_bytes=added, **common)

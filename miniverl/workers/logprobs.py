@@ -171,6 +171,13 @@ def response_hidden_states(model: PreTrainedModel, batch: Batch) -> torch.Tensor
     return out.last_hidden_state[:, start : start + batch.response_length]
 
 
+def full_log_probs(model: PreTrainedModel, batch: Batch, tokenizer_vocab: int | None) -> torch.Tensor:
+    """(B, R, V) float32 next-token log-probs over the tokenizer's ids at the response positions
+    (small vocabularies only: the held-out exact KL)."""
+    hidden = response_hidden_states(model, batch)
+    return token_logits(model.get_output_embeddings(), hidden, tokenizer_vocab).log_softmax(-1)
+
+
 def response_log_probs(
     model: PreTrainedModel,
     batch: Batch,

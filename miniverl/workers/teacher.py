@@ -3,6 +3,10 @@
 One forward over prompt + response per chunk of rows. It always returns the log-prob of the
 token the student sampled (`teacher_logprobs`); for `forward_kl_topk` also its own top-k
 log-probs and their token ids at every position.
+
+Several teachers (`teachers.<name>`, verl's multi-teacher distillation): `TeacherRouter` gives
+each teacher the samples the plan routed to it (`teacher_index`), in their batch order, and puts
+the teachers' columns back at those rows, so the actor sees one batch as with one teacher.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from transformers import PreTrainedModel
 
 from miniverl.models import cpu_gemm
 from miniverl.protocol import Batch
-from miniverl.workers.logprobs import response_log_probs, response_log_probs_and_topk
+from miniverl.workers.logprobs import full_log_probs, response_log_probs, response_log_probs_and_topk
 
 
 class TeacherWorker:
@@ -29,15 +33,18 @@ class TeacherWorker:
         context: Callable[[], ContextManager] = nullcontext,
         tokenizer_vocab: int | None = None,
         float32_gemm: bool = False,
+        weight_bytes: int = 0,
     ):
         """`model` is the teacher; in the ref and shared_base modes it is the student's own base
-        model, and `context` switches its adapters for the teacher's forward."""
+        model, and `context` switches its adapters for the teacher's forward. `weight_bytes`: the
+        memory this teacher adds (its model's weights; shared_base: its adapter; ref: none)."""
         self.model = model
         self.context = context
         self.logprob_chunk = logprob_chunk
         self.topk = topk  # None: only the sampled token is needed
         self.tokenizer_vocab = tokenizer_vocab  # output rows past it are padding: never scored
         self.float32_gemm = float32_gemm  # CPU only: see cpu_gemm
+        self.weight_bytes = weight_bytes
 
     def scoring(self) -> ContextManager:
         """The teacher's forward setting: its adapters (ref, shared_base) and its CPU products."""
@@ -59,6 +66,13 @@ class TeacherWorker:
             batch.teacher_topk_logprobs, batch.teacher_ids = columns[1], columns[2]
         return batch
 
+    @torch.no_grad()
+    def compute_full_log_probs(self, batch: Batch) -> torch.Tensor:
+        """(B, R, V) the teacher's next-token log-probs over the tokenizer's ids (the held-out exact KL)."""
+        self.model.eval()
+        with self.scoring():
+            return full_log_probs(self.model, batch, self.tokenizer_vocab)
+
     def _score(self, batch: Batch, rows_per_forward: int) -> list[tuple[torch.Tensor, ...]]:
         parts = []
         for start in range(0, len(batch), rows_per_forward):
@@ -78,3 +92,50 @@ class TeacherWorker:
                     )
                 )
         return parts
+
+
+TEACHER_COLUMNS = ("teacher_logprobs", "teacher_topk_logprobs", "teacher_ids")
+
+
+class TeacherRouter:
+    """Several teachers behind the teacher role's interface, each scoring its own samples."""
+
+    def __init__(self, workers: dict[str, TeacherWorker]):
+        self.workers = workers
+        self.names = list(workers)  # teacher_index i is the i-th name
+
+    def route(self, batch: Batch, sample_teachers: list[str] | tuple[str, ...]) -> Batch:
+        """Fills teacher_index (B,) from each sample's teacher name (the plan's sample_teachers)."""
+        batch.teacher_index = torch.tensor(
+            [self.names.index(name) for name in sample_teachers], dtype=torch.long, device=batch.prompts.device
+        )
+        return batch
+
+    def _by_teacher(self, batch: Batch):
+        for i, worker in enumerate(self.workers.values()):
+            rows = (batch.teacher_index == i).nonzero(as_tuple=True)[0]  # (b,) this teacher's samples
+            if len(rows):
+                yield worker, rows
+
+    def compute_teacher_log_prob(self, batch: Batch, rows_per_forward: int) -> Batch:
+        """Every teacher on its samples, `rows_per_forward` rows at a time; the columns scattered back."""
+        for worker, rows in self._by_teacher(batch):
+            part = worker.compute_teacher_log_prob(batch.select(rows), rows_per_forward)
+            for name in TEACHER_COLUMNS:
+                if (scored := getattr(part, name)) is None:
+                    continue
+                if (column := getattr(batch, name)) is None or column.shape[1:] != scored.shape[1:]:
+                    column = scored.new_zeros((len(batch), *scored.shape[1:]))  # every row gets its teacher's
+                    setattr(batch, name, column)
+                column[rows] = scored
+        return batch
+
+    @torch.no_grad()
+    def compute_full_log_probs(self, batch: Batch) -> torch.Tensor:
+        out = None
+        for worker, rows in self._by_teacher(batch):
+            scored = worker.compute_full_log_probs(batch.select(rows))  # (b, R, V)
+            if out is None:
+                out = scored.new_zeros((len(batch), *scored.shape[1:]))
+            out[rows] = scored
+        return out

@@ -72,8 +72,10 @@ def test_model_and_teacher_fields_are_the_reference_report_fields(reference_repo
     import dataclasses
 
     config = to_config(compose_config(["+recipe=opd_k1"]))
-    for ours, theirs in ((config.model, "student"), (config.teacher, "teacher")):
-        assert set(dataclasses.asdict(ours)) == set(reference_report["models"][theirs])
+    assert set(dataclasses.asdict(config.model)) == set(reference_report["models"]["student"])
+    # Plus the routing key of several teachers (verl's teacher_models.<name>.key), which the single
+    # teacher does not read and the report's models.teacher block leaves out.
+    assert set(dataclasses.asdict(config.teacher)) == set(reference_report["models"]["teacher"]) | {"key"}
 
 
 @pytest.fixture
@@ -137,3 +139,46 @@ def test_fewer_updates_than_the_preset_adapt_the_resume_check(overrides, after, 
     recipe = to_config(compose_config(["+recipe=opd_k1", *overrides])).recipe
     assert recipe.resume_check_after == after
     assert (recipe.resume_check_note is None) if note is None else note in recipe.resume_check_note
+
+
+TWO_TEACHERS = ["+recipe=opd_k1", "+teacher@teachers.a=toy", "+teacher@teachers.b=toy", "teachers.a.key=x"]
+
+
+def test_several_teachers_compose_each_from_a_teacher_option():
+    config = to_config(compose_config([*TWO_TEACHERS, "teachers.b.key=y", "+teacher@teachers.c=toy_qwen3",
+                                       "teachers.c.key=z", "teachers.c.mode=ref"]))  # fmt: skip
+    assert list(config.teacher_blocks) == ["a", "b", "c"] and config.teacher_key == "data_source"
+    assert config.teachers["c"].toy.tokenizer == "qwen3" and config.teachers["c"].mode == "ref"
+    assert list(to_config(compose_config(["+recipe=opd_k1"])).teacher_blocks) == ["teacher"]
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        ([], "teachers.b.key is not set: give the data_source value it scores (teachers.b.key=<value>)"),
+        (["teachers.b.key=x"], "teachers.a and teachers.b both have key='x'"),
+        (["teachers.b.key=y", "default_teacher=c"], "default_teacher='c' is not one of teachers: a, b"),
+        (["teachers.b.key=y", "teacher_key=''"], "teacher_key is empty"),
+        (
+            [
+                "teachers.b.key=y",
+                "teachers.a.mode=shared_base",
+                "teachers.a.adapter=A",
+                "teachers.b.mode=shared_base",
+                "teachers.b.adapter=B",
+            ],  # fmt: skip
+            "teachers a, b are all mode=shared_base",
+        ),
+    ],
+)
+def test_a_refused_teachers_setting_is_one_line_naming_it(extra, message):
+    with pytest.raises(MiniverlError) as info:
+        to_config(compose_config([*TWO_TEACHERS, *extra]))
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_one_entry_in_teachers_or_a_default_without_teachers_is_refused():
+    with pytest.raises(MiniverlError, match=r"teachers has one entry \(a\); for one teacher use `teacher`"):
+        to_config(compose_config(["+recipe=opd_k1", "+teacher@teachers.a=toy", "teachers.a.key=x"]))
+    with pytest.raises(MiniverlError, match="default_teacher='a' names no teacher"):
+        to_config(compose_config(["+recipe=opd_k1", "default_teacher=a"]))

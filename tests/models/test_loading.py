@@ -17,7 +17,7 @@ from miniverl.utils.errors import MiniverlError
 @pytest.fixture(scope="module")
 def toy_dirs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("toys")
-    return models.materialize_toys(StudentConfig(), TeacherConfig(), folder, student_seed=7)
+    return models.materialize_toys(StudentConfig(), {"teacher": TeacherConfig()}, folder, student_seed=7)
 
 
 def dequantized_copy(nf4_model, toy_dir):

@@ -62,3 +62,14 @@ def test_a_reward_function_given_without_task_rewards_is_noted_as_not_read(tmp_p
         tmp_path,
     )
     assert "note" in lines and "reward.custom_reward_function.path is not read" in lines
+
+
+def test_the_start_lines_name_each_teacher_with_the_key_it_scores(tmp_path):
+    extra = ["teachers.echo.mode=ref", "default_teacher=echo"]
+    config = to_config(compose_config(["+recipe=opd_k1_two_teachers_toy", *extra]))
+    rows = dict(line.strip().split("  ", 1) for line in start_lines(config, tmp_path).splitlines()[1:])
+    rows = {name: value.strip() for name, value in rows.items()}
+    assert rows["teacher arithmetic"] == "toy, bytes tokenizer (NF4) for data_source=miniverl/toy_arithmetic"
+    assert rows["teacher echo"] == "the student's base (teachers.echo.mode=ref) for data_source=miniverl/toy_echo"
+    assert rows["routing"] == "a row of another data_source goes to echo"
+    assert "teacher" not in rows  # the single teacher's block is not read

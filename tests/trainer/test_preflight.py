@@ -175,3 +175,21 @@ def test_with_task_rewards_the_doctor_checks_every_row_can_be_scored(tmp_path):
     assert "row 3: no task-reward rule for data_source 'my/benchmark'" in checks[-1].reason
     plain = preflight.cheap_checks(to_config(compose_config(["+recipe=opd_k1", *SHORT])), torch.device("cpu"))
     assert "reward" not in [c.name for c in plain]  # pure distillation reads no reward
+
+
+def test_with_several_teachers_the_doctor_checks_every_row_has_one(tmp_path):
+    recipe = "+recipe=opd_k1_two_teachers_toy"
+    checks = {c.name: c for c in preflight.cheap_checks(to_config(compose_config([recipe])), torch.device("cpu"))}
+    # 64 training rows and 16 held-out ones, alternating between the two sources
+    assert str(checks["routing"]) == "PASS routing: rows by data_source: arithmetic 40, echo 40"
+    tokenizer = checks["tokenizer"]
+    assert tokenizer.status == "PASS" and "teachers.arithmetic 259, teachers.echo 259" in tokenizer.reason
+    rows = pq.read_table(ROOT / "data/toy_mixed_heldout.parquet").to_pylist()
+    rows[5]["data_source"] = "my/benchmark"
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "heldout.parquet")
+    cfg = to_config(compose_config([recipe, f"data.val_files={tmp_path / 'heldout.parquet'}"]))
+    check = preflight.guarded("routing", preflight.check_routing, cfg)
+    assert check.status == "FAIL" and check.reason.startswith("data.val_files row 5: data_source='my/benchmark'")
+    cfg = to_config(compose_config([recipe, "teacher_key=ability"]))  # another column: its values route
+    check = preflight.guarded("routing", preflight.check_routing, cfg)
+    assert check.status == "FAIL" and "row 0: ability='math' matches no teacher's key" in check.reason

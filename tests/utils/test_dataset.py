@@ -59,6 +59,12 @@ def test_shipped_toy_prompts_are_what_the_committed_script_makes(tmp_path):
         digits = pq.read_table(ROOT / "data" / name).to_pylist()
         assert pq.read_table(tmp_path / name).to_pylist() == digits
         assert all(len(r["reward_model"]["ground_truth"]) == 1 for r in digits)  # one digit: a toy can earn it
+    for name in ("toy_mixed.parquet", "toy_mixed_heldout.parquet"):  # the two-teacher recipe's
+        mixed = pq.read_table(ROOT / "data" / name).to_pylist()
+        assert pq.read_table(tmp_path / name).to_pylist() == mixed
+        sources = [r["data_source"] for r in mixed]
+        assert sources[::2] == ["miniverl/toy_arithmetic"] * (len(mixed) // 2)
+        assert sources[1::2] == ["miniverl/toy_echo"] * (len(mixed) // 2)
 
 
 def test_a_users_verl_parquet_runs_unchanged(tmp_path):
@@ -122,3 +128,12 @@ def test_a_file_without_the_prompt_column_is_an_error_naming_it(tmp_path):
     config = to_config(compose_config([f"data.train_files={path}"]))
     with pytest.raises(MiniverlError, match="has no column 'prompt'"):
         read_conversations(config.data)
+
+
+def test_a_file_without_the_teacher_key_column_is_an_error_naming_it(tmp_path):
+    path = tmp_path / "no_source.parquet"
+    pq.write_table(pa.table({"prompt": [[{"role": "user", "content": "2 + 2?"}]]}), path)
+    config = to_config(compose_config([f"data.train_files={path}"]))
+    with pytest.raises(MiniverlError, match=r"has no column 'data_source', which teacher_key routes rows by"):
+        read_conversations(config.data, route_column="data_source")
+    assert read_conversations(config.data).routes == []  # one teacher reads no routing column

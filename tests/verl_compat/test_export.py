@@ -267,7 +267,8 @@ def test_every_field_of_the_resolved_config_has_a_rule():
                 "teacher.mode=ref",
                 "+data.apply_chat_template_kwargs.enable_thinking=false",
             ]
-        )
+        ),
+        compose_config(["+recipe=opd_k1_two_teachers_toy"]),  # teachers.<name>.*: each teacher's fields
     ]
     seen: set[str] = set()
     for cfg in configs:
@@ -408,10 +409,15 @@ def test_keys_whose_verl_defaults_differ_from_the_recipe_are_written_out(verl_ro
         assert key in written, key
     default, launched = compose_verl(verl_root, []), compose_verl(verl_root, recipe_lines)
     mapped = {key for rule in RULES if rule.status == "mapped" for key in rule.verl_keys}
-    for key in mapped - {
-        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
-        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
-    }:  # only with dynamic bsz
+    several = {key for key in mapped if "<name>" in key} | {"distillation.teacher_key"}  # with several teachers
+    for key in (
+        mapped
+        - several
+        - {
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+            "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
+        }
+    ):  # only with dynamic bsz
         assert key in written, f"{key} (a mapped key) is not written"
         if OmegaConf.select(default, key) != OmegaConf.select(launched, key):
             assert OmegaConf.select(launched, key) == written[key]
@@ -816,3 +822,88 @@ def test_import_keeps_a_users_task_reward_py_and_lists_verls_default_gae(tmp_pat
     mapped, unmapped = import_verl.to_miniverl(result.lines)
     assert dict(mapped)["reward.custom_reward_function.path"] is None
     assert any("the export's own scorer" in why for _, why in unmapped)
+
+
+# ---------------------------------------------------------------- several teachers
+
+TWO_TEACHERS = [
+    *RECIPE,
+    "+teacher@teachers.math=qwen3_1_7b",
+    "teachers.math.key=openai/gsm8k",
+    "+teacher@teachers.code=qwen3_1_7b",
+    "teachers.code.key=code/contests",
+    "teachers.code.model_id=Qwen/Qwen3-4B",
+    "teachers.code.revision=null",
+    "export.teacher_n_gpus_per_node=4",
+    "export.teacher_tensor_parallel_size=2",
+]
+
+
+def test_several_teachers_export_as_verl_entries_that_compose_and_pass_its_run_time_checks(
+    tmp_path, verl_root, verl_default
+):
+    result = export(compose_config(TWO_TEACHERS), tmp_path / "verl", cwd=ROOT)
+    assert all(line.startswith("+") for line in result.lines if ".teacher_models.math." in line)  # new entries
+    verl_cfg = compose_verl(verl_root, result.lines)
+    assert type_errors(verl_root, verl_default, result.lines) == []
+    resolved = OmegaConf.to_container(verl_cfg, resolve=True)
+    d = resolved["distillation"]
+    assert set(d["teacher_models"]) == {"teacher_model", "math", "code"}  # verl drops teacher_model itself
+    assert (d["teacher_models"]["math"]["key"], d["teacher_models"]["code"]["key"]) == ("openai/gsm8k", "code/contests")
+    assert d["teacher_models"]["code"]["model_path"] == "Qwen/Qwen3-4B" and d["teacher_key"] == "data_source"
+    pool = d["nnodes"] * d["n_gpus_per_node"]
+    served = [d["teacher_models"][n] for n in ("math", "code")]
+    assert pool == sum(t["num_replicas"] * t["inference"]["tensor_model_parallel_size"] for t in served) == 4
+    for t in served:  # a new entry does not read the rollout's lengths: they are written
+        assert (
+            t["inference"]["prompt_length"] + t["inference"]["response_length"] + 1 <= t["inference"]["max_model_len"]
+        )
+    assert runtime_violations(resolved) == []
+    script = (tmp_path / "verl" / "run_opd.sh").read_text()
+    assert "TEACHER_MATH_MODEL=${TEACHER_MATH_MODEL:-Qwen/Qwen3-1.7B}" in script
+    assert '+distillation.teacher_models.code.model_path="$TEACHER_CODE_MODEL"' in script
+
+
+def test_several_teachers_export_import_export_is_a_fixed_point(tmp_path):
+    first = export(compose_config(TWO_TEACHERS), tmp_path / "verl", cwd=ROOT)
+    back = imported(tmp_path / "verl" / "overrides.txt")
+    values = parsed([line for line in back if not line.startswith("+teacher@")])
+    assert values["teachers.code.key"] == "code/contests" and values["teachers.code.model_id"] == "Qwen/Qwen3-4B"
+    assert values["export.teacher_replicas"] == 1 and values["export.teacher_tensor_parallel_size"] == 2
+    assert not any(line.startswith("teacher.") for line in back)  # the single teacher is not read
+    for base in (RECIPE, []):
+        assert export(compose_config([*base, *back]), tmp_path / "verl", cwd=ROOT).lines == first.lines
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["export.teacher_n_gpus_per_node=2"], "must equal 2 teachers x teacher_replicas x teacher_tensor_parallel"),
+        (["default_teacher=math"], "default_teacher=math: verl v0.8.0 has no default teacher"),
+        (
+            ["+teacher@teachers.teacher_model=toy", "teachers.teacher_model.key=k", "export.teacher_n_gpus_per_node=6"],
+            "teachers.teacher_model: verl v0.8.0 drops the entry of that name",
+        ),
+    ],
+)
+def test_a_several_teacher_export_verl_would_not_run_is_one_line(tmp_path, extra, message):
+    with pytest.raises(MiniverlError, match=message):
+        export(compose_config([*TWO_TEACHERS, *extra]), tmp_path / "verl", cwd=ROOT)
+    assert not (tmp_path / "verl").exists()
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["+distillation.teacher_models.code.key=openai/gsm8k"], "have the same key 'openai/gsm8k'"),
+        (["distillation.n_gpus_per_node=6"], "add up to 4 GPUs; the teacher pool"),
+        (["+distillation.teacher_models.code.model_path=null"], "teacher_models.code.model_path must be set"),
+    ],
+)
+def test_run_time_rules_of_several_teachers_catch_what_verl_would_refuse(tmp_path, verl_root, extra, message):
+    lines = export(compose_config(TWO_TEACHERS), tmp_path / "verl", cwd=ROOT).lines
+    lines = [
+        line for line in lines if not any(line.lstrip("+~").startswith(e.lstrip("+~").split("=")[0]) for e in extra)
+    ]
+    resolved = OmegaConf.to_container(compose_verl(verl_root, [*lines, *extra]), resolve=True)
+    assert any(message in p for p in runtime_violations(resolved)), runtime_violations(resolved)

@@ -12,20 +12,22 @@ from __future__ import annotations
 
 from miniverl import VERL_COMMIT, VERL_TAG
 from miniverl.verl_compat.defaults import ENTRY_POINT, FIXED, VERL_VERSION
-from miniverl.verl_compat.field_rules.models import MODEL_RULES
+from miniverl.verl_compat.field_rules.models import MODEL_RULES, NAME, SEVERAL_TEACHER_RULES
 from miniverl.verl_compat.field_rules.rule import STATUSES, TOY_FIELDS, Rule
 from miniverl.verl_compat.field_rules.run import RUN_RULES
 
 __all__ = ["RULES", "RULES_BY_FIELD", "STATUSES", "TOY_FIELDS", "Rule", "rule_for", "rule_table"]
 
-RULES: tuple[Rule, ...] = MODEL_RULES + RUN_RULES
+RULES: tuple[Rule, ...] = MODEL_RULES + SEVERAL_TEACHER_RULES + RUN_RULES
 RULES_BY_FIELD = {rule.field: rule for rule in RULES}
 
 
 def rule_for(path: str) -> Rule | None:
     """The rule of a config field; keys under a dict-valued field (data.apply_chat_template_kwargs.x)
-    fall under that field's rule."""
+    fall under that field's rule, and `teachers.<any name>.x` under `teachers.<name>.x`."""
     parts = path.split(".")
+    if parts[0] == "teachers" and len(parts) > 2:
+        parts[1] = NAME
     for end in range(len(parts), 0, -1):
         rule = RULES_BY_FIELD.get(".".join(parts[:end]))
         if rule is not None:

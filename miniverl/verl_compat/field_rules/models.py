@@ -1,8 +1,11 @@
-"""Field rules of the two models: `model` (the student) and `teacher`."""
+"""Field rules of the models: `model` (the student), `teacher`, and several `teachers.<name>`
+(each teacher field's rule, on that teacher's own verl entry)."""
 
 from __future__ import annotations
 
-from miniverl.verl_compat.defaults import MODEL, TEACHER
+from dataclasses import replace
+
+from miniverl.verl_compat.defaults import MODEL, TEACHER, TEACHERS
 from miniverl.verl_compat.field_rules.rule import (
     TOY_FIELDS,
     TOY_NOTE,
@@ -86,6 +89,10 @@ MODEL_RULES: tuple[Rule, ...] = (
     ),
     *(not_applicable(f"model.toy.{k}", TOY_NOTE) for k in TOY_FIELDS),
     # ---- teacher
+    not_applicable(
+        "teacher.key",
+        "the single teacher scores every row (verl keys its entry 'default'); the key routes several teachers",
+    ),
     mapped(
         "teacher.mode",
         "distillation.enabled",
@@ -134,4 +141,38 @@ MODEL_RULES: tuple[Rule, ...] = (
     not_applicable("teacher.toy_teacher_seed", TOY_NOTE),
     not_applicable("teacher.toy_pretrain_steps", TOY_NOTE),
     not_applicable("teacher.toy_pretrain_lr", TOY_NOTE),
+)
+
+# ---- several teachers: `teachers.<name>` (verl: distillation.teacher_models.<name>, a `+` entry each)
+NAME = "<name>"
+PER_TEACHER = "per teacher: on distillation.teacher_models.<name>"
+SEVERAL_TEACHER_RULES: tuple[Rule, ...] = (
+    mapped(
+        "teachers",
+        f"{TEACHERS}.{NAME}",
+        transform="one +distillation.teacher_models.<name>.* entry per teacher (verl then drops teacher_model)",
+        note="empty: the single `teacher`. Each teacher gets export.teacher_replicas replicas of "
+        "export.teacher_tensor_parallel_size GPUs; the teacher pool must hold them all",
+    ),
+    mapped(f"teachers.{NAME}.key", f"{TEACHERS}.{NAME}.key", transform=PER_TEACHER),
+    *(
+        replace(
+            rule,
+            field=rule.field.replace("teacher.", f"teachers.{NAME}.", 1),
+            verl_keys=tuple(k.replace(TEACHER, f"{TEACHERS}.{NAME}") for k in rule.verl_keys),
+            transform=PER_TEACHER if rule.status == "mapped" else rule.transform,
+        )
+        for rule in MODEL_RULES
+        if rule.field.startswith("teacher.") and rule.field != "teacher.key"
+    ),
+    mapped(
+        "teacher_key",
+        "distillation.teacher_key",
+        note="the data column that routes rows to teachers (read with several teachers only)",
+    ),
+    no_equivalent(
+        "default_teacher",
+        "verl v0.8.0 has no default teacher: a row whose key matches no teacher stops its run; the export "
+        "refuses a default teacher",
+    ),
 )
