@@ -113,6 +113,13 @@ def pad_right(x: torch.Tensor, width: int, value) -> torch.Tensor:
     return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
 
 
+def with_prompts(batch: Batch, prompts: list[list[int]], pad_id: int) -> Batch:
+    """The batch's responses after other prompts (a teacher's own context), one per row: a new
+    Batch whose response positions are the original's (the prompts may differ in length)."""
+    ids, mask = left_pad(prompts, pad_id, batch.prompts.device)
+    return assemble(ids, mask, batch.responses, batch.response_mask, batch.rollout_log_probs, batch.prompt_rows)
+
+
 def assemble(prompts, prompt_mask, responses, response_mask, rollout_log_probs, prompt_rows) -> Batch:
     attention_mask = torch.cat([prompt_mask, response_mask.long()], dim=1)  # (B, L)
     return Batch(

@@ -47,6 +47,13 @@ SHORT = [
 ]
 
 
+def trajectory(run_dir: Path, update: int) -> dict:
+    """The tensors a run logged for one update (trajectories/update_<n>.safetensors)."""
+    from safetensors.torch import load_file
+
+    return load_file(str(run_dir / "trajectories" / f"update_{update:06d}.safetensors"))
+
+
 def compose_config(overrides: list[str] = ()):  # -> DictConfig
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides))

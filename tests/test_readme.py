@@ -85,7 +85,13 @@ RULES = [
         "tests/utils/test_reward_score.py scores with the shipped digit_reward.py",
     ),
     (
-        r"^python -m miniverl\.main \+recipe=opd_k1 \+teacher@teachers\.",
+        r"^python -m miniverl\.main \+recipe=opd_k1_(privileged|two_teachers)_toy",
+        "compose",
+        "their teachers pretrain for 300 / 2 x 30 steps: tests/e2e/test_teacher_context.py and "
+        "test_several_teachers.py run these recipes with 3",
+    ),
+    (
+        r"^python -m miniverl\.main \+recipe=opd_k1\s+\+teacher@teachers\.",
         "compose",
         "needs the Qwen3 weights; tests/e2e/test_several_teachers.py runs two teachers on the toy",
     ),

@@ -59,6 +59,8 @@ class MiniverlConfig:
         return f"teachers.{name}" if self.teachers else "teacher"
 
     def __post_init__(self) -> None:
+        for name, block in self.teacher_blocks.items():  # every teacher the run reads
+            block.check(self.teacher_where(name))
         check_teachers(self.teachers, self.teacher_key, self.default_teacher)
         wanted = teacher_target_for(self.estimator.loss_mode)
         if self.recipe.teacher_target != wanted:
@@ -77,13 +79,17 @@ class MiniverlConfig:
                 f"trainer.stop_after_updates={stop} must be below recipe.optimizer_updates="
                 f"{self.recipe.optimizer_updates}"
             )
-        needed = self.recipe.prompt_limit + self.recipe.response_limit
-        blocks = [("model", self.model)] + [(self.teacher_where(n), t) for n, t in self.teacher_blocks.items()]
-        for where, block in blocks:
-            if block.model_id == "toy" and block.toy.max_position_embeddings < needed:
+        response = self.recipe.response_limit
+        blocks = [("model", self.model, "recipe.prompt_limit", self.recipe.prompt_limit)]
+        for name, teacher in self.teacher_blocks.items():  # a teacher's context may have its own limit
+            where, own = self.teacher_where(name), teacher.context.prompt_limit
+            key = f"{where}.context.prompt_limit" if own else "recipe.prompt_limit"
+            blocks.append((where, teacher, key, own or self.recipe.prompt_limit))
+        for where, block, limit_key, limit in blocks:
+            if block.model_id == "toy" and block.toy.max_position_embeddings < limit + response:
                 raise ValueError(
                     f"{where}.toy.max_position_embeddings={block.toy.max_position_embeddings} is below "
-                    f"recipe.prompt_limit + recipe.response_limit = {needed}"
+                    f"{limit_key} + recipe.response_limit = {limit + response}"
                 )
 
 

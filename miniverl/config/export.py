@@ -42,6 +42,9 @@ class ExportConfig:
     # Token budget per GPU with use_dynamic_bsz (verl: actor.ppo_max_token_len_per_gpu and
     # rollout.log_prob_max_token_len_per_gpu); null: verl's default, 16384.
     max_token_len_per_gpu: Optional[int] = None
+    # A teacher with a privileged context (teacher.context) cannot be exported (verl's teacher sees
+    # the student's prompt); true: export it with the context dropped, and say so.
+    drop_teacher_context: bool = False
 
     def __post_init__(self) -> None:
         where = "export"
@@ -89,9 +92,11 @@ def teacher_pool_problem(export: ExportConfig, teachers: int) -> str | None:
     replica, replicas = export.teacher_tensor_parallel_size, export.teacher_replicas
     if pool == teachers * replicas * replica:
         return None
-    each = "" if teachers == 1 else f"{teachers} teachers x "
+    each, needed = ("" if teachers == 1 else f"{teachers} teachers x "), teachers * replicas * replica
+    nodes = export.teacher_nnodes if needed % export.teacher_nnodes == 0 else 1
     return (
         f"export: the teacher pool (teacher_nnodes x teacher_n_gpus_per_node = {pool} GPUs) must equal "
-        f"{each}teacher_replicas x teacher_tensor_parallel_size = {each}{replicas} x {replica} "
-        f"= {teachers * replicas * replica} (verl checks the same at start-up)"
+        f"{each}teacher_replicas x teacher_tensor_parallel_size = {each}{replicas} x {replica} = {needed} (verl "
+        f"checks the same at start-up): e.g. export.teacher_nnodes={nodes} "
+        f"export.teacher_n_gpus_per_node={needed // nodes}"
     )

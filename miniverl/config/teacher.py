@@ -15,6 +15,38 @@ TEACHER_MODES = ("standard", "ref", "shared_base")
 
 
 @dataclass
+class TeacherContext:
+    """What the teacher sees that the student does not (miniverl's; verl v0.8.0 gives the teacher
+    the student's prompt). Jinja templates over the row: every parquet column (`reward_model`,
+    `extra_info`, `data_source`, any other) and `user`, the student's last user message. The
+    teacher scores the student's sampled response after its own prompt."""
+
+    system: Optional[str] = None  # a system message put first in the teacher's conversation
+    user: Optional[str] = None  # the last user message, as the teacher sees it (e.g. "{{ user }} Hint: ...")
+    prompt_limit: Optional[int] = None  # tokens of the teacher's prompt; null: recipe.prompt_limit
+
+    @property
+    def enabled(self) -> bool:
+        return self.system is not None or self.user is not None
+
+    def check(self, where: str) -> None:
+        import jinja2
+
+        for name in ("system", "user"):
+            template = getattr(self, name)
+            if template is None:
+                continue
+            try:
+                jinja2.Environment().parse(template)
+            except jinja2.TemplateSyntaxError as error:
+                raise ValueError(
+                    f"{where}.context.{name}: not a Jinja template ({error.message}, line {error.lineno})"
+                ) from None
+        if self.prompt_limit is not None and self.prompt_limit < 1:
+            raise ValueError(f"{where}.context.prompt_limit={self.prompt_limit} must be >= 1 (or null)")
+
+
+@dataclass
 class TeacherConfig:
     # With several teachers (`teachers.<name>`): the value of the row's `teacher_key` column this
     # teacher scores (verl: distillation.teacher_models.<name>.key). The single `teacher` reads none.
@@ -39,23 +71,28 @@ class TeacherConfig:
     # learnable way (0 = a second random model).
     toy_pretrain_steps: int = 0
     toy_pretrain_lr: float = 0.003
+    # A privileged context: the teacher's own prompt, made from the row (null templates: the student's).
+    context: TeacherContext = field(default_factory=TeacherContext)
 
-    def __post_init__(self) -> None:
-        check_common("teacher", self.quantization, self.dtype)
+    def check(self, where: str = "teacher") -> None:
+        """The teacher's own rules, naming it by its config path (`teacher`, `teachers.<name>`);
+        the root config runs it for every teacher it reads."""
+        check_common(where, self.quantization, self.dtype)
+        self.context.check(where)
         if self.mode not in TEACHER_MODES:
-            raise ValueError(f"teacher.mode={self.mode!r}; choose one of {', '.join(TEACHER_MODES)}")
+            raise ValueError(f"{where}.mode={self.mode!r}; choose one of {', '.join(TEACHER_MODES)}")
         if self.mode == "shared_base" and not self.adapter:
             raise ValueError(
-                "teacher.mode=shared_base needs teacher.adapter=<PEFT adapter folder trained on the "
+                f"{where}.mode=shared_base needs {where}.adapter=<PEFT adapter folder trained on the "
                 "student's base model>"
             )
         if self.mode == "ref" and self.adapter:
             raise ValueError(
-                "teacher.mode=ref is the student's base without any adapter: drop teacher.adapter, "
-                "or use teacher.mode=shared_base"
+                f"{where}.mode=ref is the student's base without any adapter: drop {where}.adapter, "
+                f"or use {where}.mode=shared_base"
             )
         if self.toy_pretrain_steps < 0:
-            raise ValueError("teacher.toy_pretrain_steps must be >= 0")
+            raise ValueError(f"{where}.toy_pretrain_steps must be >= 0")
 
 
 def check_teachers(teachers: dict[str, TeacherConfig], teacher_key: str, default_teacher: Optional[str]) -> None:
@@ -84,8 +121,8 @@ def check_teachers(teachers: dict[str, TeacherConfig], teacher_key: str, default
             )
         if teacher.key in owners:
             raise ValueError(
-                f"teachers.{owners[teacher.key]} and teachers.{name} both have key={teacher.key!r}; "
-                "each teacher scores its own key"
+                f"teachers.{owners[teacher.key]} and teachers.{name} both have key={teacher.key!r}; each "
+                f"teacher scores its own key: give one another (teachers.{name}.key=<value>) or drop one"
             )
         owners[teacher.key] = name
     shared = [n for n, t in teachers.items() if t.mode == "shared_base"]

@@ -19,14 +19,15 @@ from tqdm import tqdm
 
 from miniverl.config import MiniverlConfig
 from miniverl.models import loading as models
+from miniverl.trainer import plan as planning
 from miniverl.trainer.console import LOSS_KEY
 from miniverl.trainer.metrics import batch_metrics, console_line
-from miniverl.trainer.plan import Plan, UpdatePlan, compile_plan, derive_seed, route_column
+from miniverl.trainer.plan import Plan, UpdatePlan, compile_plan, derive_seed
 from miniverl.trainer.report_page import write_report_page
 from miniverl.trainer.run_report import build_report, resume_block, trainer_facts
-from miniverl.trainer.validation import ValidationProbe
+from miniverl.trainer.validation import PROGRESS_METRICS, ValidationProbe
 from miniverl.utils import checkpoint
-from miniverl.utils.dataset import PromptSet, read_conversations, teacher_corpora, tokenize_prompts
+from miniverl.utils.dataset import PromptSet, tokenize_prompts
 from miniverl.utils.device import resolve_device, set_determinism, timed
 from miniverl.utils.downshift import Downshift, OutOfMemoryAtOneRow
 from miniverl.utils.identity import sha256_json
@@ -62,11 +63,12 @@ class OPDTrainer:
         cfg = self.cfg
         self.device = resolve_device(cfg.hardware)
         set_determinism(self.device, cfg.hardware.deterministic)
-        conversations = read_conversations(cfg.data, route_column=route_column(cfg))
+        conversations = planning.read_rows(cfg)
         self.tokenizer = models.load_tokenizer("model", cfg.model, models.source_of(cfg.model, None))
         self.prompts: PromptSet = tokenize_prompts(conversations, cfg.data, self.tokenizer, cfg.recipe.prompt_limit)
         self.plan: Plan = compile_plan(cfg, self.prompts)
-        # With task rewards every row is checked against its reward rule before any model loads.
+        contexts = planning.teacher_contexts(cfg, conversations, self.prompts.rows, self.tokenizer)
+        # Teacher contexts and, with task rewards, reward rules are checked on every row before any model loads.
         self.reward = RewardWorker(self.tokenizer, self.prompts, cfg.reward) if cfg.estimator.use_task_rewards else None
         # Every resume check reads only; nothing is written before they all pass.
         source = checkpoint.resume_source(cfg.trainer, self.run_dir)
@@ -90,9 +92,7 @@ class OPDTrainer:
             separate,
             self.out.path("toy_models"),
             student_seed=derive_seed(cfg.trainer.seed, "toy"),
-            corpus_texts=teacher_corpora(
-                conversations, {n: t.key for n, t in cfg.teacher_blocks.items()}, cfg.default_teacher
-            ),
+            corpus_texts=planning.toy_teacher_corpora(cfg, conversations),
         )
         self.student = models.load_student(
             cfg.model,
@@ -100,7 +100,7 @@ class OPDTrainer:
             self.device,
             lora_seed=derive_seed(cfg.trainer.seed, "lora"),
         )
-        roles = build_roles(cfg, self.student, self.tokenizer, self.device, toy_paths)
+        roles = build_roles(cfg, self.student, self.tokenizer, self.device, toy_paths, contexts)
         self.rollout, self.teacher, self.actor = roles.rollout, roles.teacher, roles.actor
         self.teacher_weight_bytes = roles.teacher_weight_bytes  # for the report's models block
         if cfg.eval.every != -1:
@@ -115,7 +115,7 @@ class OPDTrainer:
         values = self.probe.measure(self.downshift)  # its rows halve on out-of-memory like an update's
         for key, value in values.items():
             self.progress.setdefault(key, []).append({"update": update, "value": value})
-        return {f"val/distillation/{k}": v for k, v in values.items()}
+        return {PROGRESS_METRICS[k]: v for k, v in values.items()}
 
     @property
     def in_place(self) -> bool:

@@ -16,7 +16,14 @@ from pathlib import Path
 
 from miniverl import __version__
 from miniverl.config import MiniverlConfig
-from miniverl.utils.dataset import PromptSet
+from miniverl.utils.dataset import (
+    Conversations,
+    PromptSet,
+    read_conversations,
+    teacher_conversations,
+    teacher_corpora,
+    teacher_prompt_ids,
+)
 from miniverl.utils.downshift import split
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import sha256_file, sha256_json
@@ -87,6 +94,11 @@ def experiment_settings(cfg: MiniverlConfig) -> dict:
     return settings
 
 
+def read_rows(cfg: MiniverlConfig, key: str = "train_files") -> Conversations:
+    """The rows of `data.<key>` with what the run's teachers read of them (routing, contexts)."""
+    return read_conversations(cfg.data, key, route_column(cfg), with_records=uses_context(cfg))
+
+
 def route_column(cfg: MiniverlConfig) -> str | None:
     """The data column several teachers are routed by (None with the single teacher)."""
     return cfg.teacher_key if cfg.teachers else None
@@ -106,6 +118,11 @@ def teacher_routes(
         name = by_key.get(value, cfg.default_teacher)
         if name is None:
             keys = ", ".join(f"{n}: {t.key!r}" for n, t in cfg.teachers.items())
+            if value is None:
+                raise MiniverlError(
+                    f"{where} row {row}: no {cfg.teacher_key} (null), so no teacher's key ({keys}) matches; "
+                    "fill it in the data or set default_teacher=<name>"
+                )
             raise MiniverlError(
                 f"{where} row {row}: {cfg.teacher_key}={value!r} matches no teacher's key ({keys}); add a "
                 f"teacher for it (+teacher@teachers.<name>=<option> teachers.<name>.key={value}) or set "
@@ -113,6 +130,38 @@ def teacher_routes(
             )
         routes[row] = name
     return routes
+
+
+def uses_context(cfg: MiniverlConfig) -> bool:
+    """A teacher with a privileged context reads every column of the rows."""
+    return any(t.context.enabled for t in cfg.teacher_blocks.values())
+
+
+def teacher_contexts(
+    cfg: MiniverlConfig, conversations: Conversations, rows: list[int], tokenizer, where: str = "data.train_files"
+) -> dict[str, dict[int, list[int]]]:
+    """teacher name -> parquet row -> that teacher's own prompt ids, for the teachers with a
+    context (rendered for every kept row, so a missing field or an overlong prompt is found before
+    any model loads)."""
+    out = {}
+    for name, block in cfg.teacher_blocks.items():
+        if block.context.enabled:
+            teacher = cfg.teacher_where(name)
+            messages = teacher_conversations(conversations, block.context, teacher, where)
+            limit = block.context.prompt_limit or cfg.recipe.prompt_limit
+            out[name] = teacher_prompt_ids(messages, rows, cfg.data, tokenizer, limit, teacher, where)
+    return out
+
+
+def toy_teacher_corpora(cfg: MiniverlConfig, conversations: Conversations) -> dict[str, list[list[dict]]]:
+    """What each toy teacher pretrains on: its rows as it sees them (its context, if any) with their answers."""
+    seen = {
+        name: teacher_conversations(conversations, block.context, cfg.teacher_where(name))
+        for name, block in cfg.teacher_blocks.items()
+        if block.context.enabled
+    }
+    keys = {name: block.key for name, block in cfg.teacher_blocks.items()}
+    return teacher_corpora(conversations, keys, cfg.default_teacher, seen)
 
 
 def prompt_order(prompts: PromptSet, cfg: MiniverlConfig, needed: int) -> list[int]:

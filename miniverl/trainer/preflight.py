@@ -8,6 +8,8 @@ check is one line, PASS / WARN / FAIL with the reason.
                   special tokens, same chat template
     memory        an estimate of the peak memory against the hardware option's limit
     routing       several teachers: every row's teacher_key value has a teacher (or a default)
+    context       a teacher with a privileged context: its prompt renders for every row (a missing
+                  field names the row) and fits its limit
     self-test     the teacher path scoring the student's own samples with the student's own
                   weights gives a k1 of ~0 (rollout and scoring agree position by position,
                   within the tolerance of the compute precision: miniverl/models/precision.py)
@@ -15,7 +17,7 @@ check is one line, PASS / WARN / FAIL with the reason.
                   multiplies the dequantized weights in the same compute dtype
 
 The training command (`miniverl.main`) runs the cheap ones (data, tokenizer, memory, reward,
-routing) first and stops on a FAIL.
+routing, context) first and stops on a FAIL. The self-test scores without any teacher context.
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ import torch
 from miniverl.config import MiniverlConfig
 from miniverl.models import cpu_gemm, precision
 from miniverl.models import loading as models
-from miniverl.trainer.plan import route_column, teacher_routes
-from miniverl.utils.dataset import read_conversations
+from miniverl.trainer.plan import read_rows, route_column, teacher_contexts, teacher_routes, uses_context
+from miniverl.utils.dataset import read_conversations, tokenize_prompts
 from miniverl.utils.errors import MiniverlError
 
 
@@ -137,6 +139,19 @@ def check_tokenizers(cfg: MiniverlConfig, student_tok) -> Check:
             f"eos/pad, and chat template output identical{padding}"
         )
     return Check("PASS", "tokenizer", "; ".join(facts))
+
+
+def check_context(cfg: MiniverlConfig, tokenizer) -> Check:
+    """A teacher with a privileged context: its prompt renders for every row and fits its limit."""
+    facts = []
+    for key in ("train_files", "val_files"):
+        if getattr(cfg.data, key):
+            rows = read_rows(cfg, key)
+            kept = tokenize_prompts(rows, cfg.data, tokenizer, cfg.recipe.prompt_limit).rows
+            for name, prompts in teacher_contexts(cfg, rows, kept, tokenizer, f"data.{key}").items():
+                lengths = [len(ids) for ids in prompts.values()]
+                facts.append(f"{cfg.teacher_where(name)} on data.{key}: {min(lengths)}..{max(lengths)} tokens")
+    return Check("PASS", "context", "the teacher's own prompts render for every row: " + "; ".join(facts))
 
 
 def check_routing(cfg: MiniverlConfig) -> Check:
@@ -255,6 +270,7 @@ def cheap_checks(cfg: MiniverlConfig, device: torch.device) -> list[Check]:
         guarded("memory", check_memory, cfg, device),
         *([guarded("reward", check_reward, cfg)] if cfg.estimator.use_task_rewards else []),
         *([guarded("routing", check_routing, cfg)] if cfg.teachers else []),
+        *([guarded("context", check_context, cfg, tokenizer)] if uses_context(cfg) else []),
     ]
 
 

@@ -1,7 +1,7 @@
 """The report as people would rather read it: `report.md` (report.json as a page) and `curves.png`
 (distillation loss — with several teachers, each teacher's beside it —, grad norm, response length
-and, when measured, the task score and held-out KL over the updates), beside report.json in every
-run folder."""
+and, when measured, the task score, the held-out KL and the held-out task score over the updates),
+beside report.json in every run folder."""
 
 from __future__ import annotations
 
@@ -68,19 +68,25 @@ def plot_curves(report: dict, history: list[dict], path: Path) -> None:
     progress = report.get("distillation_progress") or {}
     held_out = [(key, progress[key]) for key in ("k1_mean", "exact_reverse_kl") if progress.get(key)]
     curves = CURVES + ((TASK_CURVE,) if history and TASK_CURVE[0] in history[0] else ())
-    panels = len(curves) + (1 if held_out else 0)
+    held_out_score = progress.get("task_score") or []  # the student's own held-out samples, scored
+    panels = len(curves) + (1 if held_out else 0) + (1 if held_out_score else 0)
     fig, axes = plt.subplots(1, panels, figsize=(3.6 * panels, 3.2), dpi=100, squeeze=False)
     updates = range(1, len(history) + 1)
     for ax, (key, label) in zip(axes[0], curves):
         ax.plot(updates, [m.get(key) for m in history], marker="o", markersize=3, label="all")
         ax.set_title(label, fontsize=10)
-        names = list(teacher_losses(history[0])) if key == LOSS_KEY and history else []
+        names = list(dict.fromkeys(n for m in history for n in teacher_losses(m))) if key == LOSS_KEY else []
         for name in names:
-            ax.plot(updates, [teacher_losses(m).get(name) for m in history], linewidth=1, label=name)
+            values = [teacher_losses(m).get(name, float("nan")) for m in history]  # nan: no sample that update
+            ax.plot(updates, values, linewidth=1, label=name)
         if names:
             ax.legend(fontsize=7)
-    if held_out:
+    if held_out_score:
         ax = axes[0][-1]
+        ax.plot([p["update"] for p in held_out_score], [p["value"] for p in held_out_score], marker="o", markersize=3)
+        ax.set_title("held-out task score (val/task_score)", fontsize=10)
+    if held_out:
+        ax = axes[0][len(curves)]
         for key, points in held_out:
             ax.plot([p["update"] for p in points], [p["value"] for p in points], marker="o", markersize=3, label=key)
         ax.set_title("held-out KL (val/distillation)", fontsize=10)

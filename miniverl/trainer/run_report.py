@@ -101,7 +101,13 @@ def teachers_block(cfg: MiniverlConfig, weight_bytes: dict[str, int]) -> dict:
         fields = dataclasses.asdict(block)
         if not with_key:
             fields.pop("key")  # the single teacher reads no key
-        return {**fields, "adapter_sha256": adapter_sha256(block.adapter), "weight_bytes": weight_bytes.get(name)}
+        context = sha256_json(fields["context"]) if block.context.enabled else None  # the templates' identity
+        return {
+            **fields,
+            "adapter_sha256": adapter_sha256(block.adapter),
+            "context_sha256": context,
+            "weight_bytes": weight_bytes.get(name),
+        }
 
     if not cfg.teachers:
         return {"teacher": entry("teacher", cfg.teacher, with_key=False)}
@@ -287,6 +293,7 @@ def build_report(cfg: MiniverlConfig, plan: Plan, facts: RunFacts) -> dict:
                 if all(p["value"] is not None for p in facts.distillation_progress.get("exact_reverse_kl", []))
                 else None
             ),
+            "task_score": facts.distillation_progress.get("task_score"),  # where held-out rows can be scored
             "every": cfg.eval.every,
             "heldout_files": list(cfg.data.val_files),
         },

@@ -8,6 +8,12 @@ new samples — and the teacher scores it:
     exact_reverse_kl  mean over response positions of sum_v pi(v) (log pi(v) - log nu(v)), the exact
                       KL(student || teacher) of the next-token distributions (vocabularies up to
                       eval.exact_kl_max_vocab; null above)
+    task_score        the mean task reward of the student's own held-out samples, by the rule of each
+                      row's data_source (or the run's reward function with task rewards), where every
+                      held-out row can be scored (`val/task_score/mean`; else not measured)
+
+The teacher scores each held-out row as it does in training: with several teachers, the row's own;
+with a privileged context (`teacher.context`), after its own prompt for that row.
 
 Every forward goes through the run's out-of-memory downshift (`Downshift`): the rollout at the
 rollout physical batch, the teacher and the exact KL at the update chunk, so an out-of-memory
@@ -18,14 +24,25 @@ from __future__ import annotations
 
 import torch
 
+from miniverl.config.reward import RewardConfig
 from miniverl.models import cpu_gemm
 from miniverl.protocol import Batch
-from miniverl.trainer.plan import derive_seed, route_column, teacher_routes
-from miniverl.utils.dataset import PromptSet, read_conversations, tokenize_prompts
+from miniverl.trainer.plan import derive_seed, read_rows, teacher_contexts, teacher_routes
+from miniverl.utils.dataset import PromptSet, tokenize_prompts
 from miniverl.utils.downshift import Downshift
+from miniverl.utils.errors import MiniverlError
+from miniverl.workers.factory import with_contexts
 from miniverl.workers.logprobs import full_log_probs
+from miniverl.workers.reward import RewardWorker
 from miniverl.workers.rollout import RolloutWorker
 from miniverl.workers.teacher import TeacherRouter, TeacherWorker
+
+# The probe's values under their metric names (the distillation ones are miniverl's).
+PROGRESS_METRICS = {
+    "k1_mean": "val/distillation/k1_mean",
+    "exact_reverse_kl": "val/distillation/exact_reverse_kl",
+    "task_score": "val/task_score/mean",
+}
 
 
 class ValidationProbe:
@@ -34,19 +51,25 @@ class ValidationProbe:
         cls, cfg, tokenizer, rollout: RolloutWorker, teacher: TeacherWorker | TeacherRouter, student
     ) -> ValidationProbe:
         """The probe of a run: its `data.val_files` prompts, the run's rollout and teacher."""
-        heldout = tokenize_prompts(
-            read_conversations(cfg.data, "val_files", route_column(cfg)), cfg.data, tokenizer, cfg.recipe.prompt_limit
-        )
+        rows = read_rows(cfg, "val_files")
+        heldout = tokenize_prompts(rows, cfg.data, tokenizer, cfg.recipe.prompt_limit)
         routes = teacher_routes(cfg, heldout.routes, "data.val_files")  # several teachers: each row's, as in training
+        contexts = teacher_contexts(cfg, rows, heldout.rows, tokenizer, "data.val_files")  # a teacher's own prompts
+        reward = cfg.reward if cfg.estimator.use_task_rewards else RewardConfig()  # else the rules alone
+        try:
+            scorer = RewardWorker(tokenizer, heldout, reward)
+        except MiniverlError:  # a held-out row without a rule or a ground truth: no task score
+            scorer = None
         return cls(
             heldout,
             rollout,
-            teacher,
+            with_contexts(teacher, contexts) if contexts else teacher,
             student.get_base_model(),
             seed=cfg.trainer.seed,
             response_limit=cfg.eval.response_limit or cfg.recipe.response_limit,
             exact_kl_max_vocab=cfg.eval.exact_kl_max_vocab,
             sample_teachers=[routes[row] for row in heldout.rows] if routes else [],
+            scorer=scorer,
         )
 
     def __init__(
@@ -60,9 +83,11 @@ class ValidationProbe:
         response_limit: int,
         exact_kl_max_vocab: int,
         sample_teachers: list[str] = (),
+        scorer: RewardWorker | None = None,
     ):
         self.prompts, self.rollout, self.teacher, self.student_model = prompts, rollout, teacher, student_model
         self.sample_teachers = list(sample_teachers)  # several teachers: the one of each held-out row
+        self.scorer = scorer  # the task reward of the held-out samples, where it can be scored
         self.seeds = [derive_seed(seed, "eval", i) for i in range(len(prompts))]  # the same streams every time
         self.response_limit = response_limit
         self.tokenizer_vocab = rollout.tokenizer_vocab  # the rows every role samples and scores
@@ -93,7 +118,10 @@ class ValidationProbe:
         if self.exact:
             per_position = shift.run("update_chunk", every, lambda sizes: self.exact_reverse_kl(batch, sizes[0]))
             exact = float((per_position * mask).sum() / tokens)
-        return {"k1_mean": k1, "exact_reverse_kl": exact}
+        values = {"k1_mean": k1, "exact_reverse_kl": exact}
+        if self.scorer is not None:
+            values["task_score"] = float(self.scorer.compute_reward(batch).token_level_scores.sum(-1).mean())
+        return values
 
     def exact_reverse_kl(self, batch: Batch, rows_per_forward: int) -> torch.Tensor:
         """(B, R) KL(student || teacher) of the next-token distributions, `rows_per_forward` rows

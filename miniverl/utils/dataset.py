@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from miniverl.config.data import DataConfig
+from miniverl.config.teacher import TeacherContext
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import sha256_file, sha256_json
 
@@ -69,12 +70,16 @@ class Conversations:
     parquet_sha256: str
     tasks: list[TaskRow] = field(default_factory=list)
     routes: list[str | None] = field(default_factory=list)  # each row's route_column value, when asked
+    records: list[dict] = field(default_factory=list)  # each row's every column, when asked (teacher contexts)
 
 
-def read_conversations(data: DataConfig, key: str = "train_files", route_column: str | None = None) -> Conversations:
+def read_conversations(
+    data: DataConfig, key: str = "train_files", route_column: str | None = None, with_records: bool = False
+) -> Conversations:
     """All prompts of all files of `data.<key>`, in file order, and the digest of the input bytes;
-    with `route_column` (several teachers' `teacher_key`) each row's value of that column too."""
-    conversations, answers, tasks, routes, digests = [], [], [], [], []
+    with `route_column` (several teachers' `teacher_key`) each row's value of that column too, and
+    `with_records` each row's every column (what a teacher context reads)."""
+    conversations, answers, tasks, routes, records, digests = [], [], [], [], [], []
     where = f"data.{key}"
     for name in getattr(data, key):
         path = Path(name)
@@ -90,13 +95,21 @@ def read_conversations(data: DataConfig, key: str = "train_files", route_column:
                 f"(columns: {', '.join(table.column_names)}); set data.prompt_key"
             )
         prompts = table.column(data.prompt_key).to_pylist()
+        if with_records:
+            records.extend(table.to_pylist())
         if route_column is not None:
             if route_column not in table.column_names:
                 raise MiniverlError(
                     f"{where}: {name} has no column {route_column!r}, which teacher_key routes rows by "
                     f"(columns: {', '.join(table.column_names)}); set teacher_key to one of them"
                 )
-            routes.extend(None if v is None else str(v) for v in table.column(route_column).to_pylist())
+            values = table.column(route_column).to_pylist()
+            if any(isinstance(v, (dict, list)) for v in values):
+                raise MiniverlError(
+                    f"{where}: {name} column {route_column!r} holds lists or structs; teacher_key routes by a "
+                    "column of strings or numbers (e.g. data_source)"
+                )
+            routes.extend(None if v is None else str(v) for v in values)
         truths, sources, extras = (
             table.column(key).to_pylist() if key in table.column_names else [None] * len(prompts)
             for key in ("reward_model", "data_source", "extra_info")
@@ -116,7 +129,7 @@ def read_conversations(data: DataConfig, key: str = "train_files", route_column:
     if not conversations:
         raise MiniverlError(f"{where}: {', '.join(getattr(data, key))} holds no rows")
     digest = digests[0] if len(digests) == 1 else sha256_json(digests)
-    return Conversations(conversations, answers, digest, tasks, routes)
+    return Conversations(conversations, answers, digest, tasks, routes, records)
 
 
 def check_messages(messages, name: str, row: int, column: str, where: str = "data.train_files") -> list[dict]:
@@ -138,12 +151,17 @@ def check_messages(messages, name: str, row: int, column: str, where: str = "dat
     return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
-def tokenize_prompts(source: Conversations, data: DataConfig, tokenizer, prompt_limit: int) -> PromptSet:
+def prompt_ids(messages: list[dict], data: DataConfig, tokenizer) -> list[int]:
+    """A conversation through the chat template with the generation prompt (verl's RLHFDataset)."""
     kwargs = dict(data.apply_chat_template_kwargs)
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def tokenize_prompts(source: Conversations, data: DataConfig, tokenizer, prompt_limit: int) -> PromptSet:
     kept = PromptSet([], [], [], [], source.parquet_sha256, len(source.messages))
     for row, messages in enumerate(source.messages):
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids = prompt_ids(messages, data, tokenizer)
         if len(ids) > prompt_limit:
             if not data.filter_overlong_prompts:
                 raise MiniverlError(
@@ -173,23 +191,85 @@ def tokenize_prompts(source: Conversations, data: DataConfig, tokenizer, prompt_
     return kept
 
 
+def teacher_conversations(
+    source: Conversations, context: TeacherContext, where: str, files: str = "data.train_files"
+) -> list[list[dict]]:
+    """Each row's conversation as a teacher with a privileged context sees it: `context.system`
+    first (before the row's own system message, if any), the last user message replaced by
+    `context.user`; both Jinja templates over the row's columns and `user` (its last user message).
+    A field the row does not have is one line naming the row and the field."""
+    import jinja2
+
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    templates = {n: env.from_string(t) for n in ("system", "user") if (t := getattr(context, n)) is not None}
+    out = []
+    for row, (messages, record) in enumerate(zip(source.messages, source.records)):
+        users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+        if not users:
+            raise MiniverlError(f"{files} row {row}: no user message for {where}.context to rewrite")
+        values = {**record, "user": messages[users[-1]]["content"]}
+        rendered = {}
+        for name, template in templates.items():
+            try:
+                rendered[name] = template.render(values)
+            except jinja2.UndefinedError as error:
+                raise MiniverlError(
+                    f"{where}.context.{name}: {files} row {row}: {error.message} "
+                    f"(the row's fields: {', '.join(values)})"
+                ) from None
+        conversation = [dict(m) for m in messages]
+        if "user" in rendered:
+            conversation[users[-1]] = {"role": "user", "content": rendered["user"]}
+        if "system" in rendered:
+            if conversation[0]["role"] == "system":
+                conversation[0] = {
+                    "role": "system",
+                    "content": rendered["system"] + "\n\n" + conversation[0]["content"],
+                }
+            else:
+                conversation.insert(0, {"role": "system", "content": rendered["system"]})
+        out.append(conversation)
+    return out
+
+
+def teacher_prompt_ids(
+    conversations: list[list[dict]], rows: list[int], data: DataConfig, tokenizer, limit: int, where: str, files: str
+) -> dict[int, list[int]]:
+    """parquet row -> the teacher's prompt token ids, for the rows the student keeps; a prompt over
+    `limit` tokens is an error naming its row."""
+    out = {}
+    for row in rows:
+        ids = prompt_ids(conversations[row], data, tokenizer)
+        if len(ids) > limit:
+            raise MiniverlError(
+                f"{files} row {row}: {where}'s prompt (with its context) is {len(ids)} tokens, over its "
+                f"limit of {limit}; raise {where}.context.prompt_limit (null: recipe.prompt_limit)"
+            )
+        out[row] = ids
+    return out
+
+
 def with_answers(messages: list[list[dict]], answers: list[str | None]) -> list[list[dict]]:
     """Prompt conversations completed with their ground truth: the toy teacher's pretraining text."""
     return [m + ([{"role": "assistant", "content": a}] if a is not None else []) for m, a in zip(messages, answers)]
 
 
 def teacher_corpora(
-    conversations: Conversations, keys: dict[str, str | None], default_teacher: str | None = None
+    conversations: Conversations,
+    keys: dict[str, str | None],
+    default_teacher: str | None = None,
+    seen: dict[str, list[list[dict]]] | None = None,
 ) -> dict[str, list[list[dict]]]:
     """Each toy teacher's pretraining text by teacher name (`keys`: name -> its key): the rows it
-    scores, completed with their ground truth. Without routes (one teacher) every row."""
-    texts = with_answers(conversations.messages, conversations.answers)
+    scores, as it sees them (`seen[name]`: its own conversations, with a context; else the
+    student's), completed with their ground truth. Without routes (one teacher) every row."""
+    texts = {name: with_answers((seen or {}).get(name, conversations.messages), conversations.answers) for name in keys}
     if not conversations.routes:
-        return {name: texts for name in keys}
+        return texts
     by_key = {key: name for name, key in keys.items()}
     corpora: dict[str, list[list[dict]]] = {name: [] for name in keys}
-    for text, value in zip(texts, conversations.routes):
+    for row, value in enumerate(conversations.routes):
         name = by_key.get(value, default_teacher)
         if name is not None:
-            corpora[name].append(text)
+            corpora[name].append(texts[name][row])
     return corpora

@@ -62,7 +62,10 @@ def differences(config: MiniverlConfig) -> list[str]:
         if block.quantization == "nf4":
             out.append(f"{where}.quantization=nf4 does not carry over: {RULES_NOTE[kind + '.quantization']}")
         if block.revision is not None:
-            out.append(f"{where}.revision={block.revision} is not pinned by verl: {RULES_NOTE[kind + '.revision']}")
+            note = RULES_NOTE[kind + ".revision"]
+            if kind == "teacher":  # the launch's variable of this teacher
+                note = note.replace("TEACHER_MODEL", teacher_variable(where))
+            out.append(f"{where}.revision={block.revision} is not pinned by verl: {note}")
         if kind == "teacher" and block.mode == "ref":
             out.append(
                 f"{where}.mode=ref: verl serves a second copy of the student's base (model.model_id) as the "
@@ -74,6 +77,11 @@ def differences(config: MiniverlConfig) -> list[str]:
             "lora_alpha and target_modules come from model.lora; they must match the adapter"
         )
     for _, t, where in teacher_entries(config):
+        if t.context.enabled:  # refused unless export.drop_teacher_context=true
+            out.append(
+                f"{where}.context is dropped (export.drop_teacher_context=true): verl's teacher scores the "
+                "student's prompt, not its own"
+            )
         if t.trust_remote_code:
             out.append(f"{where}.trust_remote_code=true does not carry over: {RULES_NOTE['teacher.trust_remote_code']}")
         if t.tokenizer_id is not None:
@@ -98,6 +106,12 @@ def refusal(config: MiniverlConfig) -> str | None:
                 "adapter; merge it into its base (PeftModel.merge_and_unload, save_pretrained) and export "
                 f"{where}.mode=standard {where}.model_id=<merged folder>"
             )
+    with_context = [where for _, t, where in teacher_entries(config) if t.context.enabled]
+    if with_context and not config.export.drop_teacher_context:
+        return (
+            f"{with_context[0]}.context: verl v0.8.0 gives the teacher the student's prompt, so a privileged "
+            "context cannot be exported; export.drop_teacher_context=true exports the recipe without it"
+        )
     if "teacher_model" in config.teachers:
         return (
             "teachers.teacher_model: verl v0.8.0 drops the entry of that name when there are several "

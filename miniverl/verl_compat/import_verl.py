@@ -100,7 +100,9 @@ def to_miniverl(lines: list[str]) -> tuple[list[tuple[str, Any]], list[tuple[str
             unmapped.append((f"{key}={hydra_value(values.pop(key))}", "verl drops teacher_model beside other teachers"))
         # The scale (export.teacher_*) is one for all teachers in miniverl: read off the first entry.
         first = f"{TEACHERS}.{named[0]}."
-        values.update({f"{TEACHER}.{k[len(first) :]}": val for k, val in list(values.items()) if k.startswith(first)})
+        copied = {f"{TEACHER}.{k[len(first) :]}": val for k, val in values.items() if k.startswith(first)}
+        values.update(copied)
+        used.update(k for k in values if k.startswith(f"{TEACHERS}."))  # read as `teachers`, or via the copy
         known = {key for key in values if key in VERL_DEFAULTS or _dict_parent(key) is not None}
         cfg = virtual_verl_config({k: val for k, val in values.items() if k in known})
     if v(f"{TEACHER}.model_path") is None:
@@ -151,12 +153,11 @@ def to_miniverl(lines: list[str]) -> tuple[list[tuple[str, Any]], list[tuple[str
     for rule in RULES:
         if rule.status == "fixed_in_verl":
             emit(rule.field, rule.verl_value)
-    same_base = v(f"{TEACHER}.model_path") == v(f"{MODEL}.path")  # the student's base as teacher: ref
-    emit("teacher.mode", "ref" if same_base else "standard", "distillation.enabled")
+    emit("teacher.mode", "ref" if same_base(v(f"{TEACHER}.model_path"), v(f"{MODEL}.path")) else "standard",
+         "distillation.enabled")  # fmt: skip
     if several:
         out[:] = [(name, value) for name, value in out if not name.startswith("teacher.")]  # `teachers` instead
         out.extend(several_teachers(values, named, v(f"{MODEL}.path"), unmapped))
-        used.update(k for k in values if k.startswith(f"{TEACHERS}."))
         emit("export.teacher_replicas", values.get(f"{TEACHER}.num_replicas"), f"{TEACHER}.num_replicas")
     emit("recipe.prompt_limit", v("data.max_prompt_length"), "data.max_prompt_length")
     emit("recipe.response_limit", v("data.max_response_length"), "data.max_response_length")
@@ -270,6 +271,11 @@ def to_miniverl(lines: list[str]) -> tuple[list[tuple[str, Any]], list[tuple[str
     return sorted(final.items(), key=lambda item: order.get(item[0], len(order))), unmapped
 
 
+def same_base(teacher_path: Any, student_path: Any) -> bool:
+    """The student's own base as the teacher (miniverl's mode=ref); two toy templates (`toy`) are two models."""
+    return teacher_path == student_path and teacher_path != "toy"
+
+
 def several_teachers(
     values: dict[str, Any], names: list[str], student_path: Any, unmapped: list[tuple[str, str]]
 ) -> list[tuple[str, Any]]:
@@ -289,7 +295,7 @@ def several_teachers(
         out += [
             (f"+teacher@{where}", "qwen3_1_7b"),  # the recipe's teacher option (NF4); its model is set next
             (f"{where}.key", entry("key")),
-            (f"{where}.mode", "ref" if path == student_path else "standard"),
+            (f"{where}.mode", "ref" if same_base(path, student_path) else "standard"),
             (f"{where}.model_id", path),
             (f"{where}.revision", None),
         ]

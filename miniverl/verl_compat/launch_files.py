@@ -135,6 +135,13 @@ def teacher_variable(where: str) -> str:
     return "TEACHER_" + re.sub(r"[^A-Za-z0-9]", "_", where.removeprefix("teachers.")).upper() + "_MODEL"
 
 
+def written_key(config: MiniverlConfig, key: str) -> str:
+    """A FIXED key as the launch writes it: a teacher_model key once per teacher with several."""
+    if config.teachers and key.startswith(f"{TEACHER}."):
+        return f"{TEACHERS}.<name>.{key.removeprefix(TEACHER + '.')}"
+    return key
+
+
 def teacher_variables(config: MiniverlConfig) -> list[str]:
     return [teacher_variable(f"teachers.{name}") for name in config.teachers] or ["TEACHER_MODEL"]
 
@@ -164,7 +171,8 @@ def launch_script(config: MiniverlConfig, overrides: list[Override], digest: str
         f"# (commit {VERL_COMMIT[:12]}), in the shape of examples/on_policy_distillation_trainer/run_qwen3_8b_fsdp.sh.",
         f"# Trainer pool: {x.nnodes} node(s) x {x.n_gpus_per_node} GPU(s) (actor + rollout, colocated); teacher pool: "
         f"{x.teacher_nnodes} node(s) x {x.teacher_n_gpus_per_node} GPU(s)",
-        f"# ({x.teacher_replicas} replica(s) x tensor parallel {x.teacher_tensor_parallel_size}). To change the scale, "
+        f"# ({len(config.teachers) or 1} teacher(s) x {x.teacher_replicas} replica(s) x tensor parallel "
+        f"{x.teacher_tensor_parallel_size}). To change the scale, "
         "export again with export.* (python -m miniverl.export ...): verl checks these numbers together.",
         "# The same overrides, one per line: overrides.txt. What does not carry over from miniverl: README.md.",
         f"# Field rules: field_rules.json (field_rule_digest {digest}).",
@@ -259,8 +267,9 @@ def readme(
     if warnings:
         out += ["## Differences in this export", ""] + [f"- {w}" for w in warnings] + [""]
     out += ["## What does not carry over from miniverl", ""]
+    unread = "teacher." if config.teachers else "teachers."  # the single teacher's rules, or several's
     for rule in RULES:
-        if rule.field in warned:
+        if rule.field in warned or rule.field.startswith(unread):
             continue
         if rule.status == "no_verl_equivalent":
             out.append(f"- `{rule.field}`: {rule.note}.")
@@ -282,7 +291,7 @@ def readme(
         ),
         "",
         "Also written, because of what a miniverl recipe is: "
-        + "; ".join(f"`{key}`" for key, _, _ in FIXED)
+        + "; ".join(f"`{written_key(config, key)}`" for key, _, _ in FIXED)
         + ". Every other key takes verl's YAML default.",
         "",
     ]

@@ -217,16 +217,15 @@ class ActorWorker:
 
 
 def per_teacher_losses(per_token_loss: torch.Tensor, batch: Batch, names: tuple[str, ...]) -> dict:
-    """`actor/distillation/loss/<teacher>`: the token-mean of the per-token distillation loss
-    (B, R) over each teacher's samples (NaN for a teacher with no response token this update)."""
+    """`actor/distillation/loss/<teacher>`: the token mean of the per-token distillation loss (B, R),
+    after loss_max_clamp, over each teacher's samples; absent for a teacher with no response token
+    in this update."""
     metrics = {}
     for i, name in enumerate(names):
         rows = batch.teacher_index == i  # (B,)
         mask = batch.response_mask[rows]
-        tokens = float(mask.sum())
-        metrics[f"actor/distillation/loss/{name}"] = (
-            float((per_token_loss[rows] * mask).sum() / tokens) if tokens else float("nan")
-        )
+        if tokens := float(mask.sum()):
+            metrics[f"actor/distillation/loss/{name}"] = float((per_token_loss[rows] * mask).sum() / tokens)
     return metrics
 
 

@@ -31,9 +31,15 @@ class Roles:
 
 
 def build_roles(
-    cfg: MiniverlConfig, student: PeftModel, tokenizer, device: torch.device, toy_paths: dict[str, Path]
+    cfg: MiniverlConfig,
+    student: PeftModel,
+    tokenizer,
+    device: torch.device,
+    toy_paths: dict[str, Path],
+    contexts: dict[str, dict[int, list[int]]],
 ) -> Roles:
-    """`toy_paths`: the toy teachers written to the run folder, by teacher name."""
+    """`toy_paths`: the toy teachers written to the run folder, by teacher name; `contexts`: the
+    teachers' own prompts (a privileged context), by teacher name and parquet row."""
     hw, base = cfg.hardware, student.get_base_model()
     # Output rows past the tokenizer are padding: no role samples or scores them.
     vocab = len(tokenizer)
@@ -67,8 +73,19 @@ def build_roles(
         name: build_teacher(cfg, cfg.teacher_where(name), block, student, tokenizer, device, toy_paths.get(name))
         for name, block in cfg.teacher_blocks.items()
     }
+    for name, prompts in contexts.items():
+        workers[name] = workers[name].for_prompts(prompts)
     teacher = TeacherRouter(workers) if cfg.teachers else workers["teacher"]
     return Roles(rollout, teacher, actor, {name: w.weight_bytes for name, w in workers.items()})
+
+
+def with_contexts(
+    teacher: TeacherWorker | TeacherRouter, contexts: dict[str, dict[int, list[int]]]
+) -> TeacherWorker | TeacherRouter:
+    """The run's teacher(s) with the contexts of other rows (the held-out prompts'), by teacher name."""
+    if isinstance(teacher, TeacherRouter):
+        return teacher.for_prompts(contexts)
+    return teacher.for_prompts(contexts.get("teacher"))
 
 
 def build_teacher(
@@ -82,6 +99,7 @@ def build_teacher(
 ) -> TeacherWorker:
     """One teacher (`where`: its config path, for messages)."""
     common = dict(
+        pad_id=tokenizer.pad_token_id,
         logprob_chunk=cfg.hardware.logprob_chunk,
         topk=cfg.estimator.topk if cfg.estimator.uses_topk else None,
         tokenizer_vocab=len(tokenizer),

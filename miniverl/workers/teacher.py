@@ -4,6 +4,10 @@ One forward over prompt + response per chunk of rows. It always returns the log-
 token the student sampled (`teacher_logprobs`); for `forward_kl_topk` also its own top-k
 log-probs and their token ids at every position.
 
+A teacher with a privileged context (`teacher.context`) scores the same response tokens after its
+own prompt (`context_prompts`, by parquet row): the batch it runs on is the student's responses
+after those prompts, and its columns, aligned on the response positions, go back to the batch.
+
 Several teachers (`teachers.<name>`, verl's multi-teacher distillation): `TeacherRouter` gives
 each teacher the samples the plan routed to it (`teacher_index`), in their batch order, and puts
 the teachers' columns back at those rows, so the actor sees one batch as with one teacher.
@@ -11,6 +15,7 @@ the teachers' columns back at those rows, so the actor sees one batch as with on
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from contextlib import AbstractContextManager as ContextManager
 from contextlib import ExitStack, nullcontext
@@ -19,7 +24,7 @@ import torch
 from transformers import PreTrainedModel
 
 from miniverl.models import cpu_gemm
-from miniverl.protocol import Batch
+from miniverl.protocol import Batch, with_prompts
 from miniverl.workers.logprobs import full_log_probs, response_log_probs, response_log_probs_and_topk
 
 
@@ -34,6 +39,8 @@ class TeacherWorker:
         tokenizer_vocab: int | None = None,
         float32_gemm: bool = False,
         weight_bytes: int = 0,
+        context_prompts: dict[int, list[int]] | None = None,
+        pad_id: int = 0,
     ):
         """`model` is the teacher; in the ref and shared_base modes it is the student's own base
         model, and `context` switches its adapters for the teacher's forward. `weight_bytes`: the
@@ -45,6 +52,21 @@ class TeacherWorker:
         self.tokenizer_vocab = tokenizer_vocab  # output rows past it are padding: never scored
         self.float32_gemm = float32_gemm  # CPU only: see cpu_gemm
         self.weight_bytes = weight_bytes
+        self.context_prompts = context_prompts  # parquet row -> the teacher's own prompt ids; None: the student's
+        self.pad_id = pad_id
+
+    def for_prompts(self, context_prompts: dict[int, list[int]] | None) -> TeacherWorker:
+        """This teacher (the same model) with the contexts of other rows (the held-out prompts')."""
+        other = copy.copy(self)
+        other.context_prompts = context_prompts
+        return other
+
+    def teacher_view(self, batch: Batch) -> Batch:
+        """What the teacher scores: the batch itself, or its responses after the teacher's prompts."""
+        if self.context_prompts is None:
+            return batch
+        prompts = [self.context_prompts[row] for row in batch.prompt_rows.tolist()]
+        return with_prompts(batch, prompts, self.pad_id)
 
     def scoring(self) -> ContextManager:
         """The teacher's forward setting: its adapters (ref, shared_base) and its CPU products."""
@@ -59,7 +81,7 @@ class TeacherWorker:
         temperature 1 (verl requires 1.0 for the teacher)."""
         self.model.eval()
         with self.scoring():
-            parts = self._score(batch, rows_per_forward)
+            parts = self._score(self.teacher_view(batch), rows_per_forward)
         columns = [torch.cat(c) for c in zip(*parts)]
         batch.teacher_logprobs = columns[0] * batch.response_mask
         if self.topk is not None:
@@ -71,7 +93,7 @@ class TeacherWorker:
         """(B, R, V) the teacher's next-token log-probs over the tokenizer's ids (the held-out exact KL)."""
         self.model.eval()
         with self.scoring():
-            return full_log_probs(self.model, batch, self.tokenizer_vocab)
+            return full_log_probs(self.model, self.teacher_view(batch), self.tokenizer_vocab)
 
     def _score(self, batch: Batch, rows_per_forward: int) -> list[tuple[torch.Tensor, ...]]:
         parts = []
@@ -103,6 +125,10 @@ class TeacherRouter:
     def __init__(self, workers: dict[str, TeacherWorker]):
         self.workers = workers
         self.names = list(workers)  # teacher_index i is the i-th name
+
+    def for_prompts(self, context_prompts: dict[str, dict[int, list[int]]]) -> TeacherRouter:
+        """The same teachers with the contexts of other rows, by teacher name (absent: none)."""
+        return TeacherRouter({n: w.for_prompts(context_prompts.get(n)) for n, w in self.workers.items()})
 
     def route(self, batch: Batch, sample_teachers: list[str] | tuple[str, ...]) -> Batch:
         """Fills teacher_index (B,) from each sample's teacher name (the plan's sample_teachers)."""

@@ -74,8 +74,9 @@ def test_model_and_teacher_fields_are_the_reference_report_fields(reference_repo
     config = to_config(compose_config(["+recipe=opd_k1"]))
     assert set(dataclasses.asdict(config.model)) == set(reference_report["models"]["student"])
     # Plus the routing key of several teachers (verl's teacher_models.<name>.key), which the single
-    # teacher does not read and the report's models.teacher block leaves out.
-    assert set(dataclasses.asdict(config.teacher)) == set(reference_report["models"]["teacher"]) | {"key"}
+    # teacher does not read and the report's models.teacher block leaves out, and the privileged
+    # context (miniverl's).
+    assert set(dataclasses.asdict(config.teacher)) == set(reference_report["models"]["teacher"]) | {"key", "context"}
 
 
 @pytest.fixture
@@ -157,6 +158,8 @@ def test_several_teachers_compose_each_from_a_teacher_option():
     [
         ([], "teachers.b.key is not set: give the data_source value it scores (teachers.b.key=<value>)"),
         (["teachers.b.key=x"], "teachers.a and teachers.b both have key='x'"),
+        (["teachers.b.key=y", "teachers.b.mode=bogus"], "teachers.b.mode='bogus'; choose one of"),
+        (["teachers.b.key=y", "teachers.b.mode=shared_base"], "teachers.b.mode=shared_base needs teachers.b.adapter="),
         (["teachers.b.key=y", "default_teacher=c"], "default_teacher='c' is not one of teachers: a, b"),
         (["teachers.b.key=y", "teacher_key=''"], "teacher_key is empty"),
         (

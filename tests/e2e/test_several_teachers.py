@@ -22,7 +22,7 @@ from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import sha256_file
 from miniverl.workers.teacher import TeacherWorker
 
-from conftest import compose_config
+from conftest import compose_config, trajectory
 
 NAMES = ("arithmetic", "echo")  # the recipe's teachers, in teacher_index order
 KEYS = {"miniverl/toy_arithmetic": "arithmetic", "miniverl/toy_echo": "echo"}
@@ -41,10 +41,6 @@ ARGS = [
 
 def teachers_run(run_dir, *extra):
     return run(compose_config([*ARGS, *extra]), run_dir)
-
-
-def trajectory(run_dir, update):
-    return load_file(str(run_dir / "trajectories" / f"update_{update:06d}.safetensors"))
 
 
 @pytest.fixture(scope="module")
@@ -141,6 +137,11 @@ def test_a_row_whose_key_matches_no_teacher_is_one_line_naming_the_row(tmp_path)
     with pytest.raises(MiniverlError, match=message):
         teachers_run(tmp_path / "run", f"data.train_files={path}")
     assert not (tmp_path / "run").exists()  # refused before writing anything
+    path = mixed_with(tmp_path, None)
+    with pytest.raises(MiniverlError, match=r"row 3: no data_source \(null\), so no teacher's key .* fill it"):
+        teachers_run(tmp_path / "run", f"data.train_files={path}")
+    with pytest.raises(MiniverlError, match="column 'extra_info' holds lists or structs; teacher_key routes by"):
+        teachers_run(tmp_path / "run", "teacher_key=extra_info")
 
 
 def test_a_row_whose_key_matches_no_teacher_goes_to_the_default_teacher(tmp_path):

@@ -11,7 +11,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
 from miniverl.main import run
@@ -20,7 +19,7 @@ from miniverl.utils.identity import sha256_file
 from miniverl.utils.reward_score import default_compute_score
 from miniverl.workers.advantages import grpo_outcome_advantage
 
-from conftest import SHORT, compose_config
+from conftest import SHORT, compose_config, trajectory
 
 N_SAMPLES = 4  # the recipe's rollout.n
 ARGS = [
@@ -36,10 +35,6 @@ ARGS = [
 
 def task_run(run_dir, *extra):
     return run(compose_config([*ARGS, *extra]), run_dir)
-
-
-def trajectory(run_dir, update):
-    return load_file(str(run_dir / "trajectories" / f"update_{update:06d}.safetensors"))
 
 
 @pytest.fixture(scope="module")

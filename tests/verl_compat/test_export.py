@@ -875,6 +875,12 @@ def test_several_teachers_export_import_export_is_a_fixed_point(tmp_path):
         assert export(compose_config([*base, *back]), tmp_path / "verl", cwd=ROOT).lines == first.lines
 
 
+def test_toy_teachers_import_as_separate_models_not_the_students_base(tmp_path):
+    export(compose_config(["+recipe=opd_k1_two_teachers_toy"]), tmp_path / "verl", cwd=ROOT)
+    values = parsed([line for line in imported(tmp_path / "verl" / "overrides.txt") if not line.startswith("+")])
+    assert values["teachers.arithmetic.mode"] == values["teachers.echo.mode"] == "standard"  # toy == toy is no ref
+
+
 @pytest.mark.parametrize(
     "extra,message",
     [

@@ -191,3 +191,15 @@ def test_a_failed_update_leaves_no_old_log_probs_behind():
     del actor.optimizer.step
     actor.update_actor(batch, [2, 2])
     torch.testing.assert_close(batch.old_log_probs, batch.rollout_log_probs, atol=1e-5, rtol=0)
+
+
+def test_each_teachers_loss_is_the_token_mean_over_its_samples_and_absent_without_any():
+    from types import SimpleNamespace
+
+    from miniverl.workers.actor import per_teacher_losses
+
+    loss = torch.tensor([[1.0, 3.0, 9.0], [2.0, 4.0, 6.0], [5.0, 7.0, 0.0]])  # (B, R)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    batch = SimpleNamespace(teacher_index=torch.tensor([0, 1, 0]), response_mask=mask)
+    metrics = per_teacher_losses(loss, batch, ("a", "b", "c"))
+    assert metrics == {"actor/distillation/loss/a": (1 + 3 + 5) / 3, "actor/distillation/loss/b": (2 + 4 + 6) / 3}

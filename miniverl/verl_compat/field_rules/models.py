@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 from miniverl.verl_compat.defaults import MODEL, TEACHER, TEACHERS
@@ -141,6 +142,14 @@ MODEL_RULES: tuple[Rule, ...] = (
     not_applicable("teacher.toy_teacher_seed", TOY_NOTE),
     not_applicable("teacher.toy_pretrain_steps", TOY_NOTE),
     not_applicable("teacher.toy_pretrain_lr", TOY_NOTE),
+    *(
+        no_equivalent(
+            f"teacher.context.{k}",
+            "verl v0.8.0 gives the teacher the student's prompt: a privileged context has no verl key; the "
+            "export refuses it unless export.drop_teacher_context=true",
+        )
+        for k in ("system", "user", "prompt_limit")
+    ),
 )
 
 # ---- several teachers: `teachers.<name>` (verl: distillation.teacher_models.<name>, a `+` entry each)
@@ -161,6 +170,9 @@ SEVERAL_TEACHER_RULES: tuple[Rule, ...] = (
             field=rule.field.replace("teacher.", f"teachers.{NAME}.", 1),
             verl_keys=tuple(k.replace(TEACHER, f"{TEACHERS}.{NAME}") for k in rule.verl_keys),
             transform=PER_TEACHER if rule.status == "mapped" else rule.transform,
+            note=re.sub(r"\bteacher\.(?=[a-z])", f"teachers.{NAME}.", rule.note).replace(
+                "TEACHER_MODEL", "TEACHER_<NAME>_MODEL"
+            ),
         )
         for rule in MODEL_RULES
         if rule.field.startswith("teacher.") and rule.field != "teacher.key"

@@ -274,4 +274,9 @@ RUN_RULES: tuple[Rule, ...] = (
         f"{ROLLOUT}.log_prob_max_token_len_per_gpu",
         transform="null -> verl's default (16384)",
     ),
+    not_applicable(
+        "export.drop_teacher_context",
+        "true: export a recipe whose teacher has a privileged context with the context dropped (verl's "
+        "teacher sees the student's prompt); false: such an export is refused",
+    ),
 )
