@@ -96,6 +96,12 @@ RULES = [
         "needs the Qwen3 weights; tests/e2e/test_several_teachers.py runs two teachers on the toy",
     ),
     (
+        r"^python -m miniverl\.doctor \+recipe=opd_k1 model=toy_qwen3 teacher=toy_qwen3$",
+        "compose",
+        "tests/e2e/test_qwen3_layout.py runs the doctor's checks on this config (both CPU product paths); "
+        "the walk runs the toy doctor below, its output checked",
+    ),
+    (
         r"^python -m miniverl\.main \+recipe=opd_k1 model=toy_qwen3 teacher=toy_qwen3$",
         "compose",
         "tests/e2e/test_qwen3_layout.py runs this recipe on this config (short, as the walk would), stopped "

@@ -101,7 +101,7 @@ def shared_teacher_bytes(student: PeftModel) -> int:
     return sum(p.numel() * p.element_size() for name, p in student.named_parameters() if marker in name)
 
 
-def teacher_context(student: PeftModel, mode: str) -> Callable[[], ContextManager]:
+def teacher_adapter_switch(student: PeftModel, mode: str) -> Callable[[], ContextManager]:
     """What must hold around a teacher forward that runs on the student's own base model."""
     if mode == "ref":
         return student.disable_adapter

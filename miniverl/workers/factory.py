@@ -118,5 +118,5 @@ def build_teacher(
         with models.quiet_loading():
             adapters.attach_shared_teacher(student, block.adapter, where)
         added = adapters.shared_teacher_bytes(student)
-    context = adapters.teacher_context(student, block.mode)
-    return TeacherWorker(student.get_base_model(), context=context, weight_bytes=added, **common)
+    switch = adapters.teacher_adapter_switch(student, block.mode)
+    return TeacherWorker(student.get_base_model(), adapter_switch=switch, weight_bytes=added, **common)

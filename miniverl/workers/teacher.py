@@ -35,7 +35,7 @@ class TeacherWorker:
         *,
         logprob_chunk: int,
         topk: int | None,
-        context: Callable[[], ContextManager] = nullcontext,
+        adapter_switch: Callable[[], ContextManager] = nullcontext,
         tokenizer_vocab: int | None = None,
         float32_gemm: bool = False,
         weight_bytes: int = 0,
@@ -43,10 +43,10 @@ class TeacherWorker:
         pad_id: int = 0,
     ):
         """`model` is the teacher; in the ref and shared_base modes it is the student's own base
-        model, and `context` switches its adapters for the teacher's forward. `weight_bytes`: the
+        model, and `adapter_switch` sets its adapters for the teacher's forward. `weight_bytes`: the
         memory this teacher adds (its model's weights; shared_base: its adapter; ref: none)."""
         self.model = model
-        self.context = context
+        self.adapter_switch = adapter_switch
         self.logprob_chunk = logprob_chunk
         self.topk = topk  # None: only the sampled token is needed
         self.tokenizer_vocab = tokenizer_vocab  # output rows past it are padding: never scored
@@ -71,7 +71,7 @@ class TeacherWorker:
     def scoring(self) -> ContextManager:
         """The teacher's forward setting: its adapters (ref, shared_base) and its CPU products."""
         stack = ExitStack()
-        stack.enter_context(self.context())
+        stack.enter_context(self.adapter_switch())
         stack.enter_context(cpu_gemm.float32_products(self.model, self.float32_gemm))
         return stack
 

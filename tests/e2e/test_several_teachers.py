@@ -144,22 +144,17 @@ def test_a_row_whose_key_matches_no_teacher_is_one_line_naming_the_row(tmp_path)
         teachers_run(tmp_path / "run", "teacher_key=extra_info")
 
 
-def test_a_row_whose_key_matches_no_teacher_goes_to_the_default_teacher(tmp_path):
+def test_the_default_teacher_takes_a_row_of_no_key_and_a_ref_teacher_is_the_students_own_base(tmp_path):
     path = mixed_with(tmp_path, "my/benchmark")
     run_dir = tmp_path / "run"
-    teachers_run(run_dir, f"data.train_files={path}", "default_teacher=echo", "recipe.optimizer_updates=1")
+    extra = ["default_teacher=echo", "teachers.echo.mode=ref", "recipe.optimizer_updates=1"]
+    report = teachers_run(run_dir, f"data.train_files={path}", *extra)
     t = trajectory(run_dir, 1)
     routed = dict(zip(t["prompt_rows"].tolist(), t["teacher_index"].tolist()))
     assert routed[3] == NAMES.index("echo")
     sources = pq.read_table(path).column("data_source").to_pylist()
     assert all(NAMES[i] == KEYS[sources[row]] for row, i in routed.items() if row != 3)
-
-
-def test_a_ref_teacher_among_several_is_the_students_own_base(tmp_path):
     # Update 1 samples from the base with a fresh LoRA (B = 0): the ref teacher's rows give k1 ~ 0.
-    run_dir = tmp_path / "run"
-    report = teachers_run(run_dir, "teachers.echo.mode=ref", "recipe.optimizer_updates=1")
-    t = trajectory(run_dir, 1)
     k1 = (t["rollout_log_probs"] - t["teacher_logprobs"]).abs() * t["response_mask"]  # (B, R)
     echo = t["teacher_index"] == NAMES.index("echo")
     assert k1[echo].max() < 1e-3 and k1[~echo].max() > 0.1

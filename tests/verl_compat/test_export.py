@@ -839,6 +839,11 @@ TWO_TEACHERS = [
 ]
 
 
+@pytest.fixture(scope="module")
+def two_teacher_lines(tmp_path_factory) -> list[str]:
+    return export(compose_config(TWO_TEACHERS), tmp_path_factory.mktemp("two") / "verl", cwd=ROOT).lines
+
+
 def test_several_teachers_export_as_verl_entries_that_compose_and_pass_its_run_time_checks(
     tmp_path, verl_root, verl_default
 ):
@@ -906,8 +911,8 @@ def test_a_several_teacher_export_verl_would_not_run_is_one_line(tmp_path, extra
         (["+distillation.teacher_models.code.model_path=null"], "teacher_models.code.model_path must be set"),
     ],
 )
-def test_run_time_rules_of_several_teachers_catch_what_verl_would_refuse(tmp_path, verl_root, extra, message):
-    lines = export(compose_config(TWO_TEACHERS), tmp_path / "verl", cwd=ROOT).lines
+def test_run_time_rules_of_several_teachers_catch_what_verl_would_refuse(two_teacher_lines, verl_root, extra, message):
+    lines = two_teacher_lines
     lines = [
         line for line in lines if not any(line.lstrip("+~").startswith(e.lstrip("+~").split("=")[0]) for e in extra)
     ]
