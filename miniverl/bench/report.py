@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from miniverl.bench.setups import BATCH, LORA, NEW_TOKENS, PREFIX, TARGETS
+from miniverl.bench.setups import BATCH, LORA, NEW_TOKENS, PATH_RATIO_KEYS, PREFIX, TARGETS
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -41,13 +41,13 @@ def path_rows(result: dict, path: str) -> list[tuple[str, str, str, str | None, 
             prefix + "rollout_vs_hf_generate",
         )
     ]
-    if path == "recipe":
+    if path in ("recipe", "real"):
         rows.append(
             (
                 "rollout tokens/s vs the same loop on bitsandbytes' per-call dequantization (every token)",
                 tps("miniverl"),
                 tps("miniverl_per_call_dequantize"),
-                "recipe_rollout_vs_per_call_dequantize",
+                prefix + "rollout_vs_per_call_dequantize",
             )
         )
     rows += [
@@ -56,6 +56,18 @@ def path_rows(result: dict, path: str) -> list[tuple[str, str, str, str | None, 
             tps("miniverl"),
             tps("one_row_generate"),
             prefix + "rollout_vs_one_row_generate",
+        ),
+        *(
+            [
+                (
+                    "teacher scoring positions/s vs one plain forward + log-softmax + gather (the teacher as shipped)",
+                    f"{sc['positions'] / sc['miniverl_seconds']:.0f}",
+                    f"{sc['positions'] / sc['hf_forward_seconds']:.0f}",
+                    "real_scoring_vs_hf_forward",
+                )
+            ]
+            if "hf_forward_seconds" in sc
+            else []
         ),
         (
             "teacher scoring time vs `log_softmax(logits.float()).gather`",
@@ -99,7 +111,22 @@ def path_rows(result: dict, path: str) -> list[tuple[str, str, str, str | None, 
             ),
         )
     out = [(label, ours, other, key, r.get(key)) for label, ours, other, key in rows]
-    if path == "recipe" and ro["miniverl"]["four_bit_storage_bytes"]:
+    decode = ro["miniverl"].get("decode")
+    if decode:
+        out.insert(
+            1,
+            (
+                (
+                    f"decode: weight bytes read per step ({decode['weight_bytes_per_token'] / 2**20:.0f} MiB per token "
+                    "of a row) and per second vs this machine's memory bandwidth (a copy's read + write)"
+                ),
+                f"{decode['weight_bytes_per_s'] / 1e9:.1f} GB/s",
+                f"{decode['memory_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s",
+                None,
+                decode["fraction_of_bandwidth"],
+            ),
+        )
+    if path in ("recipe", "real") and ro["miniverl"]["four_bit_storage_bytes"]:
         held, stored = ro["miniverl"]["dequantized_bytes"], ro["miniverl"]["four_bit_storage_bytes"]
         out.insert(
             2,
@@ -121,6 +148,9 @@ PATH_TITLES = {
     "recipe": "Recipe path (what `+recipe=opd_k1` runs): NF4 student (bf16 compute, prepare_model_for_kbit_training, "
     "LoRA r16 on q/v, gradient checkpointing) and NF4 teacher, loaded by miniverl's own loaders",
     "float32": "Unquantized float32 models (bfloat16 on CUDA), the same shapes: extra rows",
+    "real": "Your models (--student/--teacher), loaded as the recipe loads them: NF4 student (compute in the "
+    "checkpoint's dtype, prepare_model_for_kbit_training, LoRA r16 on q/v, gradient checkpointing) and NF4 teacher; "
+    "`generate`, the plain forward and TRL on copies with bitsandbytes as shipped",
 }
 
 
@@ -171,7 +201,10 @@ def markdown(result: dict) -> str:
                 "`--no-cpu-float32-gemm` measures miniverl on the shipped products too."
             ),
         ]
+    measured_keys = {key for path in result["paths"] for key in PATH_RATIO_KEYS[path]}
     for key, reason in result["null_reasons"].items():
+        if key not in measured_keys:
+            continue  # a path not run: bench.json says why
         lines.append(f"\n`{key}` is null: {reason}")
     return "\n".join(lines) + "\n"
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 
 SCHEMA = "miniverl-bench/2"
-PATHS = ("recipe", "float32")
-PREFIX = {"recipe": "recipe_", "float32": ""}
+PATHS = ("recipe", "float32")  # the random-weight paths; `real` runs instead with --student/--teacher
+PREFIX = {"recipe": "recipe_", "float32": "", "real": "real_"}
 # Each miniverl ÷ other. The float32 path keeps the keys it had (the no-KV-cache baseline and its
 # `rollout_vs_no_cache` are gone: one row at a time replaces it); the recipe path's carry `recipe_`.
 PATH_RATIO_KEYS = {
@@ -33,7 +33,20 @@ PATH_RATIO_KEYS = {
         "update_vs_bare_fwd_bwd",
     ),
 }
-RATIO_KEYS = (*PATH_RATIO_KEYS["recipe"], *PATH_RATIO_KEYS["float32"])
+# The user's own models (--student/--teacher), loaded as the recipe loads them; the peers
+# (`generate`, the plain forward) run on copies with bitsandbytes as shipped.
+PATH_RATIO_KEYS["real"] = (
+    "real_rollout_vs_hf_generate",
+    "real_rollout_vs_per_call_dequantize",
+    "real_rollout_vs_one_row_generate",
+    "real_scoring_vs_hf_forward",
+    "real_scoring_time_vs_naive",
+    "real_scoring_peak_memory_vs_naive",
+    "real_opd_step_vs_trl",
+    "real_opd_step_vs_trl_k1",
+    "real_update_vs_bare_fwd_bwd",
+)
+RATIO_KEYS = (*PATH_RATIO_KEYS["recipe"], *PATH_RATIO_KEYS["float32"], *PATH_RATIO_KEYS["real"])
 # Targets from the issues, for --scale bench on a 2-core CPU: (comparison, bound).
 TARGETS = {
     "recipe_rollout_vs_hf_generate": (">=", 2.0),
@@ -44,6 +57,9 @@ TARGETS = {
     "scoring_peak_memory_vs_naive": ("<=", 0.25),
     "opd_step_vs_trl": ("<=", 0.5),
     "update_vs_bare_fwd_bwd": (">=", 0.8),
+    "real_rollout_vs_hf_generate": (">=", 1.5),
+    "real_scoring_vs_hf_forward": (">=", 1.0),
+    "real_update_vs_bare_fwd_bwd": (">=", 0.8),
 }
 
 # Architecture presets (Qwen3). The vocabulary of `toy` is the toy tokenizer's (259). `repeats`:
@@ -113,7 +129,7 @@ PROMPTS = (
 BATCH, NEW_TOKENS = 4, 64
 LORA = {"r": 16, "alpha": 32, "target_modules": ("q_proj", "v_proj")}
 # DistillationTrainer(beta=1); IWOPDTrainer(iw_opd, gamma=0), the k1 row, on the recipe path only.
-TRL_KINDS = {"recipe": ("full_vocab", "k1"), "float32": ("full_vocab",)}
+TRL_KINDS = {"recipe": ("full_vocab", "k1"), "float32": ("full_vocab",), "real": ("full_vocab", "k1")}
 
 
 # ---------------------------------------------------------------------------------------------- setup
@@ -130,6 +146,12 @@ class Setup:
     eos_id: int
     pad_id: int
     description: dict
+    # The peers' copies (`generate`, the plain forward) with bitsandbytes as shipped; None: the same models.
+    peer_student: object = None
+    peer_teacher: object = None
+
+    def peer_base(self):
+        return (self.peer_student or self.student).get_base_model()
 
 
 def qwen3_config(scale: str, vocab: int, eos_id: int, pad_id: int, dtype: torch.dtype):
@@ -217,6 +239,68 @@ def build_float32_setup(scale: str, device: torch.device, workdir: Path) -> Setu
         "quantization": None,
     }
     return Setup("float32", scale, device, dtype, tokenizer, prompt_ids, student, teacher, eos_id, pad_id, described)
+
+
+def as_shipped(model):
+    """A copy of a loaded model with bitsandbytes' own CPU choice back (miniverl's loader switches
+    off its AVX512-BF16 repack, models/loading.py): what a user's plain transformers code runs."""
+    import copy
+
+    try:
+        from bitsandbytes.functional import has_avx512bf16
+    except ImportError:
+        return None
+    twin = copy.deepcopy(model)
+    for module in twin.modules():
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            # bitsandbytes 0.50's repack fails on widths that are not a multiple of its block.
+            fits = module.in_features % module.weight.quant_state.blocksize == 0
+            module.support_avx512bf16_for_cpu = has_avx512bf16() and fits
+    return twin
+
+
+def build_real_setup(student_path: str, teacher_path: str, device: torch.device) -> Setup:
+    """The user's own models (any Hugging Face causal LM folders), loaded as `+recipe=opd_k1` loads
+    them: NF4 with compute in the checkpoint's dtype, prepare_model_for_kbit_training, LoRA r16 on
+    q/v, gradient checkpointing; the prompts in the student's own chat template."""
+    from miniverl.config.model import LoraSettings, StudentConfig
+    from miniverl.config.teacher import TeacherConfig
+    from miniverl.models import loading as models
+
+    lora = LoraSettings(r=LORA["r"], alpha=LORA["alpha"], dropout=0.0, target_modules=list(LORA["target_modules"]))
+    student_block = StudentConfig(model_id=student_path, dtype="auto", quantization="nf4", lora=lora)
+    teacher_block = TeacherConfig(model_id=teacher_path, dtype="auto", quantization="nf4")
+    sources = [models.source_of(block, None) for block in (student_block, teacher_block)]
+    tokenizer = models.load_tokenizer("--student", student_block, sources[0])
+    student = models.load_student(student_block, sources[0], device, lora_seed=2)
+    teacher = models.load_teacher(teacher_block, sources[1], device, "--teacher")
+    models.check_tokenizers_compatible(
+        tokenizer, models.load_tokenizer("--teacher", teacher_block, sources[1]), student.get_base_model(), teacher
+    )
+    nonzero_lora_b(student)
+    tokenizer.padding_side = "left"
+    prompt_ids = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
+        for p in PROMPTS
+    ]
+    eos_id = models.stop_token_ids(tokenizer, student.get_base_model())[0]
+    for model in (student.get_base_model(), teacher):  # one EOS for every side
+        model.generation_config.eos_token_id = eos_id
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+    dtype = models.compute_dtype(student_block, sources[0])
+    described = {
+        "student": f"{student_path}: NF4 ({str(dtype).replace('torch.', '')} compute) + "
+        f"prepare_model_for_kbit_training, LoRA r{LORA['r']} on q/v, gradient checkpointing (models.load_student)",
+        "teacher": f"{teacher_path}: NF4, frozen (models.load_teacher)",
+        "quantization": "nf4",
+        "peers": "generate and the plain forward run on copies with bitsandbytes' CPU kernel choice as shipped",
+    }
+    return Setup(
+        "real", "real", device, dtype, tokenizer, prompt_ids, student, teacher, eos_id, tokenizer.pad_token_id,
+        described, peer_student=as_shipped(student), peer_teacher=as_shipped(teacher),
+    )  # fmt: skip
 
 
 def build_recipe_setup(scale: str, device: torch.device, workdir: Path) -> Setup:

@@ -20,7 +20,7 @@ from miniverl.config.data import DataConfig
 from miniverl.config.estimator import EstimatorConfig
 from miniverl.config.export import ExportConfig
 from miniverl.config.hardware import HardwareConfig
-from miniverl.config.model import StudentConfig
+from miniverl.config.model import StudentConfig, real_model_path
 from miniverl.config.recipe import RecipeConfig, teacher_target_for
 from miniverl.config.reward import RewardConfig
 from miniverl.config.teacher import TeacherConfig, check_teachers
@@ -96,6 +96,7 @@ class MiniverlConfig:
 def register_configs() -> None:
     ConfigStore.instance().store(name="config_schema", node=MiniverlConfig)
     OmegaConf.register_new_resolver("teacher_target", teacher_target_for, replace=True)
+    OmegaConf.register_new_resolver("real_model", real_model_path, replace=True)
 
 
 def to_config(cfg: DictConfig) -> MiniverlConfig:

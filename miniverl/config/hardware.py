@@ -27,19 +27,21 @@ class HardwareConfig:
     # Compile the per-step decoder call (torch.compile; on CUDA mode "reduce-overhead", i.e. a
     # CUDA graph). Implies the static cache. Meant for CUDA; costs a compilation per batch shape.
     rollout_compile: bool = False
-    # CPU only: while decoding, float32 linears of 2-8 rows (the lm_head included) as W @ x^T,
-    # which MKL runs 1.5-4x faster than F.linear's x @ W^T (float rounding differs in the last
-    # bits; ignored on CUDA).
-    rollout_cpu_gemv: bool = True
+    # CPU only: while decoding, float32 linears of 2-8 rows (the lm_head included) as W @ x^T
+    # instead of F.linear's x @ W^T (float rounding differs in the last bits; ignored on CUDA).
+    # null: by the CPU — W @ x^T except on CPUs with AMX, where F.linear is the faster form
+    # (measured: 1.5-4x faster as W @ x^T on an AVX2 EPYC; 1.3-3x slower on an AMX Xeon; docs/bench.md).
+    rollout_cpu_gemv: Optional[bool] = None
     # CPU only: while decoding, each bitsandbytes 4-bit weight is dequantized once per rollout
     # instead of on every call (the same values, bitwise); the dense copies are held during the
     # rollout (bf16: about 3.6x the NF4 storage, ~0.9 GB for a Qwen3-0.6B student) and freed after.
     rollout_dequantize_4bit_once: bool = True
-    # CPU only: every role (rollout, teacher, actor, probe) multiplies frozen half-precision layers
-    # (NF4 layers with bf16 compute, a bf16 lm_head) as float32 GEMMs of the same bf16 operands,
-    # rounded to bf16 (miniverl/models/cpu_gemm.py): CPUs without bf16 instructions run bf16 GEMMs 7-40x
-    # slower. Set false on CPUs with AMX/AVX512-BF16 if their native bf16 GEMM is faster there.
-    cpu_float32_gemm: bool = True
+    # CPU only: how every role (rollout, teacher, actor, probe, doctor) multiplies frozen
+    # half-precision layers (NF4 layers with bf16 compute, a bf16 lm_head). true: as float32 GEMMs of
+    # the same bf16 operands, rounded to bf16 (miniverl/models/cpu_gemm.py); false: torch's native
+    # bf16 GEMM; null: by the CPU — native where it has bf16 instructions (AMX or AVX512-BF16: 2-7x
+    # faster than float32 there), float32 elsewhere (AVX2: bf16 GEMMs run 7-40x slower). docs/bench.md.
+    cpu_float32_gemm: Optional[bool] = None
     # Resource contract of this hardware option (null: no limit).
     gpu_hour_limit: Optional[float] = None
     peak_reserved_limit_gib: Optional[float] = None

@@ -3,11 +3,25 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional
 
 QUANTIZATIONS = ("nf4", "none")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def cache_root() -> Path:
+    """Where miniverl keeps what it builds once per machine (the real models): $MINIVERL_CACHE, else
+    ~/.cache/miniverl. Never inside the repository."""
+    return Path(os.environ.get("MINIVERL_CACHE") or Path.home() / ".cache" / "miniverl").expanduser()
+
+
+def real_model_path(name: str) -> str:
+    """The folder of a real model `python -m miniverl.real_models` builds (resolver `real_model`:
+    `model_id: ${real_model:smollm2-135m-instruct-every2}` in conf/model/)."""
+    return str(cache_root() / "real" / name)
 
 
 TOY_TOKENIZERS = ("bytes", "qwen3")

@@ -1,10 +1,14 @@
-"""Half-precision matrix products on the CPU, computed as float32 GEMMs (`hardware.cpu_float32_gemm`).
+"""Half-precision matrix products on the CPU: the one product every role uses (`hardware.cpu_float32_gemm`).
 
 A bfloat16 product is a float32 accumulation rounded to bfloat16 at the end, whichever kernel
-runs it. On CPUs without bfloat16 instructions (AVX2, and AVX-512 parts without AVX512-BF16 or
-AMX) PyTorch's bfloat16 GEMM is a slow path: measured on a 2-core AVX2 EPYC at the bench scale's
-shapes, x @ W^T takes 7x and grad @ W 40x the time of a float32 GEMM of the same values
-(docs/bench.md). So while `float32_products` is active, every frozen half-precision product on
+runs it; what differs between CPUs is the speed of torch's bfloat16 GEMM. On CPUs without
+bfloat16 instructions (AVX2, and AVX-512 parts without AVX512-BF16 or AMX) it is a slow path:
+measured on a 2-core AVX2 EPYC at the bench scale's shapes, x @ W^T takes 7x and grad @ W 40x the
+time of a float32 GEMM of the same values. On a CPU with AMX it is the fast path: measured on a
+2-core Sapphire Rapids at SmolLM2-135M's shapes, the float32 product of the same bf16 operands
+takes 6-7x the time of the native one for 360 rows and 2x for 4 (docs/bench.md). So the product
+is chosen by the CPU (`enabled_for`): float32 without bf16 instructions, native with them; one
+choice per run, taken by every role. While `float32_products` is active, every frozen half-precision product on
 the CPU — bitsandbytes' 4-bit layers (dequantized per call, as bitsandbytes does) and frozen
 bf16/fp16 nn.Linear layers such as an NF4 teacher's lm_head — multiplies the same half-precision
 operands in float32 and rounds the result to their dtype, forward and backward. The values are
@@ -22,12 +26,27 @@ from contextlib import contextmanager
 
 import torch
 
+from miniverl.utils.device import cpu_bf16_instructions
+
 HALF = (torch.bfloat16, torch.float16)
 
 
 def enabled_for(hardware, device: torch.device) -> bool:
-    """Whether a run's roles multiply this way: `hardware.cpu_float32_gemm` (a HardwareConfig), on the CPU."""
-    return hardware.cpu_float32_gemm and device.type == "cpu"
+    """Whether a run's roles multiply this way: `hardware.cpu_float32_gemm` (a HardwareConfig) on the
+    CPU; null: where the CPU has no bfloat16 instructions."""
+    if device.type != "cpu":
+        return False
+    if hardware.cpu_float32_gemm is None:
+        return cpu_bf16_instructions() is None
+    return hardware.cpu_float32_gemm
+
+
+def product_name(float32_gemm: bool, device: torch.device) -> str:
+    """The report's name for the products a run's roles computed."""
+    if device.type != "cpu":
+        return f"{device.type}: native half-precision GEMM"
+    found = cpu_bf16_instructions()
+    return "float32 GEMM of bf16 operands" if float32_gemm else f"native bf16 GEMM ({found or 'no bf16 instructions'})"
 
 
 def linear(

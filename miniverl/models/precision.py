@@ -5,7 +5,15 @@ Two kernels that compute the same log-prob (the rollout's one-token decode step 
 full-sequence forward of the teacher or the actor) round in different places. In float32 they
 agree to ~1e-5. bfloat16 keeps 8 bits of mantissa: one rounding moves a value by up to 2^-9
 (0.2%) of itself, so a logit of magnitude 20 moves by 0.04, and a few such roundings per layer
-add up. A misaligned position, by contrast, is off by the log-prob itself (several nats).
+add up — more in a trained model, whose activations have large outliers, than in a random one.
+Measured on the real fixture (SmolLM2-135M-Instruct cut to 15 layers, NF4, 4 x 48 sampled tokens,
+AMX CPU): the rollout vs a full forward of the same weights differ by 0.032 nats on average and
+0.20 at most, with the native or the float32 product alike; the same forward computed in bf16
+and in float32 differ by 0.064 and 0.38 — sampling and scoring agree within half of what bf16
+compute itself is off by. Over the 16 updates of `+recipe=opd_k1_real_cpu` the rollout and the
+actor differed by at most 0.39 and 0.06 on average in one update. A misaligned position, by
+contrast, is off by the log-prob itself (several nats). For agreement to 1e-4, compute in
+float32 (`model.dtype=float32`: NF4 weights with float32 compute).
 """
 
 from __future__ import annotations
@@ -13,7 +21,7 @@ from __future__ import annotations
 import torch
 
 # Largest |log p_a - log p_b| of one token (nats) and the largest mean over tokens.
-LOG_PROB_TOLERANCE = {torch.float32: (1e-3, 1e-4), torch.float16: (0.1, 0.01), torch.bfloat16: (0.25, 0.02)}
+LOG_PROB_TOLERANCE = {torch.float32: (1e-3, 1e-4), torch.float16: (0.1, 0.01), torch.bfloat16: (0.5, 0.1)}
 # Largest relative difference of two LoRA gradients computed along the same arithmetic path, in
 # any precision: the NF4 layers and their dequantized twin multiply the same values in the same
 # dtype (measured: 0 on the CPU in bfloat16; a float32 twin of a bfloat16 model differs by ~7e-3).

@@ -102,7 +102,7 @@ class OPDTrainer:
         )
         roles = build_roles(cfg, self.student, self.tokenizer, self.device, toy_paths, contexts)
         self.rollout, self.teacher, self.actor = roles.rollout, roles.teacher, roles.actor
-        self.teacher_weight_bytes = roles.teacher_weight_bytes  # for the report's models block
+        self.teacher_weight_bytes, self.products = roles.teacher_weight_bytes, roles.products  # for the report
         if cfg.eval.every != -1:
             self.probe = ValidationProbe.from_config(cfg, self.tokenizer, self.rollout, self.teacher, self.student)
         self.downshift = Downshift.for_hardware(self.device, cfg.hardware)

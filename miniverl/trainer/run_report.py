@@ -68,11 +68,12 @@ class RunFacts:
     extra_measurements: dict = field(default_factory=dict)
 
 
-def device_facts(device: torch.device) -> dict:
-    """RunFacts' device fields: the hardware and the peak memory of this process so far."""
+def device_facts(device: torch.device, products: str | None) -> dict:
+    """RunFacts' device fields: the hardware, the half-precision products every role computed
+    (models/cpu_gemm.py), and the peak memory of this process so far."""
     peak_allocated, peak_reserved = cuda_peaks(device)
     return {
-        "hardware": hardware_facts(device),
+        "hardware": {**hardware_facts(device), "products": products},
         "peak_allocated_gib": peak_allocated,
         "peak_reserved_gib": peak_reserved,
         "peak_rss_gib": peak_rss_gib(),
@@ -121,7 +122,7 @@ def teachers_block(cfg: MiniverlConfig, weight_bytes: dict[str, int]) -> dict:
 def trainer_facts(trainer, status: str, resume: dict) -> RunFacts:
     """The facts an OPDTrainer observed (its run so far), for the report."""
     return RunFacts(
-        **device_facts(trainer.device),
+        **device_facts(trainer.device, getattr(trainer, "products", None)),
         status=status,
         history=trainer.history,
         run_dir=trainer.run_dir,

@@ -80,6 +80,31 @@ def timed(name: str, timings: dict[str, float], device: torch.device):
         timings[name] = time.perf_counter() - start
 
 
+def cpu_bf16_instructions() -> str | None:
+    """The CPU's bfloat16 matrix instructions: "amx" (AMX tiles, with AVX512-BF16), "avx512_bf16",
+    or None (AVX2 and AVX-512 parts without them). torch's own detection, else /proc/cpuinfo."""
+    probes = (
+        ("amx", "_is_amx_tile_supported", "amx_bf16"),
+        ("avx512_bf16", "_is_avx512_bf16_supported", "avx512_bf16"),
+    )
+    flags = None
+    for name, probe, flag in probes:
+        detect = getattr(torch.cpu, probe, None)
+        if detect is not None:
+            if detect():
+                return name
+            continue
+        if flags is None:
+            try:
+                with open("/proc/cpuinfo", encoding="utf-8") as handle:
+                    flags = set(next((line for line in handle if line.startswith("flags")), "").split())
+            except OSError:
+                flags = set()
+        if flag in flags:
+            return name
+    return None
+
+
 def package_version(name: str) -> str | None:
     try:
         return version(name)
@@ -119,6 +144,7 @@ def hardware_facts(device: torch.device) -> dict:
     return {
         "bitsandbytes": package_version("bitsandbytes"),
         "cpu": cpu_model(),
+        "cpu_bf16_instructions": cpu_bf16_instructions(),
         "cpu_count": os.cpu_count(),
         "cuda_runtime": torch.version.cuda if cuda else None,
         "device": device.type,

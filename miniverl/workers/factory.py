@@ -28,6 +28,7 @@ class Roles:
     # Memory each teacher adds, by name: its own model's weights (standard), its adapter on the
     # student's base (shared_base), nothing (ref).
     teacher_weight_bytes: dict[str, int]
+    products: str  # the half-precision products every role computes (cpu_gemm.product_name), for the report
 
 
 def build_roles(
@@ -76,7 +77,8 @@ def build_roles(
     for name, prompts in contexts.items():
         workers[name] = workers[name].for_prompts(prompts)
     teacher = TeacherRouter(workers) if cfg.teachers else workers["teacher"]
-    return Roles(rollout, teacher, actor, {name: w.weight_bytes for name, w in workers.items()})
+    products = cpu_gemm.product_name(float32_gemm, device)
+    return Roles(rollout, teacher, actor, {name: w.weight_bytes for name, w in workers.items()}, products)
 
 
 def with_contexts(

@@ -384,3 +384,43 @@ def test_bench_toy_smoke_run_writes_every_ratio(tmp_path):
     table = (out / "bench.md").read_text()
     assert "| measurement | miniverl | other |" in table and table.count("\n|") >= 18
     assert "full-vocabulary" in table and "IWOPDTrainer" in table
+
+
+def test_bench_measures_a_users_own_model_folders(tmp_path):
+    """--student/--teacher: the real path on any two Hugging Face folders (here toy bf16 Qwen3s in
+    Qwen3's token layout), its three keys measured, the decode's bytes against the bandwidth."""
+    from miniverl.bench.setups import PATH_RATIO_KEYS, TARGETS
+    from miniverl.config.model import ToyArchitecture
+    from miniverl.models import toy
+
+    tokenizer = toy.build_toy_tokenizer()
+    folders = {}
+    for name, width in (("student", 64), ("teacher", 128)):  # multiples of the NF4 block (64)
+        arch = ToyArchitecture(hidden_size=width, intermediate_size=2 * width, dtype="bfloat16")
+        model = toy.build_toy_model(arch, tokenizer, seed=width)
+        folders[name] = toy.save_toy(model, tokenizer, tmp_path / name, "bfloat16")
+    out = tmp_path / "bench"
+    command = [sys.executable, "-m", "miniverl.bench", "--student", str(folders["student"])]
+    command += ["--teacher", str(folders["teacher"]), "--repeats", "1", "--no-trl", "--out", str(out)]
+    done = subprocess.run(command, check=False, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((out / "bench.json").read_text())
+    assert result["paths"] == ["real"] and result["scale"] == "real"
+    for key in ("real_rollout_vs_hf_generate", "real_scoring_vs_hf_forward", "real_update_vs_bare_fwd_bwd"):
+        assert key in PATH_RATIO_KEYS["real"] and key in TARGETS
+        assert isinstance(result["ratios"][key], float) and result["ratios"][key] > 0, key
+    assert result["null_reasons"]["recipe_rollout_vs_hf_generate"].startswith("not measured")
+    decode = result["measurements"]["real"]["rollout"]["miniverl"]["decode"]
+    assert decode["weight_bytes_per_step"] > decode["weight_bytes_per_token"] > 0
+    assert 0 < decode["fraction_of_bandwidth"] < 1.5 and decode["memory_bandwidth_bytes_per_s"] > 0
+    assert result["measurements"]["real"]["scoring"]["max_abs_diff_vs_naive"] < 1e-4
+    table = (out / "bench.md").read_text()
+    assert "teacher scoring positions/s vs one plain forward" in table and "memory bandwidth" in table
+    assert "not measured" not in table  # other paths' nulls stay in bench.json
+
+
+def test_bench_refuses_half_of_a_model_pair():
+    from miniverl.bench.cli import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--student", "/some/folder"])

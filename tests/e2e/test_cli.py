@@ -89,7 +89,11 @@ def test_a_finished_run_folder_is_never_overwritten(toy_run, capfd):
     "override,wording,fix",
     [
         ("recipe.logical_btch=2", "Could not override 'recipe.logical_btch'", "did you mean recipe.logical_batch?"),
-        ("model=tyo", "Could not find 'model/tyo'", "Available options in 'model': qwen3_0_6b, toy, toy_qwen3"),
+        (
+            "model=tyo",
+            "Could not find 'model/tyo'",
+            "Available options in 'model': qwen3_0_6b, smollm2_135m_every2, toy, toy_qwen3",
+        ),
     ],
 )
 def test_a_composition_mistake_is_hydras_wording_in_one_line_and_exit_2(override, wording, fix):

@@ -7,7 +7,10 @@ import bitsandbytes as bnb
 import pytest
 import torch
 
+from miniverl.config.hardware import HardwareConfig
 from miniverl.models import cpu_gemm
+from miniverl.models.loading import disable_cpu_nf4_repack
+from miniverl.utils.device import cpu_bf16_instructions
 from miniverl.workers.rollout.lean_decode import lean_decode_modules
 
 BF16_ULP = 2.0**-8  # relative spacing of bfloat16 values: one rounding step
@@ -21,7 +24,40 @@ def nf4_layer(seed: int = 0) -> bnb.nn.Linear4bit:
     )
     layer.weight = bnb.nn.Params4bit(dense.weight.data, requires_grad=False, quant_type="nf4")
     layer.bias = torch.nn.Parameter(dense.bias.data, requires_grad=False)
-    return layer.to("cpu")  # quantizes
+    layer = layer.to("cpu")  # quantizes
+    # As miniverl loads every NF4 layer: on a CPU with AVX512-BF16, bitsandbytes would otherwise
+    # repack the weight for its inference kernel on the first no-grad call (models/loading.py).
+    disable_cpu_nf4_repack(layer)
+    return layer
+
+
+def test_a_loaded_nf4_layer_stays_on_the_dequantize_path_on_every_cpu():
+    layer = nf4_layer()
+    assert cpu_gemm.plain_cpu_4bit(layer)
+    with torch.no_grad():
+        layer.eval()(torch.randn(2, 96))  # the call that would repack on an AVX512-BF16 CPU
+    assert cpu_gemm.plain_cpu_4bit(layer) and not getattr(layer.weight.quant_state, "packing_format_for_cpu", False)
+
+
+def test_the_product_is_chosen_by_the_cpu_unless_set():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert cpu_gemm.enabled_for(HardwareConfig(cpu_float32_gemm=None), cpu) is (cpu_bf16_instructions() is None)
+    assert cpu_gemm.enabled_for(HardwareConfig(cpu_float32_gemm=True), cpu) is True
+    assert cpu_gemm.enabled_for(HardwareConfig(cpu_float32_gemm=False), cpu) is False
+    assert cpu_gemm.enabled_for(HardwareConfig(cpu_float32_gemm=True), cuda) is False
+
+
+@pytest.mark.skipif(
+    cpu_bf16_instructions() is None, reason="this CPU has no bf16 instructions (AVX2): float32 products"
+)
+def test_a_cpu_with_bf16_instructions_multiplies_natively_by_default():
+    assert not cpu_gemm.enabled_for(HardwareConfig(), torch.device("cpu"))
+    assert cpu_gemm.product_name(False, torch.device("cpu")).startswith("native bf16 GEMM (")
+
+
+@pytest.mark.skipif(cpu_bf16_instructions() is not None, reason="this CPU has bf16 instructions: native products")
+def test_a_cpu_without_bf16_instructions_multiplies_in_float32_by_default():
+    assert cpu_gemm.enabled_for(HardwareConfig(), torch.device("cpu"))
 
 
 def model_of(layer: torch.nn.Module) -> torch.nn.Module:

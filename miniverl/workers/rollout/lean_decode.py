@@ -12,8 +12,15 @@ import torch
 from transformers import PreTrainedModel
 
 from miniverl.models import cpu_gemm
+from miniverl.utils.device import cpu_bf16_instructions
 
 GEMV_MAX_ROWS = 8  # up to this many rows, W @ x^T beats F.linear's x @ W^T on the CPUs measured
+
+
+def few_row_gemv_enabled(setting: bool | None) -> bool:
+    """`hardware.rollout_cpu_gemv`; null: by the CPU. W @ x^T was measured faster on an AVX2 EPYC
+    (MKL, 1.5-4x) and slower on an AMX Xeon (oneDNN, 1.3-3x at SmolLM2's shapes): off with AMX."""
+    return setting if setting is not None else cpu_bf16_instructions() != "amx"
 
 
 def _few_row_linear(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:

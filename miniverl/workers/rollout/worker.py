@@ -9,8 +9,8 @@ measurements that shaped it):
 - one prefill through the model's own mask construction (left padding), then per step one
   decoder call of one token per row with a boolean (b, 1, 1, kv) mask cut from one preallocated
   (b, P + R) mask — no per-step mask rebuild, no per-step concatenation;
-- peft's LoRA bookkeeping skipped per call (same arithmetic), and on the CPU the few-row linears
-  (lm_head included) computed as W @ x^T, a faster GEMM shape there (`hardware.rollout_cpu_gemv`);
+- peft's LoRA bookkeeping skipped per call (same arithmetic), and on CPUs where it is the faster
+  GEMM shape the few-row linears (lm_head included) computed as W @ x^T (`hardware.rollout_cpu_gemv`);
 - the lm_head on the last hidden state only, then sampling and the sampled token's log-prob from
   one exp pass over the (b, V) float32 logits; the full logits are never kept;
 - rows stop at any EOS id (the tokenizer's and the generation config's: Qwen3 ends on
@@ -34,7 +34,12 @@ from transformers import DynamicCache, PreTrainedModel, StaticCache
 
 from miniverl.config.actor import RolloutConfig
 from miniverl.protocol import Batch, assemble, left_pad, pad_right
-from miniverl.workers.rollout.lean_decode import full_attention_only, layer_by_layer, lean_decode_modules
+from miniverl.workers.rollout.lean_decode import (
+    few_row_gemv_enabled,
+    full_attention_only,
+    layer_by_layer,
+    lean_decode_modules,
+)
 from miniverl.workers.rollout.sampling import draw_uniforms, sample_token
 
 STATIC_WIDTH_MULTIPLE = 128  # a static cache holds prompt + response rounded up to this
@@ -57,7 +62,7 @@ class RolloutWorker:
         tokenizer_vocab: int | None = None,
         static_cache: bool = False,
         compile_decode: bool = False,
-        cpu_gemv: bool = True,
+        cpu_gemv: bool | None = None,
         dequantize_4bit_once: bool = True,
         float32_gemm: bool = False,
     ):
@@ -70,7 +75,7 @@ class RolloutWorker:
         self.direct_mask = full_attention_only(model)
         self.compile_decode = compile_decode and self.direct_mask
         self.static_cache = static_cache or self.compile_decode
-        self.cpu_gemv = cpu_gemv
+        self.cpu_gemv = few_row_gemv_enabled(cpu_gemv)
         self.dequantize_4bit_once = dequantize_4bit_once  # CPU only: see lean_decode_modules
         self.float32_gemm = float32_gemm  # CPU only: see cpu_gemm
         self.dequantized_bytes = 0  # the 4-bit weights' dense copies during the last decode (freed after)

