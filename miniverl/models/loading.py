@@ -13,6 +13,7 @@ LoRA gradients equal those through the dequantized base.
 
 from __future__ import annotations
 
+import types
 import warnings
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -252,6 +253,16 @@ def stop_token_ids(tokenizer, model: PreTrainedModel) -> list[int]:
     configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     ids.update([configured] if isinstance(configured, int) else (configured or []))
     return sorted(i for i in ids if i is not None)
+
+
+def configured_stop_ids(tokenizer, source: Source) -> list[int]:
+    """stop_token_ids before the model loads: the tokenizer's EOS and the ids of the folder's
+    generation_config.json (none: the tokenizer's alone)."""
+    try:
+        config = transformers.GenerationConfig.from_pretrained(source.path, revision=source.revision)
+    except (OSError, ValueError):
+        config = None
+    return stop_token_ids(tokenizer, types.SimpleNamespace(generation_config=config))
 
 
 def output_rows_problem(student_rows: int, teacher_rows: int, tokens: int) -> str | None:

@@ -138,6 +138,9 @@ def check_tokenizers(cfg: MiniverlConfig, student_tok) -> Check:
             f"vocabulary {len(student_tok.get_vocab())} (embedding rows: student {student_rows}, {', '.join(scored)}), "
             f"eos/pad, and chat template output identical{padding}"
         )
+        if cfg.model.model_id != "toy":  # a toy's files are written when the run starts
+            stops = models.configured_stop_ids(student_tok, models.source_of(cfg.model, None))
+            facts.append(f"responses end at ids {stops} (the tokenizer's EOS and generation_config.json)")
     return Check("PASS", "tokenizer", "; ".join(facts))
 
 

@@ -112,3 +112,4 @@ def test_the_doctors_tokenizer_check_reads_the_models_own_files(real_models):
     tokenizer = models.load_tokenizer("model", cfg.model, models.source_of(cfg.model, None))
     check = check_tokenizers(cfg, tokenizer)
     assert check.status == "PASS" and "vocabulary 49152" in check.reason, check
+    assert "responses end at ids [2]" in check.reason  # <|im_end|>, from the model's own files
