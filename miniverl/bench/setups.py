@@ -174,14 +174,18 @@ def bench_tokenizer():
     from miniverl.models import toy
 
     tokenizer = toy.build_toy_tokenizer()
+    return tokenizer, bench_prompts(tokenizer)
+
+
+def bench_prompts(tokenizer) -> list[list[int]]:
+    """The PROMPTS in the tokenizer's own chat template, ids of each (left padding from here on)."""
     tokenizer.padding_side = "left"
-    prompt_ids = [
+    return [
         tokenizer.apply_chat_template(
             [{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True, return_dict=True
         )["input_ids"]
         for p in PROMPTS
     ]
-    return tokenizer, prompt_ids
 
 
 def random_qwen3(config, seed: int, device: torch.device, dtype: torch.dtype, eos_id: int, pad_id: int):
@@ -278,14 +282,8 @@ def build_real_setup(student_path: str, teacher_path: str, device: torch.device)
         tokenizer, models.load_tokenizer("--teacher", teacher_block, sources[1]), student.get_base_model(), teacher
     )
     nonzero_lora_b(student)
-    tokenizer.padding_side = "left"
-    prompt_ids = [
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True, return_dict=True
-        )["input_ids"]
-        for p in PROMPTS
-    ]
-    eos_id = models.stop_token_ids(tokenizer, student.get_base_model())[0]
+    prompt_ids = bench_prompts(tokenizer)
+    eos_id = tokenizer.eos_token_id  # the end of a turn (<|im_end|> for ChatML models)
     for model in (student.get_base_model(), teacher):  # one EOS for every side
         model.generation_config.eos_token_id = eos_id
         model.generation_config.pad_token_id = tokenizer.pad_token_id

@@ -39,8 +39,9 @@ class HardwareConfig:
     # CPU only: how every role (rollout, teacher, actor, probe, doctor) multiplies frozen
     # half-precision layers (NF4 layers with bf16 compute, a bf16 lm_head). true: as float32 GEMMs of
     # the same bf16 operands, rounded to bf16 (miniverl/models/cpu_gemm.py); false: torch's native
-    # bf16 GEMM; null: by the CPU — native where it has bf16 instructions (AMX or AVX512-BF16: 2-7x
-    # faster than float32 there), float32 elsewhere (AVX2: bf16 GEMMs run 7-40x slower). docs/bench.md.
+    # bf16 GEMM; null: by the CPU — native where it has bf16 instructions (AMX or AVX512-BF16;
+    # measured 2-7x faster than float32 on AMX, AVX512-BF16 alone unmeasured), float32 elsewhere
+    # (AVX2: bf16 GEMMs run 7-40x slower). docs/bench.md.
     cpu_float32_gemm: Optional[bool] = None
     # Resource contract of this hardware option (null: no limit).
     gpu_hour_limit: Optional[float] = None

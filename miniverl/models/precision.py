@@ -10,13 +10,13 @@ Measured on the real fixture (SmolLM2-135M-Instruct cut to 15 layers, NF4, 4 x 4
 AMX CPU): the rollout vs a full forward of the same weights differ by 0.032 nats on average and
 0.20 at most, with the native or the float32 product alike; the same forward computed in bf16
 and in float32 differ by 0.064 and 0.38 — sampling and scoring agree within half of what bf16
-compute itself is off by. Over the 16 updates of `+recipe=opd_k1_real_cpu` the rollout and the
-actor differed by at most 0.39 and 0.06 on average in one update. A misaligned position, by
-contrast, is off by the log-prob itself (several nats), at most positions: the mean is the sharp
-test, the largest single difference only a guard (it grows with the number of tokens compared;
-the doctor's self-test saw 0.39 over 192 tokens of the real recipe, where the earlier 0.25 made it
-FAIL a sound setup). For agreement to 1e-4, compute in float32 (`model.dtype=float32`: NF4
-weights with float32 compute).
+compute itself is off by. Over 16 updates of `+recipe=opd_k1_real_cpu` the rollout and the actor
+differed by at most 0.39, and by 0.06 on average in the worst update. A misaligned position, by
+contrast, is off by the log-prob itself (several nats) at most positions, and another model
+(even a random toy teacher against its random student) by 0.8 or more at some position: hence
+0.5 at most (the doctor's self-test saw 0.39 over 192 tokens of the real recipe, where the earlier
+0.25 made it FAIL a sound setup) and 0.1 on average. For agreement to 1e-4, compute in float32
+(`model.dtype=float32`: NF4 weights with float32 compute).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 # Largest |log p_a - log p_b| of one token (nats) and the largest mean over tokens.
-LOG_PROB_TOLERANCE = {torch.float32: (1e-3, 1e-4), torch.float16: (0.1, 0.01), torch.bfloat16: (1.0, 0.1)}
+LOG_PROB_TOLERANCE = {torch.float32: (1e-3, 1e-4), torch.float16: (0.1, 0.01), torch.bfloat16: (0.5, 0.1)}
 # Largest relative difference of two LoRA gradients computed along the same arithmetic path, in
 # any precision: the NF4 layers and their dequantized twin multiply the same values in the same
 # dtype (measured: 0 on the CPU in bfloat16; a float32 twin of a bfloat16 model differs by ~7e-3).

@@ -134,7 +134,12 @@ def _write_atomically(where: Path, model, tokenizer) -> None:
         with _quiet():
             model.save_pretrained(staging, safe_serialization=True)
             tokenizer.save_pretrained(staging)
-        os.replace(staging, where) if not where.exists() else shutil.rmtree(staging)
+        try:
+            os.replace(staging, where)
+        except OSError:  # another process built it first: theirs is as good
+            if not (where / "config.json").exists():
+                raise
+            shutil.rmtree(staging)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

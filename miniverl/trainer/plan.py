@@ -14,8 +14,11 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from miniverl import __version__
 from miniverl.config import MiniverlConfig
+from miniverl.models import cpu_gemm
 from miniverl.utils.dataset import (
     Conversations,
     PromptSet,
@@ -27,6 +30,7 @@ from miniverl.utils.dataset import (
 from miniverl.utils.downshift import split
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import sha256_file, sha256_json
+from miniverl.workers.rollout.lean_decode import few_row_gemv_enabled
 
 PLAN_VERSION = 1
 
@@ -82,6 +86,11 @@ def experiment_settings(cfg: MiniverlConfig) -> dict:
     settings["data"].pop("val_files")
     settings["data"].pop("train_files")
     settings["hardware"].pop("name")
+    if cfg.hardware.device == "cpu" or (cfg.hardware.device == "auto" and not torch.cuda.is_available()):
+        # A null means "by the CPU": the plan holds what this CPU resolves it to, so that a resume on
+        # a CPU of another kind (other products, other roundings) is refused as another plan.
+        settings["hardware"]["cpu_float32_gemm"] = cpu_gemm.enabled_for(cfg.hardware, torch.device("cpu"))
+        settings["hardware"]["rollout_cpu_gemv"] = few_row_gemv_enabled(cfg.hardware.rollout_cpu_gemv)
     if cfg.teachers:  # the single `teacher` block is not read
         settings.pop("teacher")
     else:

@@ -39,9 +39,20 @@ def test_a_loaded_nf4_layer_stays_on_the_dequantize_path_on_every_cpu():
     assert cpu_gemm.plain_cpu_4bit(layer) and not getattr(layer.weight.quant_state, "packing_format_for_cpu", False)
 
 
-def test_the_product_is_chosen_by_the_cpu_unless_set():
+@pytest.mark.parametrize(
+    "found,float32,gemv", [(None, True, True), ("avx512_bf16", False, True), ("amx", False, False)]
+)
+def test_the_products_and_the_decode_gemv_are_chosen_by_the_cpu_unless_set(monkeypatch, found, float32, gemv):
+    from miniverl.workers.rollout import lean_decode
+
+    monkeypatch.setattr(cpu_gemm, "cpu_bf16_instructions", lambda: found)
+    monkeypatch.setattr(lean_decode, "cpu_bf16_instructions", lambda: found)
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert cpu_gemm.enabled_for(HardwareConfig(cpu_float32_gemm=None), cpu) is (cpu_bf16_instructions() is None)
+    assert cpu_gemm.enabled_for(HardwareConfig(), cpu) is float32
+    assert lean_decode.few_row_gemv_enabled(None) is gemv and lean_decode.few_row_gemv_enabled(True) is True
+    assert cpu_gemm.product_name(float32, cpu) == (
+        "float32 GEMM of bf16 operands" if float32 else f"native bf16 GEMM ({found})"
+    )
     assert cpu_gemm.enabled_for(HardwareConfig(cpu_float32_gemm=True), cpu) is True
     assert cpu_gemm.enabled_for(HardwareConfig(cpu_float32_gemm=False), cpu) is False
     assert cpu_gemm.enabled_for(HardwareConfig(cpu_float32_gemm=True), cuda) is False

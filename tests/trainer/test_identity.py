@@ -123,3 +123,19 @@ def test_editing_the_users_reward_function_makes_another_plan(tmp_path):
     fn.write_text("def compute_score(**kwargs):\n    return 1.0\n")  # same path, other code
     after = digests(task)
     assert before[0] == after[0] and before[1] != after[1]  # the config reads the same; the plan does not
+
+
+def test_the_plan_holds_the_products_this_cpu_resolves_so_another_cpu_kind_is_another_plan(monkeypatch):
+    from miniverl.models import cpu_gemm
+    from miniverl.trainer.plan import experiment_settings
+    from miniverl.workers.rollout import lean_decode
+
+    cfg = to_config(compose_config(["+recipe=opd_k1", *SHORT]))
+    assert cfg.hardware.cpu_float32_gemm is None and cfg.hardware.rollout_cpu_gemv is None  # "by the CPU"
+    seen = {}
+    for kind in (None, "amx"):
+        monkeypatch.setattr(cpu_gemm, "cpu_bf16_instructions", lambda kind=kind: kind)
+        monkeypatch.setattr(lean_decode, "cpu_bf16_instructions", lambda kind=kind: kind)
+        hardware = experiment_settings(cfg)["hardware"]
+        seen[kind] = (hardware["cpu_float32_gemm"], hardware["rollout_cpu_gemv"])
+    assert seen == {None: (True, True), "amx": (False, False)}
