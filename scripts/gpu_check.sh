@@ -126,11 +126,11 @@ if wants real; then
         rm -rf "$REAL_RUN"
         REAL_HARDWARE="$HARDWARE"
         if [ "$HARDWARE" = rtx4080_16gb ]; then REAL_HARDWARE=auto; fi  # the real models are small
-        step real_recipe 150 "$PYTHON" -m miniverl.main +recipe=opd_k1_real_cpu "hardware=$REAL_HARDWARE" \
+        step real_recipe 200 "$PYTHON" -m miniverl.main +recipe=opd_k1_real_cpu "hardware=$REAL_HARDWARE" \
             trainer.progress_bar=false "hydra.run.dir=$REAL_RUN"
         if [ -f "$REAL_RUN/report.json" ]; then cp "$REAL_RUN/report.json" "$OUT_DIR/real_report.json"; fi
         REAL_DIR="$("$PYTHON" -c 'from miniverl.models import real_fixture as r; print(r.teacher_dir().parent)')"
-        step real_bench 150 "$PYTHON" -m miniverl.bench --student "$REAL_DIR/smollm2-135m-instruct-every2" \
+        step real_bench 200 "$PYTHON" -m miniverl.bench --student "$REAL_DIR/smollm2-135m-instruct-every2" \
             --teacher "$REAL_DIR/smollm2-135m-instruct" --out "$WORK_DIR/real_bench"
         if [ -f "$WORK_DIR/real_bench/bench.json" ]; then cp "$WORK_DIR/real_bench/bench.json" "$OUT_DIR/real_bench.json"; fi
     fi
