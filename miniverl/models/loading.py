@@ -257,11 +257,16 @@ def stop_token_ids(tokenizer, model: PreTrainedModel) -> list[int]:
 
 def configured_stop_ids(tokenizer, source: Source) -> list[int]:
     """stop_token_ids before the model loads: the tokenizer's EOS and the ids of the folder's
-    generation_config.json (none: the tokenizer's alone)."""
+    generation_config.json, or without one those of its config.json (as transformers then derives
+    the model's generation config); neither readable: the tokenizer's alone."""
     try:
         config = transformers.GenerationConfig.from_pretrained(source.path, revision=source.revision)
     except (OSError, ValueError):
-        config = None
+        try:
+            model_config = transformers.AutoConfig.from_pretrained(source.path, revision=source.revision)
+            config = transformers.GenerationConfig.from_model_config(model_config)
+        except (OSError, ValueError):
+            config = None
     return stop_token_ids(tokenizer, types.SimpleNamespace(generation_config=config))
 
 

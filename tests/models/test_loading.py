@@ -111,3 +111,24 @@ def test_a_teacher_with_another_chat_template_is_refused(toy_dirs):
     model = AutoModelForCausalLM.from_pretrained(toy_dirs["student"])
     with pytest.raises(MiniverlError, match="chat templates"):
         models.check_tokenizers_compatible(student_tok, teacher_tok, model, model)
+
+
+def test_the_stop_ids_before_loading_come_from_the_folders_own_files(tmp_path):
+    """The doctor's ids that end a response: the tokenizer's EOS and generation_config.json's
+    (Qwen3's layout ends on <|im_end|> and <|endoftext|>); without that file, config.json's."""
+    from miniverl.config.model import ToyArchitecture
+    from miniverl.models import toy
+
+    tokenizer = toy.build_toy_tokenizer("qwen3")
+    model = toy.build_toy_model(ToyArchitecture(tokenizer="qwen3", vocab_rows=151_936), tokenizer, seed=0)
+    folder = toy.save_toy(model, tokenizer, tmp_path / "toy")
+    block = StudentConfig(model_id=str(folder))
+    im_end, endoftext = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    assert models.configured_stop_ids(tokenizer, models.source_of(block, None)) == sorted([im_end, endoftext])
+    assert models.configured_stop_ids(tokenizer, models.source_of(block, None)) == models.stop_token_ids(
+        tokenizer, AutoModelForCausalLM.from_pretrained(folder)
+    )
+    (folder / "generation_config.json").unlink()
+    from_config = AutoModelForCausalLM.from_pretrained(folder).config.eos_token_id
+    expected = sorted({tokenizer.eos_token_id, *([from_config] if isinstance(from_config, int) else from_config)})
+    assert models.configured_stop_ids(tokenizer, models.source_of(block, None)) == expected
