@@ -270,7 +270,14 @@ def build_real_setup(student_path: str, teacher_path: str, device: torch.device)
     from miniverl.config.model import LoraSettings, StudentConfig
     from miniverl.config.teacher import TeacherConfig
     from miniverl.models import loading as models
+    from miniverl.utils.errors import MiniverlError
 
+    for flag, path in (("--student", student_path), ("--teacher", teacher_path)):
+        if not (Path(path) / "config.json").is_file():
+            raise MiniverlError(
+                f"{flag} {path}: not a Hugging Face model folder (no config.json); give the folder that holds "
+                "config.json, the weights and the tokenizer (python -m miniverl.real_models builds two)"
+            )
     lora = LoraSettings(r=LORA["r"], alpha=LORA["alpha"], dropout=0.0, target_modules=list(LORA["target_modules"]))
     student_block = StudentConfig(model_id=student_path, dtype="auto", quantization="nf4", lora=lora)
     teacher_block = TeacherConfig(model_id=teacher_path, dtype="auto", quantization="nf4")

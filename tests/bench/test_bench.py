@@ -424,3 +424,12 @@ def test_bench_refuses_half_of_a_model_pair():
 
     with pytest.raises(SystemExit):
         parse_args(["--student", "/some/folder"])
+
+
+def test_bench_refuses_a_folder_that_is_not_a_model_in_one_line(tmp_path, capsys):
+    from miniverl.bench.cli import main
+
+    status = main(["--student", str(tmp_path / "nowhere"), "--teacher", str(tmp_path), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and "\n" not in err
+    assert err.startswith(f"miniverl.bench: error: --student {tmp_path / 'nowhere'}: not a Hugging Face model folder")
