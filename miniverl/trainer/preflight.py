@@ -140,7 +140,7 @@ def check_tokenizers(cfg: MiniverlConfig, student_tok) -> Check:
         )
         if cfg.model.model_id != "toy":  # a toy's files are written when the run starts
             stops = models.configured_stop_ids(student_tok, models.source_of(cfg.model, None))
-            facts.append(f"responses end at ids {stops} (the tokenizer's EOS and generation_config.json)")
+            facts.append(f"responses end at ids {stops} (the tokenizer's EOS and the model's generation config)")
     return Check("PASS", "tokenizer", "; ".join(facts))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import subprocess
@@ -15,8 +16,13 @@ from miniverl.config.hardware import HardwareConfig
 from miniverl.utils.errors import MiniverlError
 
 
+def wants_cuda(hardware: HardwareConfig) -> bool:
+    """Whether `hardware.device` asks for CUDA: `cuda`, or `auto` where a GPU is present."""
+    return hardware.device == "cuda" or (hardware.device == "auto" and torch.cuda.is_available())
+
+
 def resolve_device(hardware: HardwareConfig) -> torch.device:
-    if hardware.device == "cuda" or (hardware.device == "auto" and torch.cuda.is_available()):
+    if wants_cuda(hardware):
         if not torch.cuda.is_available():
             raise MiniverlError(
                 f"hardware={hardware.name} needs CUDA, but torch sees no GPU "
@@ -80,6 +86,7 @@ def timed(name: str, timings: dict[str, float], device: torch.device):
         timings[name] = time.perf_counter() - start
 
 
+@functools.cache  # asked by every role, the plan and the report; the CPU does not change
 def cpu_bf16_instructions() -> str | None:
     """The CPU's bfloat16 matrix instructions: "amx" (AMX tiles, with AVX512-BF16), "avx512_bf16",
     or None (AVX2 and AVX-512 parts without them). torch's own detection, else /proc/cpuinfo."""
