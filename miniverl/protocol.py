@@ -15,6 +15,9 @@ response of the logical batch), L = P + R.
     teacher_logprobs   (B, R)  float32  log nu(y_t), the teacher's              [teacher]
     teacher_topk_logprobs (B, R, k) float32  the teacher's k largest log-probs  [teacher, top-k only]
     teacher_ids        (B, R, k) long  their token ids                          [teacher, top-k only]
+    teacher_hidden_states (B, R, H) the teacher's final hidden states at the response positions
+                                   [teacher, reverse_kl_full only; the actor drops them after its
+                                   update, they never reach the trajectory log]
     old_log_probs      (B, R)  float32  log pi_old(y_t), from the update's own forward [actor]
     advantages         (B, R)  float32  -(distillation loss), clamped: the PG advantage  [actor, PG only]
     token_level_scores (B, R)  float32  the task reward, at each sample's last response token [reward]
@@ -55,6 +58,7 @@ class Batch:
     teacher_logprobs: torch.Tensor | None = None
     teacher_topk_logprobs: torch.Tensor | None = None
     teacher_ids: torch.Tensor | None = None
+    teacher_hidden_states: torch.Tensor | None = None
     old_log_probs: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     token_level_scores: torch.Tensor | None = None

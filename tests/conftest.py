@@ -139,3 +139,18 @@ def real_models():
     from miniverl.models import real_fixture
 
     return real_fixture.build_teacher(), real_fixture.build_student()
+
+
+def toy_model_folders(tmp_path: Path) -> dict[str, Path]:
+    """Two Hugging Face folders of toy bf16 Qwen3s in Qwen3's token layout ("student": hidden 64,
+    "teacher": 128, multiples of the NF4 block), as a user's own --student/--teacher."""
+    from miniverl.config.model import ToyArchitecture
+    from miniverl.models import toy
+
+    tokenizer = toy.build_toy_tokenizer()
+    folders = {}
+    for name, width in (("student", 64), ("teacher", 128)):
+        arch = ToyArchitecture(hidden_size=width, intermediate_size=2 * width, dtype="bfloat16")
+        model = toy.build_toy_model(arch, tokenizer, seed=width)
+        folders[name] = toy.save_toy(model, tokenizer, tmp_path / name, "bfloat16")
+    return folders

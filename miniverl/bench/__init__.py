@@ -3,6 +3,7 @@ instead, in one process, on the same randomly initialised models and prompts (no
 
     python -m miniverl.bench [--scale toy|bench|mid|qwen3-0.6b-shape] [--path both|recipe|float32] [--out DIR]
     python -m miniverl.bench --student PATH --teacher PATH      # your own models: the `real` path (docs/bench.md)
+    python -m miniverl.bench --quality --student PATH --teacher PATH   # learning per update vs TRL (quality.py)
 
 Batch 4, 64 new tokens, LoRA r16 (alpha 32) on q_proj/v_proj, gradient checkpointing on the
 student. Two paths, each with its own models:
@@ -44,7 +45,8 @@ allocator's peak).
 The modules: `setups` (the scales, prompts, ratio keys, targets and the two paths' models),
 `measuring` (timing rounds, peak memory), `pieces` (rollout, scoring, update, one path's
 measurements), `opd_step` (the whole OPD update vs TRL's trainers), `report` (the tables and the
-machine) and `cli` (the command line, `run`).
+machine), `cli` (the command line, `run`), and `quality` / `quality_trl` (`--quality`: miniverl and
+TRL trained side by side, every student measured by miniverl's probe; docs/learning.md).
 """
 
 from __future__ import annotations

@@ -74,6 +74,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--student", default=None, help="your own student (a Hugging Face folder): the `real` path only")
     p.add_argument("--teacher", default=None, help="your own teacher, with --student")
+    p.add_argument(
+        "--quality",
+        action="store_true",
+        help="learning per update and per second: miniverl and TRL trained on --student/--teacher (bench/quality.py)",
+    )
+    p.add_argument("--train", default="data/toy_prompts.parquet", help="--quality: the training prompts (verl parquet)")
+    p.add_argument(
+        "--heldout", default="data/toy_prompts_heldout.parquet", help="--quality: the held-out prompts of the probe"
+    )
+    p.add_argument("--seeds", type=int, default=2, help="--quality: N seeds for every side")
+    p.add_argument("--first-seed", type=int, default=1, help="--quality: the seeds are FIRST..FIRST+N-1")
+    p.add_argument("--updates", type=int, default=16, help="--quality: optimizer updates per side")
     p.add_argument("--out", default=None, help="output folder (default outputs/bench/<scale>, or outputs/bench/real)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument(
@@ -109,6 +121,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if (args.student is None) != (args.teacher is None):
         p.error("--student and --teacher go together")
+    if args.quality and not args.student:
+        p.error("--quality trains on your models: give --student and --teacher")
+    if args.quality and (args.seeds < 1 or args.updates < 2):
+        p.error("--quality needs --seeds >= 1 and --updates >= 2")
     if args.student and args.path != "both":
         p.error("--path chooses between the random-weight paths; with --student/--teacher the bench runs the real path")
     args.argv = list(argv)
@@ -225,7 +241,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
-        run(parse_args(sys.argv[1:] if argv is None else argv))
+        args = parse_args(sys.argv[1:] if argv is None else argv)
+        if args.quality:
+            from miniverl.bench import quality
+
+            quality.run(args)
+        else:
+            run(args)
     except MiniverlError as error:  # a folder that is not a model, a pair that cannot be distilled
         return exit_code_of(error, "miniverl.bench")
     return 0

@@ -14,9 +14,10 @@ import warnings
 from dataclasses import dataclass
 from typing import Optional
 
-# Single-sample estimators (verl's `kl_penalty` modes) and the top-k forward KL.
+# Single-sample estimators (verl's `kl_penalty` modes), the top-k forward KL, and miniverl's own
+# exact full-vocabulary reverse KL (no verl version has it; verl RFC #7239 asks for one).
 ESTIMATOR_MODES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
-LOSS_MODES = ESTIMATOR_MODES + ("forward_kl_topk",)
+LOSS_MODES = ESTIMATOR_MODES + ("forward_kl_topk", "reverse_kl_full")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
@@ -45,8 +46,8 @@ class EstimatorConfig:
         where = "estimator"
         if self.loss_mode not in LOSS_MODES:
             raise ValueError(
-                f"{where}.loss_mode={self.loss_mode!r} is not a verl v0.8.0 distillation loss; "
-                f"choose one of {', '.join(LOSS_MODES)}"
+                f"{where}.loss_mode={self.loss_mode!r} is not a distillation loss of verl v0.8.0 or "
+                f"miniverl; choose one of {', '.join(LOSS_MODES)}"
             )
         if self.policy_loss_mode != "vanilla":
             raise ValueError(
@@ -57,6 +58,12 @@ class EstimatorConfig:
             raise ValueError(
                 f"{where}: loss_mode=k1 with use_policy_gradient=false is refused (as in verl): the gradient "
                 "of k1 does not depend on the teacher; set estimator.use_policy_gradient=true or pick k3"
+            )
+        if self.loss_mode == "reverse_kl_full" and self.use_policy_gradient:
+            raise ValueError(
+                f"{where}: loss_mode=reverse_kl_full with use_policy_gradient=true is refused: the exact KL over "
+                "the whole vocabulary is differentiated directly, not through the sampled token; set "
+                "estimator.use_policy_gradient=false"
             )
         if self.loss_agg_mode not in LOSS_AGG_MODES:
             raise ValueError(f"{where}.loss_agg_mode={self.loss_agg_mode!r}; choose one of {', '.join(LOSS_AGG_MODES)}")
@@ -81,3 +88,8 @@ class EstimatorConfig:
     @property
     def uses_topk(self) -> bool:
         return self.loss_mode == "forward_kl_topk"
+
+    @property
+    def uses_full_vocab(self) -> bool:
+        """The loss reads the teacher's whole next-token distribution at every response position."""
+        return self.loss_mode == "reverse_kl_full"

@@ -5,12 +5,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-TEACHER_TARGETS = ("sampled_token_log_probability", "top_k_log_probabilities")
+TEACHER_TARGETS = (
+    "sampled_token_log_probability",
+    "top_k_log_probabilities",
+    "full_vocabulary_log_probabilities",
+)
 
 
 def teacher_target_for(loss_mode: str) -> str:
-    """What the teacher must return for an estimator: the sampled token's log-prob, or its top-k."""
-    return "top_k_log_probabilities" if loss_mode == "forward_kl_topk" else "sampled_token_log_probability"
+    """What the teacher must return for an estimator: the sampled token's log-prob, its top-k, or
+    its whole next-token distribution."""
+    if loss_mode == "forward_kl_topk":
+        return "top_k_log_probabilities"
+    if loss_mode == "reverse_kl_full":
+        return "full_vocabulary_log_probabilities"
+    return "sampled_token_log_probability"
 
 
 @dataclass

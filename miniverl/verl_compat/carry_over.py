@@ -91,6 +91,11 @@ def differences(config: MiniverlConfig) -> list[str]:
 
 def refusal(config: MiniverlConfig) -> str | None:
     """Why verl v0.8.0 cannot run this config at all (one line), or None."""
+    if config.estimator.uses_full_vocab:
+        return (
+            "estimator=reverse_kl_full: verl (v0.8.0, and v0.9 as well) has no full-vocabulary reverse KL "
+            "loss (verl RFC #7239 asks for one); export with estimator=k3 or estimator=forward_kl_topk"
+        )
     problem = teacher_pool_problem(config.export, len(config.teacher_blocks))
     if problem:
         return problem

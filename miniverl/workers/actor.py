@@ -26,7 +26,8 @@ from miniverl.config.actor import ActorConfig
 from miniverl.config.estimator import EstimatorConfig
 from miniverl.models import cpu_gemm
 from miniverl.protocol import Batch
-from miniverl.workers.logprobs import response_log_probs, response_topk_terms
+from miniverl.workers.full_vocab_loss import reverse_kl_full, reverse_kl_full_terms
+from miniverl.workers.logprobs import response_hidden_states, response_log_probs, response_topk_terms
 from miniverl.workers.losses import combine_metrics, distillation_loss, distillation_ppo_loss
 from miniverl.workers.topk_loss import topk_distillation_loss
 
@@ -49,6 +50,7 @@ class ActorWorker:
         float32_gemm: bool = False,
         bypass_mode: bool = False,
         teacher_names: tuple[str, ...] = (),
+        teacher_heads: tuple[torch.nn.Module, ...] = (),
     ):
         self.peft_model = model
         self.bypass_mode = (
@@ -63,6 +65,7 @@ class ActorWorker:
         self.tokenizer_vocab = tokenizer_vocab  # output rows past it are padding: never scored
         self.float32_gemm = float32_gemm  # CPU only: see cpu_gemm
         self.teacher_names = teacher_names  # several teachers: batch.teacher_index i is teacher_names[i]
+        self.teacher_heads = teacher_heads  # reverse_kl_full: each teacher's output layer, by teacher_index
         # seq-mean-token-sum-norm divides by the padded response length; verl pads responses to
         # max_response_length, so that (not the batch's longest response) is the divisor.
         self.loss_scale_factor = loss_scale_factor
@@ -115,6 +118,8 @@ class ActorWorker:
             if filled_here:  # an OOM retry at smaller chunks takes them again from its own forward
                 batch.old_log_probs = None
             raise
+        # Memory: the teacher's hidden states (B, R, H) are read only by this update's loss.
+        batch.teacher_hidden_states = None
         if self.estimator.use_policy_gradient:
             batch.advantages = -distillation_losses  # what the PG step maximised at each token
         if not self.bypass_mode:
@@ -184,6 +189,19 @@ class ActorWorker:
     def _chunk_loss(self, chunk: Batch, normalisers: dict):
         """(loss, per-token loss, metrics, log_prob (b, R) with its graph); old_log_probs None: on-policy."""
         est = self.estimator
+        if est.uses_full_vocab:
+            log_prob, kl = reverse_kl_full_terms(
+                self.model.get_output_embeddings(),
+                response_hidden_states(self.model, chunk),
+                chunk.responses,
+                self.teacher_heads,
+                chunk.teacher_hidden_states,
+                chunk.teacher_index,
+                temperature=self.temperature,
+                chunk=self.logprob_chunk,
+                tokenizer_vocab=self.tokenizer_vocab,
+            )
+            return (*reverse_kl_full(est, kl, chunk.response_mask, **normalisers), log_prob)
         if not est.uses_topk:
             log_prob = response_log_probs(
                 self.model,
@@ -233,23 +251,26 @@ def rollout_actor_metrics(batch: Batch) -> dict:
     """How far the rollout's log-probs are from the actor's old log-probs (verl's
     `training/rollout_probs_diff_*` debug metrics: absolute differences of the probabilities, over
     response tokens). miniverl's old log-probs come from the update's train-mode forward, verl's
-    from its eval-mode recompute. Near zero says bypass_mode would change nothing but rounding."""
+    from its eval-mode recompute. Near zero says bypass_mode would change nothing but rounding.
+
+    Every value is finite (the checkpoint's history refuses NaN): without response tokens only
+    `valid` = 0; the spread of a single token is 0; the Pearson correlation is 1 for two identical
+    vectors and left out where one side is constant otherwise (a collapsed student that samples
+    every token with probability 1 makes both sides constant), where verl would log NaN."""
     mask = batch.response_mask.bool()
     if not mask.any():
-        nan = float("nan")
-        return {
-            "training/rollout_probs_diff_valid": 0,
-            "training/rollout_probs_diff_max": nan,
-            "training/rollout_probs_diff_mean": nan,
-            "training/rollout_probs_diff_std": nan,
-            "training/rollout_actor_probs_pearson_corr": nan,
-        }
+        return {"training/rollout_probs_diff_valid": 0}
     actor, rollout = batch.old_log_probs.exp()[mask], batch.rollout_log_probs.exp()[mask]  # (N,) each
     diff = (actor - rollout).abs()
-    return {
+    metrics = {
         "training/rollout_probs_diff_valid": 1,
         "training/rollout_probs_diff_max": float(diff.max()),
         "training/rollout_probs_diff_mean": float(diff.mean()),
-        "training/rollout_probs_diff_std": float(diff.std()),
-        "training/rollout_actor_probs_pearson_corr": float(torch.corrcoef(torch.stack([actor, rollout]))[0, 1]),
+        "training/rollout_probs_diff_std": float(diff.std()) if diff.numel() > 1 else 0.0,
     }
+    if torch.equal(actor, rollout):
+        metrics["training/rollout_actor_probs_pearson_corr"] = 1.0
+    elif actor.numel() > 1 and actor.std() > 0 and rollout.std() > 0:
+        corr = torch.corrcoef(torch.stack([actor, rollout]))[0, 1]
+        metrics["training/rollout_actor_probs_pearson_corr"] = float(corr)
+    return metrics

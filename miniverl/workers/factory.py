@@ -58,6 +58,13 @@ def build_roles(
         dequantize_4bit_once=hw.rollout_dequantize_4bit_once,
         float32_gemm=float32_gemm,
     )
+    workers = {
+        name: build_teacher(cfg, cfg.teacher_where(name), block, student, tokenizer, device, toy_paths.get(name))
+        for name, block in cfg.teacher_blocks.items()
+    }
+    for name, prompts in contexts.items():
+        workers[name] = workers[name].for_prompts(prompts)
+    teacher = TeacherRouter(workers) if cfg.teachers else workers["teacher"]
     actor = ActorWorker(
         student,
         cfg.actor,
@@ -69,14 +76,9 @@ def build_roles(
         float32_gemm=float32_gemm,
         bypass_mode=cfg.algorithm.rollout_correction.bypass_mode,
         teacher_names=tuple(cfg.teachers),
+        # reverse_kl_full: the actor forms each teacher's distribution from its hidden states
+        teacher_heads=tuple(w.output_head for w in workers.values()) if cfg.estimator.uses_full_vocab else (),
     )
-    workers = {
-        name: build_teacher(cfg, cfg.teacher_where(name), block, student, tokenizer, device, toy_paths.get(name))
-        for name, block in cfg.teacher_blocks.items()
-    }
-    for name, prompts in contexts.items():
-        workers[name] = workers[name].for_prompts(prompts)
-    teacher = TeacherRouter(workers) if cfg.teachers else workers["teacher"]
     products = cpu_gemm.product_name(float32_gemm, device)
     return Roles(rollout, teacher, actor, {name: w.weight_bytes for name, w in workers.items()}, products)
 
@@ -104,6 +106,7 @@ def build_teacher(
         pad_id=tokenizer.pad_token_id,
         logprob_chunk=cfg.hardware.logprob_chunk,
         topk=cfg.estimator.topk if cfg.estimator.uses_topk else None,
+        full_vocab=cfg.estimator.uses_full_vocab,
         tokenizer_vocab=len(tokenizer),
         float32_gemm=cpu_gemm.enabled_for(cfg.hardware, device),
     )

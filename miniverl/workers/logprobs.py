@@ -62,8 +62,10 @@ def map_position_chunks(
 def token_logits(
     lm_head: torch.nn.Module, hidden: torch.Tensor, tokenizer_vocab: int | None, temperature: float = 1.0
 ) -> torch.Tensor:
-    """(N, V) float32 logits over the tokenizer's ids (padding rows cut), divided by the temperature."""
-    logits = lm_head(hidden)[..., :tokenizer_vocab].float()  # (N, V)
+    """(N, V) logits over the tokenizer's ids (padding rows cut), divided by the temperature: float32,
+    or float64 from a float64 head (the exactness tests)."""
+    logits = lm_head(hidden)[..., :tokenizer_vocab]  # (N, V)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     return logits / temperature if temperature != 1.0 else logits
 
 

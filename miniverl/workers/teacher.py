@@ -2,7 +2,9 @@
 
 One forward over prompt + response per chunk of rows. It always returns the log-prob of the
 token the student sampled (`teacher_logprobs`); for `forward_kl_topk` also its own top-k
-log-probs and their token ids at every position.
+log-probs and their token ids at every position; for `reverse_kl_full` also its final hidden
+states there (`teacher_hidden_states`), from which the actor forms the teacher's whole
+distribution through `output_head` a chunk of positions at a time.
 
 A teacher with a privileged context (`teacher.context`) scores the same response tokens after its
 own prompt (`context_prompts`, by parquet row): the batch it runs on is the student's responses
@@ -25,7 +27,13 @@ from transformers import PreTrainedModel
 
 from miniverl.models import cpu_gemm
 from miniverl.protocol import Batch, with_prompts
-from miniverl.workers.logprobs import full_log_probs, response_log_probs, response_log_probs_and_topk
+from miniverl.workers.logprobs import (
+    full_log_probs,
+    response_hidden_states,
+    response_log_probs,
+    response_log_probs_and_topk,
+    sampled_log_probs,
+)
 
 
 class TeacherWorker:
@@ -35,6 +43,7 @@ class TeacherWorker:
         *,
         logprob_chunk: int,
         topk: int | None,
+        full_vocab: bool = False,
         adapter_switch: Callable[[], ContextManager] = nullcontext,
         tokenizer_vocab: int | None = None,
         float32_gemm: bool = False,
@@ -49,6 +58,7 @@ class TeacherWorker:
         self.adapter_switch = adapter_switch
         self.logprob_chunk = logprob_chunk
         self.topk = topk  # None: only the sampled token is needed
+        self.full_vocab = full_vocab  # reverse_kl_full: the hidden states too
         self.tokenizer_vocab = tokenizer_vocab  # output rows past it are padding: never scored
         self.float32_gemm = float32_gemm  # CPU only: see cpu_gemm
         self.weight_bytes = weight_bytes
@@ -77,8 +87,8 @@ class TeacherWorker:
 
     @torch.no_grad()  # not inference_mode: the actor's autograd graph reads these tensors
     def compute_teacher_log_prob(self, batch: Batch, rows_per_forward: int) -> Batch:
-        """Fills teacher_logprobs (B, R) [and teacher_topk_logprobs, teacher_ids (B, R, k)], at
-        temperature 1 (verl requires 1.0 for the teacher)."""
+        """Fills teacher_logprobs (B, R) [and teacher_topk_logprobs, teacher_ids (B, R, k)] [or
+        teacher_hidden_states (B, R, H)], at temperature 1 (verl requires 1.0 for the teacher)."""
         self.model.eval()
         with self.scoring():
             parts = self._score(self.teacher_view(batch), rows_per_forward)
@@ -86,7 +96,14 @@ class TeacherWorker:
         batch.teacher_logprobs = columns[0] * batch.response_mask
         if self.topk is not None:
             batch.teacher_topk_logprobs, batch.teacher_ids = columns[1], columns[2]
+        if self.full_vocab:
+            batch.teacher_hidden_states = columns[1]
         return batch
+
+    @property
+    def output_head(self) -> torch.nn.Module:
+        """The teacher's output layer (frozen; in the ref and shared_base modes the student's own)."""
+        return self.model.get_output_embeddings()
 
     @torch.no_grad()
     def compute_full_log_probs(self, batch: Batch) -> torch.Tensor:
@@ -99,7 +116,17 @@ class TeacherWorker:
         parts = []
         for start in range(0, len(batch), rows_per_forward):
             rows = batch.rows(start, start + rows_per_forward)
-            if self.topk is None:
+            if self.full_vocab:
+                hidden = response_hidden_states(self.model, rows)  # (b, R, H)
+                log_prob = sampled_log_probs(
+                    self.output_head,
+                    hidden,
+                    rows.responses,
+                    chunk=self.logprob_chunk,
+                    tokenizer_vocab=self.tokenizer_vocab,
+                )
+                parts.append((log_prob, hidden))
+            elif self.topk is None:
                 parts.append(
                     (
                         response_log_probs(
@@ -116,7 +143,7 @@ class TeacherWorker:
         return parts
 
 
-TEACHER_COLUMNS = ("teacher_logprobs", "teacher_topk_logprobs", "teacher_ids")
+TEACHER_COLUMNS = ("teacher_logprobs", "teacher_topk_logprobs", "teacher_ids", "teacher_hidden_states")
 
 
 class TeacherRouter:
@@ -150,7 +177,13 @@ class TeacherRouter:
             for name in TEACHER_COLUMNS:
                 if (scored := getattr(part, name)) is None:
                     continue
-                if (column := getattr(batch, name)) is None or column.shape[1:] != scored.shape[1:]:
+                column = getattr(batch, name)
+                if name == "teacher_hidden_states" and column is not None:
+                    # Teachers may differ in hidden size: the column is as wide as the widest, zero
+                    # after a narrower teacher's own width (each head reads only its own).
+                    column, scored = widest(column, scored)
+                    setattr(batch, name, column)
+                if column is None or column.shape[1:] != scored.shape[1:]:
                     column = scored.new_zeros((len(batch), *scored.shape[1:]))  # every row gets its teacher's
                     setattr(batch, name, column)
                 column[rows] = scored
@@ -165,3 +198,14 @@ class TeacherRouter:
                 out = scored.new_zeros((len(batch), *scored.shape[1:]))
             out[rows] = scored
         return out
+
+
+def widest(column: torch.Tensor, scored: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both (…, H) tensors zero-padded on the last dimension to the wider H, in a common dtype."""
+    dtype = torch.promote_types(column.dtype, scored.dtype)
+    width = max(column.shape[-1], scored.shape[-1])
+    pad = torch.nn.functional.pad
+    return (
+        pad(column.to(dtype), (0, width - column.shape[-1])),
+        pad(scored.to(dtype), (0, width - scored.shape[-1])),
+    )

@@ -25,7 +25,7 @@ from miniverl.workers.rollout import RolloutWorker
 from miniverl.workers.rollout.lean_decode import lean_decode_modules
 from miniverl.workers.rollout.sampling import filter_logits
 
-from conftest import ROOT
+from conftest import ROOT, toy_model_folders
 
 VOCAB, EOS, PAD = 61, 7, 0  # a vocabulary no chunk size divides
 
@@ -390,15 +390,8 @@ def test_bench_measures_a_users_own_model_folders(tmp_path):
     """--student/--teacher: the real path on any two Hugging Face folders (here toy bf16 Qwen3s in
     Qwen3's token layout), its three keys measured, the decode's bytes against the bandwidth."""
     from miniverl.bench.setups import PATH_RATIO_KEYS, TARGETS
-    from miniverl.config.model import ToyArchitecture
-    from miniverl.models import toy
 
-    tokenizer = toy.build_toy_tokenizer()
-    folders = {}
-    for name, width in (("student", 64), ("teacher", 128)):  # multiples of the NF4 block (64)
-        arch = ToyArchitecture(hidden_size=width, intermediate_size=2 * width, dtype="bfloat16")
-        model = toy.build_toy_model(arch, tokenizer, seed=width)
-        folders[name] = toy.save_toy(model, tokenizer, tmp_path / name, "bfloat16")
+    folders = toy_model_folders(tmp_path)
     out = tmp_path / "bench"
     command = [sys.executable, "-m", "miniverl.bench", "--student", str(folders["student"])]
     command += ["--teacher", str(folders["teacher"]), "--repeats", "1", "--no-trl", "--out", str(out)]

@@ -160,3 +160,34 @@ def test_the_default_teacher_takes_a_row_of_no_key_and_a_ref_teacher_is_the_stud
     assert k1[echo].max() < 1e-3 and k1[~echo].max() > 0.1
     assert report["models"]["teachers"]["echo"]["weight_bytes"] == 0  # no second copy of any weight
     assert not (run_dir / "toy_models" / "teachers" / "echo").exists()
+
+
+def test_the_full_vocabulary_kl_of_each_sample_is_against_its_own_teachers_distribution(tmp_path):
+    """estimator=reverse_kl_full with two teachers: each teacher's loss metric is the exact KL of the
+    student (a fresh LoRA: its base) to that teacher alone, over that teacher's samples."""
+    from miniverl.workers.logprobs import full_log_probs
+
+    run_dir = tmp_path / "run"
+    extra = ["estimator=reverse_kl_full", "recipe.optimizer_updates=1"]
+    assert teachers_run(run_dir, *extra)["status"] == "measured"
+    metrics = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    t = trajectory(run_dir, 1)
+    assert "teacher_hidden_states" not in t  # dropped after the update: never in the trajectory log
+    cfg, device = to_config(compose_config([*ARGS, *extra])), torch.device("cpu")
+    source = models.source_of(cfg.model, run_dir / "toy_models" / "student")
+    vocab = len(models.load_tokenizer("model", cfg.model, source))
+    student = models.load_student(cfg.model, source, device, lora_seed=0).get_base_model()  # LoRA B = 0
+    batch, float32_gemm = as_batch(t), cpu_gemm.enabled_for(cfg.hardware, device)
+    with torch.no_grad(), cpu_gemm.float32_products(student, float32_gemm):
+        log_pi = full_log_probs(student, batch, vocab)  # (B, R, V)
+    for i, name in enumerate(NAMES):
+        block = cfg.teachers[name]
+        model = models.load_teacher(block, models.source_of(block, run_dir / "toy_models" / "teachers" / name), device)
+        worker = TeacherWorker(model, logprob_chunk=64, topk=None, tokenizer_vocab=vocab, float32_gemm=float32_gemm)
+        rows = (batch.teacher_index == i).nonzero(as_tuple=True)[0]
+        log_nu = worker.compute_full_log_probs(batch.select(rows))
+        kl = (log_pi[rows].exp() * (log_pi[rows] - log_nu)).sum(-1)  # (b, R)
+        mask = batch.response_mask[rows]
+        assert metrics[f"actor/distillation/loss/{name}"] == pytest.approx(
+            float((kl * mask).sum() / mask.sum()), rel=2e-3
+        )

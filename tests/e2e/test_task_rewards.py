@@ -181,3 +181,10 @@ def test_a_reward_function_that_raises_mid_run_fails_the_update_with_a_report(tm
     assert json.loads((run_dir / "report.json").read_text())["status"] == "failed"
     cause = error.value.__cause__.__cause__  # MiniverlError <- RewardFailed <- the user's own exception
     assert isinstance(cause, RuntimeError) and cause.__traceback__.tb_next is not None  # HYDRA_FULL_ERROR shows it
+
+
+def test_task_rewards_compose_with_the_full_vocabulary_kl(tmp_path):
+    report = task_run(tmp_path / "run", "recipe.optimizer_updates=1", "estimator=reverse_kl_full")
+    metrics = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert report["status"] == "measured" and report["recipe"]["estimator"] == "reverse_kl_full"
+    assert metrics["actor/distillation/loss"] > 0 and "actor/pg_loss" in metrics  # the KL beside the task PPO loss

@@ -94,9 +94,17 @@ def test_a_run_stopped_and_resumed_with_a_context_equals_the_whole_run(reference
 
 
 @pytest.mark.parametrize(
-    "extra", [["teacher.mode=ref"], ["shared_base"], ["estimator=forward_kl_topk", "estimator.topk=4"]]
+    "extra",
+    [
+        ["teacher.mode=ref"],
+        ["shared_base"],
+        ["estimator=forward_kl_topk", "estimator.topk=4"],
+        ["estimator=reverse_kl_full"],
+    ],
 )
-def test_a_context_works_in_the_ref_and_shared_base_modes_and_with_the_topk_estimator(reference, tmp_path, extra):
+def test_a_context_works_in_the_ref_and_shared_base_modes_and_with_the_topk_and_full_estimators(
+    reference, tmp_path, extra
+):
     # ref: on-policy self-distillation, the student's own base teaching itself to do without the hint.
     if extra == ["shared_base"]:  # a teacher adapter on this same toy base (its B = 0: the base's outputs)
         from peft import LoraConfig, get_peft_model

@@ -503,6 +503,7 @@ def test_run_time_rules_catch_what_verl_would_refuse(verl_root, recipe_lines, ca
         ),
         (["export.rollout_name=trtllm"], "export.rollout_name='trtllm'"),
         (["trainer.resume_from=outputs/a"], "a miniverl checkpoint cannot be resumed by verl"),
+        (["estimator=reverse_kl_full"], "has no full-vocabulary reverse KL loss"),
     ],
 )
 def test_export_refuses_a_launch_verl_would_refuse_with_one_line(tmp_path, overrides, message):

@@ -203,3 +203,32 @@ def test_each_teachers_loss_is_the_token_mean_over_its_samples_and_absent_withou
     batch = SimpleNamespace(teacher_index=torch.tensor([0, 1, 0]), response_mask=mask)
     metrics = per_teacher_losses(loss, batch, ("a", "b", "c"))
     assert metrics == {"actor/distillation/loss/a": (1 + 3 + 5) / 3, "actor/distillation/loss/b": (2 + 4 + 6) / 3}
+
+
+@pytest.mark.parametrize(
+    "actor,rollout,pearson",
+    [
+        ([0.0, 0.0, 0.0], [0.0, 0.0, 0.0], 1.0),  # a collapsed student: every token at probability 1
+        ([0.0, 0.0, 0.0], [-0.1, -0.2, 0.0], None),  # one side constant: no correlation to speak of
+        ([-0.5], [-0.4], None),  # one token: no spread
+    ],
+)
+def test_the_rollout_vs_actor_metrics_stay_finite_where_a_correlation_is_undefined(actor, rollout, pearson):
+    """A NaN in an update's metrics would make its checkpoint unwritable (strict JSON)."""
+    from miniverl.protocol import Batch
+    from miniverl.utils.identity import canonical_json
+    from miniverl.workers.actor import rollout_actor_metrics
+
+    n = len(actor)
+    batch = Batch(
+        **dict.fromkeys(("prompt_rows", "prompts", "responses", "input_ids", "attention_mask", "position_ids"), None),
+        response_mask=torch.ones(1, n),
+        rollout_log_probs=torch.tensor([rollout]),
+        old_log_probs=torch.tensor([actor]),
+    )
+    m = rollout_actor_metrics(batch)
+    canonical_json(m)  # raises on NaN or infinity
+    assert m.get("training/rollout_actor_probs_pearson_corr") == pearson
+    assert m["training/rollout_probs_diff_valid"] == 1 and m["training/rollout_probs_diff_std"] >= 0
+    empty = rollout_actor_metrics(Batch(**{**batch.__dict__, "response_mask": torch.zeros(1, n)}))
+    assert empty == {"training/rollout_probs_diff_valid": 0}

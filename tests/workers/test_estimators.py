@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from miniverl.config import to_config
-from miniverl.config.estimator import ESTIMATOR_MODES, LOSS_AGG_MODES
+from miniverl.config.estimator import ESTIMATOR_MODES, LOSS_AGG_MODES, LOSS_MODES
 from miniverl.trainer.opd_trainer import OPDTrainer
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import resolved_config
@@ -20,12 +20,12 @@ from conftest import CONF, SHORT, compose_config
 
 OPTIONS = sorted(p.stem for p in (CONF / "estimator").glob("*.yaml"))
 RUNS = [(m, pg) for m in ESTIMATOR_MODES for pg in (True, False) if (m, pg) != ("k1", False)]
-RUNS += [("forward_kl_topk", False), ("forward_kl_topk", True)]
+RUNS += [("forward_kl_topk", False), ("forward_kl_topk", True), ("reverse_kl_full", False)]
 TINY = ["recipe.optimizer_updates=2", "recipe.response_limit=8", "actor.optim.lr=1e-3"]
 
 
-def test_every_verl_loss_has_an_option():
-    assert set(OPTIONS) == set(ESTIMATOR_MODES) | {"forward_kl_topk"}
+def test_every_loss_has_an_option():
+    assert set(OPTIONS) == set(LOSS_MODES)
 
 
 def run_toy(tmp_path, *overrides):
@@ -51,6 +51,9 @@ def test_the_toy_recipe_runs_with_every_loss(tmp_path, mode, pg):
                 assert f"actor/distillation/{name}" in metrics
     if mode == "forward_kl_topk":
         assert report["recipe"]["teacher_target"] == "top_k_log_probabilities"
+    if mode == "reverse_kl_full":
+        assert report["recipe"]["teacher_target"] == "full_vocabulary_log_probabilities"
+        assert lines[1]["actor/distillation/loss"] < lines[0]["actor/distillation/loss"]  # the KL it descends
 
 
 @pytest.mark.parametrize(
@@ -58,8 +61,8 @@ def test_the_toy_recipe_runs_with_every_loss(tmp_path, mode, pg):
     [
         (["estimator=k1", "estimator.use_policy_gradient=false"], "loss_mode=k1 with use_policy_gradient=false"),
         (["estimator.policy_loss_mode=gspo"], "supports only 'vanilla'"),
-        (["estimator.loss_mode=k3+"], "is not a verl v0.8.0 distillation loss"),
-        (["estimator.loss_mode=bogus"], "is not a verl v0.8.0 distillation loss"),
+        (["estimator.loss_mode=k3+"], "is not a distillation loss of verl v0.8.0 or miniverl"),
+        (["estimator.loss_mode=bogus"], "is not a distillation loss of verl v0.8.0 or miniverl"),
         (["estimator.loss_agg_mode=seq-sum"], "loss_agg_mode='seq-sum'"),
     ],
 )
@@ -82,6 +85,7 @@ def scored_batches(tmp_path_factory):
         "k1": ["estimator=k1"],
         "k3": ["estimator=k3"],
         "topk": ["estimator=forward_kl_topk", "estimator.topk=8"],
+        "full": ["estimator=reverse_kl_full"],
     }.items():
         cfg = compose_config(["+recipe=opd_k1", *SHORT, *overrides])
         trainer = OPDTrainer(to_config(cfg), resolved_config(cfg), tmp_path_factory.mktemp(name))
@@ -106,7 +110,7 @@ def scored_batches(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("family", ["k1", "k3", "topk"])
+@pytest.mark.parametrize("family", ["k1", "k3", "topk", "full"])
 @pytest.mark.parametrize("agg", LOSS_AGG_MODES)
 def test_loss_and_lora_gradients_do_not_depend_on_the_update_chunks(scored_batches, family, agg):
     trainer, batch = scored_batches[family]
@@ -130,7 +134,7 @@ def test_loss_and_lora_gradients_do_not_depend_on_the_update_chunks(scored_batch
             torch.testing.assert_close(grads[name], g1[name], rtol=1e-4, atol=1e-7)
 
 
-@pytest.mark.parametrize("family", ["k1", "k3", "topk"])
+@pytest.mark.parametrize("family", ["k1", "k3", "topk", "full"])
 @pytest.mark.parametrize("chunks", [[4], [2, 2]])
 def test_the_updates_own_old_log_probs_equal_a_separate_recompute_bitwise(scored_batches, family, chunks):
     """On-policy, update_actor fills old_log_probs from its own forward: the same bits as verl's
@@ -153,10 +157,11 @@ def test_the_updates_own_old_log_probs_equal_a_separate_recompute_bitwise(scored
             assert torch.equal(grads[0][name], grads[1][name]), name
 
 
-@pytest.mark.parametrize("family", ["k1", "k3", "topk"])
+@pytest.mark.parametrize("family", ["k1", "k3", "topk", "full"])
 def test_actor_gradients_equal_those_of_a_plain_full_forward(scored_batches, family):
     """The chunked, checkpointed log-prob path computes the same LoRA gradients as the textbook
     one: full logits from the PEFT model, log_softmax, gather."""
+    from miniverl.workers.full_vocab_loss import reverse_kl_full
     from miniverl.workers.losses import distillation_loss
     from miniverl.workers.topk_loss import forward_kl_topk
 
@@ -189,6 +194,11 @@ def test_actor_gradients_equal_those_of_a_plain_full_forward(scored_batches, fam
             old_log_prob=batch.old_log_probs,
             **norms,
         )
+    elif family == "full":
+        teacher = trainer.teacher.compute_full_log_probs(batch)  # (B, R, V)
+        student = response_logits.log_softmax(-1)
+        kl = (student.exp() * (student - teacher)).sum(-1)  # (B, R)
+        loss, _, _ = reverse_kl_full(est, kl, mask, **norms)
     else:
         loss, _, _ = distillation_loss(est, log_prob, batch.old_log_probs, batch.teacher_logprobs, mask, **norms)
     loss.backward()

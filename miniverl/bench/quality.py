@@ -1,0 +1,263 @@
+"""`python -m miniverl.bench --quality`: how much the student learns per update and per second,
+miniverl next to TRL on the same models, prompts and settings.
+
+    python -m miniverl.bench --quality --student PATH --teacher PATH [--train FILE --heldout FILE]
+                             [--seeds N] [--first-seed K] [--updates N] [--out DIR]
+
+Four sides, each trained from the same LoRA initialisation (miniverl's, for the seed) for the same
+number of updates, with the settings of `+recipe=opd_k1_real_cpu` (LoRA, AdamW, grad clip,
+prompts per update, response length, sampling):
+
+    miniverl_k1    miniverl's recipe: k1 advantage, verl's vanilla PPO loss (its verl defaults kept)
+    miniverl_full  miniverl with estimator=reverse_kl_full (the exact full-vocabulary reverse KL)
+    trl_iwopd      TRL's experimental IWOPDTrainer, iw_opd_gamma=0: the sampled-token k1 policy gradient
+    trl_distill    TRL's DistillationTrainer, beta=1: the exact full-vocabulary reverse KL
+
+Every student, whoever trained it, is measured by miniverl's own held-out probe
+(`ValidationProbe`: the same sampling streams, the same teacher, the exact reverse KL) before
+training, half-way and at the end. TRL's LoRA weights are read at those updates and loaded into
+miniverl's student for the probe, so the only thing that differs between the sides is training.
+
+TRL runs as a user would run it (its own data order, bitsandbytes' CPU kernel choice as shipped),
+with one workaround: IWOPDTrainer 1.16 divides its loss by the number of label tokens that
+transformers counts before generation, which is zero for a dataset of prompts only (NaN weights
+after the first step); without that count it divides by the generated tokens, its own fallback.
+
+It writes quality.json (`ratios`: medians over the seeds), quality.md and quality.png to --out.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from miniverl.utils.errors import MiniverlError
+
+SIDES = {
+    "miniverl_k1": "miniverl +recipe=opd_k1_real_cpu: the k1 advantage in verl's vanilla PPO loss",
+    "miniverl_full": "miniverl estimator=reverse_kl_full: the exact full-vocabulary reverse KL",
+    "trl_iwopd": "TRL IWOPDTrainer (experimental), iw_opd_gamma=0: the sampled-token k1 policy gradient",
+    "trl_distill": "TRL DistillationTrainer, beta=1: the exact full-vocabulary reverse KL",
+}
+PAIRS = {"trl_iwopd": "miniverl_k1", "trl_distill": "miniverl_full"}  # the same objective on both sides
+RATIO_KEYS = (
+    "heldout_kl_vs_trl_iwopd",
+    "heldout_kl_vs_trl_distill",
+    "seconds_per_update_vs_trl_iwopd",
+    "seconds_per_update_vs_trl_distill",
+    "seconds_per_update_vs_trl",
+)
+TARGETS = dict.fromkeys(RATIO_KEYS, "<= 1.0")
+RECIPE = "opd_k1_real_cpu"
+
+
+def compose(args, seed: int, *extra: str):
+    """The recipe's config for one side and seed, on the user's models and prompts."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from miniverl.config import register_configs
+
+    overrides = [
+        f"+recipe={RECIPE}",
+        f"model.model_id={Path(args.student).resolve()}",
+        f"teacher.model_id={Path(args.teacher).resolve()}",
+        f"data.train_files=[{Path(args.train).resolve()}]",
+        f"data.val_files=[{Path(args.heldout).resolve()}]",
+        f"trainer.seed={seed}",
+        f"recipe.optimizer_updates={args.updates}",
+        f"eval.every={max(1, args.updates // 2)}",
+        "eval.exact_kl_max_vocab=1000000",
+        "recipe.interrupt_after_updates=null",
+        "trainer.progress_bar=false",
+        *(["hardware=auto"] if torch.cuda.is_available() else []),
+        *extra,
+    ]
+    register_configs()
+    conf = Path(__file__).resolve().parents[2] / "conf"
+    with initialize_config_dir(config_dir=str(conf), version_base=None):
+        return hydra_compose("config", overrides=overrides)
+
+
+def run_miniverl(cfg, run_dir: Path) -> dict:
+    """One miniverl run in this process: its own probe's values and its seconds per update."""
+    from miniverl.main import run
+
+    report = run(cfg, run_dir)
+    history = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    kl = {p["update"]: p["value"] for p in report["distillation_progress"]["exact_reverse_kl"]}
+    return {"heldout_kl": kl, "update_seconds": [m["timing_s/step"] for m in history]}
+
+
+class Prober:
+    """miniverl's held-out probe of one seed on a student that takes any side's LoRA weights."""
+
+    def __init__(self, cfg):
+        from miniverl.config import to_config
+        from miniverl.models import loading as models
+        from miniverl.trainer.plan import derive_seed
+        from miniverl.trainer.validation import ValidationProbe
+        from miniverl.utils.device import resolve_device
+        from miniverl.utils.downshift import Downshift
+        from miniverl.workers.factory import build_roles
+
+        config = to_config(cfg)
+        device = resolve_device(config.hardware)
+        source = models.source_of(config.model, None)
+        self.tokenizer = models.load_tokenizer("model", config.model, source)
+        # The LoRA of the seed, as the miniverl sides start from it: TRL's sides start from it too.
+        self.student = models.load_student(
+            config.model, source, device, lora_seed=derive_seed(config.trainer.seed, "lora")
+        )
+        self.initial = {k: v.clone() for k, v in self.lora_weights(self.student).items()}
+        roles = build_roles(config, self.student, self.tokenizer, device, {}, {})
+        self.teacher = roles.teacher
+        self.probe = ValidationProbe.from_config(config, self.tokenizer, roles.rollout, roles.teacher, self.student)
+        self.shift = Downshift.for_hardware(device, config.hardware)
+        self.config, self.device = config, device
+
+    @staticmethod
+    def lora_weights(model) -> dict[str, torch.Tensor]:
+        from peft import get_peft_model_state_dict
+
+        return {k: v.detach().to("cpu", torch.float32, copy=True) for k, v in get_peft_model_state_dict(model).items()}
+
+    def measure(self, weights: dict[str, torch.Tensor]) -> float:
+        from peft import set_peft_model_state_dict
+
+        loaded = set_peft_model_state_dict(self.student, weights)
+        if loaded.unexpected_keys:
+            unknown = loaded.unexpected_keys[:2]
+            raise MiniverlError(f"bench --quality: the peer's adapter has weights miniverl's lacks: {unknown}")
+        return self.probe.measure(self.shift)["exact_reverse_kl"]
+
+
+def run(args) -> dict:
+    from miniverl.bench.quality_trl import run_trl, trl_missing
+    from miniverl.bench.report import machine_facts
+
+    out = Path(args.out or Path("outputs") / "bench" / "quality")
+    if (out / "runs").exists():  # its miniverl runs would refuse the folders of the previous ones
+        raise MiniverlError(f"--out {out} already holds a quality run (runs/); choose another --out or remove it")
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    sides: dict[str, dict[int, dict]] = {name: {} for name in SIDES}
+    missing = trl_missing()
+    for seed in seeds:
+        for name, extra in (("miniverl_k1", ()), ("miniverl_full", ("estimator=reverse_kl_full",))):
+            print(f"--- {name}, seed {seed}", flush=True)
+            sides[name][seed] = run_miniverl(compose(args, seed, *extra), out / "runs" / f"{name}_seed{seed}")
+        if missing:
+            continue
+        prober = Prober(compose(args, seed))
+        for name in ("trl_iwopd", "trl_distill"):
+            print(f"--- {name}, seed {seed}", flush=True)
+            trained = run_trl(name, prober, out / "runs" / f"{name}_seed{seed}")
+            kl = {update: prober.measure(weights) for update, weights in trained.pop("weights").items()}
+            sides[name][seed] = {"heldout_kl": kl, **trained}
+        del prober
+    result = summarise(args, seeds, sides, missing)
+    result.update(machine=machine_facts(torch.device("cuda" if torch.cuda.is_available() else "cpu")))
+    result["bench_seconds"] = round(time.perf_counter() - started, 1)
+    (out / "quality.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    table = markdown(result)
+    (out / "quality.md").write_text(table, encoding="utf-8")
+    plot(result, out / "quality.png")
+    print(table)
+    print(f"wrote {out / 'quality.json'}, {out / 'quality.md'} and {out / 'quality.png'}")
+    return result
+
+
+def summarise(args, seeds: list[int], sides: dict, missing: str | None) -> dict:
+    """Per side: the held-out KL at each probed update and seconds per update, each a median over the
+    seeds (every seed's values kept); the ratios of the same-objective pairs."""
+    summary = {}
+    for name, runs in sides.items():
+        if not runs:
+            continue
+        updates = sorted(next(iter(runs.values()))["heldout_kl"])
+        summary[name] = {
+            "computes": SIDES[name],
+            "heldout_kl": {str(u): statistics.median(runs[s]["heldout_kl"][u] for s in runs) for u in updates},
+            "seconds_per_update": statistics.median(statistics.median(runs[s]["update_seconds"]) for s in runs),
+            "seeds": {str(s): runs[s] for s in runs},
+        }
+    ratios, null_reasons = dict.fromkeys(RATIO_KEYS), {}
+    last = str(args.updates)
+    for peer, ours in PAIRS.items():
+        kind = peer.removeprefix("trl_")
+        if peer not in summary:
+            null_reasons[f"heldout_kl_vs_trl_{kind}"] = null_reasons[f"seconds_per_update_vs_trl_{kind}"] = missing
+            continue
+        ratios[f"heldout_kl_vs_trl_{kind}"] = summary[ours]["heldout_kl"][last] / summary[peer]["heldout_kl"][last]
+        ratios[f"seconds_per_update_vs_trl_{kind}"] = (
+            summary[ours]["seconds_per_update"] / summary[peer]["seconds_per_update"]
+        )
+    pair_speeds = [ratios[f"seconds_per_update_vs_trl_{p.removeprefix('trl_')}"] for p in PAIRS]
+    if all(r is not None for r in pair_speeds):
+        ratios["seconds_per_update_vs_trl"] = max(pair_speeds)  # the slower of the two pairs
+    else:
+        null_reasons["seconds_per_update_vs_trl"] = missing
+    return {
+        "schema": "miniverl-bench-quality/1",
+        "command": " ".join(["python -m miniverl.bench", *args.argv]),
+        "models": {"student": str(args.student), "teacher": str(args.teacher)},
+        "prompts": {"train": str(args.train), "heldout": str(args.heldout)},
+        "updates": args.updates,
+        "seeds": seeds,
+        "ratios": {k: (round(v, 4) if v is not None else None) for k, v in ratios.items()},
+        "targets": TARGETS,
+        "null_reasons": null_reasons,
+        "sides": summary,
+        "trl_workaround": "IWOPDTrainer: trainer.model_accepts_loss_kwargs=False (TRL 1.16 divides by the label "
+        "tokens of a prompt-only dataset: zero)",
+    }
+
+
+def markdown(result: dict) -> str:
+    updates = sorted({int(u) for side in result["sides"].values() for u in side["heldout_kl"]})
+    head = " | ".join(f"KL @ {u}" for u in updates)
+    lines = [
+        f"# Learning per update: miniverl and TRL ({result['updates']} updates, seeds {result['seeds']})",
+        "",
+        f"Held-out exact reverse KL (median over the seeds; lower is better), measured by miniverl's probe. "
+        f"`{result['command']}`",
+        "",
+        f"| side | computes | {head} | s/update |",
+        "|---|---|" + "---|" * len(updates) + "---|",
+    ]
+    for name, side in result["sides"].items():
+        kls = " | ".join(f"{side['heldout_kl'][str(u)]:.3f}" for u in updates)
+        lines.append(f"| {name} | {side['computes']} | {kls} | {side['seconds_per_update']:.2f} |")
+    lines += ["", "| ratio | value | target |", "|---|---|---|"]
+    for key, value in result["ratios"].items():
+        shown = f"{value:.3f}" if value is not None else f"null ({result['null_reasons'].get(key)})"
+        lines.append(f"| {key} | {shown} | {result['targets'][key]} |")
+    lines += ["", f"TRL workaround: {result['trl_workaround']}.", ""]
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for name, side in result["sides"].items():
+        for i, runs in enumerate(side["seeds"].values()):
+            points = sorted((int(u), v) for u, v in runs["heldout_kl"].items())
+            ax.plot(*zip(*points), marker="o", alpha=0.8, color=f"C{list(SIDES).index(name)}",
+                    linestyle="-" if name.startswith("miniverl") else "--", label=name if i == 0 else None)  # fmt: skip
+    ax.set_xlabel("optimizer update")
+    ax.set_ylabel("held-out exact reverse KL")
+    ax.set_title("every seed; the same probe for every side")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,84 @@
+"""`bench --quality`: miniverl and TRL trained on the same folders from the same LoRA
+initialisation, every student measured by miniverl's probe; the ratios are the same-objective
+pairs' medians over the seeds."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from argparse import Namespace
+
+import pytest
+
+from conftest import ROOT, toy_model_folders
+
+
+@pytest.mark.slow
+def test_quality_trains_every_side_from_one_start_and_probes_them_alike(tmp_path):
+    pytest.importorskip("trl")
+    folders = toy_model_folders(tmp_path)
+    out = tmp_path / "quality"
+    command = [sys.executable, "-m", "miniverl.bench", "--quality", "--student", str(folders["student"])]
+    command += ["--teacher", str(folders["teacher"]), "--seeds", "1", "--updates", "2", "--out", str(out)]
+    done = subprocess.run(command, check=False, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((out / "quality.json").read_text())
+    sides = result["sides"]
+    assert set(sides) == {"miniverl_k1", "miniverl_full", "trl_iwopd", "trl_distill"}
+    start = {name: side["heldout_kl"]["0"] for name, side in sides.items()}
+    # One LoRA initialisation (B = 0) and one probe: every side starts from the very same number.
+    assert len(set(start.values())) == 1, start
+    for name, side in sides.items():
+        assert side["heldout_kl"]["2"] != start[name], name  # it trained
+        assert len(side["seeds"]["1"]["update_seconds"]) == 2 and side["seconds_per_update"] > 0
+    # miniverl's own sides: the values of the run's own report.
+    report = json.loads((out / "runs" / "miniverl_k1_seed1" / "report.json").read_text())
+    own = {str(p["update"]): p["value"] for p in report["distillation_progress"]["exact_reverse_kl"]}
+    assert sides["miniverl_k1"]["heldout_kl"] == own
+    ratios = result["ratios"]
+    assert ratios["heldout_kl_vs_trl_iwopd"] == pytest.approx(
+        sides["miniverl_k1"]["heldout_kl"]["2"] / sides["trl_iwopd"]["heldout_kl"]["2"], rel=1e-3
+    )
+    assert ratios["seconds_per_update_vs_trl"] == max(
+        ratios["seconds_per_update_vs_trl_iwopd"], ratios["seconds_per_update_vs_trl_distill"]
+    )
+    assert (out / "quality.png").stat().st_size > 0 and "heldout_kl_vs_trl_distill" in (out / "quality.md").read_text()
+
+
+def test_the_ratios_are_medians_over_seeds_of_the_same_objective_pairs():
+    from miniverl.bench.quality import summarise
+
+    def side(kl_end, seconds):
+        return {"heldout_kl": {0: 5.0, 2: kl_end}, "update_seconds": seconds}
+
+    sides = {
+        "miniverl_k1": {1: side(1.0, [2.0, 2.0]), 2: side(3.0, [2.0, 4.0])},
+        "miniverl_full": {1: side(0.5, [3.0, 3.0]), 2: side(0.5, [3.0, 3.0])},
+        "trl_iwopd": {1: side(2.0, [4.0, 4.0]), 2: side(2.0, [4.0, 4.0])},
+        "trl_distill": {1: side(1.0, [2.0, 2.0]), 2: side(1.0, [2.0, 2.0])},
+    }
+    args = Namespace(updates=2, argv=["--quality"], student="s", teacher="t", train="a", heldout="b")
+    ratios = summarise(args, [1, 2], sides, None)["ratios"]
+    assert ratios["heldout_kl_vs_trl_iwopd"] == 1.0  # median(1, 3) / median(2, 2)
+    assert ratios["heldout_kl_vs_trl_distill"] == 0.5
+    assert ratios["seconds_per_update_vs_trl_iwopd"] == 0.625  # median(2, 3) / 4
+    assert ratios["seconds_per_update_vs_trl_distill"] == 1.5
+    assert ratios["seconds_per_update_vs_trl"] == 1.5  # the slower pair
+
+
+def test_without_trl_the_peer_ratios_are_null_with_the_reason():
+    from miniverl.bench.quality import summarise
+
+    runs = {1: {"heldout_kl": {0: 5.0, 2: 1.0}, "update_seconds": [1.0]}}
+    args = Namespace(updates=2, argv=[], student="s", teacher="t", train="a", heldout="b")
+    result = summarise(args, [1], {"miniverl_k1": runs, "miniverl_full": runs}, "TRL is not installed")
+    assert all(v is None for v in result["ratios"].values())
+    assert set(result["null_reasons"].values()) == {"TRL is not installed"}
+
+
+def test_quality_needs_the_users_models():
+    from miniverl.bench.cli import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--quality"])
