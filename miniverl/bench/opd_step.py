@@ -72,8 +72,6 @@ TRL_COMPUTES = {
 def trl_trainer(kind: str, s: Setup, student, repeats: int, workdir: Path, callbacks: list):
     """TRL's trainer of `kind`, on-policy (it generates with model.generate), the same models,
     batch, lengths, sampling, LoRA and gradient checkpointing as miniverl's step."""
-    from datasets import Dataset
-
     cuda = s.device.type == "cuda"
     common = {
         "per_device_train_batch_size": BATCH,
@@ -102,34 +100,57 @@ def trl_trainer(kind: str, s: Setup, student, repeats: int, workdir: Path, callb
         "dataloader_num_workers": 0,
     }
     conversations = [[{"role": "user", "content": p}] for p in PROMPTS]
+    return build_trl_trainer(
+        kind, student, s.teacher, s.tokenizer, conversations, common, workdir / f"trl_{kind}", callbacks,
+        max_length=1024, shuffle_dataset=False,
+    )  # fmt: skip
+
+
+def build_trl_trainer(
+    kind: str,
+    student,
+    teacher,
+    tokenizer,
+    conversations: list[list[dict]],
+    settings: dict,
+    workdir: Path,
+    callbacks: list,
+    *,
+    max_length: int,
+    shuffle_dataset: bool = True,
+):
+    """TRL's `DistillationTrainer` (beta 1, kind "full_vocab") or experimental `IWOPDTrainer`
+    (iw_opd, gamma 0, kind "k1") on prompts only, with `settings` as its TrainingArguments."""
+    from datasets import Dataset
+
     if kind == "full_vocab":
         from trl import DistillationConfig, DistillationTrainer
 
-        args = DistillationConfig(output_dir=str(workdir / "trl_full_vocab"), beta=1.0, shuffle_dataset=False, **common)
+        args = DistillationConfig(output_dir=str(workdir), beta=1.0, shuffle_dataset=shuffle_dataset, **settings)
         return DistillationTrainer(
             model=student,
-            teacher_model=s.teacher,
+            teacher_model=teacher,
             args=args,
             train_dataset=Dataset.from_dict({"prompt": conversations}),
-            processing_class=s.tokenizer,
+            processing_class=tokenizer,
             callbacks=callbacks,
         )
     from trl.experimental.iw_opd import IWOPDConfig, IWOPDTrainer
 
     args = IWOPDConfig(
-        output_dir=str(workdir / "trl_k1"),
+        output_dir=str(workdir),
         distillation_objective="iw_opd",
         iw_opd_gamma=0.0,
         lmbda=1.0,
-        max_length=1024,
-        **common,
+        max_length=max_length,
+        **settings,
     )
     trainer = IWOPDTrainer(
         model=student,
-        teacher_model=s.teacher,
+        teacher_model=teacher,
         args=args,
         train_dataset=Dataset.from_dict({"messages": conversations}),
-        processing_class=s.tokenizer,
+        processing_class=tokenizer,
         callbacks=callbacks,
     )
     # transformers counts the loss's tokens from the dataset's labels, before on-policy generation:

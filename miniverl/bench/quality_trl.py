@@ -65,47 +65,22 @@ def _cuda() -> bool:
 
 
 def trainer_for(name: str, prober, student, teacher, workdir: Path, callbacks: list):
-    from datasets import Dataset
-
+    from miniverl.bench.opd_step import build_trl_trainer
     from miniverl.trainer.plan import read_rows
 
     config = prober.config
     conversations = read_rows(config).messages  # the train prompts; TRL orders them its own way
-    common = trl_settings(config)
-    if name == "trl_distill":
-        from trl import DistillationConfig, DistillationTrainer
-
-        args = DistillationConfig(output_dir=str(workdir), beta=1.0, **common)
-        return DistillationTrainer(
-            model=student,
-            teacher_model=teacher,
-            args=args,
-            train_dataset=Dataset.from_dict({"prompt": conversations}),
-            processing_class=prober.tokenizer,
-            callbacks=callbacks,
-        )
-    from trl.experimental.iw_opd import IWOPDConfig, IWOPDTrainer
-
-    args = IWOPDConfig(
-        output_dir=str(workdir),
-        distillation_objective="iw_opd",
-        iw_opd_gamma=0.0,
-        lmbda=1.0,
+    return build_trl_trainer(
+        "full_vocab" if name == "trl_distill" else "k1",
+        student,
+        teacher,
+        prober.tokenizer,
+        conversations,
+        trl_settings(config),
+        workdir,
+        callbacks,
         max_length=config.recipe.prompt_limit + config.recipe.response_limit,
-        **common,
     )
-    trainer = IWOPDTrainer(
-        model=student,
-        teacher_model=teacher,
-        args=args,
-        train_dataset=Dataset.from_dict({"messages": conversations}),
-        processing_class=prober.tokenizer,
-        callbacks=callbacks,
-    )
-    # TRL 1.16's IWOPDTrainer divides by the label tokens transformers counts before generation:
-    # zero for prompts only. Without that count it divides by the generated tokens (its fallback).
-    trainer.model_accepts_loss_kwargs = False
-    return trainer
 
 
 def run_trl(name: str, prober, workdir: Path) -> dict:
