@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 
 from miniverl.config import to_config
 from miniverl.trainer.console import closing_lines, start_lines
+from miniverl.trainer.resume_state import check_is_pending, pending_block
 from miniverl.utils.errors import MiniverlError, RunStopped, exit_code_of
 from miniverl.utils.hydra_entry import one_line_hydra_errors, run_as_main
 from miniverl.utils.identity import resolved_config
@@ -25,11 +26,16 @@ log = logging.getLogger("miniverl")
 WRITE_ERRORS = (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT)
 
 
-def run(cfg: DictConfig, run_dir: Path, overrides: list[str] = ()) -> dict:
+def run(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), sweep: bool = False) -> dict:
     """Validate, check, train and report; returns the report. `overrides` (the command line's)
-    let the recipe's resume check run this same job again in fresh processes."""
+    let the recipe's resume check run this same job again in fresh processes; in a sweep job
+    (`sweep`) the check runs only with recipe.resume_check_in_sweeps=true."""
     config = to_config(cfg)
-    print(start_lines(config, run_dir), flush=True)  # at once: the imports below take seconds
+    k = config.recipe.resume_check_after if (config.recipe.resume_check_in_sweeps or not sweep) else None
+    pending = k is not None and check_is_pending(run_dir, resolved_config(cfg))
+    print(start_lines(config, run_dir, sweep=sweep, pending_check=pending), flush=True)  # at once: imports take seconds
+    if pending:  # this very run, finished; a Ctrl-C stopped its resume check
+        return finish_pending_check(run_dir, list(overrides), k)
     # Heavy imports (torch, transformers) after validation.
     from miniverl.trainer.opd_trainer import OPDTrainer
 
@@ -38,7 +44,9 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str] = ()) -> dict:
     try:
         trainer.setup()
         status = trainer.train()
-        report = trainer.finish(status)
+        # A whole fresh run checks its own resume (not one stopped early, nor a resumed one).
+        checking = k is not None and status == "measured" and trainer.resumed is None
+        report = trainer.finish(status, resume_check=pending_block() if checking else None)
     except OSError as error:
         if error.errno not in WRITE_ERRORS:
             raise
@@ -48,12 +56,7 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str] = ()) -> dict:
             "another hydra.run.dir, then resume with trainer.resume_from"
         ) from None
     if trainer.stopped_by:
-        raise RunStopped(
-            f"stopped by {signal.Signals(trainer.stopped_by).name} after update {len(trainer.history)}, "
-            f"nothing left half-done; the last complete checkpoint is {trainer.last_checkpoint}; resume "
-            f"with the same command and trainer.resume_from={run_dir}",
-            trainer.stopped_by,
-        )
+        raise RunStopped(stopped_line(trainer, run_dir, signal.Signals(trainer.stopped_by).name), trainer.stopped_by)
     if status == "failed":
         kept = (
             f"the last complete update is checkpointed (resume with trainer.resume_from={run_dir})"
@@ -64,11 +67,23 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str] = ()) -> dict:
             f"update {trainer.failure['update']} failed: {trainer.failure['reason']}; {kept}; report: "
             f"{run_dir / 'report.json'}"
         ) from trainer.failure_cause
-    k = config.recipe.resume_check_after
-    if k is not None and config.trainer.stop_after_updates is None and trainer.resumed is None:
-        report = check_own_resume(trainer, run_dir, overrides, k)
+    if checking:
+        report = check_own_resume(trainer, run_dir, list(overrides), k)
     print(closing_lines(report, trainer.history, run_dir), flush=True)
+    if status == "interrupted":  # trainer.stop_after_updates, as a preemption would: exit 0
+        line = stopped_line(trainer, run_dir, "trainer.stop_after_updates")
+        print(f"miniverl: {line}", flush=True)
+        log_to_run_folder(line, logging.INFO)
     return report
+
+
+def stopped_line(trainer, run_dir: Path, by: str) -> str:
+    """How a stopped run ends, by a signal or by trainer.stop_after_updates: where it stands and
+    the command that resumes it (the same one: a resumed run is past any stop_after_updates)."""
+    return (
+        f"stopped by {by} after update {len(trainer.history)}, nothing left half-done; the last complete "
+        f"checkpoint is {trainer.last_checkpoint}; resume with the same command and trainer.resume_from={run_dir}"
+    )
 
 
 def preflight(config) -> None:
@@ -85,15 +100,29 @@ def preflight(config) -> None:
         raise MiniverlError("pre-flight check failed (python -m miniverl.doctor shows all): " + "; ".join(failed))
 
 
-def check_own_resume(trainer, run_dir: Path, overrides, k: int) -> dict:
+def check_own_resume(trainer, run_dir: Path, overrides: list[str], k: int) -> dict:
     """recipe.interrupt_after_updates: rerun stopped after k and resumed, in fresh processes."""
-    from miniverl.trainer.resume_check import verify_resume
+    from miniverl.trainer.resume_check import finish_resume_check
 
-    log.info("resume check: interrupting a fresh run after update %d and resuming it in a new process", k)
     # The children load the same models: this process's copies (on CUDA, device memory) would
     # only crowd them. The adapter is saved already; the report is rebuilt without the models.
     trainer.release_models()
-    report = trainer.finish("measured", resume_check=verify_resume(run_dir, list(overrides), k))
+    report = finish_resume_check(run_dir, overrides, k, lambda block: trainer.finish("measured", resume_check=block))
+    return resume_verdict(report, run_dir)
+
+
+def finish_pending_check(run_dir: Path, overrides: list[str], k: int) -> dict:
+    """The resume check of a finished run whose check a signal stopped; nothing is trained."""
+    from miniverl.trainer.resume_check import finish_resume_check, finished_history, report_with_check
+
+    log.info("%s holds this run, finished; its resume check did not finish: running the check only", run_dir)
+    report = finish_resume_check(run_dir, overrides, k, lambda block: report_with_check(run_dir, block))
+    report = resume_verdict(report, run_dir)
+    print(closing_lines(report, finished_history(run_dir), run_dir), flush=True)
+    return report
+
+
+def resume_verdict(report: dict, run_dir: Path) -> dict:
     if report["resume"]["status"] != "exact_match":
         raise MiniverlError(
             f"resume check failed: {report['resume']['first_difference']} (see {run_dir / 'report.json'})"
@@ -108,7 +137,7 @@ def main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     try:
-        run(cfg, run_dir, list(hydra_cfg.overrides.task))
+        run(cfg, run_dir, list(hydra_cfg.overrides.task), sweep=hydra_cfg.mode == RunMode.MULTIRUN)
     except Exception as error:
         if hydra_cfg.mode == RunMode.MULTIRUN and os.environ.get("HYDRA_FULL_ERROR") != "1":
             # Record why this job failed and let the sweep go on; the sweep-summary callback lists
@@ -121,7 +150,19 @@ def main(cfg: DictConfig) -> None:
             return
         if not isinstance(error, MiniverlError):
             raise
+        if hydra_cfg.output_subdir is not None:  # None: the folder is an earlier run's, left as it was
+            log_to_run_folder(str(error))
         sys.exit(exit_code_of(error))
+
+
+def log_to_run_folder(message: str, level: int = logging.ERROR) -> None:
+    """A closing line as the last line of the run folder's main.log (Hydra's file handler), and
+    not a second time on the console, where it is printed already: a refused run's folder then
+    says why it holds nothing but `.hydra/` and its log."""
+    record = log.makeRecord(log.name, level, __file__, 0, message, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
 
 
 def cli() -> None:

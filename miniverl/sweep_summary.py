@@ -120,6 +120,21 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+MARKERS = "osD^vP*X"
+
+
+def legend_labels(jobs: list[tuple[dict, list[float]]]) -> list[str]:
+    """One legend entry per drawn job; a job whose losses equal an earlier job's draws exactly on
+    top of it, and its entry says so."""
+    first_of: dict[tuple[float, ...], str] = {}  # a curve -> the job that drew it first
+    labels = []
+    for row, losses in jobs:
+        label = f"#{row['job']} {row['swept']}"[:80] + ("" if row["status"] in DONE else " (failed)")
+        same = first_of.setdefault(tuple(losses), row["job"])
+        labels.append(label if same == row["job"] else f"{label} (the same curve as #{same})")
+    return labels
+
+
 def plot(jobs: list[tuple[dict, list[float]]], path: Path) -> None:
     import matplotlib
     import matplotlib.ticker
@@ -128,15 +143,18 @@ def plot(jobs: list[tuple[dict, list[float]]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
-    for row, losses in jobs:
-        if losses:
-            ax.plot(
-                range(1, len(losses) + 1),
-                losses,
-                marker="o",
-                markersize=3,
-                label=f"#{row['job']} {row['swept']}"[:80] + ("" if row["status"] in DONE else " (failed)"),
-            )
+    drawn = [(row, losses) for row, losses in jobs if losses]
+    for index, ((_, losses), label) in enumerate(zip(drawn, legend_labels(drawn))):
+        # Each job its own marker, and later ones drawn thinner, so that lines that meet stay visible.
+        ax.plot(
+            range(1, len(losses) + 1),
+            losses,
+            marker=MARKERS[index % len(MARKERS)],
+            markersize=max(7 - index, 3),
+            fillstyle="none",
+            linewidth=max(2.5 - 0.4 * index, 0.8),
+            label=label,
+        )
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_xlabel("optimizer update")
     ax.set_ylabel("actor/distillation/loss")

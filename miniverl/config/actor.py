@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from miniverl.config.bounds import check_range
+
 
 @dataclass
 class OptimConfig:
@@ -27,10 +29,18 @@ class ActorConfig:
     clip_ratio_c: float = 3.0
 
     def __post_init__(self) -> None:
+        optim = self.optim
+        check_range("actor.optim.lr", optim.lr, above=0, why="AdamW's step size (0 would train nothing)")
+        check_range("actor.optim.eps", optim.eps, above=0, why="AdamW divides by sqrt(v) + eps")
+        check_range("actor.optim.weight_decay", optim.weight_decay, at_least=0)
+        check_range("actor.grad_clip", self.grad_clip, above=0, why="the largest gradient norm an update may take")
+        check_clip_ratios("actor", self.clip_ratio, self.clip_ratio_low, self.clip_ratio_high)
         if self.ppo_epochs != 1:
             raise ValueError("actor.ppo_epochs: on-policy distillation in miniverl runs one epoch per batch")
         if len(self.optim.betas) != 2:
             raise ValueError("actor.optim.betas must hold two numbers")
+        for i, beta in enumerate(self.optim.betas):
+            check_range(f"actor.optim.betas[{i}]", beta, at_least=0, below=1, why="an AdamW moment's decay")
         if not self.clip_ratio_c > 1.0:
             raise ValueError(
                 f"actor.clip_ratio_c={self.clip_ratio_c} must be > 1 (the dual-clip bound; verl asserts the same)"
@@ -45,9 +55,15 @@ class RolloutConfig:
     n: int = 1  # samples per prompt, each with its own sampling stream (GRPO groups with task rewards)
 
     def __post_init__(self) -> None:
-        if self.temperature <= 0:
-            raise ValueError("rollout.temperature must be > 0 (sampling is always on in OPD)")
-        if not 0 < self.top_p <= 1:
-            raise ValueError("rollout.top_p must be in (0, 1]")
+        check_range("rollout.temperature", self.temperature, above=0, why="sampling is always on in OPD")
+        check_range("rollout.top_p", self.top_p, above=0, at_most=1, why="the nucleus' share of the probability mass")
+        check_range("rollout.top_k", self.top_k, at_least=-1, why="-1 (or 0) keeps every token")
         if self.n < 1:
             raise ValueError(f"rollout.n={self.n} must be >= 1 (samples per prompt)")
+
+
+def check_clip_ratios(where: str, clip_ratio: float, low: float | None, high: float | None) -> None:
+    """PPO's clip range [1 - low, 1 + high] (clip_ratio when low/high are null) must hold ratio 1."""
+    check_range(f"{where}.clip_ratio", clip_ratio, above=0, below=1)
+    check_range(f"{where}.clip_ratio_low", low, above=0, below=1, null_ok=True, why="the range's floor is 1 - it")
+    check_range(f"{where}.clip_ratio_high", high, above=0, null_ok=True)

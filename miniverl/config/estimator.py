@@ -14,6 +14,9 @@ import warnings
 from dataclasses import dataclass
 from typing import Optional
 
+from miniverl.config.actor import check_clip_ratios
+from miniverl.config.bounds import check_range
+
 # Single-sample estimators (verl's `kl_penalty` modes), the top-k forward KL, and miniverl's own
 # exact full-vocabulary reverse KL (no verl version has it; verl RFC #7239 asks for one).
 ESTIMATOR_MODES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
@@ -80,10 +83,13 @@ class EstimatorConfig:
             raise ValueError(
                 f"{where}.clip_ratio_c={self.clip_ratio_c} must be > 1 (the dual-clip bound; verl asserts the same)"
             )
-        if self.loss_max_clamp is not None and self.loss_max_clamp <= 0:
-            raise ValueError(f"{where}.loss_max_clamp must be positive or null")
-        if self.distillation_loss_coef < 0:
-            raise ValueError(f"{where}.distillation_loss_coef={self.distillation_loss_coef} must be >= 0")
+        check_clip_ratios(where, self.clip_ratio, self.clip_ratio_low, self.clip_ratio_high)
+        check_range(f"{where}.topk", self.topk, at_least=1, null_ok=True)
+        check_range(f"{where}.loss_max_clamp", self.loss_max_clamp, above=0, null_ok=True)
+        check_range(
+            f"{where}.log_prob_min_clamp", self.log_prob_min_clamp, below=0, null_ok=True, why="log-probs are <= 0"
+        )
+        check_range(f"{where}.distillation_loss_coef", self.distillation_loss_coef, at_least=0)
 
     @property
     def uses_topk(self) -> bool:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from miniverl.config.bounds import check_range
+
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -54,5 +56,7 @@ class HardwareConfig:
         if self.device not in DEVICES:
             raise ValueError(f"hardware.device={self.device!r}; choose one of {', '.join(DEVICES)}")
         for key in ("rollout_physical_batch", "update_chunk", "logprob_chunk"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"hardware.{key} must be >= 1")
+            check_range(f"hardware.{key}", getattr(self, key), at_least=1)
+        check_range("hardware.gpu_hour_limit", self.gpu_hour_limit, above=0, null_ok=True)
+        check_range("hardware.peak_reserved_limit_gib", self.peak_reserved_limit_gib, above=0, null_ok=True)
+        check_range("hardware.simulate_oom_above_rows", self.simulate_oom_above_rows, at_least=0, null_ok=True)

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from miniverl.config.bounds import check_range
+
 QUANTIZATIONS = ("nf4", "none")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -51,18 +53,23 @@ class ToyArchitecture:
     vocab_rows: Optional[int] = None
     dtype: str = "float32"  # the dtype the weights are written in (`dtype: auto` then loads it)
 
-    def __post_init__(self) -> None:
+    def check(self, where: str) -> None:
+        """The toy's own rules, naming it by its config path (`model.toy`, `teacher.toy`, ...)."""
+        for name in ("hidden_size", "intermediate_size", "max_position_embeddings", "num_heads", "num_layers"):
+            check_range(f"{where}.{name}", getattr(self, name), at_least=1)
+        check_range(f"{where}.head_dim", self.head_dim, at_least=1, null_ok=True)
+        check_range(f"{where}.vocab_rows", self.vocab_rows, at_least=1, null_ok=True)
         if self.head_dim is None and self.hidden_size % self.num_heads:
             raise ValueError(
-                f"toy.hidden_size={self.hidden_size} must be a multiple of toy.num_heads={self.num_heads}"
-                " (or set toy.head_dim)"
+                f"{where}.hidden_size={self.hidden_size} must be a multiple of {where}.num_heads={self.num_heads}"
+                f" (or set {where}.head_dim)"
             )
         if self.num_kv_heads is not None and (self.num_kv_heads < 1 or self.num_heads % self.num_kv_heads):
-            raise ValueError(f"toy.num_kv_heads={self.num_kv_heads} must divide toy.num_heads={self.num_heads}")
+            raise ValueError(f"{where}.num_kv_heads={self.num_kv_heads} must divide {where}.num_heads={self.num_heads}")
         if self.tokenizer not in TOY_TOKENIZERS:
-            raise ValueError(f"toy.tokenizer={self.tokenizer!r}; choose one of {', '.join(TOY_TOKENIZERS)}")
+            raise ValueError(f"{where}.tokenizer={self.tokenizer!r}; choose one of {', '.join(TOY_TOKENIZERS)}")
         if self.dtype not in TOY_DTYPES:
-            raise ValueError(f"toy.dtype={self.dtype!r}; choose one of {', '.join(TOY_DTYPES)}")
+            raise ValueError(f"{where}.dtype={self.dtype!r}; choose one of {', '.join(TOY_DTYPES)}")
 
     @property
     def kv_heads(self) -> int:
@@ -85,8 +92,9 @@ class LoraSettings:
     def __post_init__(self) -> None:
         if not self.enabled:
             raise ValueError("model.lora.enabled=false: miniverl trains LoRA adapters only; set it to true")
-        if self.r < 1:
-            raise ValueError(f"model.lora.r={self.r} must be >= 1")
+        check_range("model.lora.r", self.r, at_least=1)
+        check_range("model.lora.alpha", self.alpha, above=0, why="LoRA scales its update by alpha / r")
+        check_range("model.lora.dropout", self.dropout, at_least=0, below=1)
 
 
 def check_common(where: str, quantization: str, dtype: str) -> None:
@@ -116,3 +124,4 @@ class StudentConfig:
 
     def __post_init__(self) -> None:
         check_common("model", self.quantization, self.dtype)
+        self.toy.check("model.toy")

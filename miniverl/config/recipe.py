@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from miniverl.config.bounds import check_range
+
 TEACHER_TARGETS = (
     "sampled_token_log_probability",
     "top_k_log_probabilities",
@@ -28,7 +30,11 @@ class RecipeConfig:
     profile: str = "verl-opd-v0.8-single-gpu-pg-k1-v1"
     logical_batch: int = 4  # prompts per optimizer update (verl: data.train_batch_size = ppo_mini_batch_size)
     optimizer_updates: int = 8
+    # The exact-resume check after the run: two more runs in fresh processes, stopped after update
+    # k and resumed (null: no check; see resume_check_after).
     interrupt_after_updates: Optional[int] = None
+    # Run that check in every job of a Hydra multirun too (it triples each job's time).
+    resume_check_in_sweeps: bool = False
     prompt_limit: int = 128  # verl: data.max_prompt_length
     response_limit: int = 64  # verl: data.max_response_length
     # conf/config.yaml derives it from the estimator (resolver `teacher_target`, see miniverl.config).
@@ -36,12 +42,9 @@ class RecipeConfig:
 
     def __post_init__(self) -> None:
         for key in ("logical_batch", "optimizer_updates", "prompt_limit", "response_limit"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"recipe.{key} must be >= 1")
-        if self.interrupt_after_updates is not None and self.interrupt_after_updates < 1:
-            raise ValueError(
-                f"recipe.interrupt_after_updates={self.interrupt_after_updates} must be >= 1 (or null: no resume check)"
-            )
+            check_range(f"recipe.{key}", getattr(self, key), at_least=1)
+        after = self.interrupt_after_updates
+        check_range("recipe.interrupt_after_updates", after, at_least=1, null_ok=True, why="null: no resume check")
         if self.teacher_target not in TEACHER_TARGETS:
             raise ValueError(
                 f"recipe.teacher_target={self.teacher_target!r}; choose one of {', '.join(TEACHER_TARGETS)}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from miniverl.config.bounds import check_range
 from miniverl.config.model import ToyArchitecture, check_common
 
 # standard: a separate frozen model (optionally with a PEFT adapter on top);
@@ -42,8 +43,7 @@ class TeacherContext:
                 raise ValueError(
                     f"{where}.context.{name}: not a Jinja template ({error.message}, line {error.lineno})"
                 ) from None
-        if self.prompt_limit is not None and self.prompt_limit < 1:
-            raise ValueError(f"{where}.context.prompt_limit={self.prompt_limit} must be >= 1 (or null)")
+        check_range(f"{where}.context.prompt_limit", self.prompt_limit, at_least=1, null_ok=True)
 
 
 @dataclass
@@ -78,6 +78,7 @@ class TeacherConfig:
         """The teacher's own rules, naming it by its config path (`teacher`, `teachers.<name>`);
         the root config runs it for every teacher it reads."""
         check_common(where, self.quantization, self.dtype)
+        self.toy.check(f"{where}.toy")
         self.context.check(where)
         if self.mode not in TEACHER_MODES:
             raise ValueError(f"{where}.mode={self.mode!r}; choose one of {', '.join(TEACHER_MODES)}")
@@ -91,8 +92,8 @@ class TeacherConfig:
                 f"{where}.mode=ref is the student's base without any adapter: drop {where}.adapter, "
                 f"or use {where}.mode=shared_base"
             )
-        if self.toy_pretrain_steps < 0:
-            raise ValueError(f"{where}.toy_pretrain_steps must be >= 0")
+        check_range(f"{where}.toy_pretrain_steps", self.toy_pretrain_steps, at_least=0)
+        check_range(f"{where}.toy_pretrain_lr", self.toy_pretrain_lr, above=0)
 
 
 def check_teachers(teachers: dict[str, TeacherConfig], teacher_key: str, default_teacher: Optional[str]) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from miniverl.config.bounds import check_range
+
 
 @dataclass
 class ValidationConfig:
@@ -19,3 +21,5 @@ class ValidationConfig:
     def __post_init__(self) -> None:
         if self.every == 0 or self.every < -1:
             raise ValueError("eval.every must be a positive number of updates, or -1 (never)")
+        check_range("eval.exact_kl_max_vocab", self.exact_kl_max_vocab, at_least=1)
+        check_range("eval.response_limit", self.response_limit, at_least=1, null_ok=True)

@@ -44,8 +44,10 @@ def teacher_rows(cfg: MiniverlConfig) -> list[tuple[str, str]]:
     return rows
 
 
-def start_lines(cfg: MiniverlConfig, run_dir: Path) -> str:
-    """The run folder and what will run: the models, the updates, the loss and the device."""
+def start_lines(cfg: MiniverlConfig, run_dir: Path, *, sweep: bool = False, pending_check: bool = False) -> str:
+    """The run folder and what will run: the models, the updates, the loss and the device (and
+    whether the resume check runs: not in a sweep job unless asked; alone for a finished run
+    whose check was stopped)."""
     recipe, est, lora = cfg.recipe, cfg.estimator, cfg.model.lora
     student = f"{_model_line(cfg.model)} + LoRA r={lora.r} on {', '.join(lora.target_modules)}"
     if cfg.model.adapter:
@@ -57,8 +59,13 @@ def start_lines(cfg: MiniverlConfig, run_dir: Path) -> str:
     resuming = bool(cfg.trainer.resume_from) or (
         cfg.trainer.resume_mode != "disable" and not cfg.trainer.overwrite and any(run_dir.glob("checkpoints/update_*"))
     )
+    in_sweep = recipe.resume_check_in_sweeps or not sweep
     checked = recipe.resume_check_after is not None and cfg.trainer.stop_after_updates is None and not resuming
-    resume = f"resume check after update {recipe.resume_check_after}" if checked else "no resume check"
+    resume = f"resume check after update {recipe.resume_check_after}" if checked and in_sweep else "no resume check"
+    if checked and not in_sweep:
+        resume += " (a sweep job: recipe.resume_check_in_sweeps=true runs it)"
+    if pending_check:
+        resume = f"the finished run here: only its resume check (after update {recipe.resume_check_after}) runs"
     rows = [
         ("student", student),
         *teacher_rows(cfg),

@@ -170,13 +170,7 @@ class OPDTrainer:
                     self.save_checkpoint(update.update)
                 if update.update == stop or stop_request.signum:
                     self.ensure_checkpoint()
-                    self.stopped_by = stop_request.signum
-                    log.info(
-                        "stopped after update %d (%s); resume with trainer.resume_from=%s",
-                        update.update,
-                        stop_request.name or "trainer.stop_after_updates",
-                        self.run_dir,
-                    )
+                    self.stopped_by = stop_request.signum  # main says how to resume
                     return "interrupted"
         return "measured"
 

@@ -18,6 +18,7 @@ CURVES = (
     ("response_length/mean", "response length (tokens)"),
 )
 TASK_CURVE = (SCORE_KEY, "task score (mean)")  # with estimator.use_task_rewards
+PANELS_PER_ROW = 3  # curves.png wraps into rows: six panels in one row were 2160 x 320 pixels
 # Sections of report.json shown as tables, in this order; the rest follow.
 SECTIONS = ("recipe", "measurements", "resume", "models", "hardware", "artifacts", "resource_contract")
 
@@ -70,9 +71,15 @@ def plot_curves(report: dict, history: list[dict], path: Path) -> None:
     curves = CURVES + ((TASK_CURVE,) if history and TASK_CURVE[0] in history[0] else ())
     held_out_score = progress.get("task_score") or []  # the student's own held-out samples, scored
     panels = len(curves) + (1 if held_out else 0) + (1 if held_out_score else 0)
-    fig, axes = plt.subplots(1, panels, figsize=(3.6 * panels, 3.2), dpi=100, squeeze=False)
+    columns = min(panels, PANELS_PER_ROW)
+    rows = -(-panels // columns)
+    fig, grid = plt.subplots(rows, columns, figsize=(3.6 * columns, 3.2 * rows), dpi=100, squeeze=False)
+    axes = list(grid.flat)
+    for spare in axes[panels:]:  # the last row's empty cells
+        spare.remove()
+    axes = axes[:panels]
     updates = range(1, len(history) + 1)
-    for ax, (key, label) in zip(axes[0], curves):
+    for ax, (key, label) in zip(axes, curves):
         ax.plot(updates, [m.get(key) for m in history], marker="o", markersize=3, label="all")
         ax.set_title(label, fontsize=10)
         names = list(dict.fromkeys(n for m in history for n in teacher_losses(m))) if key == LOSS_KEY else []
@@ -82,16 +89,16 @@ def plot_curves(report: dict, history: list[dict], path: Path) -> None:
         if names:
             ax.legend(fontsize=7)
     if held_out_score:
-        ax = axes[0][-1]
+        ax = axes[-1]
         ax.plot([p["update"] for p in held_out_score], [p["value"] for p in held_out_score], marker="o", markersize=3)
         ax.set_title("held-out task score (val/task_score)", fontsize=10)
     if held_out:
-        ax = axes[0][len(curves)]
+        ax = axes[len(curves)]
         for key, points in held_out:
             ax.plot([p["update"] for p in points], [p["value"] for p in points], marker="o", markersize=3, label=key)
         ax.set_title("held-out KL (val/distillation)", fontsize=10)
         ax.legend(fontsize=7)
-    for ax in axes[0]:
+    for ax in axes:
         ax.set_xlabel("optimizer update")
         ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         ax.grid(alpha=0.3)

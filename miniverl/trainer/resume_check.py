@@ -6,19 +6,35 @@ stop (`trainer.resume_from=...`). The interrupted run must have stopped at updat
 run's report must show it resumed from that checkpoint (a run that started afresh ends byte-equal
 too, proving nothing), and its final checkpoint and trajectory log must equal the reference's
 byte for byte; the result fills the report's `resume` block.
+
+The children run in their own session: a Ctrl-C at the terminal reaches this process only, which
+kills them and says so (`finish_resume_check`). Until the verdict is in, the report's status is
+`pending` (`interrupted` after a Ctrl-C); the same command run again in that folder runs only the
+check (`resume_state.check_is_pending`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
+import shlex
+import shutil
+import signal
 import subprocess
 import sys
+from collections import deque
 from pathlib import Path
 
+from miniverl.trainer.resume_state import INTERRUPTED, pending_block
 from miniverl.utils.checkpoint import checkpoint_update, checkpoints_in
+from miniverl.utils.errors import RunStopped
 from miniverl.utils.measure import folder_bytes
+from miniverl.utils.run_folder import atomic_write_bytes, readable_json
+from miniverl.utils.signals import SignalReceived, raised_signals
 
+log = logging.getLogger(__name__)
 # Differs between the three runs by construction (their trainer.stop_after_updates/resume_from).
 EXCLUDED_RUN_IDENTITY_FIELD = "resolved_config_digest"
 TRAINING_STATE_FIELDS = (
@@ -32,9 +48,13 @@ TRAINING_STATE_FIELDS = (
     "files",
     "finished",
 )
+UPDATE_LINE = re.compile(r"update (\d+)/(\d+) ")  # a child's console line per update (progress_bar=false)
 
 
 def run_child(overrides: list[str], extra: list[str], run_dir: Path) -> None:
+    """One child run, its updates echoed as progress lines; killed (its whole process group) if
+    this process is stopped while it runs."""
+    label = "resumed run" if any(e.startswith("trainer.resume_from=") for e in extra) else "interrupted run"
     command = [
         sys.executable,
         "-m",
@@ -44,10 +64,31 @@ def run_child(overrides: list[str], extra: list[str], run_dir: Path) -> None:
         "trainer.progress_bar=false",
         f"hydra.run.dir={run_dir}",
     ]
-    result = subprocess.run(command, capture_output=True, text=True, env=os.environ.copy(), check=False)
-    if result.returncode != 0:
-        tail = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise RuntimeError(f"{' '.join(extra)} exited {result.returncode}: {tail}")
+    tail: deque[str] = deque(maxlen=20)
+    child = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,  # one pipe: two could fill and block each other
+        text=True,
+        env=os.environ.copy(),
+        start_new_session=True,  # not in the terminal's process group: a Ctrl-C is this process's to handle
+    )
+    try:
+        for line in child.stdout:
+            tail.append(line.rstrip())
+            found = UPDATE_LINE.search(line)
+            if found:
+                log.info("resume check: %s, update %s/%s", label, *found.groups())
+        returncode = child.wait()
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)  # it and anything it started; its folder is scratch
+            child.wait()
+        child.stdout.close()
+    if returncode != 0:
+        errors = [line for line in tail if line.startswith("miniverl: error:")]
+        last = (errors or [line for line in tail if line.strip()] or ["(no output)"])[-1]
+        raise RuntimeError(f"{' '.join(extra)} exited {returncode}: {last}")
 
 
 def without_timings(history: list[dict]) -> list[dict]:
@@ -113,6 +154,7 @@ def resumed_from_difference(resumed_block: dict, stop_ckpt: Path, k: int) -> str
 def verify_resume(run_dir: Path, overrides: list[str], interrupt_after: int) -> dict:
     """Run the interrupted and resumed twins of this run; returns the report's `resume` block."""
     interrupted, resumed = run_dir / "resume_check" / "interrupted", run_dir / "resume_check" / "resumed"
+    shutil.rmtree(run_dir / "resume_check", ignore_errors=True)  # a stopped check's leftovers: start afresh
     block = {
         "status": "mismatch",
         "excluded_run_identity_field": EXCLUDED_RUN_IDENTITY_FIELD,
@@ -153,3 +195,40 @@ def verify_resume(run_dir: Path, overrides: list[str], interrupt_after: int) -> 
     difference = not_resumed or difference
     block.update(verdicts, first_difference=difference, status="exact_match" if difference is None else "mismatch")
     return block
+
+
+def finish_resume_check(run_dir: Path, overrides: list[str], k: int, write_report) -> dict:
+    """Run the check; `write_report(block)` puts its verdict into the run's report and returns it.
+    A Ctrl-C or SIGTERM kills the children, leaves the report `interrupted` and ends the command
+    with the line that says how to finish the check."""
+    log.info("resume check: interrupting a fresh run after update %d and resuming it in a new process", k)
+    try:
+        with raised_signals():
+            block = verify_resume(run_dir, overrides, k)
+    except SignalReceived as stop:
+        write_report(pending_block(INTERRUPTED))
+        command = shlex.join(["python", "-m", "miniverl.main", *overrides, f"hydra.run.dir={run_dir}"])
+        raise RunStopped(
+            f"stopped by {stop} during the resume check; the run itself is finished and kept (report.json, "
+            f"peft_adapter/; the report's resume status is {INTERRUPTED}); to finish the check, run the same "
+            f"command in that folder: {command}",
+            stop.signum,
+        ) from None
+    return write_report(block)
+
+
+def report_with_check(run_dir: Path, block: dict) -> dict:
+    """A later command's verdict written into the finished run's report.json and report.md (the
+    run's own measurements, timings included, stay those of the command that trained it)."""
+    from miniverl.trainer.report_page import write_report_page  # matplotlib, torch: not for check_is_pending
+    from miniverl.trainer.run_report import with_resume_check
+
+    report = with_resume_check(json.loads((run_dir / "report.json").read_text()), block, folder_bytes(run_dir))
+    atomic_write_bytes(run_dir / "report.json", readable_json(report))
+    write_report_page(report, finished_history(run_dir), run_dir)
+    return report
+
+
+def finished_history(run_dir: Path) -> list[dict]:
+    """Every update's metrics, as the run's last checkpoint holds them."""
+    return json.loads((checkpoints_in(run_dir)[-1] / "state.json").read_text())["history"]

@@ -154,6 +154,13 @@ def resume_block(resumed, load_seconds: float | None, updates_done: int, plan: P
     }
 
 
+def with_resume_check(report: dict, block: dict, run_bytes: int) -> dict:
+    """A finished run's report with the resume check's verdict as its `resume` block (the note
+    kept) and the folder's bytes now counting the check's two runs."""
+    resume = {**block, "note": report["resume"].get("note")}
+    return {**report, "resume": resume, "artifacts": {**report["artifacts"], "total_workload_bytes": run_bytes}}
+
+
 def steady_state(history: list[dict]) -> tuple[dict, dict]:
     """Median seconds and median positions/s per phase over updates 2..N (update 1 pays warm-up)."""
     steady = history[1:] or history

@@ -55,6 +55,11 @@ def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
     os.replace(tmp, path)
 
 
+def readable_json(value) -> bytes:
+    """report.json's form: indented, keys sorted."""
+    return (json.dumps(value, indent=2, sort_keys=True) + "\n").encode()
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     atomic_write(path, lambda tmp: tmp.write_bytes(data))
 
@@ -114,7 +119,7 @@ class RunFolder:
         return self.root / name
 
     def write_json(self, name: str, value, *, canonical: bool = False) -> Path:
-        data = canonical_json(value) if canonical else (json.dumps(value, indent=2, sort_keys=True) + "\n").encode()
+        data = canonical_json(value) if canonical else readable_json(value)
         atomic_write_bytes(self.path(name), data)
         return self.path(name)
 

@@ -40,3 +40,30 @@ def deferred_signals():
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+class SignalReceived(Exception):
+    """Ctrl-C or SIGTERM while `raised_signals` is active."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextmanager
+def raised_signals():
+    """Ctrl-C and SIGTERM raise SignalReceived at once (the first one): for waits that hold
+    nothing half-written, such as the resume check waiting on its child processes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise SignalReceived(signum)
+
+    previous = {s: signal.signal(s, stop) for s in HANDLED}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)

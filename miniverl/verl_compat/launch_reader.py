@@ -218,7 +218,11 @@ def read_overrides(path: str | Path, env: Mapping[str, str] | None = None) -> li
     try:
         text = path.read_text()
     except OSError as error:
-        raise MiniverlError(f"cannot read {path}: {error.strerror}") from None
+        raise MiniverlError(
+            f"cannot read {path}: {error.strerror}; give a verl launch script or overrides file, such as the "
+            "verl/run_opd.sh or verl/overrides.txt that `python -m miniverl.export +recipe=<name>` writes into "
+            "its run folder"
+        ) from None
     if path.suffix == ".sh" or text.startswith("#!") or "verl.trainer.main_ppo" in text:
         found = _Shell(os.environ if env is None else env, str(path.resolve().parent)).run(text)
         if found is None:

@@ -114,7 +114,7 @@ def test_a_wrong_type_fails_at_composition():
 @pytest.mark.parametrize(
     "override,message",
     [
-        ("recipe.logical_batch=0", "recipe.logical_batch must be >= 1"),
+        ("recipe.logical_batch=0", "recipe.logical_batch=0 must be >= 1"),
         ("model.quantization=int3", "model.quantization='int3'"),
         ("hardware.device=tpu", "hardware.device='tpu'"),
         ("recipe.interrupt_after_updates=0", "recipe.interrupt_after_updates=0 must be >= 1"),
@@ -124,6 +124,42 @@ def test_a_refused_value_is_one_line_naming_the_key(override, message):
     with pytest.raises(MiniverlError) as info:
         to_config(compose_config(["+recipe=opd_k1", override]))
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+# Every numeric knob a user can get wrong, with a value its range refuses (issue: `lr=-1e-4` used to
+# reach torch's optimizer, after plan.json, toy_models/ and trajectories/ were written).
+OUT_OF_RANGE = [
+    ("actor.optim.lr=-1e-4", "actor.optim.lr=-0.0001 must be > 0: AdamW's step size"),
+    ("actor.optim.lr=0", "actor.optim.lr=0.0 must be > 0"),
+    ("actor.optim.lr=nan", "actor.optim.lr=nan must be a finite number > 0"),
+    ("actor.optim.eps=0", "actor.optim.eps=0.0 must be > 0"),
+    ("actor.optim.weight_decay=-0.1", "actor.optim.weight_decay=-0.1 must be >= 0"),
+    ("actor.optim.betas=[0.9,1.0]", "actor.optim.betas[1]=1.0 must be >= 0 and < 1"),
+    ("actor.grad_clip=0", "actor.grad_clip=0.0 must be > 0"),
+    ("actor.clip_ratio_low=1.5", "actor.clip_ratio_low=1.5 must be > 0 and < 1 (or null)"),
+    ("estimator.clip_ratio_high=-0.2", "estimator.clip_ratio_high=-0.2 must be > 0 (or null)"),
+    ("estimator.loss_max_clamp=0", "estimator.loss_max_clamp=0.0 must be > 0 (or null)"),
+    ("estimator.log_prob_min_clamp=5", "estimator.log_prob_min_clamp=5.0 must be < 0 (or null)"),
+    ("estimator.topk=0", "estimator.topk=0 must be >= 1 (or null)"),
+    ("rollout.temperature=0", "rollout.temperature=0.0 must be > 0: sampling is always on in OPD"),
+    ("rollout.top_p=1.5", "rollout.top_p=1.5 must be > 0 and <= 1"),
+    ("rollout.top_k=-2", "rollout.top_k=-2 must be >= -1"),
+    ("model.lora.alpha=0", "model.lora.alpha=0 must be > 0"),
+    ("model.lora.dropout=1", "model.lora.dropout=1.0 must be >= 0 and < 1"),
+    ("model.toy.num_layers=0", "model.toy.num_layers=0 must be >= 1"),
+    ("teacher.toy.num_heads=0", "teacher.toy.num_heads=0 must be >= 1"),
+    ("teacher.toy_pretrain_lr=-1", "teacher.toy_pretrain_lr=-1.0 must be > 0"),
+    ("eval.exact_kl_max_vocab=0", "eval.exact_kl_max_vocab=0 must be >= 1"),
+    ("hardware.peak_reserved_limit_gib=0", "hardware.peak_reserved_limit_gib=0.0 must be > 0 (or null)"),
+    ("recipe.response_limit=0", "recipe.response_limit=0 must be >= 1"),
+]
+
+
+@pytest.mark.parametrize("override,message", OUT_OF_RANGE)
+def test_every_numeric_knob_out_of_its_range_is_refused_when_composed(override, message):
+    with pytest.raises(MiniverlError) as info:
+        to_config(compose_config(["+recipe=opd_k1", "model=toy", "teacher=toy", override]))
+    assert str(info.value).startswith(message) and "\n" not in str(info.value)
 
 
 @pytest.mark.parametrize(

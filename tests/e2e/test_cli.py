@@ -103,12 +103,31 @@ def test_a_composition_mistake_is_hydras_wording_in_one_line_and_exit_2(override
     assert result.stderr.startswith("miniverl: error: ") and wording in result.stderr and fix in result.stderr
 
 
+def refused_run_folder(run_dir) -> str:
+    """What a refused command leaves: Hydra's record and its log, whose last line is the error."""
+    assert sorted(p.name for p in run_dir.iterdir()) == [".hydra", "main.log"]
+    return (run_dir / "main.log").read_text().strip().splitlines()[-1]
+
+
 def test_a_missing_parquet_is_one_line(tmp_path, capfd):
     status = run_as_command("main", *TOY, "data.train_files=/nowhere/prompts.parquet", f"hydra.run.dir={tmp_path}/r")
     out, err = capfd.readouterr()
     assert status == 2 and "WARNING" not in out + err  # no warning line saying the same first
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and "data.train_files: /nowhere/prompts.parquet does not exist" in lines[0]
+    assert refused_run_folder(tmp_path / "r").endswith(lines[0].removeprefix("miniverl: error: "))
+
+
+def test_a_negative_learning_rate_is_one_line_before_anything_is_written(tmp_path):
+    result = main(*TOY, "actor.optim.lr=-1e-4", f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 2 and "Traceback" not in result.stdout + result.stderr
+    line = "actor.optim.lr=-0.0001 must be > 0: AdamW's step size (0 would train nothing)"
+    assert result.stderr.strip() == f"miniverl: error: {line}"
+    assert refused_run_folder(tmp_path / "run").endswith(line)
+    # The same folder then takes the corrected command: nothing left behind to trip over.
+    again = ["actor.optim.lr=1e-4", "recipe.interrupt_after_updates=null", f"hydra.run.dir={tmp_path / 'run'}"]
+    fixed = main(*TOY, *again)
+    assert fixed.returncode == 0, fixed.stderr[-2000:]
 
 
 def test_missing_weights_are_one_line_without_traceback(tmp_path, capfd):

@@ -28,7 +28,7 @@ from miniverl.utils.dataset import read_conversations
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import canonical_json, sha256_json
 
-from conftest import ROOT, SHORT, compose_config
+from conftest import RECIPE_RUN, ROOT, SHORT, compose_config
 
 BASE = ["+recipe=opd_k1", *SHORT]
 
@@ -174,6 +174,56 @@ def test_a_signal_mid_run_stops_cleanly_and_the_resume_is_exact(tmp_path, signum
     resumed = tmp_path / "resumed"  # in this process: the stop, not the resume, needs its own process
     run(compose_config([*SIGNAL_ARGS, f"trainer.resume_from={stopped}"]), resumed)
     assert first_difference(reference, resumed)[1] is None
+
+
+def processes_writing_into(folder: Path) -> list[str]:
+    """Live processes whose command line names `folder` (the resume check's children)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # gone meanwhile
+            continue
+        if str(folder) in text:
+            found.append(text)
+    return found
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_the_resume_check_stops_in_one_line_and_the_same_command_finishes_the_check(tmp_path):
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "miniverl.main", *RECIPE_RUN, f"hydra.run.dir={run_dir}"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
+    env.pop("HYDRA_FULL_ERROR", None)
+    # Its own process group, as a terminal's foreground job: Ctrl-C is SIGINT to the whole group.
+    child = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)  # fmt: skip
+    interrupted = run_dir / "resume_check" / "interrupted"
+    deadline = time.time() + 300
+    while not (interrupted / "plan.json").exists() and time.time() < deadline and child.poll() is None:
+        time.sleep(0.05)  # the first child is training
+    os.killpg(child.pid, signal.SIGINT)
+    out, err = child.communicate(timeout=120)
+    assert child.returncode == 130, err[-2000:]
+    lines = [line for line in err.splitlines() if line.startswith("miniverl: error:")]
+    assert len(lines) == 1 and "Traceback" not in out + err
+    assert lines[0].startswith("miniverl: error: stopped by SIGINT during the resume check; the run itself is finished")
+    assert lines[0].endswith(f"python -m miniverl.main {' '.join(RECIPE_RUN)} hydra.run.dir={run_dir}")
+    assert processes_writing_into(interrupted) == []  # the check's child was killed with it
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["status"] == "measured" and report["resume"]["status"] == "interrupted"
+    kept = {name: (run_dir / name).read_bytes() for name in ("metrics.jsonl", "peft_adapter/adapter_model.safetensors")}
+
+    again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "the finished run here: only its resume check (after update 1) runs" in again.stdout
+    # Its progress, in the log (Hydra's console handler writes to stdout): which child, which update.
+    assert "resume check: interrupted run, update 1/3" in again.stdout
+    assert "resume check: resumed run, update 3/3" in again.stdout
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["resume"]["status"] == "exact_match" and report["resume"]["resumed_after_update"] == 1
+    assert all((run_dir / name).read_bytes() == data for name, data in kept.items())  # nothing trained again
+    assert "| `status` | exact_match |" in (run_dir / "report.md").read_text()
 
 
 def test_ctrl_c_is_deferred_like_sigterm_and_a_second_one_stops_at_once():

@@ -65,14 +65,22 @@ def reference(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("k", [1])
-def test_stopped_after_k_and_resumed_in_a_fresh_process_equals_the_uninterrupted_run(reference, tmp_path, k):
+def test_stopped_after_k_and_resumed_in_a_fresh_process_equals_the_uninterrupted_run(reference, tmp_path, k, capsys):
     stopped = tmp_path / "stopped"
     report = run_in_process(stopped, f"trainer.stop_after_updates={k}")
     assert (
         report["status"] == "interrupted" and [p.name for p in checkpoint.checkpoints_in(stopped)][-1] == f"update_{k}"
     )
+    # It says how to resume, as a Ctrl-C does: the same command (stop_after_updates included) + resume_from.
+    said = capsys.readouterr().out.strip().splitlines()[-1]
+    assert said == (
+        f"miniverl: stopped by trainer.stop_after_updates after update {k}, nothing left half-done; the last "
+        f"complete checkpoint is {stopped / 'checkpoints' / f'update_{k}'}; resume with the same command and "
+        f"trainer.resume_from={stopped}"
+    )
     resumed = tmp_path / "resumed"
-    result = main(*ARGS, f"trainer.resume_from={stopped}", f"hydra.run.dir={resumed}")
+    same = [*ARGS, f"trainer.stop_after_updates={k}"]
+    result = main(*same, f"trainer.resume_from={stopped}", f"hydra.run.dir={resumed}")
     assert result.returncode == 0, result.stderr
     verdicts, difference = first_difference(reference, resumed)
     assert difference is None, difference

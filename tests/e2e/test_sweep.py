@@ -11,7 +11,7 @@ from hydra import compose, initialize_config_dir
 
 from miniverl import sweep_summary
 
-from conftest import CONF, multirun
+from conftest import CONF, multirun, run_as_command
 
 
 def read_csv(path):
@@ -69,9 +69,31 @@ def test_a_failing_job_is_listed_and_the_others_finish(tmp_path, capfd):
     assert "miniverl: error: sweep job(s) 1 failed" in capfd.readouterr().err
     rows = read_csv(sweep_dir / "sweep_summary.csv")
     assert [row["status"] for row in rows] == ["measured", "failed", "measured"]
-    assert rows[1]["error"] == "recipe.logical_batch must be >= 1"
+    assert rows[1]["error"] == "recipe.logical_batch=0 must be >= 1"
     assert (sweep_dir / "0" / "report.json").is_file() and (sweep_dir / "2" / "report.json").is_file()
-    assert "| failed | recipe.logical_batch must be >= 1 |" in (sweep_dir / "sweep_summary.md").read_text()
+    assert "| failed | recipe.logical_batch=0 must be >= 1 |" in (sweep_dir / "sweep_summary.md").read_text()
+
+
+@pytest.mark.slow
+def test_user_mistakes_end_their_jobs_in_one_line_and_no_job_runs_the_resume_check_unless_asked(tmp_path, capfd):
+    sweep_dir = tmp_path / "s"
+    status = run_as_command(
+        "main", "-m", "+recipe=opd_k1", "model=toy", "teacher=toy", "recipe.optimizer_updates=2",
+        "recipe.interrupt_after_updates=1", "recipe.response_limit=8", f"hydra.sweep.dir={sweep_dir}",
+        "actor.optim.lr=1e-4,-1e-4", "data.train_files=data/toy_prompts.parquet,/nowhere/prompts.parquet",
+    )  # fmt: skip
+    out, err = capfd.readouterr()
+    assert status == 1 and "miniverl: error: sweep job(s) 1, 2, 3 failed" in err and "Traceback" not in out + err
+    assert "no resume check (a sweep job: recipe.resume_check_in_sweeps=true runs it)" in out
+    rows = read_csv(sweep_dir / "sweep_summary.csv")
+    assert [row["status"] for row in rows] == ["measured", "failed", "failed", "failed"]
+    bad_lr = "actor.optim.lr=-0.0001 must be > 0: AdamW's step size (0 would train nothing)"
+    no_data = "pre-flight check failed (python -m miniverl.doctor shows all): data: data.train_files: "
+    assert rows[1]["error"].startswith(no_data) and rows[2]["error"] == bad_lr and rows[3]["error"] == bad_lr
+    assert rows[0]["resume"] == "not_checked" and not (sweep_dir / "0" / "resume_check").exists()
+    for job in ("1", "2", "3"):  # each failed job's folder: its record, its log ending in the line, nothing else
+        assert sorted(p.name for p in (sweep_dir / job).iterdir()) == [".hydra", "error.txt", "main.log"]
+        assert (sweep_dir / job / "main.log").read_text().strip().splitlines()[-1].endswith(rows[int(job)]["error"])
 
 
 def test_the_summary_can_be_rebuilt_for_a_sweep_folder(sweep_2x2, capsys):

@@ -919,3 +919,13 @@ def test_run_time_rules_of_several_teachers_catch_what_verl_would_refuse(two_tea
     ]
     resolved = OmegaConf.to_container(compose_verl(verl_root, [*lines, *extra]), resolve=True)
     assert any(message in p for p in runtime_violations(resolved)), runtime_violations(resolved)
+
+
+def test_importing_a_file_that_is_not_there_is_one_line_naming_where_a_launch_comes_from(tmp_path, capsys):
+    assert import_command.main([str(tmp_path / "run_opd.sh")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"miniverl: error: cannot read {tmp_path / 'run_opd.sh'}: No such file or directory; give a verl launch "
+        "script or overrides file, such as the verl/run_opd.sh or verl/overrides.txt that `python -m "
+        "miniverl.export +recipe=<name>` writes into its run folder"
+    )

@@ -231,6 +231,7 @@ RUN_RULES: tuple[Rule, ...] = (
         note="total_epochs is only an upper bound (each epoch has at least one step)",
     ),
     not_applicable("recipe.interrupt_after_updates", "miniverl's own exact-resume check"),
+    not_applicable("recipe.resume_check_in_sweeps", "miniverl's own exact-resume check, in sweep jobs"),
     mapped("recipe.prompt_limit", "data.max_prompt_length", *MAX_LEN_KEYS, transform=MAX_LEN_TRANSFORM),
     mapped("recipe.response_limit", "data.max_response_length", *MAX_LEN_KEYS, transform=MAX_LEN_TRANSFORM),
     Rule(

@@ -1,0 +1,32 @@
+"""What a run folder says about its resume check, read without loading torch (main asks before
+its start lines): the report's status before a verdict, and whether this very run's check is
+still to do."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+PENDING, INTERRUPTED = "pending", "interrupted"  # the report's resume status before a verdict
+
+
+def pending_block(status: str = PENDING) -> dict:
+    """The report's `resume` block while the check has not given its verdict."""
+    return {"status": status, "first_difference": None}
+
+
+def check_is_pending(run_dir: Path, resolved: dict) -> bool:
+    """`run_dir` holds this very run (the same resolved config), finished, with its resume check
+    not done: stopped by a signal (`interrupted`) or its process killed (`pending`)."""
+    try:
+        report = json.loads((run_dir / "report.json").read_text())
+        earlier = yaml.safe_load((run_dir / "resolved_config.yaml").read_text())
+    except (OSError, ValueError, yaml.YAMLError):
+        return False
+    return (
+        report.get("status") == "measured"
+        and report.get("resume", {}).get("status") in (PENDING, INTERRUPTED)
+        and earlier == resolved
+    )

@@ -1,0 +1,30 @@
+"""The report page's curves: panels wrap into rows of three, whatever their number."""
+
+from __future__ import annotations
+
+import matplotlib.image
+import pytest
+
+from miniverl.trainer.report_page import plot_curves
+
+
+def history(updates: int, task_score: bool) -> list[dict]:
+    metrics = {"actor/distillation/loss": 1.0, "actor/grad_norm": 2.0, "response_length/mean": 8.0}
+    if task_score:
+        metrics["critic/score/mean"] = 0.5
+    return [{**metrics, "training/global_step": u} for u in range(1, updates + 1)]
+
+
+@pytest.mark.parametrize(
+    "task_score,held_out,size",
+    [
+        (False, False, (320, 1080)),  # 3 panels: one row
+        (True, True, (640, 1080)),  # 6 panels (task rewards, held-out KL and score): two rows of three
+    ],
+)
+def test_the_curves_wrap_into_rows_of_three_panels(tmp_path, task_score, held_out, size):
+    points = [{"update": 0, "value": 3.0}, {"update": 2, "value": 1.0}]
+    progress = {"k1_mean": points, "exact_reverse_kl": points, "task_score": points} if held_out else None
+    report = {"profile": "p", "status": "measured", "distillation_progress": progress}
+    plot_curves(report, history(2, task_score), tmp_path / "curves.png")
+    assert matplotlib.image.imread(str(tmp_path / "curves.png")).shape[:2] == size
