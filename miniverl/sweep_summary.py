@@ -123,15 +123,27 @@ def markdown(rows: list[dict]) -> str:
 MARKERS = "osD^vP*X"
 
 
+# Two curves closer than this share of the axis' span draw as one line (the plot is 450 px tall).
+ONE_LINE_SHARE = 0.005
+
+
 def legend_labels(jobs: list[tuple[dict, list[float]]]) -> list[str]:
-    """One legend entry per drawn job; a job whose losses equal an earlier job's draws exactly on
-    top of it, and its entry says so."""
-    first_of: dict[tuple[float, ...], str] = {}  # a curve -> the job that drew it first
+    """One legend entry per drawn job; a job whose losses lie on an earlier job's line (within
+    ONE_LINE_SHARE of the axis' span at every update) says so: the plot cannot show both."""
+    values = [v for _, losses in jobs for v in losses]
+    tolerance = ONE_LINE_SHARE * (max(values) - min(values)) if values else 0.0
     labels = []
-    for row, losses in jobs:
+    for index, (row, losses) in enumerate(jobs):
         label = f"#{row['job']} {row['swept']}"[:80] + ("" if row["status"] in DONE else " (failed)")
-        same = first_of.setdefault(tuple(losses), row["job"])
-        labels.append(label if same == row["job"] else f"{label} (the same curve as #{same})")
+        under = next(
+            (
+                earlier["job"]
+                for earlier, drawn in jobs[:index]
+                if len(drawn) == len(losses) and all(abs(a - b) <= tolerance for a, b in zip(drawn, losses))
+            ),
+            None,
+        )
+        labels.append(label if under is None else f"{label} (on the line of #{under})")
     return labels
 
 
