@@ -31,7 +31,7 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), sweep: bool =
     let the recipe's resume check run this same job again in fresh processes; in a sweep job
     (`sweep`) the check runs only with recipe.resume_check_in_sweeps=true."""
     config = to_config(cfg)
-    k = config.recipe.resume_check_after if (config.recipe.resume_check_in_sweeps or not sweep) else None
+    k = config.recipe.resume_check_in(sweep)
     pending = k is not None and check_is_pending(run_dir, resolved_config(cfg))
     print(start_lines(config, run_dir, sweep=sweep, pending_check=pending), flush=True)  # at once: imports take seconds
     if pending:  # this very run, finished; a Ctrl-C stopped its resume check

@@ -34,17 +34,13 @@ class ActorConfig:
         check_range("actor.optim.eps", optim.eps, above=0, why="AdamW divides by sqrt(v) + eps")
         check_range("actor.optim.weight_decay", optim.weight_decay, at_least=0)
         check_range("actor.grad_clip", self.grad_clip, above=0, why="the largest gradient norm an update may take")
-        check_clip_ratios("actor", self.clip_ratio, self.clip_ratio_low, self.clip_ratio_high)
+        check_clip_ratios("actor", self)
         if self.ppo_epochs != 1:
             raise ValueError("actor.ppo_epochs: on-policy distillation in miniverl runs one epoch per batch")
         if len(self.optim.betas) != 2:
             raise ValueError("actor.optim.betas must hold two numbers")
         for i, beta in enumerate(self.optim.betas):
             check_range(f"actor.optim.betas[{i}]", beta, at_least=0, below=1, why="an AdamW moment's decay")
-        if not self.clip_ratio_c > 1.0:
-            raise ValueError(
-                f"actor.clip_ratio_c={self.clip_ratio_c} must be > 1 (the dual-clip bound; verl asserts the same)"
-            )
 
 
 @dataclass
@@ -62,8 +58,11 @@ class RolloutConfig:
             raise ValueError(f"rollout.n={self.n} must be >= 1 (samples per prompt)")
 
 
-def check_clip_ratios(where: str, clip_ratio: float, low: float | None, high: float | None) -> None:
-    """PPO's clip range [1 - low, 1 + high] (clip_ratio when low/high are null) must hold ratio 1."""
-    check_range(f"{where}.clip_ratio", clip_ratio, above=0, below=1)
+def check_clip_ratios(where: str, owner) -> None:
+    """PPO's clip range [1 - low, 1 + high] (clip_ratio when low/high are null) must hold ratio 1,
+    and the dual-clip bound lie above it; `owner` is the actor's or the estimator's config."""
+    check_range(f"{where}.clip_ratio", owner.clip_ratio, above=0, below=1)
+    low, high = owner.clip_ratio_low, owner.clip_ratio_high
     check_range(f"{where}.clip_ratio_low", low, above=0, below=1, null_ok=True, why="the range's floor is 1 - it")
     check_range(f"{where}.clip_ratio_high", high, above=0, null_ok=True)
+    check_range(f"{where}.clip_ratio_c", owner.clip_ratio_c, above=1, why="the dual-clip bound; verl asserts the same")

@@ -79,11 +79,7 @@ class EstimatorConfig:
                     "log-prob, so the top-k signal is largely unused (verl warns the same)",
                     stacklevel=2,
                 )
-        if not self.clip_ratio_c > 1.0:
-            raise ValueError(
-                f"{where}.clip_ratio_c={self.clip_ratio_c} must be > 1 (the dual-clip bound; verl asserts the same)"
-            )
-        check_clip_ratios(where, self.clip_ratio, self.clip_ratio_low, self.clip_ratio_high)
+        check_clip_ratios(where, self)
         check_range(f"{where}.topk", self.topk, at_least=1, null_ok=True)
         check_range(f"{where}.loss_max_clamp", self.loss_max_clamp, above=0, null_ok=True)
         check_range(

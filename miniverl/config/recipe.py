@@ -60,6 +60,10 @@ class RecipeConfig:
             return None
         return k if k < n else n // 2
 
+    def resume_check_in(self, sweep: bool) -> int | None:
+        """resume_check_after for this job: None in a sweep job unless resume_check_in_sweeps."""
+        return self.resume_check_after if (self.resume_check_in_sweeps or not sweep) else None
+
     @property
     def resume_check_note(self) -> str | None:
         """One line on how the resume check departs from interrupt_after_updates (None: as set)."""

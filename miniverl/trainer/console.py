@@ -59,10 +59,10 @@ def start_lines(cfg: MiniverlConfig, run_dir: Path, *, sweep: bool = False, pend
     resuming = bool(cfg.trainer.resume_from) or (
         cfg.trainer.resume_mode != "disable" and not cfg.trainer.overwrite and any(run_dir.glob("checkpoints/update_*"))
     )
-    in_sweep = recipe.resume_check_in_sweeps or not sweep
     checked = recipe.resume_check_after is not None and cfg.trainer.stop_after_updates is None and not resuming
-    resume = f"resume check after update {recipe.resume_check_after}" if checked and in_sweep else "no resume check"
-    if checked and not in_sweep:
+    runs_here = recipe.resume_check_in(sweep) is not None
+    resume = f"resume check after update {recipe.resume_check_after}" if checked and runs_here else "no resume check"
+    if checked and not runs_here:
         resume += " (a sweep job: recipe.resume_check_in_sweeps=true runs it)"
     if pending_check:
         resume = f"the finished run here: only its resume check (after update {recipe.resume_check_after}) runs"

@@ -23,23 +23,30 @@ class StopRequest:
 
 
 @contextmanager
+def _handling(handler):
+    """`handler` for Ctrl-C and SIGTERM inside the block, the previous handlers restored after."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        yield
+        return
+    previous = {s: signal.signal(s, handler) for s in HANDLED}
+    try:
+        yield
+    finally:
+        for s, before in previous.items():
+            signal.signal(s, before)
+
+
+@contextmanager
 def deferred_signals():
     request = StopRequest()
-    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
-        yield request
-        return
 
     def note(signum, frame):
         if request.signum is not None:  # the second one: stop now
             raise KeyboardInterrupt
         request.signum = signum
 
-    previous = {s: signal.signal(s, note) for s in HANDLED}
-    try:
+    with _handling(note):
         yield request
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
 
 
 class SignalReceived(Exception):
@@ -54,16 +61,9 @@ class SignalReceived(Exception):
 def raised_signals():
     """Ctrl-C and SIGTERM raise SignalReceived at once (the first one): for waits that hold
     nothing half-written, such as the resume check waiting on its child processes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
 
     def stop(signum, frame):
         raise SignalReceived(signum)
 
-    previous = {s: signal.signal(s, stop) for s in HANDLED}
-    try:
+    with _handling(stop):
         yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
