@@ -248,14 +248,18 @@ def build_float32_setup(scale: str, device: torch.device, workdir: Path) -> Setu
 def as_shipped(model, device: torch.device):
     """A copy of a loaded model with bitsandbytes' own CPU choice back (miniverl's loader switches
     off its AVX512-BF16 repack, models/loading.py): what a user's plain transformers code runs.
-    None where that choice is miniverl's too (CUDA, a CPU without AVX512-BF16): no copy needed."""
+    None where that choice is miniverl's too (CUDA, a CPU without AVX512-BF16): no copy needed.
+    With oneDNN capped below bf16 (ONEDNN_MAX_CPU_ISA, utils/device.py) the peers run as on a CPU
+    without it too: how an AMX machine measures the AVX2 kind."""
     import copy
+
+    from miniverl.utils.device import cpu_bf16_instructions
 
     try:
         from bitsandbytes.functional import has_avx512bf16
     except ImportError:
         return None
-    if device.type != "cpu" or not has_avx512bf16():
+    if device.type != "cpu" or not has_avx512bf16() or cpu_bf16_instructions() is None:
         return None
     twin = copy.deepcopy(model)
     for module in twin.modules():

@@ -86,10 +86,45 @@ def timed(name: str, timings: dict[str, float], device: torch.device):
         timings[name] = time.perf_counter() - start
 
 
+# oneDNN runs torch's bfloat16 GEMMs on the CPU and may be capped below the CPU's ISA
+# (ONEDNN_MAX_CPU_ISA, formerly DNNL_MAX_CPU_ISA): capped below AVX512_CORE_BF16 it cannot use the
+# bf16 instructions, and its bf16 GEMM is the slow path of a CPU without them (measured on an AMX
+# Xeon: 6x slower capped at AVX2). The caps that still allow them, and which:
+ONEDNN_BF16_CAPS = {
+    "AVX512_CORE_BF16": "avx512_bf16",
+    "AVX512_CORE_FP16": "avx512_bf16",
+    "AVX10_1_512": "avx512_bf16",
+    "AVX512_CORE_AMX": "amx",
+    "AVX512_CORE_AMX_FP16": "amx",
+    "AVX10_1_512_AMX": "amx",
+    "AVX10_1_512_AMX_FP16": "amx",
+    "AVX10_2_512": "avx512_bf16",
+    "AVX10_2_512_AMX_2": "amx",
+    "ALL": "amx",
+}
+BF16_KINDS = (None, "avx512_bf16", "amx")  # weakest first
+
+
+def onednn_isa_cap() -> str | None:
+    """The oneDNN ISA cap set in the environment (upper case), or None when there is none."""
+    value = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA")
+    return value.strip().upper() if value and value.strip() else None
+
+
 @functools.cache  # asked by every role, the plan and the report; the CPU does not change
 def cpu_bf16_instructions() -> str | None:
-    """The CPU's bfloat16 matrix instructions: "amx" (AMX tiles, with AVX512-BF16), "avx512_bf16",
-    or None (AVX2 and AVX-512 parts without them). torch's own detection, else /proc/cpuinfo."""
+    """The bfloat16 matrix instructions torch's GEMMs may use here: "amx" (AMX tiles, with
+    AVX512-BF16), "avx512_bf16", or None (AVX2 and AVX-512 parts without them, or oneDNN capped
+    below them). The CPU by torch's own detection, else /proc/cpuinfo; then oneDNN's cap."""
+    found = _cpu_bf16_instructions()
+    cap = onednn_isa_cap()
+    if cap is None:
+        return found
+    allowed = ONEDNN_BF16_CAPS.get(cap)
+    return min(found, allowed, key=BF16_KINDS.index)
+
+
+def _cpu_bf16_instructions() -> str | None:
     probes = (
         ("amx", "_is_amx_tile_supported", "amx_bf16"),
         ("avx512_bf16", "_is_avx512_bf16_supported", "avx512_bf16"),
@@ -158,6 +193,7 @@ def hardware_facts(device: torch.device) -> dict:
         "driver": nvidia_driver() if cuda else None,
         "gpu": props.name if cuda else None,
         "gpu_count": torch.cuda.device_count() if cuda else 0,
+        "onednn_max_cpu_isa": onednn_isa_cap(),
         "peft": package_version("peft"),
         "torch": torch.__version__,
         "transformers": package_version("transformers"),

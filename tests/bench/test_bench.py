@@ -16,13 +16,13 @@ import sys
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from miniverl.config.actor import RolloutConfig
 from miniverl.workers import logprobs
 from miniverl.workers.logprobs import response_log_probs, sampled_log_probs
 from miniverl.workers.rollout import RolloutWorker
-from miniverl.workers.rollout.lean_decode import lean_decode_modules
+from miniverl.workers.rollout.lean_decode import layer_by_layer, lean_decode_modules
 from miniverl.workers.rollout.sampling import filter_logits
 
 from conftest import ROOT, toy_model_folders
@@ -30,9 +30,12 @@ from conftest import ROOT, toy_model_folders
 VOCAB, EOS, PAD = 61, 7, 0  # a vocabulary no chunk size divides
 
 
-@pytest.fixture(scope="module")
-def model():
-    config = Qwen3Config(
+def lora_student(architecture: str):
+    """A small random student of `architecture` (qwen3 or llama), LoRA on q/v with a non-zero B."""
+    config_class, model_class = {"qwen3": (Qwen3Config, Qwen3ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}[
+        architecture
+    ]
+    config = config_class(
         vocab_size=VOCAB,
         hidden_size=32,
         intermediate_size=64,
@@ -48,7 +51,7 @@ def model():
     )
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
-    model = Qwen3ForCausalLM(config)
+    model = model_class(config)
     peft_model = get_peft_model(
         model,
         LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0, task_type="CAUSAL_LM"),
@@ -58,6 +61,11 @@ def model():
             if "lora_B" in name:
                 param.normal_(0.0, 0.05)
     return peft_model.get_base_model().eval()  # LoRA injected in place, as the rollout sees the student
+
+
+@pytest.fixture(scope="module")
+def model():
+    return lora_student("qwen3")
 
 
 PROMPTS = [[3, 9, 12, 40, 5], [11, 2], [30, 31, 32, 33, 34, 35, 36, 37], [50]]
@@ -109,6 +117,20 @@ def test_decode_loop_samples_what_the_reference_loop_samples(model, static_cache
     for split in ([1, 3], [2, 1, 1]):
         other = worker.generate_sequences(PROMPTS, [0, 1, 2, 3], SEEDS, response_limit=limit, physical_batches=split)
         assert torch.equal(other.responses, whole.responses) and torch.equal(other.response_mask, whole.response_mask)
+
+
+def test_a_llama_student_decodes_layer_by_layer_and_samples_what_the_reference_loop_samples():
+    """Llama's config has no `layer_types`: its layers are all full attention all the same, so the
+    decode step calls them directly with the preallocated boolean mask (SmolLM2 is a Llama)."""
+    llama = lora_student("llama")
+    worker = RolloutWorker(llama, RolloutConfig(), eos_ids=[EOS], pad_id=PAD, device=torch.device("cpu"))
+    assert worker.direct_mask and layer_by_layer(llama.get_decoder())
+    whole = worker.generate_sequences(PROMPTS, [0, 1, 2, 3], SEEDS, response_limit=16, physical_batches=[4])
+    for i, (prompt, seed) in enumerate(zip(PROMPTS, SEEDS)):
+        tokens, log_probs = reference_loop(llama, prompt, seed, 16, temperature=1.0, top_k=-1, top_p=1.0)
+        n = int(whole.response_mask[i].sum())
+        assert whole.responses[i, :n].tolist() == tokens
+        torch.testing.assert_close(whole.rollout_log_probs[i, :n], torch.tensor(log_probs), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.skipif(

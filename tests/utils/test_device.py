@@ -103,3 +103,32 @@ def test_sdpa_gradients_are_bitwise_equal_across_two_runs_on_cuda():
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
         for name, on in zip(("flash", "mem_efficient", "math"), before[2:]):
             getattr(torch.backends.cuda, f"enable_{name}_sdp")(on)
+
+
+@pytest.mark.parametrize(
+    ("cap", "found", "expected"),
+    [
+        (None, "amx", "amx"),
+        ("AVX2", "amx", None),
+        ("avx512_core", "amx", None),  # AVX-512 without its bf16 instructions
+        ("AVX512_CORE_BF16", "amx", "avx512_bf16"),
+        ("AVX512_CORE_AMX", "avx512_bf16", "avx512_bf16"),  # a cap cannot add instructions
+        ("ALL", "amx", "amx"),
+        ("AVX2", None, None),
+    ],
+)
+def test_the_bf16_instructions_are_the_cpus_within_onednns_isa_cap(monkeypatch, cap, found, expected):
+    """oneDNN runs torch's bf16 GEMMs: capped below AVX512_CORE_BF16 it cannot use the instructions,
+    so every role must take the float32 products, as on a CPU without them."""
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    if cap is None:
+        monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    else:
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+    monkeypatch.setattr(device_module, "_cpu_bf16_instructions", lambda: found)
+    device_module.cpu_bf16_instructions.cache_clear()
+    try:
+        assert device_module.cpu_bf16_instructions() == expected
+        assert device_module.hardware_facts(torch.device("cpu"))["onednn_max_cpu_isa"] == (cap.upper() if cap else None)
+    finally:
+        device_module.cpu_bf16_instructions.cache_clear()  # the next caller sees this machine again

@@ -183,13 +183,20 @@ def lean_decode_modules(
             del module.forward  # drops the dense copies with the closures that hold them
 
 
+# Families whose config lists no `layer_types` and whose layers are all plain causal attention.
+FULL_ATTENTION_MODEL_TYPES = ("llama",)
+
+
 def full_attention_only(model: PreTrainedModel) -> bool:
     """Whether every layer is plain causal attention under SDPA, so a boolean (b, 1, 1, kv) mask
     may be handed to the decoder directly."""
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     types_ = getattr(config, "layer_types", None)
-    implementation = getattr(config, "_attn_implementation", None)
-    return implementation == "sdpa" and types_ is not None and set(types_) == {"full_attention"}
+    if types_ is None:  # Llama's config has no per-layer types: every layer is full attention
+        full = getattr(config, "model_type", None) in FULL_ATTENTION_MODEL_TYPES
+    else:
+        full = set(types_) == {"full_attention"}
+    return getattr(config, "_attn_implementation", None) == "sdpa" and full
 
 
 # Decoders whose forward is exactly embed -> rotary -> layers -> norm (transformers 5), so a decode

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from miniverl.workers.logprobs import EXP_FLOOR  # exp() without subnormals: the same values, far faster
+
 FIXED_POINT_ONE = 2**52  # a row's whole probability mass, in integer units
 
 
@@ -54,11 +56,11 @@ def sample_token(
     the unfiltered distribution: logits[token] - logsumexp(logits), the actor's formula.
     """
     top = logits.amax(-1, keepdim=True)  # (b, 1)
-    weights = (logits - top).exp_()  # (b, V): the one exp pass
+    weights = (logits - top).clamp_(min=EXP_FLOOR).exp_()  # (b, V): the one exp pass
     log_z = top.squeeze(-1) + weights.sum(-1).log()  # (b,) logsumexp
     if (0 < top_k < logits.shape[-1]) or top_p < 1.0:
         # The kept set always holds the argmax, so `top` stays the right shift.
-        weights = (filter_logits(logits, top_k, top_p) - top).exp_()
+        weights = (filter_logits(logits, top_k, top_p) - top).clamp_(min=EXP_FLOOR).exp_()
     cdf = fixed_point_units(weights).cumsum(-1)  # (b, V) int64
     total = cdf[:, -1:]
     # x < total strictly, so the first cdf entry above x is a token of non-zero weight.
