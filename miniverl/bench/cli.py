@@ -86,6 +86,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, default=2, help="--quality: N seeds for every side")
     p.add_argument("--first-seed", type=int, default=1, help="--quality: the seeds are FIRST..FIRST+N-1")
     p.add_argument("--updates", type=int, default=16, help="--quality: optimizer updates per side")
+    p.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="--quality: a Hydra override for miniverl's two sides only (repeatable), e.g. --override "
+        "data.shuffle=true; TRL's sides keep the recipe's settings: one difference ablated against the same peers",
+    )
     p.add_argument("--out", default=None, help="output folder (default outputs/bench/<scale>, or outputs/bench/real)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument(

@@ -3,6 +3,7 @@ miniverl next to TRL on the same models, prompts and settings.
 
     python -m miniverl.bench --quality --student PATH --teacher PATH [--train FILE --heldout FILE]
                              [--seeds N] [--first-seed K] [--updates N] [--out DIR]
+                             [--override KEY=VALUE ...]   # miniverl's sides only: an ablation
 
 Four sides, each trained from the same LoRA initialisation (miniverl's, for the seed) for the same
 number of updates, with the settings of `+recipe=opd_k1_real_cpu` (LoRA, AdamW, grad clip,
@@ -83,6 +84,23 @@ def compose(args, seed: int, *extra: str):
         return hydra_compose("config", overrides=overrides)
 
 
+def compose_miniverl_side(args, seed: int, *extra: str):
+    """A miniverl side's config: the recipe's, the side's own `extra`, then the user's --override
+    (a mistaken override ends in one line, before anything trains)."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from miniverl.config import to_config
+    from miniverl.utils.hydra_entry import hydra_error_line
+
+    try:
+        cfg = compose(args, seed, *extra, *args.override)
+    except (HydraException, OmegaConfBaseException) as error:
+        raise MiniverlError(f"--override {' '.join(args.override)}: {hydra_error_line(error)}") from error
+    to_config(cfg)  # the schemas' checks (ranges, choices): one line each
+    return cfg
+
+
 def run_miniverl(cfg, run_dir: Path) -> dict:
     """One miniverl run in this process: its own probe's values and its seconds per update."""
     from miniverl.main import run
@@ -148,10 +166,14 @@ def run(args) -> dict:
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     sides: dict[str, dict[int, dict]] = {name: {} for name in SIDES}
     missing = trl_missing()
+    miniverl_sides = (("miniverl_k1", ()), ("miniverl_full", ("estimator=reverse_kl_full",)))
+    for _, extra in miniverl_sides:  # every override checked before the first side trains
+        compose_miniverl_side(args, seeds[0], *extra)
     for seed in seeds:
-        for name, extra in (("miniverl_k1", ()), ("miniverl_full", ("estimator=reverse_kl_full",))):
+        for name, extra in miniverl_sides:
             print(f"--- {name}, seed {seed}", flush=True)
-            sides[name][seed] = run_miniverl(compose(args, seed, *extra), out / "runs" / f"{name}_seed{seed}")
+            cfg = compose_miniverl_side(args, seed, *extra)
+            sides[name][seed] = run_miniverl(cfg, out / "runs" / f"{name}_seed{seed}")
         if missing:
             continue
         prober = Prober(compose(args, seed))
@@ -210,6 +232,7 @@ def summarise(args, seeds: list[int], sides: dict, missing: str | None) -> dict:
         "prompts": {"train": str(args.train), "heldout": str(args.heldout)},
         "updates": args.updates,
         "seeds": seeds,
+        "miniverl_overrides": list(args.override),  # miniverl's sides only; TRL's keep the recipe's settings
         "ratios": {k: (round(v, 4) if v is not None else None) for k, v in ratios.items()},
         "targets": TARGETS,
         "null_reasons": null_reasons,

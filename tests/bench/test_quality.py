@@ -21,6 +21,7 @@ def test_quality_trains_every_side_from_one_start_and_probes_them_alike(tmp_path
     out = tmp_path / "quality"
     command = [sys.executable, "-m", "miniverl.bench", "--quality", "--student", str(folders["student"])]
     command += ["--teacher", str(folders["teacher"]), "--seeds", "1", "--updates", "2", "--out", str(out)]
+    command += ["--override", "data.shuffle=true"]  # an ablation of miniverl's sides
     done = subprocess.run(command, check=False, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((out / "quality.json").read_text())
@@ -36,6 +37,10 @@ def test_quality_trains_every_side_from_one_start_and_probes_them_alike(tmp_path
     report = json.loads((out / "runs" / "miniverl_k1_seed1" / "report.json").read_text())
     own = {str(p["update"]): p["value"] for p in report["distillation_progress"]["exact_reverse_kl"]}
     assert sides["miniverl_k1"]["heldout_kl"] == own
+    assert result["miniverl_overrides"] == ["data.shuffle=true"]
+    for name in ("miniverl_k1", "miniverl_full"):  # the override reached both miniverl sides
+        resolved = (out / "runs" / f"{name}_seed1" / "resolved_config.yaml").read_text()
+        assert "shuffle: true" in resolved, name
     ratios = result["ratios"]
     assert ratios["heldout_kl_vs_trl_iwopd"] == pytest.approx(
         sides["miniverl_k1"]["heldout_kl"]["2"] / sides["trl_iwopd"]["heldout_kl"]["2"], rel=1e-3
@@ -58,7 +63,7 @@ def test_the_ratios_are_medians_over_seeds_of_the_same_objective_pairs():
         "trl_iwopd": {1: side(2.0, [4.0, 4.0]), 2: side(2.0, [4.0, 4.0])},
         "trl_distill": {1: side(1.0, [2.0, 2.0]), 2: side(1.0, [2.0, 2.0])},
     }
-    args = Namespace(updates=2, argv=["--quality"], student="s", teacher="t", train="a", heldout="b")
+    args = Namespace(updates=2, argv=["--quality"], student="s", teacher="t", train="a", heldout="b", override=[])
     ratios = summarise(args, [1, 2], sides, None)["ratios"]
     assert ratios["heldout_kl_vs_trl_iwopd"] == 1.0  # median(1, 3) / median(2, 2)
     assert ratios["heldout_kl_vs_trl_distill"] == 0.5
@@ -71,7 +76,7 @@ def test_without_trl_the_peer_ratios_are_null_with_the_reason():
     from miniverl.bench.quality import summarise
 
     runs = {1: {"heldout_kl": {0: 5.0, 2: 1.0}, "update_seconds": [1.0]}}
-    args = Namespace(updates=2, argv=[], student="s", teacher="t", train="a", heldout="b")
+    args = Namespace(updates=2, argv=[], student="s", teacher="t", train="a", heldout="b", override=[])
     result = summarise(args, [1], {"miniverl_k1": runs, "miniverl_full": runs}, "TRL is not installed")
     assert all(v is None for v in result["ratios"].values())
     assert set(result["null_reasons"].values()) == {"TRL is not installed"}
@@ -82,3 +87,20 @@ def test_quality_needs_the_users_models():
 
     with pytest.raises(SystemExit):
         parse_args(["--quality"])
+
+
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [("data.shufle=true", "data.shufle"), ("actor.optim.lr=-1", "actor.optim.lr=-1.0 must be")],
+)
+def test_a_mistaken_override_ends_in_one_line_before_anything_trains(tmp_path, override, said):
+    folders = toy_model_folders(tmp_path)
+    out = tmp_path / "quality"
+    command = [sys.executable, "-m", "miniverl.bench", "--quality", "--student", str(folders["student"])]
+    command += ["--teacher", str(folders["teacher"]), "--seeds", "1", "--updates", "2", "--out", str(out)]
+    command += ["--override", override]
+    done = subprocess.run(command, check=False, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-3000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and said in lines[0] and "Traceback" not in done.stderr, done.stderr
+    assert not (out / "runs").exists()  # nothing trained
