@@ -167,13 +167,13 @@ def run(args) -> dict:
     sides: dict[str, dict[int, dict]] = {name: {} for name in SIDES}
     missing = trl_missing()
     miniverl_sides = (("miniverl_k1", ()), ("miniverl_full", ("estimator=reverse_kl_full",)))
-    for _, extra in miniverl_sides:  # every override checked before the first side trains
-        compose_miniverl_side(args, seeds[0], *extra)
+    configs = {  # every side and seed composed and checked before the first one trains
+        (name, seed): compose_miniverl_side(args, seed, *extra) for seed in seeds for name, extra in miniverl_sides
+    }
     for seed in seeds:
-        for name, extra in miniverl_sides:
+        for name, _ in miniverl_sides:
             print(f"--- {name}, seed {seed}", flush=True)
-            cfg = compose_miniverl_side(args, seed, *extra)
-            sides[name][seed] = run_miniverl(cfg, out / "runs" / f"{name}_seed{seed}")
+            sides[name][seed] = run_miniverl(configs[name, seed], out / "runs" / f"{name}_seed{seed}")
         if missing:
             continue
         prober = Prober(compose(args, seed))

@@ -89,18 +89,15 @@ def timed(name: str, timings: dict[str, float], device: torch.device):
 # oneDNN runs torch's bfloat16 GEMMs on the CPU and may be capped below the CPU's ISA
 # (ONEDNN_MAX_CPU_ISA, formerly DNNL_MAX_CPU_ISA): capped below AVX512_CORE_BF16 it cannot use the
 # bf16 instructions, and its bf16 GEMM is the slow path of a CPU without them (measured on an AMX
-# Xeon: 6x slower capped at AVX2). The caps that still allow them, and which:
+# Xeon: 6x slower capped at AVX2). What each cap leaves of them; a value oneDNN does not know, it
+# ignores, and so does this table.
 ONEDNN_BF16_CAPS = {
-    "AVX512_CORE_BF16": "avx512_bf16",
-    "AVX512_CORE_FP16": "avx512_bf16",
-    "AVX10_1_512": "avx512_bf16",
-    "AVX512_CORE_AMX": "amx",
-    "AVX512_CORE_AMX_FP16": "amx",
-    "AVX10_1_512_AMX": "amx",
-    "AVX10_1_512_AMX_FP16": "amx",
-    "AVX10_2_512": "avx512_bf16",
-    "AVX10_2_512_AMX_2": "amx",
-    "ALL": "amx",
+    **dict.fromkeys(("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")),
+    **dict.fromkeys(("AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX10_1_512", "AVX10_2_512"), "avx512_bf16"),
+    **dict.fromkeys(
+        ("AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16", "AVX10_1_512_AMX", "AVX10_1_512_AMX_FP16", "AVX10_2_512_AMX_2"),
+        "amx",
+    ),
 }
 BF16_KINDS = (None, "avx512_bf16", "amx")  # weakest first
 
@@ -118,10 +115,9 @@ def cpu_bf16_instructions() -> str | None:
     below them). The CPU by torch's own detection, else /proc/cpuinfo; then oneDNN's cap."""
     found = _cpu_bf16_instructions()
     cap = onednn_isa_cap()
-    if cap is None:
+    if cap not in ONEDNN_BF16_CAPS:  # none, ALL, or a value oneDNN ignores
         return found
-    allowed = ONEDNN_BF16_CAPS.get(cap)
-    return min(found, allowed, key=BF16_KINDS.index)
+    return min(found, ONEDNN_BF16_CAPS[cap], key=BF16_KINDS.index)
 
 
 def _cpu_bf16_instructions() -> str | None:
