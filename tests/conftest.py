@@ -47,6 +47,17 @@ SHORT = [
 ]
 
 
+# Session fixtures that run whole commands or build the real models: a test that uses one is slow
+# (`-m "not slow"`, the fast tier, leaves them out), whichever module it is in.
+SLOW_FIXTURES = ("recipe_run", "sweep_2x2", "real_models")
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if any(name in getattr(item, "fixturenames", ()) for name in SLOW_FIXTURES):
+            item.add_marker(pytest.mark.slow)
+
+
 def trajectory(run_dir: Path, update: int) -> dict:
     """The tensors a run logged for one update (trajectories/update_<n>.safetensors)."""
     from safetensors.torch import load_file

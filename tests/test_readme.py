@@ -1,12 +1,13 @@
-"""Every command block of the README runs as written, so the README cannot drift from the code.
+"""Every command block of the README and of docs/*.md runs as written, so no page can drift from
+the code.
 
-The shell blocks are read from README.md itself. Each command line is matched to one rule below: it
-runs (miniverl's commands in this process, with SHORT appended to training runs, as the README's
-"Overrides and sweeps" section says; the doctor with warnings as errors, its output checked), or it
-is composed and validated without running (it needs the Qwen3 weights, a GPU, a cluster, or minutes
-of benchmark) — and says why. A command no rule matches fails the walk: add a rule.
-The quick start is the suite's `recipe_run` (tests/conftest.py), the README's command with its
-short settings; the Python blocks run against that run's folder.
+The shell blocks are read from the pages themselves, README.md first, then docs/ by name. Each
+command line is matched to one rule below: it runs (miniverl's commands in this process, with SHORT
+appended to training runs, as docs/usage.md says; the doctor with warnings as errors, its output
+checked), or it is composed and validated without running (it needs the Qwen3 weights, a GPU, a
+cluster, or minutes of benchmark or training) — and says why. A command no rule matches fails the
+walk: add a rule. The quick start is the suite's `recipe_run` (tests/conftest.py), the README's
+command with its short settings; the Python blocks run against that run's folder.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ import pytest
 from conftest import RECIPE_RUN, ROOT, SWEEP_2X2, compose_config, run_as_command
 
 README = ROOT / "README.md"
-# Appended to every training command the walk runs (the README says so under "Overrides and sweeps").
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+# Appended to every training command the walk runs (docs/usage.md says so).
 SHORT = [
     "recipe.optimizer_updates=4",
     "recipe.logical_batch=1",
@@ -34,9 +36,9 @@ SHORT = [
 ]
 
 
-def readme_blocks() -> list[tuple[int, str, list[str]]]:
-    """(line, language, lines) of every fenced block."""
-    blocks, lines, start, lang = [], README.read_text().splitlines(), None, ""
+def fenced_blocks(page: Path) -> list[tuple[int, str, list[str]]]:
+    """(line, language, lines) of every fenced block of a page."""
+    blocks, lines, start, lang = [], page.read_text().splitlines(), None, ""
     for number, line in enumerate(lines, start=1):
         if line.startswith("```"):
             if start is None:
@@ -64,14 +66,22 @@ def commands_of(body: list[str]) -> list[str]:
     return out
 
 
-SHELL_BLOCKS = [(n, commands_of(body)) for n, lang, body in readme_blocks() if lang == "bash"]
-PYTHON_BLOCKS = [(n, "\n".join(body)) for n, lang, body in readme_blocks() if lang == "python"]
+def page_name(page: Path) -> str:
+    return str(page.relative_to(ROOT))
+
+
+BLOCKS = [(page_name(page), n, lang, body) for page in PAGES for n, lang, body in fenced_blocks(page)]
+SHELL_BLOCKS = [(f"{page}:{n}", commands_of(body)) for page, n, lang, body in BLOCKS if lang == "bash"]
+PYTHON_BLOCKS = [(f"{page}:{n}", "\n".join(body)) for page, n, lang, body in BLOCKS if lang == "python"]
 
 # (pattern, what the walk does, why). "run": the command runs; "compose": its overrides are
 # composed and validated; "skip": not a miniverl command the suite can run here.
 RULES = [
     (r"^python3 -m venv .* -e \. && .*miniverl\.main ", "quickstart", "the suite's recipe_run fixture"),
     (r"^python3 -m venv .*pytest", "skip", "the test suite itself: .ci/run runs exactly this"),
+    (r"^HF_HUB_OFFLINE=1 \S*python -m pytest .*-m \"not slow\"", "skip", "the suite's fast tier: a part of this suite"),
+    (r"^ONEDNN_MAX_CPU_ISA=AVX2 .*pytest", "skip", "the whole suite again, on the AVX2 kind's kernels"),
+    (r"^python -c ", "shell", "a one-line Python command: run as written, from the repository"),
     (r"^hf download ", "skip", "downloads Qwen3 from the hub: no network here"),
     (r"^pip install ", "skip", "installs an extra; the test extra has both launchers"),
     (r"^bash outputs/.*/run_opd\.sh$", "bash -n", "needs verl v0.8.0, vLLM and GPUs: checked with bash -n"),
@@ -80,6 +90,11 @@ RULES = [
     (r"^python -m miniverl\.main -m \+recipe=opd_k1 model=toy teacher=toy estimator=", "sweep", "conftest's sweep_2x2"),
     (r"^python -m miniverl\.bench ", "parse", "minutes of benchmark: tests/bench/ runs --scale toy"),
     (r"^python -m miniverl\.main \+recipe=opd_k1( hardware=\S+)?$", "compose", "needs the Qwen3 weights"),
+    (
+        r"^python -m miniverl\.main \+recipe=opd_k1 \$\(grep -v '\^#' imported\.txt\)$",
+        "compose",
+        "needs the Qwen3 weights: the overrides imported by the command before are composed and validated",
+    ),
     (
         r"^python -m miniverl\.main \+recipe=opd_k1_grpo_toy (algorithm\.|reward\.)",
         "compose",
@@ -128,7 +143,7 @@ def rule_for(command: str) -> tuple[str, str]:
     for pattern, action, why in RULES:
         if re.search(pattern, command):
             return action, why
-    raise AssertionError(f"README command without a rule in tests/test_readme.py: {command}")
+    raise AssertionError(f"a command of the README or docs/ without a rule in tests/test_readme.py: {command}")
 
 
 def test_every_readme_command_has_a_rule_and_the_quick_start_is_the_suites_recipe_run():
@@ -139,6 +154,9 @@ def test_every_readme_command_has_a_rule_and_the_quick_start_is_the_suites_recip
     quick = next(c for c in commands if rule_for(c)[0] == "quickstart")
     args = shlex.split(quick.split("miniverl.main", 1)[1])
     assert RECIPE_RUN[: len(args)] == args, "conftest.RECIPE_RUN must begin with the quick start's overrides"
+
+
+IMPORTED = "$(grep -v '^#' imported.txt)"
 
 
 class Walk:
@@ -155,6 +173,10 @@ class Walk:
         text = text.replace("outputs/<run>", str(self.quick_run)).replace("outputs/<date>/<time>", str(self.quick_run))
         text = text.replace("/path/to/your_verl.parquet", str(ROOT / "data/toy_prompts.parquet"))
         text = text.replace("<partition>", "gpu")
+        text = text.replace(" -o imported.txt", f" -o {self.root}/imported.txt")  # not into the repository
+        if IMPORTED in text:  # the shell's $(...) of the imported overrides, expanded as bash would
+            lines = (self.root / "imported.txt").read_text().splitlines()
+            text = text.replace(IMPORTED, " ".join(shlex.quote(o) for o in lines if o and not o.startswith("#")))
         return re.sub(r"(?<![\w/])outputs/", f"{self.root}/outputs/", text)
 
     def fresh_dir(self) -> Path:
@@ -184,6 +206,12 @@ def run_command(command: str, walk: Walk, request, capfd) -> None:
     action, why = rule_for(command)
     words = shlex.split(walk.substitute(command))
     if action in ("skip", "quickstart"):
+        return
+    if action == "shell":
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
+        words = [sys.executable if word == "python" else word for word in shlex.split(command)]
+        result = subprocess.run(words, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, f"{command}: {result.stderr[-2000:]}"
         return
     if action == "bash -n":
         assert walk.export_dir is not None, "the export block must come before run_opd.sh"
@@ -244,14 +272,14 @@ def outputs_of_the_repository() -> set[Path]:
     return set((ROOT / "outputs").rglob("*")) if (ROOT / "outputs").exists() else set()
 
 
-@pytest.mark.parametrize("line,commands", SHELL_BLOCKS, ids=[f"README:{n}" for n, _ in SHELL_BLOCKS])
-def test_the_readme_block_runs_as_written(line, commands, walk, request, capfd):
+@pytest.mark.parametrize("where,commands", SHELL_BLOCKS, ids=[where for where, _ in SHELL_BLOCKS])
+def test_the_block_runs_as_written(where, commands, walk, request, capfd):
     for command in commands:
         run_command(command, walk, request, capfd)
 
 
-@pytest.mark.parametrize("line,code", PYTHON_BLOCKS, ids=[f"README:{n}" for n, _ in PYTHON_BLOCKS])
-def test_the_readme_python_block_runs_as_written_quietly_and_writes_nothing_where_it_runs(line, code, walk):
+@pytest.mark.parametrize("where,code", PYTHON_BLOCKS, ids=[where for where, _ in PYTHON_BLOCKS])
+def test_the_python_block_runs_as_written_quietly_and_writes_nothing_where_it_runs(where, code, walk):
     # A fresh interpreter, as a user's script: a library's one-time notice is not hidden by the suite's
     # earlier imports, and whatever it prints shows.
     where = walk.fresh_dir()
@@ -260,8 +288,8 @@ def test_the_readme_python_block_runs_as_written_quietly_and_writes_nothing_wher
     result = subprocess.run(
         [sys.executable, "-c", walk.substitute(code)], cwd=where, env=env, capture_output=True, text=True, timeout=600
     )
-    assert result.returncode == 0, f"README.md:{line}: {result.stderr[-2000:]}"
+    assert result.returncode == 0, f"{where}: {result.stderr[-2000:]}"
     # Hugging Face's own progress bars (loading weights, writing shards) are what a user expects to see.
     noise = [text for text in result.stderr.splitlines() if text.strip() and not PROGRESS_BAR.match(text)]
-    assert noise == [], f"README.md:{line} printed what a user cannot act on: {noise[:5]}"
+    assert noise == [], f"{where} printed what a user cannot act on: {noise[:5]}"
     assert list(where.iterdir()) == [], "the snippet wrote into the folder it runs in"

@@ -94,6 +94,7 @@ def reference_loop(model, prompt, seed, limit, *, temperature, top_k, top_p):
 @pytest.mark.parametrize(
     "sampling", [{"temperature": 1.0, "top_k": -1, "top_p": 1.0}, {"temperature": 0.8, "top_k": 20, "top_p": 0.9}]
 )
+@pytest.mark.slow
 def test_decode_loop_samples_what_the_reference_loop_samples(model, static_cache, sampling):
     limit = 24
     worker = RolloutWorker(
@@ -137,6 +138,7 @@ def test_a_llama_student_decodes_layer_by_layer_and_samples_what_the_reference_l
     not any(shutil.which(cc) for cc in ("g++", "c++", "clang++")),
     reason="inductor compiles C++ on the CPU: no compiler here",
 )
+@pytest.mark.slow
 def test_compiled_decode_step_samples_what_the_eager_loop_samples_on_the_cpu(model):
     """hardware.rollout_compile through a real torch.compile (inductor; a CUDA graph only on CUDA),
     with the static cache it implies: the same tokens and log-probs as the eager loop."""
@@ -350,6 +352,7 @@ def test_response_log_probs_equal_a_plain_forward(model):
     torch.testing.assert_close(batch.rollout_log_probs, full * mask, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_bench_toy_smoke_run_writes_every_ratio(tmp_path):
     from miniverl.bench.setups import PATH_RATIO_KEYS, RATIO_KEYS, TARGETS
 
@@ -408,6 +411,7 @@ def test_bench_toy_smoke_run_writes_every_ratio(tmp_path):
     assert "full-vocabulary" in table and "IWOPDTrainer" in table
 
 
+@pytest.mark.slow
 def test_bench_measures_a_users_own_model_folders(tmp_path):
     """--student/--teacher: the real path on any two Hugging Face folders (here toy bf16 Qwen3s in
     Qwen3's token layout), its three keys measured, the decode's bytes against the bandwidth."""

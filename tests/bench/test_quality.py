@@ -93,6 +93,7 @@ def test_quality_needs_the_users_models():
     ("override", "said"),
     [("data.shufle=true", "data.shufle"), ("actor.optim.lr=-1", "actor.optim.lr=-1.0 must be")],
 )
+@pytest.mark.slow
 def test_a_mistaken_override_ends_in_one_line_before_anything_trains(tmp_path, override, said):
     folders = toy_model_folders(tmp_path)
     out = tmp_path / "quality"

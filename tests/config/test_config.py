@@ -31,6 +31,7 @@ def test_required_options_exist():
 
 
 @pytest.mark.parametrize("group,option", OPTIONS)
+@pytest.mark.slow
 def test_every_group_option_composes_and_validates(group, option):
     cfg = compose_config([f"{group}={option}"])
     assert isinstance(to_config(cfg), MiniverlConfig)
@@ -156,6 +157,7 @@ OUT_OF_RANGE = [
 
 
 @pytest.mark.parametrize("override,message", OUT_OF_RANGE)
+@pytest.mark.slow
 def test_every_numeric_knob_out_of_its_range_is_refused_when_composed(override, message):
     with pytest.raises(MiniverlError) as info:
         to_config(compose_config(["+recipe=opd_k1", "model=toy", "teacher=toy", override]))
@@ -210,6 +212,7 @@ def test_several_teachers_compose_each_from_a_teacher_option():
         ),
     ],
 )
+@pytest.mark.slow
 def test_a_refused_teachers_setting_is_one_line_naming_it(extra, message):
     with pytest.raises(MiniverlError) as info:
         to_config(compose_config([*TWO_TEACHERS, *extra]))

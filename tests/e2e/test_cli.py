@@ -15,6 +15,7 @@ def toy_run(recipe_run):
     return recipe_run
 
 
+@pytest.mark.slow
 def test_the_toy_recipe_runs_from_the_command_line(toy_run):
     result, run_dir = toy_run
     assert result.returncode == 0, result.stderr
@@ -118,6 +119,7 @@ def test_a_missing_parquet_is_one_line(tmp_path, capfd):
     assert refused_run_folder(tmp_path / "r").endswith(lines[0].removeprefix("miniverl: error: "))
 
 
+@pytest.mark.slow
 def test_a_negative_learning_rate_is_one_line_before_anything_is_written(tmp_path):
     result = main(*TOY, "actor.optim.lr=-1e-4", f"hydra.run.dir={tmp_path / 'run'}")
     assert result.returncode == 2 and "Traceback" not in result.stdout + result.stderr

@@ -62,6 +62,7 @@ def prompts_table(prompts):
         ),
     ],
 )
+@pytest.mark.slow
 def test_bad_train_files_are_one_line_naming_the_file_and_the_fix(tmp_path, make, message):
     path = tmp_path / "prompts.parquet"
     make(path)
@@ -71,6 +72,7 @@ def test_bad_train_files_are_one_line_naming_the_file_and_the_fix(tmp_path, make
     assert "data.train_files" in str(info.value) or "data:" in str(info.value)
 
 
+@pytest.mark.slow
 def test_a_finished_run_folder_is_replaced_only_when_told(tmp_path):
     run_toy(tmp_path / "run")
     with pytest.raises(MiniverlError, match=r"already holds a run \(status measured: .* trainer.overwrite=true"):

@@ -68,6 +68,7 @@ def scored(trainer):
     return trainer.teacher.compute_teacher_log_prob(rollout(trainer), 4)
 
 
+@pytest.mark.slow
 def test_the_qwen3_toy_has_qwen3s_tokens_shapes_and_precision(trainer):
     tok, student = trainer.tokenizer, trainer.student.get_base_model()
     assert len(tok) == TOKENS and tok.eos_token_id == IM_END and tok.pad_token_id == ENDOFTEXT
@@ -194,6 +195,7 @@ def test_a_teacher_padded_to_another_row_count_is_accepted_and_scores_the_same(t
 
 
 @pytest.mark.parametrize("float32_gemm", [True, False], ids=["cpu_float32_gemm", "bitsandbytes_products"])
+@pytest.mark.slow
 def test_the_doctor_passes_the_recipes_precision_and_fails_a_broken_nf4_path(trainer, monkeypatch, float32_gemm):
     monkeypatch.setattr(trainer.rollout, "float32_gemm", float32_gemm)
     source = models.source_of(trainer.cfg.model, trainer.run_dir / "toy_models" / "student")

@@ -37,6 +37,7 @@ def real_run(real_models, tmp_path_factory):
     return run_as_command("main", *SHORT_REAL, f"hydra.run.dir={run_dir}"), run_dir
 
 
+@pytest.mark.slow
 def test_the_real_student_moves_toward_its_teacher(real_run):
     status, run_dir = real_run
     assert status == 0
@@ -58,6 +59,7 @@ def test_rollout_and_actor_log_probs_agree_within_the_bf16_tolerance_on_real_wei
         assert float(diff.max()) <= worst_allowed and float(diff.sum() / mask.sum()) <= mean_allowed, update
 
 
+@pytest.mark.slow
 def test_sampling_and_scoring_disagree_less_than_bf16_and_float32_compute_do(real_models):
     """The rollout's decode steps and a full forward round differently in bf16; their gap is
     smaller than the gap between the same forward in bf16 and in float32 compute (the rounding

@@ -96,6 +96,7 @@ def test_stopped_after_k_and_resumed_in_a_fresh_process_equals_the_uninterrupted
     assert len((resumed / "metrics.jsonl").read_text().splitlines()) == N
 
 
+@pytest.mark.slow
 def test_resume_mode_auto_continues_a_stopped_run_in_its_own_folder(reference, tmp_path):
     folder = tmp_path / "run"
     run_in_process(folder, "trainer.stop_after_updates=2")
@@ -133,6 +134,7 @@ def stopped_run(tmp_path):
         (lambda ckpt: None, "belongs to another plan"),
     ],
 )
+@pytest.mark.slow
 def test_a_broken_or_foreign_checkpoint_is_refused_without_touching_any_file(stopped_run, tmp_path, damage, message):
     damage(checkpoint.checkpoints_in(stopped_run)[-1])
     before = tree_digest(stopped_run)
@@ -184,6 +186,7 @@ def sigkill_once_flagged(script: str, flag: Path) -> None:
     child.wait()
 
 
+@pytest.mark.slow
 def test_a_process_killed_while_writing_a_checkpoint_leaves_the_previous_one_loadable(reference, tmp_path):
     run_dir, flag = tmp_path / "killed", tmp_path / "writing"
     sigkill_once_flagged(
@@ -220,6 +223,7 @@ def test_the_peft_adapter_reproduces_the_trained_students_log_probs(tmp_path):
     assert not torch.equal(ours, torch.as_tensor(t["old_log_probs"]))  # the adapter moved since that rollout
 
 
+@pytest.mark.slow
 def test_only_the_newest_checkpoints_are_kept_when_asked_and_resume_still_works(reference, tmp_path):
     folder = tmp_path / "run"
     run_in_process(folder, "trainer.stop_after_updates=3", "trainer.max_actor_ckpt_to_keep=2")
@@ -231,6 +235,7 @@ def test_only_the_newest_checkpoints_are_kept_when_asked_and_resume_still_works(
 
 
 # ------------------------------------------------------------------ the recipe's resume check
+@pytest.mark.slow
 def test_a_resumed_child_that_started_afresh_fails_the_resume_check(tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
     run_in_process(run_dir)
@@ -250,6 +255,7 @@ def test_a_resumed_child_that_started_afresh_fails_the_resume_check(tmp_path, mo
     assert block["adapter_and_optimizer_byte_identical"] and block["trajectories_byte_identical"]  # bytes alone pass
 
 
+@pytest.mark.slow
 def test_the_parent_releases_its_models_before_the_resume_checks_children_run(tmp_path, monkeypatch):
     loaded = []
 
@@ -333,6 +339,7 @@ run_in_process(Path({run_dir!r}))
 """
 
 
+@pytest.mark.slow
 def test_the_same_command_restarts_a_run_killed_before_its_first_checkpoint(reference, tmp_path, capfd):
     run_dir, flag = tmp_path / "killed", tmp_path / "flag"
     sigkill_once_flagged(

@@ -66,6 +66,7 @@ def alone(cfg, name: str, run_dir) -> TeacherWorker:
     )
 
 
+@pytest.mark.slow
 def test_each_sample_is_scored_by_the_teacher_of_its_data_source(reference):
     sources = pq.read_table("data/toy_mixed.parquet").column("data_source").to_pylist()
     cfg = to_config(compose_config(ARGS))
@@ -111,6 +112,7 @@ def test_the_metrics_and_the_report_name_every_teacher(reference):
     assert "teacher" not in plan["settings"] and set(plan["settings"]["teachers"]) == set(NAMES)
 
 
+@pytest.mark.slow
 def test_a_run_stopped_and_resumed_with_several_teachers_equals_the_whole_run(reference, tmp_path):
     stopped = tmp_path / "stopped"
     assert teachers_run(stopped, "trainer.stop_after_updates=1")["status"] == "interrupted"
@@ -162,6 +164,7 @@ def test_the_default_teacher_takes_a_row_of_no_key_and_a_ref_teacher_is_the_stud
     assert not (run_dir / "toy_models" / "teachers" / "echo").exists()
 
 
+@pytest.mark.slow
 def test_the_full_vocabulary_kl_of_each_sample_is_against_its_own_teachers_distribution(tmp_path):
     """estimator=reverse_kl_full with two teachers: each teacher's loss metric is the exact KL of the
     student (a fresh LoRA: its base) to that teacher alone, over that teacher's samples."""

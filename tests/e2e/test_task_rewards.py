@@ -75,6 +75,7 @@ def test_each_score_is_its_rule_on_the_decoded_response_at_the_last_token(refere
     assert scored == 2 * 2 * N_SAMPLES
 
 
+@pytest.mark.slow
 def test_task_advantages_are_grpo_over_each_prompts_samples(reference, parity_run):
     for run_dir in (reference, parity_run):
         t = trajectory(run_dir, 1)
@@ -106,6 +107,7 @@ def test_the_metrics_carry_verls_task_reward_names(reference):
     }
 
 
+@pytest.mark.slow
 def test_a_run_stopped_and_resumed_with_rollout_n_samples_equals_the_whole_run(reference, tmp_path):
     stopped = tmp_path / "stopped"
     assert task_run(stopped, "trainer.stop_after_updates=1")["status"] == "interrupted"
@@ -117,6 +119,7 @@ def test_a_run_stopped_and_resumed_with_rollout_n_samples_equals_the_whole_run(r
     assert sha256_file(stopped / name) == sha256_file(reference / name)
 
 
+@pytest.mark.slow
 def test_a_downshift_with_rollout_n_samples_samples_the_same_tokens(reference, tmp_path):
     report = task_run(tmp_path / "oom", "hardware.simulate_oom_above_rows=2")
     assert report["measurements"]["batch_downshifts"]["rollout_oom"] > 0
@@ -149,6 +152,7 @@ def test_a_users_reward_function_scores_every_row(parity_run):
         assert t["token_level_scores"][i].sum() == len(text) % 2
 
 
+@pytest.mark.slow
 def test_without_task_rewards_the_task_settings_change_no_byte(tmp_path):
     # Pure distillation reads none of them: the same trajectories and adapter, and no task columns.
     plain = ["+recipe=opd_k1", *SHORT, "recipe.optimizer_updates=2"]

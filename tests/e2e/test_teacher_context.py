@@ -84,6 +84,7 @@ def test_the_context_is_in_the_report_with_its_digest(reference):
     assert len(teacher["context_sha256"]) == 64
 
 
+@pytest.mark.slow
 def test_a_run_stopped_and_resumed_with_a_context_equals_the_whole_run(reference, tmp_path):
     stopped = tmp_path / "stopped"
     assert context_run(stopped, "trainer.stop_after_updates=1")["status"] == "interrupted"
@@ -102,6 +103,7 @@ def test_a_run_stopped_and_resumed_with_a_context_equals_the_whole_run(reference
         ["estimator=reverse_kl_full"],
     ],
 )
+@pytest.mark.slow
 def test_a_context_works_in_the_ref_and_shared_base_modes_and_with_the_topk_and_full_estimators(
     reference, tmp_path, extra
 ):

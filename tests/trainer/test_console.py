@@ -16,6 +16,7 @@ def _bar_states(stderr: str) -> list[str]:
     return [s.split("|")[2].split()[0] for s in stderr.replace("\r", "\n").splitlines() if s.startswith("opd:")]
 
 
+@pytest.mark.slow
 def test_the_bar_stops_where_the_run_stopped_and_a_resume_starts_there(tmp_path, capsys):
     args = ["+recipe=opd_k1", *SHORT, "recipe.optimizer_updates=4", "trainer.progress_bar=true"]
     stopped = tmp_path / "stopped"

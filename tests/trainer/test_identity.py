@@ -38,6 +38,7 @@ print(json.dumps(digests(BASE)))
 """
 
 
+@pytest.mark.slow
 def test_digests_are_the_same_in_a_fresh_process():
     # Another process has another hash seed and another import order: the digests must not notice.
     fresh = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, cwd=ROOT, check=True)
@@ -69,6 +70,7 @@ def test_digests_are_the_same_in_a_fresh_process():
         "actor.clip_ratio_c=2.5",
     ],
 )
+@pytest.mark.slow
 def test_any_experiment_field_changes_both_digests(override):
     base = digests(BASE)
     changed = digests([*BASE, override])
@@ -78,6 +80,7 @@ def test_any_experiment_field_changes_both_digests(override):
 @pytest.mark.parametrize(
     "override", ["trainer.experiment_name=other", "trainer.progress_bar=true", "trainer.logger=[console]"]
 )
+@pytest.mark.slow
 def test_run_control_fields_change_the_config_digest_but_not_the_plan(override):
     base = digests(BASE)
     changed = digests([*BASE, override])

@@ -91,6 +91,7 @@ def test_the_self_test_fails_when_scoring_disagrees_with_sampling(tmp_path, monk
     assert preflight.check_self_test(trainer).status == "FAIL"
 
 
+@pytest.mark.slow
 def test_progress_is_measured_before_training_and_every_n_updates(tmp_path):
     report = run(
         compose_config(

@@ -114,6 +114,7 @@ def plain_and_downshifted(tmp_path_factory):
     )
 
 
+@pytest.mark.slow
 def test_an_oom_at_4_and_at_2_runs_at_1_and_trains_the_same(plain_and_downshifted):
     (plain, plain_dir), (shifted, shifted_dir) = plain_and_downshifted
     m = shifted["measurements"]
@@ -135,6 +136,7 @@ def test_an_oom_at_4_and_at_2_runs_at_1_and_trains_the_same(plain_and_downshifte
     assert shifted_loss == pytest.approx(plain_loss, rel=1e-4, abs=1e-6)
 
 
+@pytest.mark.slow
 def test_an_oom_at_one_row_fails_keeps_the_last_update_and_reports_failed(tmp_path, monkeypatch):
     from miniverl.workers.rollout import RolloutWorker
 
@@ -185,6 +187,7 @@ def test_the_failed_attempt_is_released_before_the_cache_is_freed_and_the_rows_h
     assert shift.counts["rollout_oom"] == 2 and shift.rows["rollout"] == 1
 
 
+@pytest.mark.slow
 def test_an_oom_in_the_held_out_probe_halves_its_rows_too(tmp_path, monkeypatch):
     from miniverl.workers.rollout import RolloutWorker
     from miniverl.workers.teacher import TeacherWorker

@@ -5,9 +5,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT
 
 
+@pytest.mark.slow
 def test_the_clock_does_not_count_what_the_shell_ran_before_execing_python():
     # bash execs its last command in its own process: the process was created before the sleep.
     probe = (

@@ -331,6 +331,7 @@ def test_verl_dataclass_defaults_differ_from_its_yaml_where_the_table_says(verl_
 
 @pytest.mark.parametrize("scale", SCALES)
 @pytest.mark.parametrize("estimator", ["k1", "k3", "forward_kl_topk"])
+@pytest.mark.slow
 def test_export_composes_against_verl_0_8_0_and_passes_its_run_time_checks(
     tmp_path, verl_root, verl_default, estimator, scale
 ):
@@ -366,6 +367,7 @@ def test_export_composes_against_verl_0_8_0_and_passes_its_run_time_checks(
 
 
 @pytest.mark.parametrize("custom", [False, True], ids=["miniverl-rules", "users-function"])
+@pytest.mark.slow
 def test_a_recipe_with_task_rewards_exports_a_launch_verl_accepts(tmp_path, verl_root, verl_default, custom):
     fn = tmp_path / "my_reward.py"
     fn.write_text("def my_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n")
@@ -399,6 +401,7 @@ def test_a_recipe_with_task_rewards_exports_a_launch_verl_accepts(tmp_path, verl
     assert values["reward.custom_reward_function.path"] == (str(fn) if custom else None)
 
 
+@pytest.mark.slow
 def test_keys_whose_verl_defaults_differ_from_the_recipe_are_written_out(verl_root, recipe_lines):
     written = parsed(recipe_lines)
     for key in DATACLASS_DEFAULTS_THAT_DIFFER:  # written even where the YAML default happens to agree
@@ -476,6 +479,7 @@ BROKEN = {  # overrides appended to a valid launch -> what verl would refuse at 
 
 
 @pytest.mark.parametrize("case", BROKEN)
+@pytest.mark.slow
 def test_run_time_rules_catch_what_verl_would_refuse(verl_root, recipe_lines, case):
     extra, message = BROKEN[case]
     resolved = OmegaConf.to_container(compose_verl(verl_root, [*recipe_lines, *extra.split()]), resolve=True)
@@ -506,6 +510,7 @@ def test_run_time_rules_catch_what_verl_would_refuse(verl_root, recipe_lines, ca
         (["estimator=reverse_kl_full"], "has no full-vocabulary reverse KL loss"),
     ],
 )
+@pytest.mark.slow
 def test_export_refuses_a_launch_verl_would_refuse_with_one_line(tmp_path, overrides, message):
     with pytest.raises(MiniverlError, match=None) as error:
         export(compose_config([*RECIPE, *overrides]), tmp_path / "verl", cwd=ROOT)
@@ -613,6 +618,7 @@ def imported(path: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("variant", ["recipe", "everything_changed"])
+@pytest.mark.slow
 def test_export_import_export_is_a_fixed_point(tmp_path, variant):
     first = [] if variant == "recipe" else EVERYTHING_CHANGED
     lines = export_lines(tmp_path, first)
@@ -768,6 +774,7 @@ def test_override_values_parse_back_to_themselves(value):
 # ---------------------------------------------------------------- the command
 
 
+@pytest.mark.slow
 def test_export_command_writes_the_launch_into_its_run_folder(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     env.pop("HYDRA_FULL_ERROR", None)
@@ -912,6 +919,7 @@ def test_a_several_teacher_export_verl_would_not_run_is_one_line(tmp_path, extra
         (["+distillation.teacher_models.code.model_path=null"], "teacher_models.code.model_path must be set"),
     ],
 )
+@pytest.mark.slow
 def test_run_time_rules_of_several_teachers_catch_what_verl_would_refuse(two_teacher_lines, verl_root, extra, message):
     lines = two_teacher_lines
     lines = [

@@ -53,6 +53,7 @@ def runs(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_bypass_uses_the_rollout_log_probs_as_old_log_probs(runs):
     _, run_dir = runs["bypass"]
     for update in range(1, N + 1):
@@ -99,6 +100,7 @@ def test_bypass_is_part_of_the_plan():
     assert digests[0] != digests[1]  # a checkpoint of one is refused by the other
 
 
+@pytest.mark.slow
 def test_a_bypass_run_resumes_exactly(runs, tmp_path):
     _, reference = runs["bypass"]
     stopped = tmp_path / "stopped"

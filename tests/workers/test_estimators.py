@@ -112,6 +112,7 @@ def scored_batches(tmp_path_factory):
 
 @pytest.mark.parametrize("family", ["k1", "k3", "topk", "full"])
 @pytest.mark.parametrize("agg", LOSS_AGG_MODES)
+@pytest.mark.slow
 def test_loss_and_lora_gradients_do_not_depend_on_the_update_chunks(scored_batches, family, agg):
     trainer, batch = scored_batches[family]
     actor = trainer.actor

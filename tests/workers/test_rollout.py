@@ -60,6 +60,7 @@ def test_sampling_is_reproducible_and_seed_dependent(trainer):
     assert not torch.equal(first.responses, other_seeds.responses)  # same prompts, other streams
 
 
+@pytest.mark.slow
 def test_a_failed_resume_check_fails_the_command(monkeypatch, tmp_path):
     import miniverl.trainer.resume_check as resume_check
 
