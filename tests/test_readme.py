@@ -82,6 +82,11 @@ RULES = [
     (r"^HF_HUB_OFFLINE=1 \S*python -m pytest .*-m \"not slow\"", "skip", "the suite's fast tier: a part of this suite"),
     (r"^ONEDNN_MAX_CPU_ISA=AVX2 .*pytest", "skip", "the whole suite again, on the AVX2 kind's kernels"),
     (r"^python -c ", "shell", "a one-line Python command: run as written, from the repository"),
+    (
+        r"^python -m miniverl\.config\.reference$",
+        "skip",
+        "rewrites the reference in the repository: tests/config/test_reference.py runs its --check",
+    ),
     (r"^hf download ", "skip", "downloads Qwen3 from the hub: no network here"),
     (r"^pip install ", "skip", "installs an extra; the test extra has both launchers"),
     (r"^bash outputs/.*/run_opd\.sh$", "bash -n", "needs verl v0.8.0, vLLM and GPUs: checked with bash -n"),

@@ -30,23 +30,38 @@ from miniverl.config.validation import ValidationConfig
 
 @dataclass
 class MiniverlConfig:
+    # The student: its weights, precision, LoRA (conf/model/, verl: actor_rollout_ref.model).
     model: StudentConfig = field(default_factory=StudentConfig)
+    # The frozen teacher that scores the student's samples (conf/teacher/, verl: distillation.teacher_models).
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     # Several teachers routed by a data column (verl: distillation.teacher_models, .teacher_key):
     # `+teacher@teachers.<name>=<option>` each; empty: `teacher` alone scores every row.
     teachers: dict[str, TeacherConfig] = field(default_factory=dict)
+    # The parquet column whose value picks a row's teacher when `teachers` holds several (verl:
+    # distillation.teacher_key).
     teacher_key: str = "data_source"
     default_teacher: Optional[str] = None  # miniverl: the teacher of rows whose key matches none (verl refuses them)
+    # The distillation loss (conf/estimator/, verl: distillation.distillation_loss).
     estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
+    # Where the run executes and how work is split into forwards there (conf/hardware/).
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    # The prompts (verl-format parquet) and how they are read (conf/data/, verl: data.*).
     data: DataConfig = field(default_factory=DataConfig)
+    # Seed, loggers, checkpoints, stop and resume (conf/trainer/, verl: trainer.*).
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    # The student's optimizer and update (verl: actor_rollout_ref.actor.*).
     actor: ActorConfig = field(default_factory=ActorConfig)
+    # How the student samples (verl: actor_rollout_ref.rollout.*).
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    # Task advantages and the old-log-prob source (verl: algorithm.*).
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    # The task reward, read only with estimator.use_task_rewards=true (verl: reward.*).
     reward: RewardConfig = field(default_factory=RewardConfig)
+    # The numbers of an experiment: batch, updates, lengths, the resume check; +recipe=<name> sets them.
     recipe: RecipeConfig = field(default_factory=RecipeConfig)
+    # The scale of the verl launch `python -m miniverl.export` writes (conf/export/); training never reads it.
     export: ExportConfig = field(default_factory=ExportConfig)
+    # The held-out measurement of distillation progress (never changes training).
     eval: ValidationConfig = field(default_factory=ValidationConfig)
 
     @property

@@ -10,22 +10,32 @@ from miniverl.config.bounds import check_range
 
 @dataclass
 class OptimConfig:
+    # AdamW learning rate (verl: optim.lr), constant over the run.
     lr: float = 1e-5
+    # AdamW betas (verl: optim.betas).
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    # AdamW epsilon (verl: optim.override_optimizer_config.eps).
     eps: float = 1e-8
+    # AdamW weight decay on the LoRA weights (verl: optim.weight_decay).
     weight_decay: float = 0.01
 
 
 @dataclass
 class ActorConfig:
+    # The student's optimizer (AdamW).
     optim: OptimConfig = field(default_factory=OptimConfig)
+    # Clip of the gradient's global norm before each step (verl: optim.clip_grad).
     grad_clip: float = 1.0
+    # Passes over each batch per update (verl: ppo_epochs); 1 is the only choice (on-policy).
     ppo_epochs: int = 1
     # The task-reward PPO loss (estimator.use_task_rewards): verl's actor clip ratios. The
     # distillation policy gradient has its own (estimator.clip_ratio*), as in verl.
     clip_ratio: float = 0.2
+    # Lower clip of the task PPO loss (null: clip_ratio).
     clip_ratio_low: Optional[float] = 0.2
+    # Upper clip of the task PPO loss (null: clip_ratio).
     clip_ratio_high: Optional[float] = 0.2
+    # Dual-clip bound of the task PPO loss (verl: clip_ratio_c).
     clip_ratio_c: float = 3.0
 
     def __post_init__(self) -> None:
@@ -45,7 +55,9 @@ class ActorConfig:
 
 @dataclass
 class RolloutConfig:
+    # Sampling temperature (verl: rollout.temperature); the teacher always scores at 1.0.
     temperature: float = 1.0
+    # Nucleus sampling (1.0: off); with top_k, the rollout samples a truncated distribution.
     top_p: float = 1.0
     top_k: int = -1  # -1 = no top-k filtering (verl's convention)
     n: int = 1  # samples per prompt, each with its own sampling stream (GRPO groups with task rewards)

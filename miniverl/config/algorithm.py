@@ -30,8 +30,11 @@ class RolloutCorrectionConfig:
 
 @dataclass
 class AlgorithmConfig:
+    # Task advantages with task rewards: grpo or rloo (verl: algorithm.adv_estimator).
     adv_estimator: str = "grpo"
+    # Divide GRPO advantages by the group's std (verl's default true; Dr. GRPO: false).
     norm_adv_by_std_in_grpo: bool = True
+    # Where the old log-probs come from (verl: algorithm.rollout_correction).
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
     def __post_init__(self) -> None:

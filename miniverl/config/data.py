@@ -13,16 +13,20 @@ class DataConfig:
     train_files: Any = "data/toy_prompts.parquet"
     # Held-out prompts for the distillation-progress measurement (verl: data.val_files); never trained on.
     val_files: Any = None
+    # The parquet column that holds the chat messages (verl: data.prompt_key).
     prompt_key: str = "prompt"
     # verl: drop prompts over max_prompt_length instead of failing (truncation=error otherwise).
     filter_overlong_prompts: bool = False
+    # What a prompt over recipe.prompt_limit does: error (the only choice; verl's left/right cut it).
     truncation: str = "error"
+    # Shuffle the prompts once per pass, seeded by data.seed (verl: data.shuffle); false: file order.
     shuffle: bool = False
     # Let the plan go through the prompts more than once (verl: more than one epoch); otherwise a
     # plan that needs more prompts than the data holds is refused.
     repeat_prompts: bool = False
     # Extra arguments to the chat template (verl: data.apply_chat_template_kwargs), e.g. enable_thinking.
     apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # The seed of that shuffle (verl: data.seed).
     seed: int = 1
 
     def __post_init__(self) -> None:

@@ -26,23 +26,35 @@ LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "se
 
 @dataclass
 class EstimatorConfig:
+    # The divergence: k1/kl, abs, k2/mse, k3/low_var_kl (single-sample), forward_kl_topk, reverse_kl_full
+    # (docs/losses.md).
     loss_mode: str = "k3"
+    # Teacher tokens per position of forward_kl_topk: more is closer to the full KL, costs memory.
     topk: Optional[int] = 32
+    # true: the estimate is the advantage of a policy-gradient loss (k1 needs it); false: the estimate is the loss.
     use_policy_gradient: bool = False
+    # verl's policy loss of that gradient; vanilla is the one verl v0.8.0 supports for distillation.
     policy_loss_mode: str = "vanilla"
+    # PPO ratio clip of the distillation policy gradient (does nothing on-policy, ratio 1).
     clip_ratio: float = 0.2
+    # Lower PPO clip (null: clip_ratio).
     clip_ratio_low: float = 0.2
+    # Upper PPO clip (null: clip_ratio).
     clip_ratio_high: float = 0.2
     # Dual-clip bound. verl v0.8.0's distillation PG reads it from distillation.distillation_loss, which
     # has no such field, so verl always uses 3.0 (actor_rollout_ref.actor.clip_ratio_c is not read there).
     clip_ratio_c: float = 3.0
+    # Clamp of the per-token estimate to +-this (verl's example: 10); null: none. Clamping stops a few terrible tokens
+    # from dominating, and stops the gradient from ranking them.
     loss_max_clamp: Optional[float] = None
+    # Floor on the log-probs of forward_kl_topk (verl's example: -10); null: none.
     log_prob_min_clamp: Optional[float] = None
     loss_agg_mode: str = "token-mean"  # verl: actor_rollout_ref.actor.loss_agg_mode
     # Task rewards beside the distillation loss: verl's PPO loss on the task advantages (see
     # `algorithm`, `reward`) + distillation_loss_coef x the distillation loss. verl's default is
     # true; miniverl's is false, pure distillation (with which a coefficient is not used).
     use_task_rewards: bool = False
+    # Weight of the distillation loss beside the task PPO loss (with use_task_rewards).
     distillation_loss_coef: float = 1.0
 
     def __post_init__(self) -> None:

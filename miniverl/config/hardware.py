@@ -12,6 +12,7 @@ DEVICES = ("auto", "cpu", "cuda")
 
 @dataclass
 class HardwareConfig:
+    # The name of this hardware option (conf/hardware/<name>.yaml), recorded in the report.
     name: str = "auto"
     device: str = "auto"  # auto = CUDA when present, else the CPU
     # Rows per rollout forward (the "physical" batch of a logical batch).
@@ -47,9 +48,10 @@ class HardwareConfig:
     cpu_float32_gemm: Optional[bool] = None
     # Resource contract of this hardware option (null: no limit).
     gpu_hour_limit: Optional[float] = None
+    # Resource contract: the most GPU memory the run may reserve (null: no limit).
     peak_reserved_limit_gib: Optional[float] = None
-    # Fault injection for tests: a forward of more rows than this raises torch.OutOfMemoryError,
-    # exercising the out-of-memory downshift (null: off).
+    # Test only: fault injection, a forward of more rows than this raises torch.OutOfMemoryError,
+    # exercising the out-of-memory downshift (null: off; leave it off).
     simulate_oom_above_rows: Optional[int] = None
 
     def __post_init__(self) -> None:

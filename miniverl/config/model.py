@@ -41,15 +41,23 @@ class ToyArchitecture:
     embedding past the tokenizer (Qwen3: 151,936 rows); null: one row per token.
     """
 
+    # Width of the toy model: larger is slower and holds more.
     hidden_size: int = 64
+    # Width of the toy's MLP.
     intermediate_size: int = 128
+    # Longest sequence the toy accepts: at least prompt_limit + response_limit.
     max_position_embeddings: int = 1024
+    # Attention heads (hidden_size must be a multiple, unless head_dim is set).
     num_heads: int = 4
+    # Decoder layers of the toy.
     num_layers: int = 2
     num_kv_heads: Optional[int] = None  # grouped KV heads; null: num_heads
     head_dim: Optional[int] = None  # null: hidden_size // num_heads
+    # Share the embedding and the lm_head (Qwen3-0.6B does): fewer weights, one matrix read twice.
     tie_word_embeddings: bool = False
+    # bytes: 256 byte tokens + 3 special ones; qwen3: Qwen3's id layout, chat template and stop ids.
     tokenizer: str = "bytes"
+    # Embedding rows past the tokenizer, as real models pad them (Qwen3: 151,936); null: one per token.
     vocab_rows: Optional[int] = None
     dtype: str = "float32"  # the dtype the weights are written in (`dtype: auto` then loads it)
 
@@ -82,11 +90,17 @@ class ToyArchitecture:
 
 @dataclass
 class LoraSettings:
+    # Always true: miniverl trains LoRA adapters only (kept for verl's lora_rank > 0 meaning).
     enabled: bool = True
+    # LoRA rank (verl: lora_rank): more trainable weights and memory, more capacity.
     r: int = 16
+    # LoRA scale numerator (verl: lora_alpha): the update is scaled by alpha / r.
     alpha: int = 32
+    # Dropout on the LoRA input while training (0: the rollout's and the actor's distributions stay one).
     dropout: float = 0.0
+    # The linear layers that get an adapter (verl: target_modules); all seven projections learn most.
     target_modules: list[str] = field(default_factory=lambda: ["q_proj", "v_proj"])
+    # peft's LoRA bias setting: none trains no bias.
     bias: str = "none"
 
     def __post_init__(self) -> None:
@@ -107,19 +121,29 @@ def check_common(where: str, quantization: str, dtype: str) -> None:
 @dataclass
 class StudentConfig:
     model_id: str = "toy"  # "toy", a hub id (pinned by `revision`) or a local directory
+    # The hub revision (commit) of model_id, pinned so that a run names exactly its weights.
     revision: Optional[str] = None
     tokenizer_id: Optional[str] = None  # defaults to model_id
+    # The hub revision of tokenizer_id.
     tokenizer_revision: Optional[str] = None
+    # Let transformers run the model repository's own code (verl: trust_remote_code); off by default.
     trust_remote_code: bool = False
+    # The compute dtype: auto takes the checkpoint's (bf16 for Qwen3), float32 is exact and slower.
     dtype: str = "auto"
+    # transformers' attention kernel: sdpa (the decode loop's fast path needs it) or eager.
     attn_implementation: str = "sdpa"
+    # nf4: 4-bit weights with bitsandbytes (a quarter of the memory); none: the dtype's weights.
     quantization: str = "nf4"
+    # peft's prepare_model_for_kbit_training on a quantized student (float32 norms and embedding).
     prepare_kbit_training: bool = True
+    # Recompute activations in the backward pass (verl: enable_gradient_checkpointing): less memory, ~30% more time.
     gradient_checkpointing: bool = True
+    # The adapter the run trains.
     lora: LoraSettings = field(default_factory=LoraSettings)
     # Start from an existing PEFT adapter folder (verl: actor_rollout_ref.model.lora_adapter_path)
     # instead of a fresh LoRA; its own adapter_config.json then decides r, alpha and targets.
     adapter: Optional[str] = None
+    # The random model built when model_id is toy.
     toy: ToyArchitecture = field(default_factory=ToyArchitecture)
 
     def __post_init__(self) -> None:

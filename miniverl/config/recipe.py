@@ -26,9 +26,12 @@ def teacher_target_for(loss_mode: str) -> str:
 
 @dataclass
 class RecipeConfig:
+    # The recipe's name (conf/recipe/<name>.yaml), recorded in the report.
     name: str = "default"
+    # The profile identity the report carries (a recipe that changes what it computes gets a new one).
     profile: str = "verl-opd-v0.8-single-gpu-pg-k1-v1"
     logical_batch: int = 4  # prompts per optimizer update (verl: data.train_batch_size = ppo_mini_batch_size)
+    # Optimizer steps of the run (verl: trainer.total_training_steps).
     optimizer_updates: int = 8
     # The exact-resume check after the run: two more runs in fresh processes, stopped after update
     # k and resumed (null: no check; see resume_check_after).

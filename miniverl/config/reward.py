@@ -17,11 +17,14 @@ from typing import Optional
 @dataclass
 class CustomRewardFunctionConfig:
     path: Optional[str] = None  # a Python file; relative paths are taken from the directory the command runs in
+    # The function in that file (verl: custom_reward_function.name).
     name: str = "compute_score"
 
 
 @dataclass
 class RewardConfig:
+    # A reward function of your own (verl: reward.custom_reward_function); null path: the rule of each row's
+    # data_source.
     custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
 
     def __post_init__(self) -> None:

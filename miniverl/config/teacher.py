@@ -51,18 +51,28 @@ class TeacherConfig:
     # With several teachers (`teachers.<name>`): the value of the row's `teacher_key` column this
     # teacher scores (verl: distillation.teacher_models.<name>.key). The single `teacher` reads none.
     key: Optional[str] = None
+    # standard: a separate frozen model; ref: the student's base without its LoRA; shared_base: `adapter` on the
+    # student's base.
     mode: str = "standard"
+    # toy, a hub id (pinned by revision) or a local folder of a Hugging Face causal LM.
     model_id: str = "toy"
+    # The hub revision (commit) of model_id.
     revision: Optional[str] = None
+    # The tokenizer checked against the student's (null: model_id's own).
     tokenizer_id: Optional[str] = None
+    # The hub revision of tokenizer_id.
     tokenizer_revision: Optional[str] = None
+    # Let transformers run the model repository's own code.
     trust_remote_code: bool = False
+    # The compute dtype: auto takes the checkpoint's; float32 scores exactly, bf16 at half the memory.
     dtype: str = "float32"
+    # transformers' attention kernel: sdpa or eager.
     attn_implementation: str = "sdpa"
+    # nf4: 4-bit weights (a quarter of the memory, bf16 products); none: the dtype's weights.
     quantization: str = "nf4"
-    adapter: Optional[str] = (
-        None  # a PEFT adapter folder (standard: on top of model_id; shared_base: on the student's base)
-    )
+    # A PEFT adapter folder (standard: on top of model_id; shared_base: on the student's base).
+    adapter: Optional[str] = None
+    # The random model built when model_id is toy.
     toy: ToyArchitecture = field(default_factory=ToyArchitecture)
     # Seed of the toy teacher's initialisation; null: the student's own initialisation (with
     # toy_pretrain_steps > 0, a teacher that is a fine-tune of the student's base).
@@ -70,6 +80,7 @@ class TeacherConfig:
     # Pretraining the toy teacher on the prompt corpus makes it differ from the student in a
     # learnable way (0 = a second random model).
     toy_pretrain_steps: int = 0
+    # Learning rate of that pretraining.
     toy_pretrain_lr: float = 0.003
     # A privileged context: the teacher's own prompt, made from the row (null templates: the student's).
     context: TeacherContext = field(default_factory=TeacherContext)

@@ -13,9 +13,13 @@ RESUME_MODES = ("auto", "disable", "resume_path")
 @dataclass
 class TrainerConfig:
     seed: int = 1  # every random stream of the run derives from this and the update counters
+    # A label for loggers and the report (verl: trainer.project_name).
     project_name: str = "miniverl"
+    # A label for loggers and the report (verl: trainer.experiment_name).
     experiment_name: str = "opd"
+    # Where metrics go: console, jsonl (metrics.jsonl), tensorboard, wandb (verl: trainer.logger).
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    # tqdm's bar of updates on the console (false: one line per update).
     progress_bar: bool = True
     # verl's trainer.save_freq: a checkpoint every N updates (-1: only at a stop and at the end).
     save_freq: int = 1
