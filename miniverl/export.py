@@ -1,5 +1,5 @@
 """`python -m miniverl.export +recipe=opd_k1 [overrides]`: the recipe as a verl v0.8.0 launch
-(miniverl/verl_compat/export.py; docs/export.md)."""
+(miniverl/verl_compat/launch_writer.py; docs/export.md)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 from miniverl.utils.errors import MiniverlError, exit_code_of
 from miniverl.utils.hydra_entry import one_line_hydra_errors, run_as_main
 from miniverl.verl_compat.defaults import VERL_VERSION
-from miniverl.verl_compat.export import EXPORT_FOLDER, export
+from miniverl.verl_compat.launch_writer import EXPORT_FOLDER, export
 
 
 @one_line_hydra_errors

@@ -93,11 +93,6 @@ class Batch:
         """Every filled column, on the CPU and contiguous (for safetensors)."""
         return {f.name: t.detach().cpu().contiguous() for f in fields(self) if (t := getattr(self, f.name)) is not None}
 
-    @staticmethod
-    def concat(parts: list[Batch]) -> Batch:
-        names = [f.name for f in fields(Batch) if getattr(parts[0], f.name) is not None]
-        return Batch(**{name: torch.cat([getattr(p, name) for p in parts]) for name in names})
-
 
 # ---------------------------------------------------------------------- assembly and padding
 def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

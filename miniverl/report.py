@@ -1,5 +1,9 @@
 """`python -m miniverl.report compare A.json B.json`: two run reports side by side — every
-measurement with both values and B/A, then every identity field that differs."""
+measurement with both values and B/A, then every identity field that differs.
+
+Named after its command, `python -m miniverl.report`; report.json is built by
+miniverl/trainer/run_report.py and rendered as report.md by miniverl/trainer/report_page.py.
+"""
 
 from __future__ import annotations
 

@@ -19,7 +19,6 @@ import torch
 from miniverl.bench.measuring import PeakMemory, peak_memory
 from miniverl.bench.opd_step import TRL_COMPUTES
 from miniverl.bench.pieces import measure_path
-from miniverl.bench.report import machine_facts, markdown
 from miniverl.bench.setups import (
     BATCH,
     LORA,
@@ -36,6 +35,7 @@ from miniverl.bench.setups import (
     build_real_setup,
     build_recipe_setup,
 )
+from miniverl.bench.tables import machine_facts, markdown
 from miniverl.models import cpu_gemm
 from miniverl.utils.errors import MiniverlError, exit_code_of
 from miniverl.workers.rollout.lean_decode import few_row_gemv_enabled

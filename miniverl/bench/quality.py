@@ -156,7 +156,7 @@ class Prober:
 
 def run(args) -> dict:
     from miniverl.bench.quality_trl import run_trl, trl_missing
-    from miniverl.bench.report import machine_facts
+    from miniverl.bench.tables import machine_facts
 
     out = Path(args.out or Path("outputs") / "bench" / "quality")
     if (out / "runs").exists():  # its miniverl runs would refuse the folders of the previous ones

@@ -8,6 +8,9 @@ replicas of `teacher_tensor_parallel_size` GPUs each. The defaults are the small
 one trainer GPU plus one teacher GPU. The checks here are the ones verl makes at run time about these
 knobs alone; the ones that also need the recipe (batch divisibility, context length) run when the
 export is built (`miniverl.export`).
+
+Named after its config group (one schema module per `conf/<group>/`), as the `export` command
+is (miniverl/export.py); the export itself is miniverl/verl_compat/launch_writer.py.
 """
 
 from __future__ import annotations

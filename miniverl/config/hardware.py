@@ -21,7 +21,7 @@ class HardwareConfig:
     update_chunk: int = 4
     # Positions per chunk when turning hidden states into sampled-token log-probs, so that no
     # (B, T, V) float32 tensor is ever materialised at once; a chunk also never holds more than
-    # 2**24 logits (miniverl.logprobs.MAX_CHUNK_ELEMENTS), whatever the vocabulary.
+    # 2**24 logits (miniverl.workers.logprobs.MAX_CHUNK_ELEMENTS), whatever the vocabulary.
     logprob_chunk: int = 64
     deterministic: bool = True  # deterministic kernels where the device offers them
     # Rollout decode loop (miniverl/workers/rollout/, docs/bench.md). A preallocated KV cache, reused

@@ -15,6 +15,7 @@ import logging
 import time
 from pathlib import Path
 
+import torch
 from tqdm import tqdm
 
 from miniverl.config import MiniverlConfig
@@ -57,6 +58,18 @@ class OPDTrainer:
         self.progress: dict[str, list[dict]] = {}  # held-out k1_mean / exact_reverse_kl per evaluated update
         self.probe: ValidationProbe | None = None  # with eval.every != -1
         self.adapter_saved = False  # peft_adapter/ written (by finish, or before release_models)
+        # Set by setup(); a run that fails in setup reports what was set by then.
+        self.device: torch.device | None = None
+        self.tokenizer = self.student = None  # the student's tokenizer; the PeftModel the actor trains
+        self.prompts: PromptSet | None = None
+        self.plan: Plan | None = None
+        self.out: RunFolder | None = None
+        self.tensorboard: TensorBoardLogger | None = None  # with trainer.logger tensorboard
+        self.reward: RewardWorker | None = None  # with estimator.use_task_rewards
+        self.rollout = self.teacher = self.actor = None  # the roles (workers/factory.py)
+        self.downshift: Downshift | None = None
+        self.teacher_weight_bytes, self.products = {}, None  # for the report: bytes, the products every role computes
+        self.cold_startup_seconds = self.resume_load_seconds = None  # setup's end; a resumed checkpoint's load
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -136,8 +149,7 @@ class OPDTrainer:
 
     # ------------------------------------------------------------------ train
     def train(self) -> str:
-        """Runs the remaining updates; returns the run status: measured (every update done),
-        interrupted or failed."""
+        """Runs the remaining updates; returns the status: measured (all done), interrupted or failed."""
         progress = dict(disable=not self.cfg.trainer.progress_bar, dynamic_ncols=True, unit="update")
         # Advanced after each update is logged, and closed before the closing table: a run that
         # stops early or resumes shows where it stands.
@@ -166,7 +178,7 @@ class OPDTrainer:
                     self.ensure_checkpoint()  # of the last complete update
                     return "failed"
                 self.log_update(update.update, metrics, bar)
-                if self.checkpoint_due(update.update):
+                if checkpoint.is_due(update.update, self.cfg.trainer, len(self.plan.updates)):
                     self.save_checkpoint(update.update)
                 if update.update == stop or stop_request.signum:
                     self.ensure_checkpoint()
@@ -233,9 +245,6 @@ class OPDTrainer:
             self.seconds_to_first[event] = round(seconds_since_start(), 4)
 
     # ------------------------------------------------------------------ checkpoints
-    def checkpoint_due(self, update: int) -> bool:
-        return checkpoint.is_due(update, self.cfg.trainer, len(self.plan.updates))
-
     def ensure_checkpoint(self) -> None:
         """Checkpoint the last complete update unless that is already done."""
         done = len(self.history)
@@ -249,8 +258,7 @@ class OPDTrainer:
             "compiled_plan_sha256": self.plan.digest,
             "resolved_config_digest": sha256_json(self.resolved),
             "run_seed": self.cfg.trainer.seed,
-            # Every random stream is derived from the run seed and counters (plan.json's sample
-            # seeds), so no generator state needs saving.
+            # Every random stream derives from the run seed and counters: no generator state to save.
             "random_streams": "derived: plan.updates[k].sample_seeds",
             "trajectory_digests": list(self.out.trajectory_digests),
             "trajectory_sha256": self.out.trajectory_sha256,
@@ -271,9 +279,7 @@ class OPDTrainer:
         becomes the report's `resume` block)."""
         if not self.adapter_saved:
             self.save_adapter()
-        resume = resume_check or resume_block(
-            self.resumed, getattr(self, "resume_load_seconds", None), len(self.history), self.plan
-        )
+        resume = resume_check or resume_block(self.resumed, self.resume_load_seconds, len(self.history), self.plan)
         facts = trainer_facts(self, status, resume)
         report = build_report(self.cfg, self.plan, facts)
         self.out.write_json("report.json", report)

@@ -1,6 +1,6 @@
 """`report.json` (schema v1): what a run measured, with the reference report's field names, units
-and meanings (docs/report.md says how each figure is measured), and
-`python -m miniverl.report compare A.json B.json` to read two reports side by side.
+and meanings (docs/report.md says how each figure is measured). Reading two reports side by side,
+`python -m miniverl.report compare A.json B.json`, is the command's (miniverl/report.py).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from miniverl.utils.measure import (
     source_commit,
     workload_driver_sha256,
 )
-from miniverl.verl_compat.export import field_rule_digest
+from miniverl.verl_compat.launch_writer import field_rule_digest
 
 SCHEMA_VERSION = 1
 PROFILE_SCHEMA_VERSION = 1
@@ -122,7 +122,7 @@ def teachers_block(cfg: MiniverlConfig, weight_bytes: dict[str, int]) -> dict:
 def trainer_facts(trainer, status: str, resume: dict) -> RunFacts:
     """The facts an OPDTrainer observed (its run so far), for the report."""
     return RunFacts(
-        **device_facts(trainer.device, getattr(trainer, "products", None)),
+        **device_facts(trainer.device, trainer.products),
         status=status,
         history=trainer.history,
         run_dir=trainer.run_dir,
@@ -137,7 +137,7 @@ def trainer_facts(trainer, status: str, resume: dict) -> RunFacts:
         failure=trainer.failure,
         workload_seconds=seconds_since_start(),
         distillation_progress=trainer.progress if trainer.cfg.eval.every != -1 else None,
-        teacher_weight_bytes=getattr(trainer, "teacher_weight_bytes", {}),
+        teacher_weight_bytes=trainer.teacher_weight_bytes,
     )
 
 

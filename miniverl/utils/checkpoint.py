@@ -21,6 +21,7 @@ from peft.utils.constants import EMBEDDING_LAYER_NAMES
 from safetensors.torch import load_file, save_file
 
 from miniverl import __version__
+from miniverl.config.trainer import TrainerConfig
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import canonical_json, sha256_file
 
@@ -91,11 +92,11 @@ def save_checkpoint(
     return final
 
 
-def is_due(update: int, trainer, total_updates: int) -> bool:
+def is_due(update: int, trainer_config: TrainerConfig, total_updates: int) -> bool:
     """Whether a checkpoint follows `update`: every trainer.save_freq updates, at
     trainer.stop_after_updates and after the last update."""
-    freq = trainer.save_freq
-    return update in (trainer.stop_after_updates, total_updates) or (freq > 0 and update % freq == 0)
+    freq = trainer_config.save_freq
+    return update in (trainer_config.stop_after_updates, total_updates) or (freq > 0 and update % freq == 0)
 
 
 def embeddings_targeted(student: PeftModel) -> bool:
@@ -164,9 +165,6 @@ class Checkpoint:
     def run_dir(self) -> Path:
         return self.path.parent.parent
 
-    def bytes(self) -> int:
-        return sum((self.path / name).stat().st_size for name in (*TENSOR_FILES, STATE_FILE))
-
 
 def verify_checkpoint(path: str | Path, plan_digest: str) -> Checkpoint:
     """Every check a resume needs, reading only: files present, hashes right, same plan, and the
@@ -212,13 +210,13 @@ def verify_checkpoint(path: str | Path, plan_digest: str) -> Checkpoint:
     return checkpoint
 
 
-def resume_source(trainer, run_dir: Path) -> Path | None:
-    """Where a run resumes from (`trainer`: its TrainerConfig): trainer.resume_from, or with
-    resume_mode auto this folder's latest checkpoint; None to start fresh."""
-    if trainer.resume_mode == "disable" or trainer.overwrite:
+def resume_source(trainer_config: TrainerConfig, run_dir: Path) -> Path | None:
+    """Where a run resumes from: trainer.resume_from, or with resume_mode auto this folder's latest
+    checkpoint; None to start fresh."""
+    if trainer_config.resume_mode == "disable" or trainer_config.overwrite:
         return None
-    if trainer.resume_from:
-        return Path(trainer.resume_from)
+    if trainer_config.resume_from:
+        return Path(trainer_config.resume_from)
     return run_dir if checkpoints_in(run_dir) else None
 
 

@@ -22,6 +22,10 @@ from miniverl.utils.measure import free_device_cache
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# The rows of a rollout forward (hardware.rollout_physical_batch) and of every scoring forward
+# (hardware.update_chunk): the actor's chunks, the teacher's and the probe's forwards all take
+# update_chunk rows, so they halve together under one kind, named after that key and counted as the
+# reference report's `update_chunk_oom`.
 KINDS = ("rollout", "update_chunk")
 
 

@@ -84,7 +84,11 @@ def one_line_hydra_errors(entry: Callable) -> Callable:
 
             return original(guarded)
 
-        # Hydra reports through this module-level helper; swapped only while the entry point runs.
+        # Hydra has no public hook for this: `@hydra.main` composes the config and prints its
+        # errors inside `hydra._internal.utils.run_and_report`, before any of our code runs, and
+        # composing with the compose API instead would lose what @hydra.main gives (multirun,
+        # launchers, --cfg, the run folder). So that one helper is swapped, only while the entry
+        # point runs; tests/e2e/test_cli.py (a composition mistake in one line) fails if a Hydra release moves it.
         hydra_internal.run_and_report = run_and_report
         try:
             return entry(*args, **kwargs)

@@ -7,7 +7,8 @@ mini-batch, so the accumulated gradient does not depend on the chunking.
 
 Old log-probs. One mini-batch and one epoch make the update on-policy: the weights being updated
 are the ones that sampled. So when the batch has no `old_log_probs`, the update's own forward
-gives them (detached: the PPO ratio is exactly 1) and fills the column. verl computes them in a
+gives them (detached: the PPO ratio is exactly 1) and fills the column (`old_log_probs_for` decides,
+in one place). verl computes them in a
 pass of its own before the update (`compute_log_prob`, eval mode, no autograd); verl v0.6/v0.7
 then used `log_prob.detach()` in the loss anyway when on-policy (PR #3119), as miniverl does, but
 still ran that pass. miniverl skips it: one forward pass fewer per update, bitwise the same values
@@ -18,6 +19,7 @@ forward is a random draw, not the policy, so the separate pass runs instead.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 from peft import PeftModel
@@ -28,7 +30,7 @@ from miniverl.models import cpu_gemm
 from miniverl.protocol import Batch
 from miniverl.workers.full_vocab_loss import reverse_kl_full, reverse_kl_full_terms
 from miniverl.workers.logprobs import response_hidden_states, response_log_probs, response_topk_terms
-from miniverl.workers.losses import combine_metrics, distillation_loss, distillation_ppo_loss
+from miniverl.workers.losses import batch_normalisers, combine_metrics, distillation_loss, distillation_ppo_loss
 from miniverl.workers.topk_loss import topk_distillation_loss
 
 
@@ -58,7 +60,7 @@ class ActorWorker:
         )
         self.model = model.get_base_model()  # LoRA layers are injected in place
         self.estimator = estimator
-        self.clip = actor  # the task-reward PPO loss's clip ratios (verl's actor ones)
+        self.actor_config = actor  # its clip ratios are the task-reward PPO loss's (verl's actor ones)
         self.grad_clip = actor.grad_clip
         self.temperature = temperature
         self.logprob_chunk = logprob_chunk
@@ -101,23 +103,29 @@ class ActorWorker:
             ]
         return torch.cat(parts) * batch.response_mask
 
+    def old_log_probs_for(self, batch: Batch, rows_per_forward: int) -> torch.Tensor | None:
+        """The old log-probs an update of `batch` uses, (B, R): the batch's own if it has them, the
+        rollout's in bypass mode (verl's rollout_correction.bypass_mode), a separate eval-mode pass
+        when the train forward has dropout (a random draw); None: the update's own forward's
+        (on-policy: the PPO ratio is exactly 1, and the loss functions read None so)."""
+        if batch.old_log_probs is not None:
+            return batch.old_log_probs
+        if self.bypass_mode:
+            return batch.rollout_log_probs.clone()  # own storage: safetensors refuses shared ones
+        if self.dropout_in_train_mode:
+            return self.compute_log_prob(batch, rows_per_forward)
+        return None
+
     def update_actor(self, batch: Batch, chunks: list[int]) -> tuple[Batch, dict[str, float]]:
         """One optimizer step on `batch` (needs the teacher's columns). Returns the batch with the
-        actor's columns filled — old_log_probs (the rollout's in bypass mode, else this update's
-        own forward's: on-policy) and, for the policy-gradient estimators, advantages — and the
-        update's metrics."""
-        filled_here = batch.old_log_probs is None
-        if filled_here and self.bypass_mode:
-            batch.old_log_probs = batch.rollout_log_probs.clone()  # own storage: safetensors refuses shared ones
-        elif filled_here and self.dropout_in_train_mode:  # the train forward is a random draw: a pass of their own
-            batch.old_log_probs = self.compute_log_prob(batch, chunks[0])
-        try:
-            with cpu_gemm.float32_products(self.model, self.float32_gemm):  # the recomputed forward too
-                metrics, distillation_losses = self._step(batch, chunks)
-        except BaseException:
-            if filled_here:  # an OOM retry at smaller chunks takes them again from its own forward
-                batch.old_log_probs = None
-            raise
+        actor's columns filled — old_log_probs (`old_log_probs_for`, else this update's own
+        forward's) and, for the policy-gradient estimators, advantages — and the update's metrics.
+        The batch is written only once the step is taken, so an out-of-memory retry at smaller
+        chunks starts again from the batch as it came."""
+        given = self.old_log_probs_for(batch, chunks[0])
+        with cpu_gemm.float32_products(self.model, self.float32_gemm):  # the recomputed forward too
+            metrics, distillation_losses, own = self._step(replace(batch, old_log_probs=given), chunks)
+        batch.old_log_probs = own if given is None else given
         # Memory: the teacher's hidden states (B, R, H) are read only by this update's loss.
         batch.teacher_hidden_states = None
         if self.estimator.use_policy_gradient:
@@ -128,8 +136,8 @@ class ActorWorker:
             metrics.update(per_teacher_losses(distillation_losses, batch, self.teacher_names))
         return batch, metrics
 
-    def _step(self, batch: Batch, chunks: list[int]) -> tuple[dict[str, float], torch.Tensor]:
-        metrics, per_token_loss = self.accumulate_gradients(batch, chunks)
+    def _step(self, batch: Batch, chunks: list[int]) -> tuple[dict[str, float], torch.Tensor, torch.Tensor]:
+        metrics, per_token_loss, log_probs = self.accumulate_gradients(batch, chunks)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip))
         loss = metrics["actor/distillation/loss"] + metrics.get("actor/pg_loss", 0.0)
         if not (math.isfinite(grad_norm) and math.isfinite(loss)):
@@ -145,17 +153,17 @@ class ActorWorker:
         self.peft_model.eval()
         metrics["actor/grad_norm"] = grad_norm
         metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
-        return metrics, per_token_loss
+        return metrics, per_token_loss, log_probs
 
-    def accumulate_gradients(self, batch: Batch, chunks: list[int]) -> tuple[dict[str, float], torch.Tensor]:
-        """Backward over the update chunks; the chunk losses sum to the mini-batch loss."""
+    def accumulate_gradients(
+        self, batch: Batch, chunks: list[int]
+    ) -> tuple[dict[str, float], torch.Tensor, torch.Tensor]:
+        """Backward over the update chunks; the chunk losses sum to the mini-batch loss. Returns the
+        metrics, the per-token distillation loss (B, R) and this forward's log-probs (B, R): the
+        policy before the step, what on-policy old log-probs are."""
         self.peft_model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        normalisers = dict(
-            batch_num_tokens=float(batch.response_mask.sum()),
-            global_batch_size=int((batch.response_mask.sum(-1) > 0).sum()),
-            loss_scale_factor=self.loss_scale_factor,
-        )
+        normalisers = dict(batch_normalisers(batch.response_mask), loss_scale_factor=self.loss_scale_factor)
         total_loss, parts, per_token, log_probs, start = 0.0, [], [], [], 0
         for size in chunks:
             chunk = batch.rows(start, start + size)
@@ -163,7 +171,7 @@ class ActorWorker:
             loss, chunk_per_token, metrics, log_prob = self._chunk_loss(chunk, normalisers)
             loss_with_task, task_metrics = distillation_ppo_loss(  # verl's, with or without task rewards
                 self.estimator,
-                self.clip,
+                self.actor_config,
                 loss,
                 log_prob,
                 chunk.old_log_probs,
@@ -177,14 +185,13 @@ class ActorWorker:
             parts.append((metrics, float(chunk.response_mask.sum())))
             per_token.append(chunk_per_token.detach())
             log_probs.append(log_prob.detach())  # (size, R): the policy before this step
-        if batch.old_log_probs is None:  # on-policy: this forward's log-probs are the old ones
-            batch.old_log_probs = torch.cat(log_probs) * batch.response_mask
         metrics = {f"actor/{k}": float(v) for k, v in combine_metrics(parts).items()}
         metrics["actor/distillation/loss"] = total_loss  # before distillation_loss_coef, as verl logs it
         for name in ("pg_clipfrac", "ppo_kl", "pg_clipfrac_lower"):  # pure distillation: the actor's PG
             if f"actor/distillation/{name}" in metrics and f"actor/{name}" not in metrics:  # is the
                 metrics[f"actor/{name}"] = metrics[f"actor/distillation/{name}"]  # distillation PG (verl's names)
-        return metrics, torch.cat(per_token) * batch.response_mask
+        mask = batch.response_mask
+        return metrics, torch.cat(per_token) * mask, torch.cat(log_probs) * mask
 
     def _chunk_loss(self, chunk: Batch, normalisers: dict):
         """(loss, per-token loss, metrics, log_prob (b, R) with its graph); old_log_probs None: on-policy."""

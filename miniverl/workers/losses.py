@@ -336,10 +336,11 @@ def distillation_ppo_loss(
 # --------------------------------------------------------------------------------------------------
 
 
-def batch_normalisers(response_mask: torch.Tensor) -> dict[str, int]:
-    """batch_num_tokens and global_batch_size of a whole mini-batch, to pass to every chunk."""
+def batch_normalisers(response_mask: torch.Tensor) -> dict[str, float | int]:
+    """batch_num_tokens and global_batch_size of a whole mini-batch, to pass to every chunk: each
+    chunk's loss is normalised by the mini-batch's counts, so that the chunk losses sum to it."""
     mask = response_mask.bool()  # (B, T)
-    return {"batch_num_tokens": int(mask.sum()), "global_batch_size": int((mask.sum(-1) > 0).sum())}
+    return {"batch_num_tokens": float(mask.sum()), "global_batch_size": int((mask.sum(-1) > 0).sum())}
 
 
 def combine_metrics(parts: Iterable[tuple[dict[str, float], Number]]) -> dict[str, float]:

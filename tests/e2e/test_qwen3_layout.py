@@ -113,9 +113,9 @@ def test_loss_gradients_and_old_log_probs_do_not_depend_on_the_update_chunks_in_
     for chunks in ([4], [2, 2], [1, 1, 1, 1]):
         batch = copy.copy(scored)
         batch.old_log_probs = None  # the update's own forward gives them
-        metrics, per_token = actor.accumulate_gradients(batch, chunks)
+        metrics, per_token, own_log_probs = actor.accumulate_gradients(batch, chunks)
         grads = {n: p.grad.clone() for n, p in trainer.student.named_parameters() if p.requires_grad}
-        results.append((metrics["actor/distillation/loss"], batch.old_log_probs, per_token, grads))
+        results.append((metrics["actor/distillation/loss"], own_log_probs, per_token, grads))
     actor.optimizer.zero_grad(set_to_none=True)
     loss, old, per_token, grads = results[0]
     assert any(g.abs().sum() > 0 for g in grads.values())

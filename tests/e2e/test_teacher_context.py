@@ -19,7 +19,7 @@ from miniverl.models import loading as models
 from miniverl.trainer import preflight
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import sha256_file
-from miniverl.verl_compat.export import export
+from miniverl.verl_compat.launch_writer import export
 
 from conftest import ROOT, compose_config, trajectory
 

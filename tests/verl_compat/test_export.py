@@ -30,8 +30,8 @@ from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import resolved_config, sha256_json
 from miniverl.verl_compat import import_verl, launch_reader
 from miniverl.verl_compat.defaults import DATACLASS_DEFAULTS_THAT_DIFFER, FIXED, LOSS, TEACHER, VERL_DEFAULTS
-from miniverl.verl_compat.export import config_fields, export, field_rule_digest, field_rules
 from miniverl.verl_compat.field_rules import RULES, STATUSES, rule_for, rule_table
+from miniverl.verl_compat.launch_writer import config_fields, export, field_rule_digest, field_rules
 from miniverl.verl_compat.overrides import hydra_value
 from miniverl.verl_compat.runtime_checks import runtime_violations
 

@@ -119,7 +119,7 @@ def test_loss_and_lora_gradients_do_not_depend_on_the_update_chunks(scored_batch
     actor.estimator.loss_agg_mode = agg
     results = []
     for chunks in ([4], [2, 2], [1, 1, 1, 1]):
-        metrics, per_token = actor.accumulate_gradients(batch, chunks)
+        metrics, per_token, _ = actor.accumulate_gradients(batch, chunks)
         grads = {n: p.grad.clone() for n, p in trainer.student.named_parameters() if p.requires_grad}
         results.append((metrics, per_token, grads))
     actor.optimizer.zero_grad(set_to_none=True)
@@ -146,10 +146,11 @@ def test_the_updates_own_old_log_probs_equal_a_separate_recompute_bitwise(scored
     grads, metrics = [], []
     for old in (recomputed, None):
         each = dataclasses.replace(batch, old_log_probs=old)
-        metrics.append(actor.accumulate_gradients(each, chunks)[0])
+        step_metrics, _, own_log_probs = actor.accumulate_gradients(each, chunks)
+        metrics.append(step_metrics)
         grads.append({n: p.grad.clone() for n, p in trainer.student.named_parameters() if p.requires_grad})
         if old is None:
-            assert torch.equal(each.old_log_probs, recomputed)
+            assert torch.equal(own_log_probs, recomputed)
     actor.optimizer.zero_grad(set_to_none=True)
     assert any(g.abs().sum() > 0 for g in grads[0].values())
     if actor.estimator.use_policy_gradient:  # only there does the PPO ratio read the old log-probs
