@@ -101,31 +101,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--no-trl", action="store_true", help="skip TRL (the opd_step_vs_trl* ratios are then null)")
     p.add_argument("--logprob-chunk", type=int, default=defaults.logprob_chunk, help="hardware.logprob_chunk")
-    p.add_argument(
-        "--static-cache",
-        action=argparse.BooleanOptionalAction,
-        default=defaults.rollout_static_cache,
-        help="hardware.rollout_static_cache",
+    # The decode and product switches of `hardware`, each as --flag / --no-flag (default: the config's).
+    switches = (
+        ("--static-cache", "rollout_static_cache", ""),
+        ("--compile-decode", "rollout_compile", ""),
+        ("--cpu-gemv", "rollout_cpu_gemv", " (default: by the CPU)"),
+        (
+            "--cpu-float32-gemm",
+            "cpu_float32_gemm",
+            " (miniverl's roles and in-house baselines; never the peers); default: by the CPU (float32 "
+            "without bf16 instructions)",
+        ),
     )
-    p.add_argument(
-        "--compile-decode",
-        action=argparse.BooleanOptionalAction,
-        default=defaults.rollout_compile,
-        help="hardware.rollout_compile",
-    )
-    p.add_argument(
-        "--cpu-gemv",
-        action=argparse.BooleanOptionalAction,
-        default=defaults.rollout_cpu_gemv,
-        help="hardware.rollout_cpu_gemv (default: by the CPU)",
-    )
-    p.add_argument(
-        "--cpu-float32-gemm",
-        action=argparse.BooleanOptionalAction,
-        default=defaults.cpu_float32_gemm,
-        help="hardware.cpu_float32_gemm (miniverl's roles and in-house baselines; never the peers); "
-        "default: by the CPU (float32 without bf16 instructions)",
-    )
+    for flag, key, more in switches:
+        p.add_argument(
+            flag, action=argparse.BooleanOptionalAction, default=getattr(defaults, key), help=f"hardware.{key}{more}"
+        )
     args = p.parse_args(argv)
     if (args.student is None) != (args.teacher is None):
         p.error("--student and --teacher go together")

@@ -123,18 +123,12 @@ def build_trl_trainer(
     (iw_opd, gamma 0, kind "k1") on prompts only, with `settings` as its TrainingArguments."""
     from datasets import Dataset
 
+    common = dict(model=student, teacher_model=teacher, processing_class=tokenizer, callbacks=callbacks)
     if kind == "full_vocab":
         from trl import DistillationConfig, DistillationTrainer
 
         args = DistillationConfig(output_dir=str(workdir), beta=1.0, shuffle_dataset=shuffle_dataset, **settings)
-        return DistillationTrainer(
-            model=student,
-            teacher_model=teacher,
-            args=args,
-            train_dataset=Dataset.from_dict({"prompt": conversations}),
-            processing_class=tokenizer,
-            callbacks=callbacks,
-        )
+        return DistillationTrainer(args=args, train_dataset=Dataset.from_dict({"prompt": conversations}), **common)
     from trl.experimental.iw_opd import IWOPDConfig, IWOPDTrainer
 
     args = IWOPDConfig(
@@ -145,14 +139,7 @@ def build_trl_trainer(
         max_length=max_length,
         **settings,
     )
-    trainer = IWOPDTrainer(
-        model=student,
-        teacher_model=teacher,
-        args=args,
-        train_dataset=Dataset.from_dict({"messages": conversations}),
-        processing_class=tokenizer,
-        callbacks=callbacks,
-    )
+    trainer = IWOPDTrainer(args=args, train_dataset=Dataset.from_dict({"messages": conversations}), **common)
     # transformers counts the loss's tokens from the dataset's labels, before on-policy generation:
     # none for prompts only, and IWOPDTrainer (TRL 1.16) then divides by 0. Without the count it
     # takes the mean over the generated tokens (its own fallback).

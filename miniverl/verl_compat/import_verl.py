@@ -31,7 +31,7 @@ from miniverl.verl_compat.defaults import (
     TEACHERS,
     VERL_DEFAULTS,
 )
-from miniverl.verl_compat.field_rules import RULES
+from miniverl.verl_compat.field_rules import RULES, table_read
 from miniverl.verl_compat.launch_files import NO_TASK_REWARD_FILE, TASK_REWARD_FILE
 from miniverl.verl_compat.launch_reader import read_overrides
 from miniverl.verl_compat.overrides import get, hydra_value, virtual_verl_config
@@ -108,30 +108,7 @@ def to_miniverl(lines: list[str]) -> tuple[list[tuple[str, Any]], list[tuple[str
     if v(f"{TEACHER}.model_path") is None:
         raise MiniverlError(f"this verl launch sets no {TEACHER}.model_path: there is no teacher to import")
     emit("estimator", v("distillation.distillation_loss.loss_mode"))  # the group; its fields follow
-    identity_rules = [
-        r
-        for r in RULES
-        if r.status == "mapped" and r.transform in ("identity", "list of module names", "absolute path")
-    ]
-    special = {
-        "model.lora.r",
-        "model.lora.target_modules",
-        "trainer.logger",
-        "actor.optim.eps",
-        "data.train_files",
-        "data.seed",
-        "hardware.update_chunk",
-        "recipe.optimizer_updates",
-        "teacher.mode",
-        "export.ppo_micro_batch_size_per_gpu",
-        "export.log_prob_micro_batch_size_per_gpu",
-        "export.max_token_len_per_gpu",
-        "export.teacher_replicas",
-        "algorithm.adv_estimator",
-    }
-    for rule in identity_rules:
-        if rule.field in special:
-            continue
+    for rule in table_read():  # every rule the table maps one to one; the rest below, each for its reason
         emit(rule.field, v(rule.verl_keys[0]), *rule.verl_keys)
         for key in rule.verl_keys[1:]:  # one miniverl field, several verl keys: they must agree
             if v(key) != v(rule.verl_keys[0]):

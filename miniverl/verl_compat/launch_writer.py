@@ -33,18 +33,10 @@ from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import resolved_config, sha256_json
 from miniverl.utils.tables import flatten
 from miniverl.verl_compat.carry_over import adapter_lora, differences, refusal, teacher_entries
-from miniverl.verl_compat.defaults import (
-    ACTOR,
-    FIXED,
-    LOGGERS_TO_VERL,
-    LOSS,
-    MODEL,
-    ROLLOUT,
-    TEACHER,
-    VERL_DEFAULTS,
-)
-from miniverl.verl_compat.field_rules import rule_for, rule_table
+from miniverl.verl_compat.defaults import ACTOR, FIXED, LOGGERS_TO_VERL, MODEL, ROLLOUT, TEACHER, VERL_DEFAULTS
+from miniverl.verl_compat.field_rules import rule_for, rule_table, table_written
 from miniverl.verl_compat.launch_files import (
+    SECTIONS,
     LaunchReward,
     Override,
     absolute_path,
@@ -98,148 +90,111 @@ def field_rule_digest(table: Any = None) -> str:
 # ---------------------------------------------------------------- the overrides
 
 
+# The section of run_opd.sh a verl key goes into (the first prefix that matches).
+SECTION_OF_PREFIX = (
+    ("algorithm.rollout_correction.", "ROLLOUT"),
+    ("data.", "DATA"),
+    ("algorithm.", "DATA"),
+    ("reward.", "DATA"),
+    (f"{MODEL}.", "MODEL"),
+    (f"{ACTOR}.", "ACTOR"),
+    (f"{ROLLOUT}.", "ROLLOUT"),
+    ("trainer.", "TRAINER"),
+    ("distillation.", "DISTILLATION"),
+)
+
+
+def section_of(key: str) -> str:
+    return next(section for prefix, section in SECTION_OF_PREFIX if key.startswith(prefix))
+
+
+def value_at(config: Any, path: str) -> Any:
+    for name in path.split("."):
+        config = getattr(config, name)
+    return config
+
+
 def verl_overrides(config: MiniverlConfig, *, reward: LaunchReward, cwd: Path) -> list[Override]:
-    """The verl v0.8.0 overrides that run `config` (every key the rules map, plus FIXED)."""
-    m, t, e, d, tr = config.model, config.teacher, config.estimator, config.data, config.trainer
-    r, x, hw, algo, clip = config.recipe, config.export, config.hardware, config.algorithm, config.actor
+    """The verl v0.8.0 overrides that run `config`: every key the rule table maps as identity
+    (`table_written`), then the exceptions below (field_rules.EXPORTED_BY_CODE says why each is
+    code), then FIXED; grouped by run_opd.sh's sections, in that order within each."""
+    m, d, r, x, hw = config.model, config.data, config.recipe, config.export, config.hardware
+    out = [Override(section_of(key), key, value_at(config, name), (name,)) for name, key in table_written()]
+
+    def add(key: str, value: Any, *sources: str, prefix: str = "") -> None:
+        out.append(Override(section_of(key), key, value, sources or ("fixed",), prefix))
+
     fixed = {key: value for key, value, _ in FIXED}
-    max_len = r.prompt_limit + r.response_limit + 1
+    for key in (f"{ROLLOUT}.calculate_log_probs", "trainer.val_before_train"):
+        add(key, fixed[key])
+    # Paths: absolute, so the launch runs from any folder; no held-out files: verl validates on the train files.
     files = [absolute_path(p, cwd) for p in d.train_files]
     val_files = [absolute_path(p, cwd) for p in getattr(d, "val_files", None) or []]
-    ppo_micro = x.ppo_micro_batch_size_per_gpu if x.ppo_micro_batch_size_per_gpu is not None else hw.update_chunk
-    log_prob_micro = ppo_micro if x.log_prob_micro_batch_size_per_gpu is None else x.log_prob_micro_batch_size_per_gpu
-    micro_src = (
-        ("export.ppo_micro_batch_size_per_gpu",)
-        if x.ppo_micro_batch_size_per_gpu is not None
-        else ("hardware.update_chunk",)
-    )
-    log_prob_src = (
-        ("export.log_prob_micro_batch_size_per_gpu",) if x.log_prob_micro_batch_size_per_gpu is not None else micro_src
+    add("data.train_files", files, "data.train_files")
+    add("data.val_files", val_files or files, "data.val_files")
+    add(
+        "reward.custom_reward_function.path",
+        reward.path,
+        "reward.custom_reward_function.path",
+        "estimator.use_task_rewards",
     )
     lengths = ("recipe.prompt_limit", "recipe.response_limit")
-    out: list[Override] = []
-
-    def add(section: str, key: str, value: Any, *sources: str) -> None:
-        out.append(Override(section, key, value, sources or ("fixed",)))
-
-    def add_fixed(section: str, key: str) -> None:
-        add(section, key, fixed[key])
-
-    add("DATA", "algorithm.adv_estimator", algo.adv_estimator, "algorithm.adv_estimator")
-    add("DATA", "algorithm.norm_adv_by_std_in_grpo", algo.norm_adv_by_std_in_grpo, "algorithm.norm_adv_by_std_in_grpo")
-    add("DATA", "data.train_files", files, "data.train_files")
-    add("DATA", "data.val_files", val_files or files, "data.val_files")
-    add("DATA", "data.train_batch_size", r.logical_batch, "recipe.logical_batch")
-    add("DATA", "data.max_prompt_length", r.prompt_limit, "recipe.prompt_limit")
-    add("DATA", "data.max_response_length", r.response_limit, "recipe.response_limit")
-    add("DATA", "data.prompt_key", d.prompt_key, "data.prompt_key")
-    add("DATA", "data.filter_overlong_prompts", d.filter_overlong_prompts, "data.filter_overlong_prompts")
-    add("DATA", "data.truncation", d.truncation, "data.truncation")
-    add("DATA", "data.shuffle", d.shuffle, "data.shuffle")
-    add("DATA", "data.seed", d.seed, "data.seed")
+    add("data.max_prompt_length", r.prompt_limit, "recipe.prompt_limit")
+    add("data.max_response_length", r.response_limit, "recipe.response_limit")
+    add(f"{ROLLOUT}.max_model_len", r.prompt_limit + r.response_limit + 1, *lengths)
     if d.apply_chat_template_kwargs:  # one `+key=value` each, as verl's examples write them
         for name, value in d.apply_chat_template_kwargs.items():
-            out.append(
-                Override(
-                    "DATA", f"data.apply_chat_template_kwargs.{name}", value, ("data.apply_chat_template_kwargs",), "+"
-                )
-            )
+            add(f"data.apply_chat_template_kwargs.{name}", value, "data.apply_chat_template_kwargs", prefix="+")
     else:
-        add("DATA", "data.apply_chat_template_kwargs", {}, "data.apply_chat_template_kwargs")
-    add("DATA", "data.trust_remote_code", m.trust_remote_code, "model.trust_remote_code")
-    reward_src = ("reward.custom_reward_function.path", "estimator.use_task_rewards")
-    add("DATA", "reward.custom_reward_function.path", reward.path, *reward_src)
-    add("DATA", "reward.custom_reward_function.name", reward.name, "reward.custom_reward_function.name")
-
+        add("data.apply_chat_template_kwargs", {}, "data.apply_chat_template_kwargs")
+    # LoRA: a starting adapter's own config decides r, alpha and targets (as in miniverl).
     lora = (m.lora.r, m.lora.alpha, list(m.lora.target_modules))
     lora_src = (("model.lora.r", "model.lora.enabled"), ("model.lora.alpha",), ("model.lora.target_modules",))
     adapter = None if m.adapter is None else absolute_path(m.adapter, cwd)
-    if adapter is not None:  # the adapter's own config decides r, alpha and targets (as in miniverl)
-        own = adapter_lora(adapter)
-        if own is not None:
-            lora, lora_src = own, (("model.adapter",),) * 3
-    add("MODEL", f"{MODEL}.path", m.model_id, "model.model_id")
-    add("MODEL", f"{MODEL}.tokenizer_path", m.tokenizer_id, "model.tokenizer_id")
-    add("MODEL", f"{MODEL}.trust_remote_code", m.trust_remote_code, "model.trust_remote_code")
-    add("MODEL", f"{MODEL}.enable_gradient_checkpointing", m.gradient_checkpointing, "model.gradient_checkpointing")
-    add("MODEL", f"{MODEL}.lora_rank", lora[0], *lora_src[0])
-    add("MODEL", f"{MODEL}.lora_alpha", lora[1], *lora_src[1])
-    add("MODEL", f"{MODEL}.target_modules", lora[2], *lora_src[2])
-    add("MODEL", f"{MODEL}.lora_adapter_path", adapter, "model.adapter")
-
-    optim = config.actor.optim
-    add("ACTOR", f"{ACTOR}.optim.lr", optim.lr, "actor.optim.lr")
-    add("ACTOR", f"{ACTOR}.optim.betas", list(optim.betas), "actor.optim.betas")
-    add("ACTOR", f"{ACTOR}.optim.weight_decay", optim.weight_decay, "actor.optim.weight_decay")
-    add("ACTOR", f"{ACTOR}.optim.override_optimizer_config", {"eps": optim.eps}, "actor.optim.eps")
-    add("ACTOR", f"{ACTOR}.optim.clip_grad", config.actor.grad_clip, "actor.grad_clip")
-    add("ACTOR", f"{ACTOR}.ppo_epochs", config.actor.ppo_epochs, "actor.ppo_epochs")
-    add("ACTOR", f"{ACTOR}.ppo_mini_batch_size", r.logical_batch, "recipe.logical_batch")
-    add("ACTOR", f"{ACTOR}.use_dynamic_bsz", x.use_dynamic_bsz, "export.use_dynamic_bsz")
+    if adapter is not None and (own := adapter_lora(adapter)) is not None:
+        lora, lora_src = own, (("model.adapter",),) * 3
+    for key, value, sources in zip(("lora_rank", "lora_alpha", "target_modules"), lora, lora_src):
+        add(f"{MODEL}.{key}", value, *sources)
+    add(f"{MODEL}.lora_adapter_path", adapter, "model.adapter")
+    add(f"{ACTOR}.optim.override_optimizer_config", {"eps": config.actor.optim.eps}, "actor.optim.eps")
+    # Micro-batches: a token budget with dynamic batches, else rows per GPU (hardware.update_chunk by default).
     if x.use_dynamic_bsz:
-        tokens = (
-            x.max_token_len_per_gpu
-            if x.max_token_len_per_gpu is not None
-            else VERL_DEFAULTS[f"{ACTOR}.ppo_max_token_len_per_gpu"]
-        )
-        add("ACTOR", f"{ACTOR}.ppo_max_token_len_per_gpu", tokens, "export.max_token_len_per_gpu")
+        tokens = x.max_token_len_per_gpu
+        tokens = VERL_DEFAULTS[f"{ACTOR}.ppo_max_token_len_per_gpu"] if tokens is None else tokens
+        add(f"{ACTOR}.ppo_max_token_len_per_gpu", tokens, "export.max_token_len_per_gpu")
+        add(f"{ROLLOUT}.log_prob_max_token_len_per_gpu", tokens, "export.max_token_len_per_gpu")
     else:
-        add("ACTOR", f"{ACTOR}.ppo_micro_batch_size_per_gpu", ppo_micro, *micro_src)
-    add("ACTOR", f"{ACTOR}.loss_agg_mode", e.loss_agg_mode, "estimator.loss_agg_mode")
-    for name in ("clip_ratio", "clip_ratio_low", "clip_ratio_high", "clip_ratio_c"):  # the task PPO loss's
-        add("ACTOR", f"{ACTOR}.{name}", getattr(clip, name), f"actor.{name}")
-    add("ACTOR", f"{ACTOR}.fsdp_config.full_determinism", hw.deterministic, "hardware.deterministic")
-    add("ACTOR", f"{ACTOR}.fsdp_config.seed", tr.seed, "trainer.seed")
+        own_micro = x.ppo_micro_batch_size_per_gpu is not None
+        micro = x.ppo_micro_batch_size_per_gpu if own_micro else hw.update_chunk
+        micro_src = "export.ppo_micro_batch_size_per_gpu" if own_micro else "hardware.update_chunk"
+        add(f"{ACTOR}.ppo_micro_batch_size_per_gpu", micro, micro_src)
+        if x.log_prob_micro_batch_size_per_gpu is None:
+            add(f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu", micro, micro_src)
+        else:
+            add(
+                f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu",
+                x.log_prob_micro_batch_size_per_gpu,
+                "export.log_prob_micro_batch_size_per_gpu",
+            )
+    add("trainer.logger", [LOGGERS_TO_VERL[name] for name in config.trainer.logger], "trainer.logger")
+    add("trainer.total_training_steps", r.optimizer_updates, "recipe.optimizer_updates")
+    add("trainer.total_epochs", r.optimizer_updates, "recipe.optimizer_updates")
+    add("distillation.enabled", True, "teacher.mode")
+    out += teacher_overrides(config, r.prompt_limit + r.response_limit + 1, fixed)
+    if config.teachers:
+        add("distillation.teacher_key", config.teacher_key, "teacher_key")
+    order = {section: i for i, section in enumerate(SECTIONS)}
+    return sorted(out, key=lambda o: order[o.section])  # stable: within a section, in the order above
 
-    add("ROLLOUT", f"{ROLLOUT}.name", x.rollout_name, "export.rollout_name")
-    add("ROLLOUT", f"{ROLLOUT}.n", config.rollout.n, "rollout.n")
-    add_fixed("ROLLOUT", f"{ROLLOUT}.calculate_log_probs")
-    add(
-        "ROLLOUT",
-        "algorithm.rollout_correction.bypass_mode",
-        config.algorithm.rollout_correction.bypass_mode,
-        "algorithm.rollout_correction.bypass_mode",
-    )
-    add("ROLLOUT", f"{ROLLOUT}.temperature", config.rollout.temperature, "rollout.temperature")
-    add("ROLLOUT", f"{ROLLOUT}.top_p", config.rollout.top_p, "rollout.top_p")
-    add("ROLLOUT", f"{ROLLOUT}.top_k", config.rollout.top_k, "rollout.top_k")
-    add(
-        "ROLLOUT",
-        f"{ROLLOUT}.tensor_model_parallel_size",
-        x.rollout_tensor_parallel_size,
-        "export.rollout_tensor_parallel_size",
-    )
-    add(
-        "ROLLOUT",
-        f"{ROLLOUT}.gpu_memory_utilization",
-        x.rollout_gpu_memory_utilization,
-        "export.rollout_gpu_memory_utilization",
-    )
-    add("ROLLOUT", f"{ROLLOUT}.max_model_len", max_len, *lengths)
-    add("ROLLOUT", f"{ROLLOUT}.log_prob_use_dynamic_bsz", x.use_dynamic_bsz, "export.use_dynamic_bsz")
-    if x.use_dynamic_bsz:
-        add("ROLLOUT", f"{ROLLOUT}.log_prob_max_token_len_per_gpu", tokens, "export.max_token_len_per_gpu")
-    else:
-        add("ROLLOUT", f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu", log_prob_micro, *log_prob_src)
 
-    add("TRAINER", "trainer.logger", [LOGGERS_TO_VERL[name] for name in tr.logger], "trainer.logger")
-    add("TRAINER", "trainer.project_name", tr.project_name, "trainer.project_name")
-    add("TRAINER", "trainer.experiment_name", tr.experiment_name, "trainer.experiment_name")
-    add("TRAINER", "trainer.nnodes", x.nnodes, "export.nnodes")
-    add("TRAINER", "trainer.n_gpus_per_node", x.n_gpus_per_node, "export.n_gpus_per_node")
-    add_fixed("TRAINER", "trainer.val_before_train")
-    add("TRAINER", "trainer.save_freq", tr.save_freq, "trainer.save_freq")
-    add("TRAINER", "trainer.max_actor_ckpt_to_keep", tr.max_actor_ckpt_to_keep, "trainer.max_actor_ckpt_to_keep")
-    add("TRAINER", "trainer.resume_mode", tr.resume_mode, "trainer.resume_mode")
-    add("TRAINER", "trainer.total_training_steps", r.optimizer_updates, "recipe.optimizer_updates")
-    add("TRAINER", "trainer.total_epochs", r.optimizer_updates, "recipe.optimizer_updates")
-
-    add("DISTILLATION", "distillation.enabled", True, "teacher.mode")
-    add("DISTILLATION", "distillation.nnodes", x.teacher_nnodes, "export.teacher_nnodes")
-    add("DISTILLATION", "distillation.n_gpus_per_node", x.teacher_n_gpus_per_node, "export.teacher_n_gpus_per_node")
+def teacher_overrides(config: MiniverlConfig, max_len: int, fixed: dict) -> list[Override]:
+    """distillation.teacher_models.<name>.*: one entry per teacher, each key read off its own block
+    (`teacher`, or `teachers.<name>`) and the export's scale."""
+    m, r, x = config.model, config.recipe, config.export
+    lengths = ("recipe.prompt_limit", "recipe.response_limit")
+    out = []
     for entry, t, where in teacher_entries(config):
         several = where != "teacher"  # a teacher_models entry verl's YAML does not have: `+`, every key set
-        plus = "+" if several else ""
         keys: list[tuple[str, Any, tuple[str, ...]]] = []
         if several:
             keys.append(("key", t.key, (f"{where}.key",)))
@@ -267,21 +222,8 @@ def verl_overrides(config: MiniverlConfig, *, reward: LaunchReward, cwd: Path) -
             keys.append(("inference.response_length", r.response_limit, ("recipe.response_limit",)))
         keys.append(("inference.dtype", t.dtype, (f"{where}.dtype",)))
         keys.append(("inference.temperature", fixed[f"{TEACHER}.inference.temperature"], ("fixed",)))
+        plus = "+" if several else ""
         out += [Override("DISTILLATION", f"{entry}.{key}", value, sources, plus) for key, value, sources in keys]
-    if config.teachers:
-        add("DISTILLATION", "distillation.teacher_key", config.teacher_key, "teacher_key")
-    add("DISTILLATION", f"{LOSS}.loss_mode", e.loss_mode, "estimator.loss_mode")
-    add("DISTILLATION", f"{LOSS}.topk", e.topk, "estimator.topk")
-    add("DISTILLATION", f"{LOSS}.use_task_rewards", e.use_task_rewards, "estimator.use_task_rewards")
-    coef = e.distillation_loss_coef
-    add("DISTILLATION", f"{LOSS}.distillation_loss_coef", coef, "estimator.distillation_loss_coef")
-    add("DISTILLATION", f"{LOSS}.use_policy_gradient", e.use_policy_gradient, "estimator.use_policy_gradient")
-    add("DISTILLATION", f"{LOSS}.policy_loss_mode", e.policy_loss_mode, "estimator.policy_loss_mode")
-    add("DISTILLATION", f"{LOSS}.clip_ratio", e.clip_ratio, "estimator.clip_ratio")
-    add("DISTILLATION", f"{LOSS}.clip_ratio_low", e.clip_ratio_low, "estimator.clip_ratio_low")
-    add("DISTILLATION", f"{LOSS}.clip_ratio_high", e.clip_ratio_high, "estimator.clip_ratio_high")
-    add("DISTILLATION", f"{LOSS}.loss_max_clamp", e.loss_max_clamp, "estimator.loss_max_clamp")
-    add("DISTILLATION", f"{LOSS}.log_prob_min_clamp", e.log_prob_min_clamp, "estimator.log_prob_min_clamp")
     return out
 
 

@@ -10,6 +10,7 @@ imported.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib.util
 import json
 import os
@@ -634,6 +635,20 @@ def test_export_import_export_is_a_fixed_point(tmp_path, variant):
         assert values["data.apply_chat_template_kwargs.enable_thinking"] is False
         assert values["trainer.logger"] == ["console", "tensorboard"] and values["actor.optim.eps"] == 1e-6
         assert values["data.val_files"] == [str(ROOT / "data/held_out.parquet")]
+
+
+def test_the_export_and_the_import_both_follow_a_changed_rule(tmp_path, monkeypatch):
+    """One table: point a field's rule at another verl key, and the export writes that key and the
+    import reads it back into the field, with no code changed."""
+    from miniverl.verl_compat import field_rules
+
+    rule = field_rules.RULES_BY_FIELD["data.prompt_key"]
+    moved = dataclasses.replace(rule, verl_keys=("data.reward_fn_key",))  # a key verl has, unused here
+    monkeypatch.setattr(field_rules, "RULES", tuple(moved if r is rule else r for r in field_rules.RULES))
+    monkeypatch.setitem(VERL_DEFAULTS, "data.reward_fn_key", "data_source")  # verl's default, as the table holds
+    lines = export_lines(tmp_path, ["data.prompt_key=messages"])
+    assert "data.reward_fn_key=messages" in lines and not any(line.startswith("data.prompt_key=") for line in lines)
+    assert parsed(imported(tmp_path / "verl" / "overrides.txt"))["data.prompt_key"] == "messages"
 
 
 VERL_SHAPED_SCRIPT = r"""#!/usr/bin/env bash

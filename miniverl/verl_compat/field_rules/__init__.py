@@ -16,10 +16,67 @@ from miniverl.verl_compat.field_rules.models import MODEL_RULES, NAME, SEVERAL_T
 from miniverl.verl_compat.field_rules.rule import STATUSES, TOY_FIELDS, Rule
 from miniverl.verl_compat.field_rules.run import RUN_RULES
 
-__all__ = ["RULES", "RULES_BY_FIELD", "STATUSES", "TOY_FIELDS", "Rule", "rule_for", "rule_table"]
+__all__ = [
+    "EXPORTED_BY_CODE",
+    "IMPORTED_BY_CODE",
+    "RULES",
+    "RULES_BY_FIELD",
+    "STATUSES",
+    "TOY_FIELDS",
+    "Rule",
+    "rule_for",
+    "rule_table",
+    "table_read",
+    "table_written",
+]
 
 RULES: tuple[Rule, ...] = MODEL_RULES + SEVERAL_TEACHER_RULES + RUN_RULES
 RULES_BY_FIELD = {rule.field: rule for rule in RULES}
+
+# The export writes every `mapped` rule of transform `identity` from this table, key by key
+# (`table_written`), except these fields, written by code (launch_writer.verl_overrides), each for
+# its reason; the keys of distillation.teacher_models.<name> are written per teacher entry
+# (carry_over.teacher_entries), one entry per teacher. Rules of other transforms are code by nature.
+EXPORTED_BY_CODE = {
+    "model.lora.r": "a starting adapter's own adapter_config.json decides the rank, alpha and targets",
+    "model.lora.alpha": "a starting adapter's own adapter_config.json decides the rank, alpha and targets",
+    "hardware.update_chunk": "written only when export.ppo_micro_batch_size_per_gpu is null and batches are static",
+    "data.apply_chat_template_kwargs": "one +data.apply_chat_template_kwargs.<name>=<value> per entry, as verl's "
+    "examples write them",
+    "teacher_key": "written only with several teachers: one teacher scores every row",
+}
+# The import reads every `mapped` rule of these transforms from this table (`table_read`), except
+# the fields below, read by code (import_verl.to_miniverl), each for its reason.
+IMPORT_TRANSFORMS = ("identity", "absolute path", "list of module names")
+IMPORTED_BY_CODE = {
+    "model.lora.r": "a rank of 0 is verl's full fine-tuning, which miniverl does not do: reported, not imported",
+    "model.lora.target_modules": "verl also takes a string (all-linear); miniverl takes a list of module names",
+    "data.seed": "null (an unseeded shuffle) is not a miniverl value: reported, not imported",
+    "hardware.update_chunk": "read only without dynamic batches; the rollout's micro-batch is another field",
+    "export.teacher_replicas": "verl fills a single teacher's pool with as many replicas as fit",
+    "algorithm.adv_estimator": "only verl's critic-free estimators (grpo, rloo) carry over",
+}
+TEACHER_ENTRY = "distillation.teacher_models."
+
+
+def table_written() -> list[tuple[str, str]]:
+    """(field, verl key) of every key the export writes from the table, in table order."""
+    return [
+        (rule.field, key)
+        for rule in RULES
+        if rule.status == "mapped" and rule.transform == "identity" and rule.field not in EXPORTED_BY_CODE
+        for key in rule.verl_keys
+        if not key.startswith(TEACHER_ENTRY)
+    ]
+
+
+def table_read() -> list[Rule]:
+    """The rules the import reads from the table, in table order."""
+    return [
+        rule
+        for rule in RULES
+        if rule.status == "mapped" and rule.transform in IMPORT_TRANSFORMS and rule.field not in IMPORTED_BY_CODE
+    ]
 
 
 def rule_for(path: str) -> Rule | None:
