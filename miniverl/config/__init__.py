@@ -21,7 +21,7 @@ from miniverl.config.estimator import EstimatorConfig
 from miniverl.config.export import ExportConfig
 from miniverl.config.hardware import HardwareConfig
 from miniverl.config.model import StudentConfig, real_model_path
-from miniverl.config.recipe import RecipeConfig, teacher_target_for
+from miniverl.config.recipe import RecipeConfig
 from miniverl.config.reward import RewardConfig
 from miniverl.config.teacher import TeacherConfig, check_teachers
 from miniverl.config.trainer import TrainerConfig
@@ -77,12 +77,6 @@ class MiniverlConfig:
         for name, block in self.teacher_blocks.items():  # every teacher the run reads
             block.check(self.teacher_where(name))
         check_teachers(self.teachers, self.teacher_key, self.default_teacher)
-        wanted = teacher_target_for(self.estimator.loss_mode)
-        if self.recipe.teacher_target != wanted:
-            raise ValueError(
-                f"recipe.teacher_target={self.recipe.teacher_target!r} does not fit "
-                f"estimator.loss_mode={self.estimator.loss_mode}: it needs {wanted!r}"
-            )
         if self.eval.every != -1 and not self.data.val_files:
             raise ValueError(
                 "eval.every is set but data.val_files is empty: give the held-out prompts "
@@ -110,7 +104,6 @@ class MiniverlConfig:
 
 def register_configs() -> None:
     ConfigStore.instance().store(name="config_schema", node=MiniverlConfig)
-    OmegaConf.register_new_resolver("teacher_target", teacher_target_for, replace=True)
     OmegaConf.register_new_resolver("real_model", real_model_path, replace=True)
 
 

@@ -26,8 +26,6 @@ class ActorConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     # Clip of the gradient's global norm before each step (verl: optim.clip_grad).
     grad_clip: float = 1.0
-    # Passes over each batch per update (verl: ppo_epochs); 1 is the only choice (on-policy).
-    ppo_epochs: int = 1
     # The task-reward PPO loss (estimator.use_task_rewards): verl's actor clip ratios. The
     # distillation policy gradient has its own (estimator.clip_ratio*), as in verl.
     clip_ratio: float = 0.2
@@ -45,8 +43,6 @@ class ActorConfig:
         check_range("actor.optim.weight_decay", optim.weight_decay, at_least=0)
         check_range("actor.grad_clip", self.grad_clip, above=0, why="the largest gradient norm an update may take")
         check_clip_ratios("actor", self)
-        if self.ppo_epochs != 1:
-            raise ValueError("actor.ppo_epochs: on-policy distillation in miniverl runs one epoch per batch")
         if len(self.optim.betas) != 2:
             raise ValueError("actor.optim.betas must hold two numbers")
         for i, beta in enumerate(self.optim.betas):

@@ -17,8 +17,6 @@ class DataConfig:
     prompt_key: str = "prompt"
     # verl: drop prompts over max_prompt_length instead of failing (truncation=error otherwise).
     filter_overlong_prompts: bool = False
-    # What a prompt over recipe.prompt_limit does: error (the only choice; verl's left/right cut it).
-    truncation: str = "error"
     # Shuffle the prompts once per pass, seeded by data.seed (verl: data.shuffle); false: file order.
     shuffle: bool = False
     # Let the plan go through the prompts more than once (verl: more than one epoch); otherwise a
@@ -38,8 +36,3 @@ class DataConfig:
         if isinstance(self.val_files, str):
             self.val_files = [self.val_files]
         self.val_files = list(self.val_files or [])
-        if self.truncation != "error":
-            raise ValueError(
-                f"data.truncation={self.truncation!r}: miniverl supports 'error' "
-                "(use data.filter_overlong_prompts=true to drop long prompts)"
-            )

@@ -90,8 +90,6 @@ class ToyArchitecture:
 
 @dataclass
 class LoraSettings:
-    # Always true: miniverl trains LoRA adapters only (kept for verl's lora_rank > 0 meaning).
-    enabled: bool = True
     # LoRA rank (verl: lora_rank): more trainable weights and memory, more capacity.
     r: int = 16
     # LoRA scale numerator (verl: lora_alpha): the update is scaled by alpha / r.
@@ -104,8 +102,6 @@ class LoraSettings:
     bias: str = "none"
 
     def __post_init__(self) -> None:
-        if not self.enabled:
-            raise ValueError("model.lora.enabled=false: miniverl trains LoRA adapters only; set it to true")
         check_range("model.lora.r", self.r, at_least=1)
         check_range("model.lora.alpha", self.alpha, above=0, why="LoRA scales its update by alpha / r")
         check_range("model.lora.dropout", self.dropout, at_least=0, below=1)

@@ -16,7 +16,7 @@ TEACHER_TARGETS = (
 
 def teacher_target_for(loss_mode: str) -> str:
     """What the teacher must return for an estimator: the sampled token's log-prob, its top-k, or
-    its whole next-token distribution."""
+    its whole next-token distribution (the report's `recipe.teacher_target`; derived, never set)."""
     if loss_mode == "forward_kl_topk":
         return "top_k_log_probabilities"
     if loss_mode == "reverse_kl_full":
@@ -40,18 +40,12 @@ class RecipeConfig:
     resume_check_in_sweeps: bool = False
     prompt_limit: int = 128  # verl: data.max_prompt_length
     response_limit: int = 64  # verl: data.max_response_length
-    # conf/config.yaml derives it from the estimator (resolver `teacher_target`, see miniverl.config).
-    teacher_target: str = "sampled_token_log_probability"
 
     def __post_init__(self) -> None:
         for key in ("logical_batch", "optimizer_updates", "prompt_limit", "response_limit"):
             check_range(f"recipe.{key}", getattr(self, key), at_least=1)
         after = self.interrupt_after_updates
         check_range("recipe.interrupt_after_updates", after, at_least=1, null_ok=True, why="null: no resume check")
-        if self.teacher_target not in TEACHER_TARGETS:
-            raise ValueError(
-                f"recipe.teacher_target={self.teacher_target!r}; choose one of {', '.join(TEACHER_TARGETS)}"
-            )
 
     @property
     def resume_check_after(self) -> int | None:

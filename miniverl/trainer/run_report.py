@@ -16,6 +16,7 @@ import torch
 
 from miniverl import VERL_COMMIT, VERL_REPOSITORY, VERL_TAG, __version__
 from miniverl.config import MiniverlConfig
+from miniverl.config.recipe import teacher_target_for
 from miniverl.models.adapters import adapter_sha256
 from miniverl.trainer.plan import PLAN_VERSION, Plan
 from miniverl.utils.device import hardware_facts
@@ -182,6 +183,14 @@ def checkpoint_facts(folder: Path | None) -> tuple[dict | None, int | None]:
     return hashes, folder_bytes(folder)
 
 
+def student_block(cfg: MiniverlConfig) -> dict:
+    """`models.student`: the student's config under the reference report's names; `lora.enabled` is
+    always true (miniverl trains LoRA adapters only, so it is no config key)."""
+    block = dataclasses.asdict(cfg.model)
+    block["lora"] = {"enabled": True, **block["lora"]}
+    return {**block, "adapter_sha256": adapter_sha256(cfg.model.adapter)}
+
+
 def profile_identity(cfg: MiniverlConfig) -> dict:
     """Names and versions of what defines the profile; `digest` hashes all the others."""
     est = cfg.estimator
@@ -256,10 +265,10 @@ def build_report(cfg: MiniverlConfig, plan: Plan, facts: RunFacts) -> dict:
             "response_limit": cfg.recipe.response_limit,
             "samples_per_prompt": cfg.rollout.n,
             "task_rewards": task_rewards_block(cfg),
-            "teacher_target": cfg.recipe.teacher_target,
+            "teacher_target": teacher_target_for(cfg.estimator.loss_mode),
         },
         "models": {
-            "student": {**dataclasses.asdict(cfg.model), "adapter_sha256": adapter_sha256(cfg.model.adapter)},
+            "student": student_block(cfg),
             **teachers_block(cfg, facts.teacher_weight_bytes),
         },
         "hardware": facts.hardware,

@@ -163,6 +163,18 @@ FIXED: tuple[tuple[str, Any, str], ...] = (
         "verl scores the teacher at temperature 1.0 only (it inherits the rollout temperature otherwise)",
     ),
     (
+        f"{ACTOR}.ppo_epochs",
+        1,
+        "one epoch per batch: miniverl's update is on-policy (the PPO ratio is exactly 1), so it has no "
+        "actor.ppo_epochs to set",
+    ),
+    (
+        "data.truncation",
+        "error",
+        "an overlong prompt is an error, or with data.filter_overlong_prompts dropped (verl 0.8.0's RL dataset "
+        "reads data.truncation but does not apply it), so miniverl has no data.truncation to set",
+    ),
+    (
         "trainer.val_before_train",
         False,
         "verl's validation scores the task reward on data.val_files; miniverl's held-out measurement is the "

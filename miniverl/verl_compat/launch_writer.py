@@ -34,7 +34,7 @@ from miniverl.utils.identity import resolved_config, sha256_json
 from miniverl.utils.tables import flatten
 from miniverl.verl_compat.carry_over import adapter_lora, differences, refusal, teacher_entries
 from miniverl.verl_compat.defaults import ACTOR, FIXED, LOGGERS_TO_VERL, MODEL, ROLLOUT, TEACHER, VERL_DEFAULTS
-from miniverl.verl_compat.field_rules import rule_for, rule_table, table_written
+from miniverl.verl_compat.field_rules import TEACHER_ENTRY, rule_for, rule_table, table_written
 from miniverl.verl_compat.launch_files import (
     SECTIONS,
     LaunchReward,
@@ -125,8 +125,9 @@ def verl_overrides(config: MiniverlConfig, *, reward: LaunchReward, cwd: Path) -
         out.append(Override(section_of(key), key, value, sources or ("fixed",), prefix))
 
     fixed = {key: value for key, value, _ in FIXED}
-    for key in (f"{ROLLOUT}.calculate_log_probs", "trainer.val_before_train"):
-        add(key, fixed[key])
+    for key, value in fixed.items():  # what the recipe is; the teacher's temperature goes into each teacher entry
+        if not key.startswith(TEACHER_ENTRY):
+            add(key, value)
     # Paths: absolute, so the launch runs from any folder; no held-out files: verl validates on the train files.
     files = [absolute_path(p, cwd) for p in d.train_files]
     val_files = [absolute_path(p, cwd) for p in getattr(d, "val_files", None) or []]
@@ -149,7 +150,7 @@ def verl_overrides(config: MiniverlConfig, *, reward: LaunchReward, cwd: Path) -
         add("data.apply_chat_template_kwargs", {}, "data.apply_chat_template_kwargs")
     # LoRA: a starting adapter's own config decides r, alpha and targets (as in miniverl).
     lora = (m.lora.r, m.lora.alpha, list(m.lora.target_modules))
-    lora_src = (("model.lora.r", "model.lora.enabled"), ("model.lora.alpha",), ("model.lora.target_modules",))
+    lora_src = (("model.lora.r",), ("model.lora.alpha",), ("model.lora.target_modules",))
     adapter = None if m.adapter is None else absolute_path(m.adapter, cwd)
     if adapter is not None and (own := adapter_lora(adapter)) is not None:
         lora, lora_src = own, (("model.adapter",),) * 3

@@ -56,14 +56,11 @@ MODEL_RULES: tuple[Rule, ...] = (
     ),
     not_applicable("model.prepare_kbit_training", "only meaningful for a 4-bit base (see model.quantization)"),
     mapped("model.gradient_checkpointing", f"{MODEL}.enable_gradient_checkpointing"),
-    Rule(
-        "model.lora.enabled",
-        "derived",
-        (f"{MODEL}.lora_rank",),
-        "enabled <=> lora_rank > 0",
-        "verl trains a LoRA when lora_rank > 0 (written from model.lora.r); miniverl trains LoRA adapters only",
+    mapped(
+        "model.lora.r",
+        f"{MODEL}.lora_rank",
+        note="vLLM serves LoRA ranks up to 512; a rank > 0 is verl's LoRA switch (miniverl trains LoRA adapters only)",
     ),
-    mapped("model.lora.r", f"{MODEL}.lora_rank", note="vLLM serves LoRA ranks up to 512"),
     mapped("model.lora.alpha", f"{MODEL}.lora_alpha"),
     Rule(
         "model.lora.dropout",

@@ -118,7 +118,6 @@ RUN_RULES: tuple[Rule, ...] = (
     ),
     mapped("data.prompt_key", "data.prompt_key"),
     mapped("data.filter_overlong_prompts", "data.filter_overlong_prompts"),
-    mapped("data.truncation", "data.truncation"),
     mapped("data.shuffle", "data.shuffle"),
     mapped("data.apply_chat_template_kwargs", "data.apply_chat_template_kwargs"),
     mapped("data.seed", "data.seed"),
@@ -172,7 +171,6 @@ RUN_RULES: tuple[Rule, ...] = (
         f"{ACTOR}.optim.clip_grad",
         note="verl v0.8.0's engine clips with optim.clip_grad (actor.grad_clip is not read)",
     ),
-    mapped("actor.ppo_epochs", f"{ACTOR}.ppo_epochs"),
     mapped("actor.clip_ratio", f"{ACTOR}.clip_ratio", note="the task-reward PPO loss's (estimator.use_task_rewards)"),
     mapped("actor.clip_ratio_low", f"{ACTOR}.clip_ratio_low"),
     mapped("actor.clip_ratio_high", f"{ACTOR}.clip_ratio_high"),
@@ -234,14 +232,6 @@ RUN_RULES: tuple[Rule, ...] = (
     not_applicable("recipe.resume_check_in_sweeps", "miniverl's own exact-resume check, in sweep jobs"),
     mapped("recipe.prompt_limit", "data.max_prompt_length", *MAX_LEN_KEYS, transform=MAX_LEN_TRANSFORM),
     mapped("recipe.response_limit", "data.max_response_length", *MAX_LEN_KEYS, transform=MAX_LEN_TRANSFORM),
-    Rule(
-        "recipe.teacher_target",
-        "derived",
-        (f"{LOSS}.loss_mode",),
-        "from loss_mode",
-        "verl asks the teacher for the sampled token's log-prob, or its top-k (prompt_logprobs=topk) for "
-        "forward_kl_topk",
-    ),
     # ---- export: the scale of the launch
     mapped("export.nnodes", "trainer.nnodes"),
     mapped("export.n_gpus_per_node", "trainer.n_gpus_per_node"),
