@@ -33,7 +33,9 @@ class EstimatorConfig:
     topk: Optional[int] = 32
     # true: the estimate is the advantage of a policy-gradient loss (k1 needs it); false: the estimate is the loss.
     use_policy_gradient: bool = False
-    # verl's policy loss of that gradient; vanilla is the one verl v0.8.0 supports for distillation.
+    # verl's policy loss of that gradient. Single-valued, as in verl v0.8.0, which refuses any other for
+    # distillation; kept as verl's own key so that a verl user's override meets verl's refusal, not an
+    # unknown key (the conformance goldens include that refusal).
     policy_loss_mode: str = "vanilla"
     # PPO ratio clip of the distillation policy gradient (does nothing on-policy, ratio 1).
     clip_ratio: float = 0.2

@@ -116,8 +116,9 @@ def value_at(config: Any, path: str) -> Any:
 
 def verl_overrides(config: MiniverlConfig, *, reward: LaunchReward, cwd: Path) -> list[Override]:
     """The verl v0.8.0 overrides that run `config`: every key the rule table maps as identity
-    (`table_written`), then the exceptions below (field_rules.EXPORTED_BY_CODE says why each is
-    code), then FIXED; grouped by run_opd.sh's sections, in that order within each."""
+    (`table_written`), the keys of the fixed table (`FIXED`), then the exceptions below (the fields
+    of field_rules.EXPORTED_BY_CODE and the rules whose transform is code); grouped by run_opd.sh's
+    sections, in that order within each."""
     m, d, r, x, hw = config.model, config.data, config.recipe, config.export, config.hardware
     out = [Override(section_of(key), key, value_at(config, name), (name,)) for name, key in table_written()]
 

@@ -5,15 +5,15 @@ the rows are processed in update chunks (verl's micro-batches) in train mode wit
 checkpointing, each chunk's loss normalised by the token and sequence counts of the whole
 mini-batch, so the accumulated gradient does not depend on the chunking.
 
-Old log-probs. One mini-batch and one epoch make the update on-policy: the weights being updated
-are the ones that sampled. So when the batch has no `old_log_probs`, the update's own forward
-gives them (detached: the PPO ratio is exactly 1) and fills the column (`old_log_probs_for` decides,
-in one place). verl computes them in a
-pass of its own before the update (`compute_log_prob`, eval mode, no autograd); verl v0.6/v0.7
-then used `log_prob.detach()` in the loss anyway when on-policy (PR #3119), as miniverl does, but
-still ran that pass. miniverl skips it: one forward pass fewer per update, bitwise the same values
-on the CPU (tested). With dropout in the model (e.g. `model.lora.dropout` > 0) the train-mode
-forward is a random draw, not the policy, so the separate pass runs instead.
+Old log-probs. One mini-batch and one epoch make the update on-policy: the weights being updated are
+the ones that sampled. So when the batch has no `old_log_probs`, the update's own forward gives them
+(detached: the PPO ratio is exactly 1) and fills the column (`old_log_probs_for` decides, in one
+place). verl computes them in a pass of its own before the update (`compute_log_prob`, eval mode, no
+autograd); verl v0.6/v0.7 then used `log_prob.detach()` in the loss anyway when on-policy (PR
+#3119), as miniverl does, but still ran that pass. miniverl skips it: one forward pass fewer per
+update, bitwise the same values on the CPU (tested). With dropout in the model (e.g.
+`model.lora.dropout` > 0) the train-mode forward is a random draw, not the policy, so the separate
+pass runs instead.
 """
 
 from __future__ import annotations
