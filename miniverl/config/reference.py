@@ -56,7 +56,7 @@ def field_comments(cls: type) -> dict[str, str]:
         text = " ".join(above) if above else trailing
         if above and trailing:
             text = f"{text} {trailing}"
-        comments[node.target.id] = text[:1].upper() + text[1:]
+        comments[node.target.id] = text
     return comments
 
 

@@ -58,7 +58,7 @@ class OPDTrainer:
         self.progress: dict[str, list[dict]] = {}  # held-out k1_mean / exact_reverse_kl per evaluated update
         self.probe: ValidationProbe | None = None  # with eval.every != -1
         self.adapter_saved = False  # peft_adapter/ written (by finish, or before release_models)
-        # Set by setup(); a run that fails in setup reports what was set by then.
+        # Set by setup() (a run that fails there ends with its one-line error, and no report).
         self.device: torch.device | None = None
         self.tokenizer = self.student = None  # the student's tokenizer; the PeftModel the actor trains
         self.prompts: PromptSet | None = None

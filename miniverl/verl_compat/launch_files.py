@@ -1,6 +1,6 @@
 """The files of a verl launch, as text: run_opd.sh in the shape of verl's example scripts, the
 README of what does not carry over, field_rules.json, and the task reward verl's reward manager is
-pointed at (export.py decides the overrides; this writes them down)."""
+pointed at (launch_writer.py decides the overrides; this writes them down)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Export a recipe as a real verl v0.8.0 launch: `python -m miniverl.export +recipe=opd_k1 [overrides]`.
-
-A Hydra app like `miniverl.main`: the same config, the same overrides. It writes, in its run folder,
+"""Export a recipe as a real verl v0.8.0 launch: the library behind `python -m miniverl.export
++recipe=opd_k1 [overrides]` (miniverl/export.py, a Hydra app like `miniverl.main`: the same config,
+the same overrides). It writes, in the command's run folder,
 
     verl/overrides.txt     one Hydra override per line, for `python3 -m verl.trainer.main_ppo`
     verl/run_opd.sh        the launch, in the shape of verl's
@@ -105,7 +105,10 @@ SECTION_OF_PREFIX = (
 
 
 def section_of(key: str) -> str:
-    return next(section for prefix, section in SECTION_OF_PREFIX if key.startswith(prefix))
+    for prefix, section in SECTION_OF_PREFIX:
+        if key.startswith(prefix):
+            return section
+    raise MiniverlError(f"export: verl key {key} has no section of run_opd.sh (launch_writer.SECTION_OF_PREFIX)")
 
 
 def value_at(config: Any, path: str) -> Any:
@@ -134,12 +137,9 @@ def verl_overrides(config: MiniverlConfig, *, reward: LaunchReward, cwd: Path) -
     val_files = [absolute_path(p, cwd) for p in getattr(d, "val_files", None) or []]
     add("data.train_files", files, "data.train_files")
     add("data.val_files", val_files or files, "data.val_files")
-    add(
-        "reward.custom_reward_function.path",
-        reward.path,
-        "reward.custom_reward_function.path",
-        "estimator.use_task_rewards",
-    )
+    reward_src = ("reward.custom_reward_function.path", "estimator.use_task_rewards")
+    add("reward.custom_reward_function.path", reward.path, *reward_src)
+    add("reward.custom_reward_function.name", reward.name, "reward.custom_reward_function.name")
     lengths = ("recipe.prompt_limit", "recipe.response_limit")
     add("data.max_prompt_length", r.prompt_limit, "recipe.prompt_limit")
     add("data.max_response_length", r.response_limit, "recipe.response_limit")

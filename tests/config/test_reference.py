@@ -27,7 +27,7 @@ def test_the_reference_holds_the_composed_default_configs_keys_and_values():
 
 @dataclass
 class _Schema:
-    explained: int = 1  # a trailing comment
+    explained: int = 1  # a trailing comment, as written
     # A comment above,
     # over two lines.
     above: str = "x"
@@ -39,7 +39,7 @@ def test_a_field_without_a_comment_is_named_and_comments_are_read_from_either_pl
     lines = reference.reference_lines(_Schema, {"explained": 1, "above": "x", "silent": False}, 2, "node.", missing)
     assert missing == ["node.silent"]
     assert lines == [
-        "  # A trailing comment",
+        "  # a trailing comment, as written",
         "  explained: 1",
         "  # A comment above, over two lines.",
         "  above: x",

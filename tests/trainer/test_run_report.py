@@ -158,6 +158,22 @@ def test_an_oom_at_one_row_fails_keeps_the_last_update_and_reports_failed(tmp_pa
     assert (tmp_path / "run" / "checkpoints" / "update_1" / "state.json").is_file()
 
 
+def test_the_reports_student_block_says_lora_is_on_and_the_teacher_target_follows_the_loss():
+    """Two reference-report fields that are no config keys: models.student.lora.enabled (miniverl
+    trains LoRA adapters only) and recipe.teacher_target (what the loss needs from the teacher)."""
+    from miniverl.config import to_config
+
+    for mode, target in (
+        ("k1", "sampled_token_log_probability"),
+        ("reverse_kl_full", "full_vocabulary_log_probabilities"),
+    ):
+        cfg = to_config(compose_config(["+recipe=opd_k1", "model=toy", "teacher=toy", f"estimator={mode}"]))
+        block = report_module.student_block(cfg)
+        assert list(block["lora"])[0] == "enabled" and block["lora"]["enabled"] is True
+        assert block["lora"]["r"] == cfg.model.lora.r and block["adapter_sha256"] is None
+        assert report_module.teacher_target_for(cfg.estimator.loss_mode) == target
+
+
 def test_the_plans_sizes_are_used_until_a_downshift_splits_the_rows_at_the_halved_size():
     shift = downshift.Downshift(torch.device("cpu"), rollout_rows=4, update_rows=4, simulate_above=3)
     assert shift.run("update_chunk", [3, 1], lambda sizes: sizes) == [3, 1]  # plan.json's, not split(4, 4)

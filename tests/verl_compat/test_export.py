@@ -402,7 +402,6 @@ def test_a_recipe_with_task_rewards_exports_a_launch_verl_accepts(tmp_path, verl
     assert values["reward.custom_reward_function.path"] == (str(fn) if custom else None)
 
 
-@pytest.mark.slow
 def test_keys_whose_verl_defaults_differ_from_the_recipe_are_written_out(verl_root, recipe_lines):
     written = parsed(recipe_lines)
     for key in DATACLASS_DEFAULTS_THAT_DIFFER:  # written even where the YAML default happens to agree
@@ -619,7 +618,6 @@ def imported(path: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("variant", ["recipe", "everything_changed"])
-@pytest.mark.slow
 def test_export_import_export_is_a_fixed_point(tmp_path, variant):
     first = [] if variant == "recipe" else EVERYTHING_CHANGED
     lines = export_lines(tmp_path, first)
@@ -637,6 +635,20 @@ def test_export_import_export_is_a_fixed_point(tmp_path, variant):
         assert values["data.val_files"] == [str(ROOT / "data/held_out.parquet")]
 
 
+@pytest.mark.parametrize("custom,task_rewards", [(False, False), (True, False), (False, True), (True, True)])
+def test_the_reward_function_name_is_the_exports_own_unless_the_launch_scores_with_the_users_file(
+    tmp_path, custom, task_rewards
+):
+    """The export's own scorer files (no_task_reward.py, task_reward.py) define compute_score: a name
+    set in the config goes into the launch only with the user's own file, which only task rewards read."""
+    fn = tmp_path / "my_reward.py"
+    fn.write_text("def my_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n")
+    extra = [f"reward.custom_reward_function.path={fn}"] if custom else []
+    extra += ["estimator.use_task_rewards=true", "rollout.n=4"] if task_rewards else []
+    values = parsed(export_lines(tmp_path, ["reward.custom_reward_function.name=my_score", *extra]))
+    assert values["reward.custom_reward_function.name"] == ("my_score" if custom and task_rewards else "compute_score")
+
+
 def test_the_export_and_the_import_both_follow_a_changed_rule(tmp_path, monkeypatch):
     """One table: point a field's rule at another verl key, and the export writes that key and the
     import reads it back into the field, with no code changed."""
@@ -645,10 +657,16 @@ def test_the_export_and_the_import_both_follow_a_changed_rule(tmp_path, monkeypa
     rule = field_rules.RULES_BY_FIELD["data.prompt_key"]
     moved = dataclasses.replace(rule, verl_keys=("data.reward_fn_key",))  # a key verl has, unused here
     monkeypatch.setattr(field_rules, "RULES", tuple(moved if r is rule else r for r in field_rules.RULES))
+    monkeypatch.setitem(field_rules.RULES_BY_FIELD, "data.prompt_key", moved)
     monkeypatch.setitem(VERL_DEFAULTS, "data.reward_fn_key", "data_source")  # verl's default, as the table holds
     lines = export_lines(tmp_path, ["data.prompt_key=messages"])
     assert "data.reward_fn_key=messages" in lines and not any(line.startswith("data.prompt_key=") for line in lines)
     assert parsed(imported(tmp_path / "verl" / "overrides.txt"))["data.prompt_key"] == "messages"
+    document = json.loads((tmp_path / "verl" / "field_rules.json").read_text())
+    (entry,) = [f for f in document["rules"] if f["field"] == "data.prompt_key"]
+    assert entry["verl_keys"] == ["data.reward_fn_key"]
+    (applied,) = [f for f in document["applied"] if f["field"] == "data.prompt_key"]
+    assert applied["verl"] == ["data.reward_fn_key=messages"]
 
 
 VERL_SHAPED_SCRIPT = r"""#!/usr/bin/env bash

@@ -53,7 +53,6 @@ def runs(tmp_path_factory):
     return out
 
 
-@pytest.mark.slow
 def test_bypass_uses_the_rollout_log_probs_as_old_log_probs(runs):
     _, run_dir = runs["bypass"]
     for update in range(1, N + 1):

@@ -44,6 +44,8 @@ EXPORTED_BY_CODE = {
     "data.apply_chat_template_kwargs": "one +data.apply_chat_template_kwargs.<name>=<value> per entry, as verl's "
     "examples write them",
     "teacher_key": "written only with several teachers: one teacher scores every row",
+    "reward.custom_reward_function.name": "compute_score when the launch points at the export's own scorer file "
+    "(task_reward.py, no_task_reward.py); the config's name only with the user's own file",
 }
 # The import reads every `mapped` rule of these transforms from this table (`table_read`), except
 # the fields below, read by code (import_verl.to_miniverl), each for its reason.
