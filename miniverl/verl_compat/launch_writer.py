@@ -43,6 +43,7 @@ from miniverl.verl_compat.launch_files import (
     launch_reward,
     launch_script,
     readme,
+    resolved_flat,
     rules_document,
 )
 from miniverl.verl_compat.overrides import virtual_verl_config
@@ -111,19 +112,14 @@ def section_of(key: str) -> str:
     raise MiniverlError(f"export: verl key {key} has no section of run_opd.sh (launch_writer.SECTION_OF_PREFIX)")
 
 
-def value_at(config: Any, path: str) -> Any:
-    for name in path.split("."):
-        config = getattr(config, name)
-    return config
-
-
 def verl_overrides(config: MiniverlConfig, *, reward: LaunchReward, cwd: Path) -> list[Override]:
     """The verl v0.8.0 overrides that run `config`: every key the rule table maps as identity
     (`table_written`), the keys of the fixed table (`FIXED`), then the exceptions below (the fields
     of field_rules.EXPORTED_BY_CODE and the rules whose transform is code); grouped by run_opd.sh's
     sections, in that order within each."""
     m, d, r, x, hw = config.model, config.data, config.recipe, config.export, config.hardware
-    out = [Override(section_of(key), key, value_at(config, name), (name,)) for name, key in table_written()]
+    values = resolved_flat(config)  # {field: value}: every table field is a leaf
+    out = [Override(section_of(key), key, values[name], (name,)) for name, key in table_written()]
 
     def add(key: str, value: Any, *sources: str, prefix: str = "") -> None:
         out.append(Override(section_of(key), key, value, sources or ("fixed",), prefix))
