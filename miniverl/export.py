@@ -1,5 +1,5 @@
-"""`python -m miniverl.export +recipe=opd_k1 [overrides]`: the recipe as a verl v0.8.0 launch
-(miniverl/verl_compat/launch_writer.py; docs/export.md)."""
+"""`python -m miniverl.export +recipe=opd_k1 [overrides]`: the recipe as a verl launch, for verl 0.9.1
+or (export.verl_version=0.8.0) 0.8.0 (miniverl/verl_compat/launch_writer.py; docs/export.md)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from omegaconf import DictConfig
 
 from miniverl.utils.errors import MiniverlError, exit_code_of
 from miniverl.utils.hydra_entry import one_line_hydra_errors, run_as_main
-from miniverl.verl_compat.defaults import VERL_VERSION
 from miniverl.verl_compat.launch_writer import EXPORT_FOLDER, export
 
 
@@ -26,7 +25,7 @@ def main(cfg: DictConfig) -> None:
     for warning in result.warnings:
         print(f"miniverl: warning: {warning}", file=sys.stderr)
     files = ", ".join(sorted(path.name for path in result.folder.iterdir()))
-    print(f"verl v{VERL_VERSION} launch written to {result.folder} ({files})")
+    print(f"verl v{cfg.export.verl_version} launch written to {result.folder} ({files})")
 
 
 def cli() -> None:

@@ -1,5 +1,5 @@
-"""`python -m miniverl.import_verl FILE [-o OUT]`: a verl v0.8.0 launch read back into miniverl
-overrides (miniverl/verl_compat/import_verl.py says what it reads and writes)."""
+"""`python -m miniverl.import_verl FILE [-o OUT] [--verl-version V]`: a verl launch read back into
+miniverl overrides (miniverl/verl_compat/import_verl.py says what it reads and writes)."""
 
 from __future__ import annotations
 
@@ -10,15 +10,23 @@ from pathlib import Path
 from miniverl.utils.errors import MiniverlError, exit_code_of
 from miniverl.verl_compat.import_verl import __doc__ as what
 from miniverl.verl_compat.import_verl import import_file
+from miniverl.verl_compat.versions import EXPORT_DEFAULT, RELEASES
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m miniverl.import_verl", description=what.split("\n\n")[0])
     parser.add_argument("file", help="a verl launch script (run_*.sh) or an overrides file (one per line)")
     parser.add_argument("-o", "--output", help="write the miniverl overrides here (default: stdout)")
+    parser.add_argument(
+        "--verl-version",
+        choices=tuple(RELEASES),
+        default=None,
+        help="the verl release of the launch: its defaults fill what it leaves out (default: the release "
+        f"miniverl's export wrote it for, else {EXPORT_DEFAULT})",
+    )
     args = parser.parse_args(argv)
     try:
-        text = import_file(args.file)
+        text = import_file(args.file, version=args.verl_version)
     except MiniverlError as error:
         return exit_code_of(error)
     if args.output:

@@ -69,6 +69,12 @@ class MiniverlConfig:
         """Every teacher of the run by name: `teachers`, or the single `teacher` as "teacher"."""
         return dict(self.teachers) if self.teachers else {"teacher": self.teacher}
 
+    @property
+    def routed(self) -> bool:
+        """Several teachers: each row goes to the teacher whose key its teacher_key column holds. A
+        `teachers` block of one scores every row, whatever its key (as verl serves a single entry)."""
+        return len(self.teachers) > 1
+
     def teacher_where(self, name: str) -> str:
         """The config path of a teacher (`teacher` or `teachers.<name>`), for messages."""
         return f"teachers.{name}" if self.teachers else "teacher"

@@ -1,5 +1,7 @@
 """Schema of `conf/estimator/`: verl v0.8.0's `distillation.distillation_loss.*` plus the actor's
-`loss_agg_mode` and `clip_ratio_c`.
+`loss_agg_mode` and `clip_ratio_c`, and two keys verl added in v0.9 (`loss_agg_mode: token-sum`,
+`use_chunked_topk` / `chunked_topk_chunk_size`). The schema is the same whichever verl release a run
+is exported to; the export refuses what its release lacks.
 
 Defaults are those of verl's YAML (`verl/trainer/config/distillation/distillation.yaml`), which is
 what a `python3 -m verl.trainer.main_ppo` user gets; verl's dataclass defaults differ for
@@ -21,7 +23,8 @@ from miniverl.config.bounds import check_range
 # exact full-vocabulary reverse KL (no verl version has it; verl RFC #7239 asks for one).
 ESTIMATOR_MODES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 LOSS_MODES = ESTIMATOR_MODES + ("forward_kl_topk", "reverse_kl_full")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+# verl's agg_loss modes; token-sum is verl v0.9's (docs/losses.md: what it means on one device).
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 @dataclass
@@ -51,6 +54,11 @@ class EstimatorConfig:
     loss_max_clamp: Optional[float] = None
     # Floor on the log-probs of forward_kl_topk (verl's example: -10); null: none.
     log_prob_min_clamp: Optional[float] = None
+    # forward_kl_topk only (verl v0.9): gather the student's log-probs at the teacher's top-k ids a chunk of
+    # positions at a time, forward and backward, so that no (B, T, V) float log-softmax exists; same numbers.
+    use_chunked_topk: bool = False
+    # Positions (of B x T) per chunk with use_chunked_topk: smaller is less memory, more kernel launches.
+    chunked_topk_chunk_size: int = 4096
     loss_agg_mode: str = "token-mean"  # verl: actor_rollout_ref.actor.loss_agg_mode
     # Task rewards beside the distillation loss: verl's PPO loss on the task advantages (see
     # `algorithm`, `reward`) + distillation_loss_coef x the distillation loss. verl's default is
@@ -100,6 +108,13 @@ class EstimatorConfig:
             f"{where}.log_prob_min_clamp", self.log_prob_min_clamp, below=0, null_ok=True, why="log-probs are <= 0"
         )
         check_range(f"{where}.distillation_loss_coef", self.distillation_loss_coef, at_least=0)
+        # verl v0.9.1 does not check either key (its loop `range(0, N, chunk_size)` fails on 0 and silently
+        # leaves the output unwritten for a negative size); both are refused here rather than at the first update.
+        if not isinstance(self.use_chunked_topk, bool):
+            raise ValueError(f"{where}.use_chunked_topk={self.use_chunked_topk!r} must be true or false")
+        if isinstance(self.chunked_topk_chunk_size, bool) or not isinstance(self.chunked_topk_chunk_size, int):
+            raise ValueError(f"{where}.chunked_topk_chunk_size={self.chunked_topk_chunk_size!r} must be an integer")
+        check_range(f"{where}.chunked_topk_chunk_size", self.chunked_topk_chunk_size, at_least=1)
 
     @property
     def uses_topk(self) -> bool:

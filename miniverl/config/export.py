@@ -1,4 +1,4 @@
-"""Schema of `conf/export/`: the scale of the verl v0.8.0 launch that `python -m miniverl.export`
+"""Schema of `conf/export/`: the release and the scale of the verl launch that `python -m miniverl.export`
 writes (not part of the compiled plan: exporting never changes a run).
 
 verl runs the student (FSDP actor + its rollout engine, colocated: verl's hybrid engine) on the
@@ -18,12 +18,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-# Inference engines verl v0.8.0 can serve the teacher with (its top-k log-prob path knows these two).
+# The verl releases the export writes for (what each one is: miniverl/verl_compat/versions.py). 0.9.1 is what
+# `pip install verl` gives today; 0.8.0 is the release miniverl's losses mirror.
+VERL_VERSIONS = ("0.8.0", "0.9.1")
+VERL_VERSION_DEFAULT = "0.9.1"
+# Inference engines verl v0.8.0 and v0.9.1 can serve the teacher with (its top-k log-prob path knows these two).
 ENGINES = ("vllm", "sglang")
 
 
 @dataclass
 class ExportConfig:
+    # The verl release the launch is written for: 0.9.1 (what `pip install verl` gives) or 0.8.0
+    # (docs/verl-versions.md says what differs).
+    verl_version: str = VERL_VERSION_DEFAULT
     nnodes: int = 1  # verl: trainer.nnodes
     n_gpus_per_node: int = 1  # verl: trainer.n_gpus_per_node (the trainer pool: actor + rollout)
     teacher_nnodes: int = 1  # verl: distillation.nnodes
@@ -51,6 +58,10 @@ class ExportConfig:
 
     def __post_init__(self) -> None:
         where = "export"
+        if self.verl_version not in VERL_VERSIONS:
+            raise ValueError(
+                f"{where}.verl_version={self.verl_version!r}: miniverl exports for verl {' or '.join(VERL_VERSIONS)}"
+            )
         for key in (
             "nnodes",
             "n_gpus_per_node",

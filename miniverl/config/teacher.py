@@ -117,12 +117,8 @@ def check_teachers(teachers: dict[str, TeacherConfig], teacher_key: str, default
                 "(+teacher@teachers.<name>=<option>); with the single `teacher` set default_teacher=null"
             )
         return
-    if len(teachers) == 1:
-        (name,) = teachers
-        raise ValueError(
-            f"teachers has one entry ({name}); for one teacher use `teacher` (teacher=<option>), for "
-            "several add another with +teacher@teachers.<name>=<option>"
-        )
+    # One entry is accepted, as verl accepts it: that teacher scores every row (its key is still
+    # required, as verl's check_configured requires it of a named entry).
     if not teacher_key:
         raise ValueError("teacher_key is empty: name the data column that routes rows (verl's default: data_source)")
     owners: dict[str, str] = {}

@@ -32,9 +32,10 @@ def _teacher_line(block, where: str) -> str:
 
 
 def teacher_rows(cfg: MiniverlConfig) -> list[tuple[str, str]]:
-    """One row for the single teacher; one per teacher, with the key it scores, for several."""
-    if not cfg.teachers:
-        return [("teacher", _teacher_line(cfg.teacher, "teacher"))]
+    """One row for one teacher; one per teacher, with the key it scores, for several."""
+    if not cfg.routed:  # `teacher`, or a `teachers` block of one (it scores every row)
+        ((name, block),) = cfg.teacher_blocks.items()
+        return [("teacher", _teacher_line(block, cfg.teacher_where(name)))]
     rows = [
         (f"teacher {name}", f"{_teacher_line(block, cfg.teacher_where(name))} for {cfg.teacher_key}={block.key}")
         for name, block in cfg.teachers.items()

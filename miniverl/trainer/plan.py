@@ -95,7 +95,9 @@ def experiment_settings(cfg: MiniverlConfig) -> dict:
     if cfg.teachers:  # the single `teacher` block is not read
         settings.pop("teacher")
     else:
-        for unread in ("teachers", "teacher_key", "default_teacher"):
+        settings.pop("teachers")
+    if not cfg.routed:  # one teacher scores every row: nothing routes
+        for unread in ("teacher_key", "default_teacher"):
             settings.pop(unread)
     custom = cfg.reward.custom_reward_function
     if cfg.estimator.use_task_rewards and custom.path and Path(custom.path).is_file():
@@ -110,8 +112,8 @@ def read_rows(cfg: MiniverlConfig, key: str = "train_files") -> Conversations:
 
 
 def route_column(cfg: MiniverlConfig) -> str | None:
-    """The data column several teachers are routed by (None with the single teacher)."""
-    return cfg.teacher_key if cfg.teachers else None
+    """The data column several teachers are routed by (None with one teacher)."""
+    return cfg.teacher_key if cfg.routed else None
 
 
 def teacher_routes(
@@ -119,8 +121,8 @@ def teacher_routes(
 ) -> dict[int, str]:
     """parquet row -> the name of the teacher that scores it, from each row's teacher_key value
     (verl's routing); a row whose value matches no key goes to default_teacher, or is refused
-    naming the row. Empty with the single teacher."""
-    if not cfg.teachers:
+    naming the row. Empty with one teacher (`teacher`, or a `teachers` block of one)."""
+    if not cfg.routed:
         return {}
     by_key = {teacher.key: name for name, teacher in cfg.teachers.items()}
     routes = {}

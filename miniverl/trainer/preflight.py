@@ -272,7 +272,7 @@ def cheap_checks(cfg: MiniverlConfig, device: torch.device) -> list[Check]:
         guarded("tokenizer", check_tokenizers, cfg, tokenizer),
         guarded("memory", check_memory, cfg, device),
         *([guarded("reward", check_reward, cfg)] if cfg.estimator.use_task_rewards else []),
-        *([guarded("routing", check_routing, cfg)] if cfg.teachers else []),
+        *([guarded("routing", check_routing, cfg)] if cfg.routed else []),
         *([guarded("context", check_context, cfg, tokenizer)] if uses_context(cfg) else []),
     ]
 

@@ -1,4 +1,4 @@
-"""What a miniverl config means that a verl v0.8.0 launch cannot carry: the settings it does not
+"""What a miniverl config means that a verl launch (of `export.verl_version`) cannot carry: the settings it does not
 reproduce (`differences`: warnings, written into the export's README) and the ones it cannot run
 at all (`refusal`: the export stops with one line). And each teacher's verl entry
 (`teacher_entries`), which both read.
@@ -15,6 +15,7 @@ from miniverl.config.export import teacher_pool_problem
 from miniverl.verl_compat.defaults import TEACHER, TEACHERS
 from miniverl.verl_compat.field_rules import RULES
 from miniverl.verl_compat.launch_files import resolved_flat, teacher_variable
+from miniverl.verl_compat.versions import EXPORT_DEFAULT, release
 
 RULES_NOTE = {rule.field: rule.note for rule in RULES}
 
@@ -44,11 +45,11 @@ def teacher_entries(config: MiniverlConfig) -> list[tuple[str, Any, str]]:
 def differences(config: MiniverlConfig) -> list[str]:
     """The settings of this config that the verl launch does not reproduce, one line each."""
     out: list[str] = []
-    values = resolved_flat(config)
+    values, version = resolved_flat(config), config.export.verl_version
     for rule in RULES:
         if rule.status == "fixed_in_verl" and values.get(rule.field) != rule.verl_value:
             out.append(
-                f"{rule.field}={values.get(rule.field)!r} does not carry over: verl v0.8.0 runs with "
+                f"{rule.field}={values.get(rule.field)!r} does not carry over: verl {version} runs with "
                 f"{rule.verl_value!r} ({rule.note.split(';')[0]})"
             )
     models = [("model", config.model, "model")] + [(where, t, "teacher") for _, t, where in teacher_entries(config)]
@@ -86,16 +87,69 @@ def differences(config: MiniverlConfig) -> list[str]:
             out.append(f"{where}.trust_remote_code=true does not carry over: {RULES_NOTE['teacher.trust_remote_code']}")
         if t.tokenizer_id is not None:
             out.append(f"{where}.tokenizer_id does not carry over: {RULES_NOTE['teacher.tokenizer_id']}")
+    scale = micro_batch_scale(config)
+    if scale is not None:
+        out.append(scale)
+    if config.estimator.use_task_rewards and not release(version).dapo_boxed_fallback:
+        out.append(
+            f"task rewards of math_dapo, math, math_dapo_reasoning and aime* rows: verl {version}'s rule reads the "
+            "last `Answer:` line only, where miniverl's (verl 0.9's) falls back to the last \\boxed{} (a response "
+            "with a right \\boxed{} and no such line scores -1 there)"
+        )
     return out
 
 
+def micro_batch_scale(config: MiniverlConfig) -> str | None:
+    """On a release whose distillation loss reads the previous PPO loss call's normalisers (v0.8.0; the
+    ordering behind verl #7200): what that does to this launch's loss scale, in one line; None when
+    each GPU runs one micro-batch per update."""
+    x = config.export
+    if not release(x.verl_version).distillation_reads_previous_normalisers:
+        return None
+    rows = config.recipe.logical_batch * config.rollout.n // (x.nnodes * x.n_gpus_per_node)  # per GPU per update
+    micro = x.ppo_micro_batch_size_per_gpu or config.hardware.update_chunk
+    if not x.use_dynamic_bsz and rows <= micro:
+        return None
+    split = (
+        f"splits each GPU's {rows} rows into micro-batches by token budget"
+        if x.use_dynamic_bsz
+        else f"splits each GPU's {rows} rows into {rows // micro} micro-batches of {micro}"
+    )
+    return (
+        f"verl {x.verl_version} normalises the distillation loss of the first micro-batch of each update with the "
+        f"previous update's token and row counts (its distillation_loss reads them before its PPO loss stores the "
+        f"current ones; the ordering behind verl #7200, fixed in 0.9.0 by #7225): this launch {split}, so that "
+        "micro-batch's share of the loss is scaled by (this update's tokens / the previous update's), and in the "
+        "very first update by about the number of micro-batches (it is normalised by its own tokens); the others "
+        f"match miniverl. For the same scale throughout: export.ppo_micro_batch_size_per_gpu={rows} (one "
+        f"micro-batch), or export.verl_version={EXPORT_DEFAULT}"
+    )
+
+
 def refusal(config: MiniverlConfig) -> str | None:
-    """Why verl v0.8.0 cannot run this config at all (one line), or None."""
-    if config.estimator.uses_full_vocab:
+    """Why verl (of `export.verl_version`) cannot run this config at all (one line), or None."""
+    version = config.export.verl_version
+    verl = release(version)
+    est = config.estimator
+    if est.uses_full_vocab:
         return (
             "estimator=reverse_kl_full: verl (v0.8.0, and v0.9 as well) has no full-vocabulary reverse KL "
             "loss (verl RFC #7239 asks for one); export with estimator=k3 or estimator=forward_kl_topk"
         )
+    if est.loss_agg_mode not in verl.loss_agg_modes:
+        return (
+            f"estimator.loss_agg_mode={est.loss_agg_mode}: verl {version} has only {', '.join(verl.loss_agg_modes)}; "
+            f"export.verl_version={EXPORT_DEFAULT} has it"
+        )
+    values = resolved_flat(config)
+    for rule in RULES:
+        older = rule.for_release(version)
+        if older is not rule and older.older_value is not None and values[rule.field] != older.older_value:
+            return (
+                f"{rule.field}={values[rule.field]!r}: verl {version} has no {', '.join(rule.verl_keys)} (new in "
+                f"verl {rule.since}); export.verl_version={EXPORT_DEFAULT} has it, or set {rule.field}="
+                f"{older.older_value}"
+            )
     problem = teacher_pool_problem(config.export, len(config.teacher_blocks))
     if problem:
         return problem
@@ -107,24 +161,24 @@ def refusal(config: MiniverlConfig) -> str | None:
     for _, t, where in teacher_entries(config):
         if t.adapter is not None:
             return (
-                f"{where}.mode={t.mode} with {where}.adapter: verl v0.8.0's teacher takes no "
+                f"{where}.mode={t.mode} with {where}.adapter: verl {version}'s teacher takes no "
                 "adapter; merge it into its base (PeftModel.merge_and_unload, save_pretrained) and export "
                 f"{where}.mode=standard {where}.model_id=<merged folder>"
             )
     with_context = [where for _, t, where in teacher_entries(config) if t.context.enabled]
     if with_context and not config.export.drop_teacher_context:
         return (
-            f"{with_context[0]}.context: verl v0.8.0 gives the teacher the student's prompt, so a privileged "
+            f"{with_context[0]}.context: verl {version} gives the teacher the student's prompt, so a privileged "
             "context cannot be exported; export.drop_teacher_context=true exports the recipe without it"
         )
     if "teacher_model" in config.teachers:
         return (
-            "teachers.teacher_model: verl v0.8.0 drops the entry of that name when there are several "
+            f"teachers.teacher_model: verl {version} drops the entry of that name when there are several "
             "teachers; rename it (+teacher@teachers.<other name>=...)"
         )
     if config.default_teacher is not None:
         return (
-            f"default_teacher={config.default_teacher}: verl v0.8.0 has no default teacher (a row whose "
+            f"default_teacher={config.default_teacher}: verl {version} has no default teacher (a row whose "
             f"{config.teacher_key} matches no teacher's key stops its run); give those rows a teacher "
             "(teachers.<name>.key) and export with default_teacher=null"
         )

@@ -1,6 +1,7 @@
-"""Check miniverl.losses against golden vectors computed by verl v0.8.0's own functions.
+"""Check miniverl.losses against golden vectors computed by verl's own functions (v0.8.0, v0.9.1).
 
     python -m miniverl.conformance tests/data/verl-0.8.0-opd-loss.json [--dtype float64|float32] [--rtol R]
+    python -m miniverl.conformance tests/data/verl-0.9.1-opd-loss.json
     python -m miniverl.conformance tests/data/verl-0.8.0-task-rewards.json
 
 The second file (scripts/make_task_reward_goldens.py) holds task rewards beside distillation:
@@ -9,14 +10,18 @@ and its rule rewards (`reward_score`).
 
 Every case runs through the same functions the actor uses (miniverl.losses), with gradients from
 torch.autograd. Each mismatch is printed as `case <i> (<description>): <quantity>: expected <e> got <g>`;
-the last line is `conformance: N/M cases match verl v0.8.0`. The file's `refused` configurations must
-be refused by EstimatorConfig and its `warned` ones accepted with a warning. Exit status: 0 when
-everything matches, 1 on any mismatch, 2 when the file cannot be read.
+the last line is `conformance: N/M cases match verl <version>`, the release the file was computed with
+(`golden_version`). The file's `refused` configurations must be refused by EstimatorConfig and its
+`warned` ones accepted with a warning, except those marked `export_only`: verl's answer to them
+changed between releases, and miniverl's config, the same for every release, cannot give both (the
+export to each release enforces them); they are listed, not checked. Exit status: 0 when everything
+matches, 1 on any mismatch, 2 when the file cannot be read.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from typing import Any
 
@@ -24,10 +29,10 @@ import torch
 
 from miniverl.config.actor import ActorConfig
 from miniverl.config.estimator import EstimatorConfig
-from miniverl.utils.reward_score import default_compute_score
+from miniverl.utils.reward_score import default_compute_score, math_dapo_score, rule_for
 from miniverl.workers.advantages import grpo_outcome_advantage, rloo_outcome_advantage
 from miniverl.workers.losses import distillation_loss, distillation_ppo_loss
-from miniverl.workers.topk_loss import forward_kl_topk, forward_kl_topk_terms
+from miniverl.workers.topk_loss import forward_kl_topk, forward_kl_topk_terms, topk_chunk_size
 
 # Relative tolerances. Estimator cases reproduce verl's float64 arithmetic closely; verl computed the
 # top-k KL in float32, so float64 runs can only agree with it to float32 precision.
@@ -50,12 +55,29 @@ _ESTIMATOR_FIELDS = (
     "loss_mode", "use_policy_gradient", "loss_agg_mode", "loss_max_clamp",
     "clip_ratio", "clip_ratio_low", "clip_ratio_high", "clip_ratio_c",
 )  # fmt: skip
-_TOPK_FIELDS = ("loss_mode", "use_policy_gradient", "topk", "log_prob_min_clamp", "loss_agg_mode", "loss_max_clamp")
+_TOPK_FIELDS = (
+    "loss_mode", "use_policy_gradient", "topk", "log_prob_min_clamp", "loss_agg_mode", "loss_max_clamp",
+    "use_chunked_topk", "chunked_topk_chunk_size",
+)  # fmt: skip
 _TASK_FIELDS = (
     "loss_mode", "use_policy_gradient", "loss_agg_mode", "loss_max_clamp", "use_task_rewards", "distillation_loss_coef",
 )  # fmt: skip
 _ACTOR_CLIP_FIELDS = ("clip_ratio", "clip_ratio_low", "clip_ratio_high", "clip_ratio_c")  # as actor_<field> in a case
 ADVANTAGE_KINDS = ("grpo_advantage", "rloo_advantage")
+DEFAULT_VERSION = "v0.8.0"  # golden files from before `verl_version` was recorded are v0.8.0's
+# Keys of a refused/warned entry that describe it rather than configure EstimatorConfig.
+_ENTRY_NOTES = ("verl", "export_only")
+
+
+def golden_version(data: dict) -> str:
+    """The verl release a golden file was computed with, as `vX.Y.Z`: its `verl_version`, else the
+    first `verl vX.Y.Z` of its `source`, else v0.8.0."""
+    version = data.get("verl_version")
+    if isinstance(version, str) and version.strip():
+        version = version.strip()
+        return version if version.startswith("v") else f"v{version}"
+    found = re.search(r"\bverl\s+v?(\d+\.\d+\.\d+)", str(data.get("source", "")))
+    return f"v{found.group(1)}" if found else DEFAULT_VERSION
 
 
 def rtol_kind(kind: str | None) -> str | None:
@@ -78,6 +100,10 @@ def describe(case: dict) -> str:
         parts = [f"forward_kl_topk k={case.get('topk')}", case.get("loss_agg_mode", "?")]
         if case.get("log_prob_min_clamp") is not None:
             parts.append(f"log_prob_min_clamp={case['log_prob_min_clamp']}")
+        if case.get("loss_max_clamp") is not None:
+            parts.append(f"clamp={case['loss_max_clamp']}")
+        if case.get("use_chunked_topk"):
+            parts.append(f"chunked={case.get('chunked_topk_chunk_size')}")
         return " ".join(parts)
     path = "pg" if case.get("use_policy_gradient") else "direct"
     parts = [str(case.get("loss_mode")), path, str(case.get("loss_agg_mode"))]
@@ -129,10 +155,16 @@ def _first_diff(expected: Any, got: torch.Tensor) -> str:
     )
 
 
-def _run_case(case: dict, dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-    """Run one case; return the quantities to compare (tensors) and the metrics."""
+def _run_case(
+    case: dict, dtype: torch.dtype, version: str = DEFAULT_VERSION
+) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """Run one case of a `version` golden file; return the quantities to compare (tensors) and the metrics."""
     if case["kind"] == "reward_score":
-        score = default_compute_score(case["data_source"], case["solution_str"], case["ground_truth"])
+        source, solution, truth = case["data_source"], case["solution_str"], case["ground_truth"]
+        if version == "v0.8.0" and getattr(rule_for(source), "family", None) == "math_dapo":
+            score = math_dapo_score(solution, truth, boxed_fallback=False)["score"]  # 0.8.0: no \boxed fallback
+        else:
+            score = default_compute_score(source, solution, truth)  # miniverl's rules are verl 0.9.1's
         return {"score": torch.tensor(score, dtype=torch.float64)}, {}
     if case["kind"] in ADVANTAGE_KINDS:
         return _run_advantage_case(case), {}
@@ -167,7 +199,9 @@ def _run_case(case: dict, dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], 
         t_ids = torch.tensor(inp["teacher_topk_ids"], dtype=torch.long)  # (B, T, k)
         loss, per_token, metrics = forward_kl_topk(est, logits, t_lp, t_ids, mask, **norms)
         loss.backward()
-        terms = forward_kl_topk_terms(logits.detach(), t_lp, t_ids, log_prob_min_clamp=est.log_prob_min_clamp)
+        terms = forward_kl_topk_terms(
+            logits.detach(), t_lp, t_ids, log_prob_min_clamp=est.log_prob_min_clamp, chunk_size=topk_chunk_size(est)
+        )
         got = {
             "per_token_loss": per_token,
             "loss": loss,
@@ -211,12 +245,14 @@ def _run_advantage_case(case: dict) -> dict[str, torch.Tensor]:
     return {"advantages": rloo_outcome_advantage(rewards, mask, index)}
 
 
-def check_case(case: dict, dtype: torch.dtype, rtol: float, floor: float = 0.0) -> list[str]:
+def check_case(
+    case: dict, dtype: torch.dtype, rtol: float, floor: float = 0.0, version: str = DEFAULT_VERSION
+) -> list[str]:
     """Mismatch descriptions (`<quantity>: expected .. got ..`) for one case; empty when it matches."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a case may be a warned configuration; that is checked apart
-            got, metrics = _run_case(case, dtype)
+            got, metrics = _run_case(case, dtype, version)
         expected = case["expected"]
     except Exception as exc:  # a malformed or unsupported case is a mismatch, not a crash
         return [f"could not run: {type(exc).__name__}: {exc}"]
@@ -241,7 +277,13 @@ def check_case(case: dict, dtype: torch.dtype, rtol: float, floor: float = 0.0) 
 
 
 def _config_kwargs(entry: dict) -> dict:
-    return {k: v for k, v in entry.items() if k != "verl"}
+    return {k: v for k, v in entry.items() if k not in _ENTRY_NOTES}
+
+
+def export_only(entry: dict) -> str | None:
+    """Why a refused/warned entry is left to the export (its `export_only`), or None: checked here."""
+    note = entry.get("export_only")
+    return str(note) if note else None
 
 
 def check_refused(entry: dict) -> tuple[bool, str]:
@@ -271,4 +313,6 @@ def check_warned(entry: dict) -> tuple[bool, str]:
 
 
 def describe_config(entry: dict) -> str:
-    return " ".join(f"{k}={v}" for k, v in _config_kwargs(entry).items())
+    kwargs = _config_kwargs(entry)
+    overrides = kwargs.pop("verl_overrides", None) or {}
+    return " ".join([*(f"{k}={v}" for k, v in kwargs.items()), *(f"{k}={v}" for k, v in overrides.items())])

@@ -1,7 +1,8 @@
-"""verl v0.8.0's defaults and constants: what verl's own config and code say, copied here so that
-nothing in miniverl imports verl (a test checks `VERL_DEFAULTS` against the installed verl 0.8.0).
+"""verl's defaults and constants: what verl's own config and code say, copied here so that nothing
+in miniverl imports verl (tests check `verl_defaults(version)` against each release's config tree).
 
-`VERL_DEFAULTS` is verl/trainer/config/ppo_trainer.yaml and its defaults tree, unresolved; `FIXED`
+`VERL_DEFAULTS` is v0.8.0's verl/trainer/config/ppo_trainer.yaml and its defaults tree, unresolved
+(`verl_defaults` adds what a later release changed, from verl_compat.versions); `FIXED`
 lists the verl keys the export writes because of what the recipe *is* (on-policy distillation on
 miniverl's terms), not because of a field.
 """
@@ -10,9 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from miniverl.config.estimator import LOSS_AGG_MODES  # noqa: F401  (verl's four: miniverl implements them all)
+from miniverl.verl_compat.versions import release
 
-VERL_VERSION = "0.8.0"
 ENTRY_POINT = "python3 -m verl.trainer.main_ppo"
 TEACHERS = "distillation.teacher_models"
 TEACHER = f"{TEACHERS}.teacher_model"  # the entry verl ships: the single teacher's
@@ -131,6 +131,14 @@ VERL_DEFAULTS: dict[str, Any] = {
     f"{TEACHER}.inference.engine_kwargs": {},
 }
 
+
+def verl_defaults(version: str) -> dict[str, Any]:
+    """The defaults of verl `version`: VERL_DEFAULTS with what that release changed in its YAML, and its
+    keys it reads that its YAML does not have."""
+    verl = release(version)
+    return {**VERL_DEFAULTS, **verl.defaults_changed, **verl.defaults_outside_yaml}
+
+
 # Where verl's dataclass defaults (verl/workers/config/distillation.py) differ from its YAML: the
 # YAML is what main_ppo runs with, but the export writes these keys whatever their value, so the
 # launch means the same thing under either.
@@ -141,7 +149,7 @@ DATACLASS_DEFAULTS_THAT_DIFFER: dict[str, Any] = {
     f"{LOSS}.use_policy_gradient": True,
 }
 
-# verl v0.8.0's distillation losses (verl/trainer/distillation/losses.py registry).
+# verl's distillation losses (verl/trainer/distillation/losses.py registry; the same in v0.8.0 and v0.9.1).
 VERL_LOSS_MODES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "forward_kl_topk")
 ROLLOUT_ENGINES = ("vllm", "sglang", "trtllm")
 TEACHER_ENGINES = ("vllm", "sglang")

@@ -1,11 +1,14 @@
-"""Read a verl v0.8.0 launch back into miniverl overrides: `python -m miniverl.import_verl FILE [-o OUT]`.
+"""Read a verl launch back into miniverl overrides:
+`python -m miniverl.import_verl FILE [-o OUT] [--verl-version 0.9.1|0.8.0]`.
 
 FILE is a launch script in the shape of verl's examples (bash arrays of overrides, `${VAR:-default}`,
 `$(( ... ))`, then `python3 -m verl.trainer.main_ppo ...`; it is read, never run) or an overrides
 file (one Hydra override per line, like the export's overrides.txt). The result means what the verl
-launch means: a key the launch leaves out takes verl's YAML default. It writes one miniverl override
-per line for every field that maps (`miniverl.verl_compat.field_rules`), then, as comments, the verl overrides
-with no miniverl field and the miniverl fields verl does not set. Apply it on top of a recipe:
+launch means on that release (0.9.1 by default): a key the launch leaves out takes that release's
+default. It writes one miniverl override per line for every field that maps
+(`miniverl.verl_compat.field_rules`), then, as comments, the verl overrides with no miniverl field,
+verl's engine settings (how verl runs, not what it computes) and the miniverl fields verl does not
+set. Apply it on top of a recipe:
 
     python -m miniverl.main +recipe=opd_k1 $(grep -v '^#' OUT)
 
@@ -29,12 +32,14 @@ from miniverl.verl_compat.defaults import (
     ROLLOUT,
     TEACHER,
     TEACHERS,
-    VERL_DEFAULTS,
+    verl_defaults,
 )
 from miniverl.verl_compat.field_rules import RULES, table_read
 from miniverl.verl_compat.launch_files import NO_TASK_REWARD_FILE, TASK_REWARD_FILE
-from miniverl.verl_compat.launch_reader import read_overrides
+from miniverl.verl_compat.launch_reader import exported_for, read_overrides
+from miniverl.verl_compat.not_imported import ENGINE_WHY, NOT_IN_MINIVERL, why_not_imported
 from miniverl.verl_compat.overrides import get, hydra_value, virtual_verl_config
+from miniverl.verl_compat.versions import EXPORT_DEFAULT, PROFILE_VERSION, release
 
 # ---------------------------------------------------------------- verl -> miniverl
 
@@ -61,19 +66,23 @@ def parse(lines: list[str]) -> tuple[dict[str, Any], list[str]]:
     return values, other
 
 
-def to_miniverl(lines: list[str]) -> tuple[list[tuple[str, Any]], list[tuple[str, str]]]:
-    """(miniverl overrides [(field, value)], verl overrides with no miniverl field [(line, why)])."""
+def to_miniverl(lines: list[str], version: str = EXPORT_DEFAULT) -> tuple[list[tuple[str, Any]], list[tuple[str, str]]]:
+    """(miniverl overrides [(field, value)], verl overrides with no miniverl field [(line, why)]) of a
+    launch for verl `version`; verl's engine settings are among the second, with ENGINE_WHY."""
     values, other = parse(lines)
     unmapped: list[tuple[str, str]] = [
         (
             line,
-            "not a plain key=value override (a config-group choice, a deletion, "
-            "a sweep, or a shell command left unrun)",
+            ENGINE_WHY
+            if line.startswith("model_engine=")
+            else "not a plain key=value override (a config-group choice, a deletion, a sweep, or a shell command "
+            "left unrun)",
         )
         for line in other
     ]
-    known = {key for key in values if key in VERL_DEFAULTS or _dict_parent(key) is not None}
-    cfg = virtual_verl_config({k: v for k, v in values.items() if k in known})
+    defaults = verl_defaults(version)
+    known = {key for key in values if key in defaults or _dict_parent(key) is not None}
+    cfg = virtual_verl_config({k: v for k, v in values.items() if k in known}, version)
     v = lambda key: get(cfg, key)  # noqa: E731  (the launch's value, or verl's default)
     used: set[str] = set()
     out: list[tuple[str, Any]] = []
@@ -103,12 +112,13 @@ def to_miniverl(lines: list[str]) -> tuple[list[tuple[str, Any]], list[tuple[str
         copied = {f"{TEACHER}.{k[len(first) :]}": val for k, val in values.items() if k.startswith(first)}
         values.update(copied)
         used.update(k for k in values if k.startswith(f"{TEACHERS}."))  # read as `teachers`, or via the copy
-        known = {key for key in values if key in VERL_DEFAULTS or _dict_parent(key) is not None}
-        cfg = virtual_verl_config({k: val for k, val in values.items() if k in known})
+        known = {key for key in values if key in defaults or _dict_parent(key) is not None}
+        cfg = virtual_verl_config({k: val for k, val in values.items() if k in known}, version)
     if v(f"{TEACHER}.model_path") is None:
         raise MiniverlError(f"this verl launch sets no {TEACHER}.model_path: there is no teacher to import")
     emit("estimator", v("distillation.distillation_loss.loss_mode"))  # the group; its fields follow
-    for rule in table_read():  # every rule the table maps one to one; the rest below, each for its reason
+    emit("export.verl_version", version)  # exported again, the launch is for the same release
+    for rule in table_read(version):  # every rule the table maps one to one; the rest below, each for its reason
         emit(rule.field, v(rule.verl_keys[0]), *rule.verl_keys)
         for key in rule.verl_keys[1:]:  # one miniverl field, several verl keys: they must agree
             if v(key) != v(rule.verl_keys[0]):
@@ -119,6 +129,12 @@ def to_miniverl(lines: list[str]) -> tuple[list[tuple[str, Any]], list[tuple[str
                         f"{hydra_value(v(rule.verl_keys[0]))}; miniverl has one field, {rule.field}",
                     )
                 )
+    agg = v(f"{ACTOR}.loss_agg_mode")
+    if agg not in release(version).loss_agg_modes:  # token-sum in a 0.8.0 launch: verl refuses it
+        out[:] = [(name, value) for name, value in out if name != "estimator.loss_agg_mode"]
+        unmapped.append(
+            (f"{ACTOR}.loss_agg_mode={agg}", f"not a loss_agg_mode of verl {version}: it refuses the launch")
+        )
     # verl fills a single teacher's pool with as many replicas as fit (DistillationConfig).
     inference = f"{TEACHER}.inference"
     per_replica = v(f"{inference}.tensor_model_parallel_size") * v(f"{inference}.data_parallel_size")
@@ -235,13 +251,19 @@ def to_miniverl(lines: list[str]) -> tuple[list[tuple[str, Any]], list[tuple[str
     for key in (f"{ROLLOUT}.max_model_len", f"{TEACHER}.inference.max_model_len"):
         used.add(key)
     # The keys the export writes because of what the recipe is.
+    forced = release(version).teacher_temperature_forced  # 0.9: any teacher temperature runs as 1.0
     for key, value, why in FIXED:
         used.add(key)
-        if key in values and values[key] != value:
+        if key in values and values[key] != value and not (forced and key == f"{TEACHER}.inference.temperature"):
             unmapped.append((f"{key}={hydra_value(values[key])}", f"miniverl means {hydra_value(value)}: {why}"))
+    # Settings that agree with miniverl when off: read, nothing to import.
+    for key, why in NOT_IN_MINIVERL.items():
+        if values.get(key):
+            unmapped.append((f"{key}={hydra_value(values[key])}", why))
+        used.add(key)
     for key, value in values.items():
         if key not in used and _dict_parent(key) not in used:
-            unmapped.append((f"{key}={hydra_value(value)}", "no miniverl field"))
+            unmapped.append((f"{key}={hydra_value(value)}", why_not_imported(key, version)))
     # One line per field (the last value wins), the estimator group first, then in the rules' order.
     final = dict(out)
     order = {"estimator": -1, **{rule.field: k for k, rule in enumerate(RULES)}}
@@ -301,13 +323,17 @@ def _written_by_the_export(path: str) -> bool:
 
 
 def _dict_parent(key: str) -> str | None:
-    """The free-form dict key of verl's defaults that `key` lies under (data.apply_chat_template_kwargs)."""
+    """The free-form dict key of verl's defaults that `key` lies under (data.apply_chat_template_kwargs,
+    reward.custom_reward_function.reward_kwargs: the same in every release)."""
     parts = key.split(".")
     for end in range(len(parts) - 1, 0, -1):
         parent = ".".join(parts[:end])
-        if isinstance(VERL_DEFAULTS.get(parent), dict):
+        if isinstance(verl_defaults(PROFILE_VERSION).get(parent), dict):
             return parent
     return None
+
+
+FREE_FORM_DICTS = ("data.apply_chat_template_kwargs", "reward.custom_reward_function.reward_kwargs")
 
 
 def override_lines(mapped: list[tuple[str, Any]]) -> list[str]:
@@ -315,7 +341,7 @@ def override_lines(mapped: list[tuple[str, Any]]) -> list[str]:
     Hydra refuses to merge new keys into a dict node of the config)."""
     lines = []
     for name, value in mapped:
-        if isinstance(value, dict) and value and name == "data.apply_chat_template_kwargs":
+        if isinstance(value, dict) and value and name in FREE_FORM_DICTS:
             lines += [f"++{name}.{k}={hydra_value(v)}" for k, v in value.items()]
         else:
             lines.append(f"{name}={hydra_value(value)}")
@@ -338,14 +364,18 @@ def unset_fields(mapped: list[tuple[str, Any]]) -> list[str]:
     return out
 
 
-def render(source: str, mapped: list[tuple[str, Any]], unmapped: list[tuple[str, str]]) -> str:
+def render(source: str, mapped: list[tuple[str, Any]], unmapped: list[tuple[str, str]], version: str) -> str:
     lines = [
-        f"# miniverl overrides read from {source} (verl v0.8.0: a key the launch leaves out takes verl's default)",
+        f"# miniverl overrides read from {source} (verl {version}: a key the launch leaves out takes its default)",
         "# use: python -m miniverl.main +recipe=opd_k1 $(grep -v '^#' THIS_FILE)",
     ]
     lines += override_lines(mapped)
+    engine = [(line, why) for line, why in unmapped if why == ENGINE_WHY]
     lines.append("# verl overrides with no miniverl field (not imported):")
-    lines += [f"#   {line}  -- {why}" for line, why in unmapped] or ["#   (none)"]
+    lines += [f"#   {line}  -- {why}" for line, why in unmapped if why != ENGINE_WHY] or ["#   (none)"]
+    if engine:
+        lines.append("# verl engine settings (how verl runs, not what it computes; miniverl runs one device):")
+        lines += [f"#   {line}" for line, _ in engine]
     lines.append(
         "# miniverl fields verl does not set (kept from the config you apply this to): "
         + ", ".join(unset_fields(mapped))
@@ -353,6 +383,9 @@ def render(source: str, mapped: list[tuple[str, Any]], unmapped: list[tuple[str,
     return "\n".join(lines) + "\n"
 
 
-def import_file(path: str | Path, env: Mapping[str, str] | None = None) -> str:
-    mapped, unmapped = to_miniverl(read_overrides(path, env))
-    return render(str(path), mapped, unmapped)
+def import_file(path: str | Path, env: Mapping[str, str] | None = None, version: str | None = None) -> str:
+    """The miniverl overrides of a launch for verl `version`; None: the release miniverl's export wrote it
+    for (its field_rules.json beside it, or run_opd.sh's header), else the export's default."""
+    version = version or exported_for(path) or EXPORT_DEFAULT
+    mapped, unmapped = to_miniverl(read_overrides(path, env), version)
+    return render(str(path), mapped, unmapped, version)

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from miniverl import VERL_COMMIT, __version__
+from miniverl import __version__
 from miniverl.config import MiniverlConfig
 from miniverl.utils.tables import flatten
 from miniverl.verl_compat.defaults import (
@@ -20,10 +20,10 @@ from miniverl.verl_compat.defaults import (
     MODEL,
     TEACHER,
     TEACHERS,
-    VERL_VERSION,
 )
-from miniverl.verl_compat.field_rules import RULES, rule_table
+from miniverl.verl_compat.field_rules import rule_table, rules_for
 from miniverl.verl_compat.overrides import override_line
+from miniverl.verl_compat.versions import release
 
 NO_TASK_REWARD_FILE = "no_task_reward.py"  # estimator.use_task_rewards=false: 0 for every sample
 TASK_REWARD_FILE = "task_reward.py"  # true, and no function of the user's: miniverl's rules, scored by verl
@@ -53,7 +53,7 @@ def rules_document(config: MiniverlConfig, rules: list[dict], overrides: list[Ov
     for o in overrides:
         for source in o.sources:
             written.setdefault(source, []).append(o.line)
-    table = rule_table()
+    table = rule_table(config.export.verl_version)
     return {
         "schema": "miniverl.verl_field_rules/v1",
         "field_rule_digest": digest,
@@ -81,7 +81,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
 TASK_REWARD_SOURCE = '''"""Written by miniverl's export: the task reward of a launch with task rewards, as miniverl
 scores it.
 
-miniverl's rules (miniverl/utils/reward_score.py) score each row by its data_source as verl's
+miniverl's rules (miniverl/utils/reward_score/) score each row by its data_source as verl's
 default_compute_score does; its toy source uses verl's GSM8K rule in its "flexible" mode (the last
 number of the response). Both are verl's own functions here.
 """
@@ -149,6 +149,7 @@ def teacher_variables(config: MiniverlConfig) -> list[str]:
 def launch_script(config: MiniverlConfig, overrides: list[Override], digest: str, reward: LaunchReward) -> str:
     """run_opd.sh: the overrides as bash arrays, the user-adjustable model and data paths first."""
     x, r = config.export, config.recipe
+    verl = release(x.verl_version)
     by_key = {o.key: o for o in overrides}
     teachers = {  # verl key of each teacher's model -> its shell variable
         (f"{TEACHERS}.{name}.model_path" if config.teachers else f"{TEACHER}.model_path"): teacher_variable(
@@ -167,8 +168,8 @@ def launch_script(config: MiniverlConfig, overrides: list[Override], digest: str
     lines = [
         "#!/usr/bin/env bash",
         f"# On-policy distillation | text | {engine} rollout + teacher | FSDP training | NVIDIA GPUs",
-        f"# Exported by miniverl {__version__} from recipe {r.name} (profile {r.profile}) for verl v{VERL_VERSION}",
-        f"# (commit {VERL_COMMIT[:12]}), in the shape of examples/on_policy_distillation_trainer/run_qwen3_8b_fsdp.sh.",
+        f"# Exported by miniverl {__version__} from recipe {r.name} (profile {r.profile}) for verl {verl.tag}",
+        f"# ({verl.source[:60]}), in the shape of examples/on_policy_distillation_trainer/run_qwen3_8b_fsdp.sh.",
         f"# Trainer pool: {x.nnodes} node(s) x {x.n_gpus_per_node} GPU(s) (actor + rollout, colocated); teacher pool: "
         f"{x.teacher_nnodes} node(s) x {x.teacher_n_gpus_per_node} GPU(s)",
         f"# ({len(config.teachers) or 1} teacher(s) x {x.teacher_replicas} replica(s) x tensor parallel "
@@ -234,13 +235,15 @@ def readme(
     config: MiniverlConfig, overrides: list[Override], warnings: list[str], digest: str, reward: LaunchReward
 ) -> str:
     x, r = config.export, config.recipe
+    verl = release(x.verl_version)
     trainer_gpus, teacher_gpus = x.nnodes * x.n_gpus_per_node, x.teacher_nnodes * x.teacher_n_gpus_per_node
     warned = {w.split("=", 1)[0] for w in warnings}
     out = [
-        f"# verl v{VERL_VERSION} launch of the miniverl recipe `{r.name}`",
+        f"# verl {verl.tag} launch of the miniverl recipe `{r.name}`",
         "",
-        f"Profile `{r.profile}`, exported by miniverl {__version__} for verl v{VERL_VERSION} (commit "
-        f"`{VERL_COMMIT[:12]}`); field rule digest `{digest}`.",
+        f"Profile `{r.profile}`, exported by miniverl {__version__} for verl {verl.tag} ({verl.source}); field "
+        f"rule digest `{digest}` (of verl {verl.version}'s rule table). docs/verl-versions.md says what differs "
+        "between verl 0.8.0 and 0.9.1.",
         "",
         "```bash",
         f"bash run_opd.sh        # STUDENT_MODEL=DIR {' '.join(f'{t}=DIR' for t in teacher_variables(config))} "
@@ -248,13 +251,13 @@ def readme(
         "xargs -d '\\n' python3 -m verl.trainer.main_ppo < overrides.txt   # the same launch, without the script",
         "```",
         "",
-        f"Run it where verl v0.8.0 and {x.rollout_name} are installed, on a Ray cluster (or one machine) with "
+        f"Run it where verl {verl.version} and {x.rollout_name} are installed, on a Ray cluster (or one machine) with "
         f"{trainer_gpus + teacher_gpus} GPUs: the trainer pool, {x.nnodes} x {x.n_gpus_per_node}, holds the FSDP "
         f"actor and its {x.rollout_name} rollout (tensor parallel {x.rollout_tensor_parallel_size}); the teacher "
         f"pool, {x.teacher_nnodes} x {x.teacher_n_gpus_per_node}, serves "
-        + (f"the {len(config.teachers)} frozen teachers, each" if config.teachers else "the frozen teacher")
+        + (f"the {len(config.teachers)} frozen teachers, each" if config.routed else "the frozen teacher")
         + f" ({x.teacher_replicas} replica(s), tensor parallel {x.teacher_tensor_parallel_size})"
-        + (f", routed by `{config.teacher_key}`" if config.teachers else "")
+        + (f", routed by `{config.teacher_key}`" if config.routed else "")
         + ". Change the scale by exporting again with "
         "`export.*`. The data files must be visible to the trainer at the `TRAIN_FILES` paths, and each row needs "
         "`data_source` and `reward_model.ground_truth` (verl's reward manager reads them even with task rewards "
@@ -268,25 +271,34 @@ def readme(
         out += ["## Differences in this export", ""] + [f"- {w}" for w in warnings] + [""]
     out += ["## What does not carry over from miniverl", ""]
     unread = "teacher." if config.teachers else "teachers."  # the single teacher's rules, or several's
-    for rule in RULES:
+    for rule in rules_for(verl.version):
         if rule.field in warned or rule.field.startswith(unread):
             continue
         if rule.status == "no_verl_equivalent":
             out.append(f"- `{rule.field}`: {rule.note}.")
         elif rule.status == "fixed_in_verl":
-            out.append(f"- `{rule.field}`: verl v0.8.0 always uses `{rule.verl_value!r}` ({rule.note.split(';')[0]}).")
+            out.append(
+                f"- `{rule.field}`: verl {verl.version} always uses `{rule.verl_value!r}` ({rule.note.split(';')[0]})."
+            )
     out += [
         "- Exactness: verl's rollout engine does not seed each sample, so a verl run is neither byte-reproducible "
         "nor exactly resumable; its checkpoints are verl's, not miniverl's.",
-        "- verl v0.8.0 normalises the first micro-batch of each update with the previous update's token count; "
-        "miniverl uses the exact token mean (docs/losses.md).",
+        *(
+            [
+                f"- verl {verl.version} normalises the first micro-batch of each update with the previous update's "
+                "token and row counts (the ordering behind verl #7200); miniverl uses the current mini-batch's "
+                "for every chunk, as verl 0.9 does (docs/verl-versions.md)."
+            ]
+            if verl.distillation_reads_previous_normalisers
+            else []
+        ),
         *(
             []
             if config.algorithm.rollout_correction.bypass_mode
             else [
-                "- verl v0.8.0 recomputes the old log-probs in a pass of their own before each update; miniverl takes "
-                "them from the update's own forward (on-policy, ratio exactly 1). They differ by rounding "
-                "(docs/losses.md)."
+                f"- verl {verl.version} recomputes the old log-probs in a pass of their own before each update; "
+                "miniverl takes them from the update's own forward (on-policy, ratio exactly 1). They differ by "
+                "rounding (docs/losses.md)."
             ]
         ),
         "",

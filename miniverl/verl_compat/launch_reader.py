@@ -5,6 +5,7 @@ read, never run) or an overrides file, one per line. import_verl.py maps what th
 from __future__ import annotations
 
 import ast
+import json
 import operator
 import os
 import re
@@ -158,9 +159,15 @@ class _Shell:
             words = self.words(line)
             for k, word in enumerate(words):
                 if ENTRY.match(word) and k >= 1 and words[k - 1] == "-m":
-                    found = (found or []) + [w for w in words[k + 1 :] if w]
+                    rest = words[k + 1 :]
+                    end = next((j for j, w in enumerate(rest) if _SHELL_OPERATOR.match(w)), len(rest))
+                    found = (found or []) + [w for w in rest[:end] if w]  # up to `| tee log`, `2>&1`, `&&` ...
                     break
         return found
+
+
+# A word that ends the command's arguments: a pipe, a list operator, or a redirection (2>&1, >log, <in).
+_SHELL_OPERATOR = re.compile(r"^(\|[|&]?|&&?|;|\d*[<>].*)$")
 
 
 def _closes_array(body: str) -> bool:
@@ -210,6 +217,22 @@ def _eval_int(node: ast.AST) -> int:
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
         return -_eval_int(node.operand)
     raise MiniverlError("the launch script's arithmetic $(( )) uses more than + - * / %")
+
+
+def exported_for(path: str | Path) -> str | None:
+    """The verl release miniverl's export wrote the launch at `path` for: `verl.version` of the
+    field_rules.json beside it, else the `for verl vX.Y.Z` of run_opd.sh's header; None for another launch."""
+    path = Path(path)
+    try:
+        return json.loads((path.parent / "field_rules.json").read_text())["verl"]["version"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    try:
+        header = path.read_text().split("\nset ", 1)[0]
+    except OSError:
+        return None
+    found = re.search(r"^# Exported by miniverl .* for verl v(\d+\.\d+\.\d+)", header, re.MULTILINE)
+    return found.group(1) if found else None
 
 
 def read_overrides(path: str | Path, env: Mapping[str, str] | None = None) -> list[str]:

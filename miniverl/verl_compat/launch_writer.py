@@ -1,4 +1,5 @@
-"""Export a recipe as a real verl v0.8.0 launch: the library behind `python -m miniverl.export
+"""Export a recipe as a real verl launch (the release of `export.verl_version`: 0.9.1 by default, or
+0.8.0; miniverl/verl_compat/versions.py): the library behind `python -m miniverl.export
 +recipe=opd_k1 [overrides]` (miniverl/export.py, a Hydra app like `miniverl.main`: the same config,
 the same overrides). It writes, in the command's run folder,
 
@@ -15,7 +16,8 @@ The scale is set by the `export.*` knobs (conf/export/default.yaml; defaults: on
 one teacher GPU). Before writing anything the export runs the checks verl makes only at run time
 (`runtime_checks.runtime_violations`) on the launch, so a launch verl would refuse is refused here with
 one line; what cannot carry over at all, or only with a difference, is `carry_over`'s. For the
-report: `field_rule_digest()` is the sha256 of the canonical rule table.
+report: `field_rule_digest()` is the sha256 of the canonical rule table of the profile's release
+(v0.8.0); an export's own identity is the digest of its release's table.
 """
 
 from __future__ import annotations
@@ -33,7 +35,15 @@ from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import resolved_config, sha256_json
 from miniverl.utils.tables import flatten
 from miniverl.verl_compat.carry_over import adapter_lora, differences, refusal, teacher_entries
-from miniverl.verl_compat.defaults import ACTOR, FIXED, LOGGERS_TO_VERL, MODEL, ROLLOUT, TEACHER, VERL_DEFAULTS
+from miniverl.verl_compat.defaults import (
+    ACTOR,
+    FIXED,
+    LOGGERS_TO_VERL,
+    MODEL,
+    ROLLOUT,
+    TEACHER,
+    VERL_DEFAULTS,
+)
 from miniverl.verl_compat.field_rules import TEACHER_ENTRY, rule_for, rule_table, table_written
 from miniverl.verl_compat.launch_files import (
     SECTIONS,
@@ -48,6 +58,7 @@ from miniverl.verl_compat.launch_files import (
 )
 from miniverl.verl_compat.overrides import virtual_verl_config
 from miniverl.verl_compat.runtime_checks import runtime_violations
+from miniverl.verl_compat.versions import PROFILE_VERSION, REWARD_KWARGS, release
 
 EXPORT_FOLDER = "verl"
 
@@ -68,24 +79,24 @@ def config_fields(cfg: DictConfig | MiniverlConfig | dict) -> list[str]:
     return list(flatten(plain))
 
 
-def field_rules(cfg: DictConfig | MiniverlConfig | dict | None = None) -> list[dict]:
-    """The canonical rule of every miniverl field (sorted by field). With `cfg`, also checks that
-    each field of that resolved config has a rule, and refuses with the ones that have none."""
+def field_rules(cfg: DictConfig | MiniverlConfig | dict | None = None, version: str = PROFILE_VERSION) -> list[dict]:
+    """The canonical rule of every miniverl field for verl `version` (sorted by field). With `cfg`, also
+    checks that each field of that resolved config has a rule, and refuses with the ones that have none."""
     if cfg is not None:
         missing = [path for path in config_fields(cfg) if rule_for(path) is None]
         if missing:
             raise MiniverlError(
                 f"no verl field rule for {', '.join(missing)} (add one to miniverl/verl_compat/field_rules/)"
             )
-    return rule_table()["fields"]
+    return rule_table(version)["fields"]
 
 
-def field_rule_digest(table: Any = None) -> str:
+def field_rule_digest(table: Any = None, version: str = PROFILE_VERSION) -> str:
     """sha256 of the canonical JSON of the rule table (field rules + the keys the recipe fixes, with
     the verl version they target): the report's `profile_identity.field_rule_digest`. The table does
     not depend on a config, so `field_rule_digest()` and `field_rule_digest(cfg)` agree; pass a rule
-    table (a dict with "fields") to hash that one instead."""
-    return sha256_json(table if isinstance(table, dict) and "fields" in table else rule_table())
+    table (a dict with "fields") to hash that one instead, or a `version` for that release's table."""
+    return sha256_json(table if isinstance(table, dict) and "fields" in table else rule_table(version))
 
 
 # ---------------------------------------------------------------- the overrides
@@ -113,13 +124,17 @@ def section_of(key: str) -> str:
 
 
 def verl_overrides(config: MiniverlConfig, *, reward: LaunchReward, cwd: Path) -> list[Override]:
-    """The verl v0.8.0 overrides that run `config`: every key the rule table maps as identity
+    """The verl overrides that run `config` on `export.verl_version`: every key the rule table maps as identity
     (`table_written`), the keys of the fixed table (`FIXED`), then the exceptions below (the fields
     of field_rules.EXPORTED_BY_CODE and the rules whose transform is code); grouped by run_opd.sh's
     sections, in that order within each."""
     m, d, r, x, hw = config.model, config.data, config.recipe, config.export, config.hardware
+    verl = release(x.verl_version)
     values = resolved_flat(config)  # {field: value}: every table field is a leaf
-    out = [Override(section_of(key), key, values[name], (name,)) for name, key in table_written()]
+    out = [
+        Override(section_of(key), key, values[name], (name,), "+" if key in verl.defaults_outside_yaml else "")
+        for name, key in table_written(verl.version)
+    ]
 
     def add(key: str, value: Any, *sources: str, prefix: str = "") -> None:
         out.append(Override(section_of(key), key, value, sources or ("fixed",), prefix))
@@ -136,6 +151,8 @@ def verl_overrides(config: MiniverlConfig, *, reward: LaunchReward, cwd: Path) -
     reward_src = ("reward.custom_reward_function.path", "estimator.use_task_rewards")
     add("reward.custom_reward_function.path", reward.path, *reward_src)
     add("reward.custom_reward_function.name", reward.name, "reward.custom_reward_function.name")
+    kwargs = {} if reward.written else dict(config.reward.custom_reward_function.reward_kwargs)  # the user's own only
+    add(REWARD_KWARGS, kwargs, REWARD_KWARGS, prefix="+")  # verl's YAML has no such key
     lengths = ("recipe.prompt_limit", "recipe.response_limit")
     add("data.max_prompt_length", r.prompt_limit, "recipe.prompt_limit")
     add("data.max_response_length", r.response_limit, "recipe.response_limit")
@@ -179,7 +196,7 @@ def verl_overrides(config: MiniverlConfig, *, reward: LaunchReward, cwd: Path) -
     add("trainer.total_epochs", r.optimizer_updates, "recipe.optimizer_updates")
     add("distillation.enabled", True, "teacher.mode")
     out += teacher_overrides(config, r.prompt_limit + r.response_limit + 1, fixed)
-    if config.teachers:
+    if config.routed:  # one named entry scores every row in verl: no routing key to write
         add("distillation.teacher_key", config.teacher_key, "teacher_key")
     order = {section: i for i, section in enumerate(SECTIONS)}
     return sorted(out, key=lambda o: order[o.section])  # stable: within a section, in the order above
@@ -240,21 +257,22 @@ class ExportResult:
         return [o.line for o in self.overrides]
 
 
-def check_launch(overrides: list[Override]) -> None:
-    """Refuse, with one line, a launch that verl v0.8.0 would refuse at run time."""
-    problems = runtime_violations(virtual_verl_config({o.key: o.value for o in overrides}))
+def check_launch(overrides: list[Override], version: str) -> None:
+    """Refuse, with one line, a launch that verl `version` would refuse at run time."""
+    problems = runtime_violations(virtual_verl_config({o.key: o.value for o in overrides}, version), version)
     if problems:
         hint = (
             "set the scale with export.* (docs/export.md); batch rows come from recipe.logical_batch and "
             "hardware.update_chunk"
         )
-        raise MiniverlError(f"verl v0.8.0 would refuse this launch: {problems[0]} ({hint})")
+        raise MiniverlError(f"verl {version} would refuse this launch: {problems[0]} ({hint})")
 
 
 def export(cfg: DictConfig, folder: Path, *, cwd: Path | None = None) -> ExportResult:
     """Validate `cfg`, build its verl launch, check it as verl would, and write it into `folder`."""
     config = to_config(cfg)
-    rules = field_rules(cfg)
+    version = config.export.verl_version
+    rules = field_rules(cfg, version)
     refused = refusal(config)
     if refused:
         raise MiniverlError(refused)
@@ -262,7 +280,7 @@ def export(cfg: DictConfig, folder: Path, *, cwd: Path | None = None) -> ExportR
     cwd = Path.cwd() if cwd is None else cwd
     reward = launch_reward(config, folder, cwd)
     overrides = verl_overrides(config, reward=reward, cwd=cwd)
-    check_launch(overrides)
+    check_launch(overrides, version)
     warnings = differences(config)
     for path in next(o.value for o in overrides if o.key == "data.train_files"):
         if not os.path.exists(path):
@@ -272,7 +290,7 @@ def export(cfg: DictConfig, folder: Path, *, cwd: Path | None = None) -> ExportR
             )
     if reward.written is None and not os.path.exists(reward.path):
         warnings.append(f"reward function file {reward.path} does not exist here: the verl trainer must see it there")
-    digest = field_rule_digest()
+    digest = field_rule_digest(version=version)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "overrides.txt").write_text("".join(o.line + "\n" for o in overrides))

@@ -10,11 +10,11 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from miniverl.verl_compat.defaults import VERL_DEFAULTS
+from miniverl.verl_compat.defaults import verl_defaults
 
 # ---------------------------------------------------------------- Hydra override values
 
-_SAFE = re.compile(r"^[A-Za-z0-9_./\-+@%~]+$")
+_SAFE = re.compile(r"^[A-Za-z0-9_./\-+@%]+$")  # not ~: Hydra reads it as a deletion
 _RESERVED = {"true", "false", "null", "inf", "nan", "-inf", "+inf"}
 
 
@@ -76,10 +76,10 @@ def nested(flat: Mapping[str, Any]) -> dict:
     return out
 
 
-def virtual_verl_config(overrides: Mapping[str, Any]) -> dict:
-    """verl's defaults for the keys in VERL_DEFAULTS with `overrides` applied, interpolated the way
-    verl's YAML interpolates them: what the run-time checks read, without verl installed."""
+def virtual_verl_config(overrides: Mapping[str, Any], version: str) -> dict:
+    """verl `version`'s defaults for the keys in VERL_DEFAULTS with `overrides` applied, interpolated the
+    way verl's YAML interpolates them: what the run-time checks read, without verl installed."""
     from omegaconf import OmegaConf
 
-    merged = {**VERL_DEFAULTS, **overrides}
+    merged = {**verl_defaults(version), **overrides}
     return OmegaConf.to_container(OmegaConf.create(nested(merged)), resolve=True)

@@ -1,5 +1,6 @@
-"""The checks verl v0.8.0 makes only at run time, replayed on a composed verl config: a launch verl
-would refuse is then refused at export time, with one line, rather than on a Ray cluster.
+"""The checks verl makes only at run time, replayed on a composed verl config: a launch verl would
+refuse is then refused at export time, with one line, rather than on a Ray cluster. The rules are
+v0.8.0's; where v0.9.1 differs, the release's facts (verl_compat.versions) say so.
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from collections.abc import Mapping
 from miniverl.verl_compat.defaults import (
     ACTOR,
     LOSS,
-    LOSS_AGG_MODES,
     MODEL,
     ROLLOUT,
     ROLLOUT_ENGINES,
@@ -19,6 +19,7 @@ from miniverl.verl_compat.defaults import (
     VLLM_MAX_LORA_RANK,
 )
 from miniverl.verl_compat.overrides import get
+from miniverl.verl_compat.versions import release
 
 
 def served_teachers(cfg: Mapping) -> list[str]:
@@ -30,10 +31,11 @@ def served_teachers(cfg: Mapping) -> list[str]:
     return [f"{TEACHERS}.{name}" for name in names]
 
 
-def runtime_violations(cfg: Mapping) -> list[str]:
-    """The checks verl v0.8.0 makes only at run time (main_ppo's resource pools, validate_config,
+def runtime_violations(cfg: Mapping, version: str) -> list[str]:
+    """The checks verl `version` makes only at run time (main_ppo's resource pools, validate_config,
     the engine workers, DistillationConfig.__post_init__, the teacher manager), on a composed and
     resolved verl config (a plain nested dict). Returns one line per violated rule; [] when valid."""
+    verl = release(version)
     out: list[str] = []
     g = lambda key, default=None: get(cfg, key, default)  # noqa: E731
     if not g("distillation.enabled"):
@@ -151,11 +153,11 @@ def runtime_violations(cfg: Mapping) -> list[str]:
     loss = lambda key, default=None: g(f"{LOSS}.{key}", default)  # noqa: E731
     mode = loss("loss_mode")
     if mode not in VERL_LOSS_MODES:
-        out.append(f"{LOSS}.loss_mode={mode!r} is not a verl v0.8.0 distillation loss")
+        out.append(f"{LOSS}.loss_mode={mode!r} is not a verl {version} distillation loss")
     if mode == "k1" and not loss("use_policy_gradient"):
         out.append(f"{LOSS}.loss_mode=k1 needs use_policy_gradient=True (verl refuses to backpropagate k1)")
     if loss("policy_loss_mode") != "vanilla":
-        out.append(f"{LOSS}.policy_loss_mode={loss('policy_loss_mode')!r}: verl v0.8.0 supports only vanilla")
+        out.append(f"{LOSS}.policy_loss_mode={loss('policy_loss_mode')!r}: verl {version} supports only vanilla")
     if mode == "forward_kl_topk":
         topk = loss("topk")
         if topk is None or topk < 1:
@@ -167,18 +169,21 @@ def runtime_violations(cfg: Mapping) -> list[str]:
                 if cap is not None and cap < topk:
                     out.append(f"{entry}: the teacher's vLLM max_logprobs={cap} must be >= topk={topk}")
     for entry in entries:
-        if g(f"{entry}.inference.temperature") != 1.0:
+        if g(f"{entry}.inference.temperature") != 1.0 and not verl.teacher_temperature_forced:
             out.append(
-                f"{entry}.inference.temperature={g(f'{entry}.inference.temperature')} must be 1.0 (verl computes "
-                "the teacher's prompt log-probs at temperature 1 only)"
+                f"{entry}.inference.temperature={g(f'{entry}.inference.temperature')} must be 1.0 (verl "
+                f"{version} computes the teacher's prompt log-probs at temperature 1 only; 0.9 forces it to 1.0)"
             )
     if g("algorithm.rollout_correction.bypass_mode") and not g(f"{ROLLOUT}.calculate_log_probs"):
         out.append(
             f"algorithm.rollout_correction.bypass_mode=True needs {ROLLOUT}.calculate_log_probs=True (the "
             "rollout's log-probs are then the old log-probs)"
         )
-    if g(f"{ACTOR}.loss_agg_mode") not in LOSS_AGG_MODES:
-        out.append(f"{ACTOR}.loss_agg_mode={g(f'{ACTOR}.loss_agg_mode')!r} is not one of verl's")
+    if g(f"{ACTOR}.loss_agg_mode") not in verl.loss_agg_modes:
+        out.append(
+            f"{ACTOR}.loss_agg_mode={g(f'{ACTOR}.loss_agg_mode')!r} is not one of verl {version}'s "
+            f"({', '.join(verl.loss_agg_modes)})"
+        )
     # LoRA: served by vLLM up to its largest rank.
     rank = g(f"{MODEL}.lora_rank", 0) or 0
     if name == "vllm" and rank > VLLM_MAX_LORA_RANK:

@@ -187,9 +187,8 @@ class ActorWorker:
             log_probs.append(log_prob.detach())  # (size, R): the policy before this step
         metrics = {f"actor/{k}": float(v) for k, v in combine_metrics(parts).items()}
         metrics["actor/distillation/loss"] = total_loss  # before distillation_loss_coef, as verl logs it
-        for name in ("pg_clipfrac", "ppo_kl", "pg_clipfrac_lower"):  # pure distillation: the actor's PG
-            if f"actor/distillation/{name}" in metrics and f"actor/{name}" not in metrics:  # is the
-                metrics[f"actor/{name}"] = metrics[f"actor/distillation/{name}"]  # distillation PG (verl's names)
+        # actor/pg_clipfrac, actor/ppo_kl, actor/pg_clipfrac_lower are verl's names for the task PPO loss:
+        # logged with task rewards only. The distillation policy gradient's are actor/distillation/*.
         mask = batch.response_mask
         return metrics, torch.cat(per_token) * mask, torch.cat(log_probs) * mask
 
@@ -230,7 +229,9 @@ class ActorWorker:
             chunk.teacher_topk_logprobs,
             temperature=self.temperature,
             log_prob_min_clamp=est.log_prob_min_clamp,
-            chunk=self.logprob_chunk,
+            # Positions are always taken in chunks here, their logits recomputed in the backward; verl 0.9's
+            # use_chunked_topk caps the chunk at chunked_topk_chunk_size positions (a smaller one only saves memory).
+            chunk=min(self.logprob_chunk, est.chunked_topk_chunk_size) if est.use_chunked_topk else self.logprob_chunk,
             tokenizer_vocab=self.tokenizer_vocab,
         )
         return (

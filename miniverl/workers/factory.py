@@ -64,7 +64,7 @@ def build_roles(
     }
     for name, prompts in contexts.items():
         workers[name] = workers[name].for_prompts(prompts)
-    teacher = TeacherRouter(workers) if cfg.teachers else workers["teacher"]
+    teacher = TeacherRouter(workers) if cfg.routed else next(iter(workers.values()))
     actor = ActorWorker(
         student,
         cfg.actor,
@@ -75,7 +75,7 @@ def build_roles(
         tokenizer_vocab=vocab,
         float32_gemm=float32_gemm,
         bypass_mode=cfg.algorithm.rollout_correction.bypass_mode,
-        teacher_names=tuple(cfg.teachers),
+        teacher_names=tuple(cfg.teachers) if cfg.routed else (),
         # reverse_kl_full: the actor forms each teacher's distribution from its hidden states
         teacher_heads=tuple(w.output_head for w in workers.values()) if cfg.estimator.uses_full_vocab else (),
     )
@@ -89,7 +89,7 @@ def with_contexts(
     """The run's teacher(s) with the contexts of other rows (the held-out prompts'), by teacher name."""
     if isinstance(teacher, TeacherRouter):
         return teacher.for_prompts(contexts)
-    return teacher.for_prompts(contexts.get("teacher"))
+    return teacher.for_prompts(next(iter(contexts.values()), None))  # one teacher: its context, if it has one
 
 
 def build_teacher(

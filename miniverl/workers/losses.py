@@ -100,10 +100,18 @@ def agg_loss(
     loss_scale_factor: divisor for seq-mean-token-sum-norm (None: loss_mask.shape[-1], i.e. T).
     Passing the whole mini-batch's values to every micro-batch makes chunk losses sum to the
     mini-batch loss, since every mode is a sum over rows divided by a batch-level constant.
+
+    verl's agg_loss also multiplies by dp_size (data-parallel ranks), because DDP/FSDP average the
+    ranks' gradients; on one device dp_size is 1 and that factor is gone. token-sum (verl v0.9) is
+    then the plain masked sum of this call: over the micro-batches of an update the gradients add up
+    to that of the sum over every response token of the mini-batch, which is what verl's
+    `local sum x dp_size`, averaged over the ranks, gives too. It reads no normaliser.
     """
     mask = loss_mask.bool()  # (B, T)
     # torch.where rather than multiplication: a NaN/inf at a padded position must not leak in.
     masked = torch.where(mask, loss_mat, torch.zeros((), dtype=loss_mat.dtype, device=loss_mat.device))
+    if loss_agg_mode == "token-sum":
+        return masked.sum()  # x dp_size = 1; not normalised: the loss grows with the batch's tokens
     if loss_agg_mode == "token-mean":
         n_tokens = mask.sum() if batch_num_tokens is None else batch_num_tokens
         return masked.sum() / _nonzero(n_tokens)

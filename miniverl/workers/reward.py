@@ -3,7 +3,10 @@
 Each response is decoded up to its last response token with special tokens skipped, scored
 against its row's `reward_model.ground_truth` by the rule of its `data_source` (or the user's
 `reward.custom_reward_function`), and the score is placed at the sample's last response token
-(`token_level_scores`, (B, R)), as verl places it. Runs on the CPU: no model is involved.
+(`token_level_scores`, (B, R)), as verl places it. The scorer is called by keyword as verl's
+reward manager calls it: `data_source`, `solution_str`, `ground_truth` and `extra_info` (the row's,
+`{}` where it has none, plus verl's `num_turns` and `rollout_reward_scores`), and for the user's
+function `reward.custom_reward_function.reward_kwargs` on top. Runs on the CPU: no model is involved.
 """
 
 from __future__ import annotations
@@ -18,10 +21,13 @@ from miniverl.protocol import Batch
 from miniverl.utils.dataset import PromptSet, TaskRow
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.reward_score import (
-    RULES,
+    NOT_COVERED,
     ScoreFn,
     default_compute_score,
     load_custom_reward_function,
+    reward_extra_info,
+    rule_for,
+    rule_names,
     score_value,
     where_in,
 )
@@ -36,7 +42,9 @@ class RewardWorker:
         """Checks every kept row before any model loads: a row the reward cannot score is one line."""
         custom = reward.custom_reward_function
         self.compute_score: ScoreFn = (
-            load_custom_reward_function(custom.path, custom.name) if custom.path else default_compute_score
+            load_custom_reward_function(custom.path, custom.name, custom.reward_kwargs)
+            if custom.path
+            else default_compute_score
         )
         self.scorer = f"{custom.name} of {custom.path}" if custom.path else "miniverl's rules"
         self.file = Path(custom.path) if custom.path else None
@@ -57,7 +65,7 @@ class RewardWorker:
                     data_source=task.data_source,
                     solution_str=text,
                     ground_truth=task.ground_truth,
-                    extra_info=task.extra_info,
+                    extra_info=reward_extra_info(task.extra_info),
                 )
                 score = score_value(result)
             except Exception as error:  # the user's function: what, where and on what, in one line
@@ -73,24 +81,42 @@ class RewardWorker:
 
 
 def check_rule_rows(rows: Iterable[int], tasks: Mapping[int, TaskRow]) -> None:
-    """Every row has a data_source with a rule and a ground truth, or one line naming the row."""
+    """Every row has a data_source with a rule and the ground truth that rule reads, or one line
+    naming the row."""
     for row in rows:
         task = tasks.get(row)
         source = task.data_source if task else None
-        if source not in RULES:
+        rule = rule_for(source)
+        if rule is None:
+            why = f" ({NOT_COVERED[source]})" if source in NOT_COVERED else ""
             raise MiniverlError(
-                f"data.train_files row {row}: no task-reward rule for data_source {source!r} (rules: "
-                f"{', '.join(RULES)}); set reward.custom_reward_function.path=<file.py> to score it, or "
+                f"data.train_files row {row}: no task-reward rule for data_source {source!r}{why} (rules: "
+                f"{rule_names()}); set reward.custom_reward_function.path=<file.py> to score it, or "
                 "estimator.use_task_rewards=false"
             )
-        if task.ground_truth is None:
+        truth = task.ground_truth
+        if truth is None:
             raise MiniverlError(
                 f"data.train_files row {row}: no reward_model.ground_truth for the {source} rule; add it, "
                 "or set estimator.use_task_rewards=false"
             )
-        if not isinstance(task.ground_truth, str):  # verl's rules compare strings: 5 != "5" scores 0 there
+        if rule.truth == "text" and not isinstance(truth, str):  # verl's rules compare strings: 5 != "5"
             raise MiniverlError(
-                f"data.train_files row {row}: reward_model.ground_truth is {task.ground_truth!r:.40} "
-                f"({type(task.ground_truth).__name__}); the {source} rule compares strings, as verl's does: "
+                f"data.train_files row {row}: reward_model.ground_truth is {truth!r:.40} "
+                f"({type(truth).__name__}); the {source} rule compares strings, as verl's does: "
                 "store it as a string, or score it with reward.custom_reward_function.path"
             )
+        if rule.truth == "targets" and not _has_targets(truth):
+            raise MiniverlError(
+                f"data.train_files row {row}: reward_model.ground_truth is {truth!r:.40}; the {source} rule "
+                "reads {'target': <answer or list of answers>}, as verl's Search-R1 data holds it"
+            )
+
+
+def _has_targets(truth) -> bool:
+    if not isinstance(truth, Mapping) or "target" not in truth:
+        return False
+    targets = truth["target"]
+    return isinstance(targets, str) or (
+        not isinstance(targets, Mapping) and hasattr(targets, "__iter__") and all(isinstance(t, str) for t in targets)
+    )

@@ -1,10 +1,11 @@
 """The top-k forward KL(teacher || student) distillation loss, as verl v0.8.0's fsdp
-`compute_forward_kl_topk` (see docs/losses.md).
+`compute_forward_kl_topk` (see docs/losses.md), with verl v0.9's opt-in chunked path
+(`estimator.use_chunked_topk`).
 
 Computed from the student's logits and the teacher's k most likely tokens per position; it ends as
 the single-sample estimators do (`miniverl.workers.losses.finish_loss`).
 
-Shapes: B rows, T padded response positions, V vocabulary, k top-k width.
+Shapes: B rows, T padded response positions, V vocabulary, k top-k width, N = B*T positions.
 """
 
 from __future__ import annotations
@@ -26,34 +27,116 @@ class TopkTerms(NamedTuple):
     overlap_token_advantage: torch.Tensor  # mean of -p_t (log p_t - log p_s) over overlapping ids; 0 if none
 
 
+def _positions(x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    """Rows start..stop-1 of the B*T positions of x (B, T, ...), row-major, as (stop - start, ...): a view
+    when they lie in one row of x or x is contiguous, else one copy of just these rows (never of x)."""
+    if x.is_contiguous():
+        return x.view(-1, *x.shape[2:])[start:stop]
+    width, parts = x.shape[1], []
+    while start < stop:
+        b, t = divmod(start, width)
+        take = min(stop - start, width - t)
+        parts.append(x[b, t : t + take])
+        start += take
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+class _ChunkedTopkLogProbs(torch.autograd.Function):
+    """log_softmax(logits) at given ids, and the logits' own top-k ids, `chunk` positions at a time.
+
+    forward(logits (B, T, V), ids (N, k), chunk, dtype) -> (log-probs (N, k) in dtype, top-k ids
+    (N, k)), N = B*T. The forward keeps only the logsumexp of each position, (N, 1); the backward
+    recomputes the softmax of one chunk at a time, so that no (B, T, V) tensor but the logits
+    themselves and their gradient ever exists (nor a float32 copy of bf16/fp16 logits). The backward
+    applies autograd's own formula for `x.gather(ids) - logsumexp(x)` (the gradient scattered at the
+    ids, minus the softmax times its sum), in the same order: the unchunked path's numbers.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, ids, chunk, dtype):
+        n, k = ids.shape
+        log_probs = torch.empty(n, k, dtype=dtype, device=logits.device)
+        log_z = torch.empty(n, 1, dtype=dtype, device=logits.device)
+        top_ids = torch.empty(n, k, dtype=torch.long, device=logits.device)
+        for start in range(0, n, chunk):
+            rows = slice(start, min(start + chunk, n))
+            x = _positions(logits, rows.start, rows.stop).to(dtype)  # (c, V): a copy only for bf16/fp16
+            log_z[rows] = torch.logsumexp(x, dim=-1, keepdim=True)
+            log_probs[rows] = x.gather(-1, ids[rows]) - log_z[rows]
+            top_ids[rows] = x.topk(k, dim=-1).indices  # ranking logits == ranking log-probs
+        ctx.save_for_backward(logits, ids, log_z)  # the caller's logits, not a copy
+        ctx.chunk, ctx.dtype = chunk, dtype
+        ctx.mark_non_differentiable(top_ids)
+        return log_probs, top_ids
+
+    @staticmethod
+    def backward(ctx, grad_log_probs, _grad_top_ids):
+        logits, ids, log_z = ctx.saved_tensors
+        n = ids.shape[0]
+        grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)  # the gradient itself
+        flat_grad = grad.view(n, logits.shape[-1])  # n may be 0 (a micro-batch of padding only)
+        for start in range(0, n, ctx.chunk):
+            rows = slice(start, min(start + ctx.chunk, n))
+            x = _positions(logits, rows.start, rows.stop).to(ctx.dtype)  # (c, V)
+            g = grad_log_probs[rows]  # (c, k)
+            through_gather = torch.zeros_like(x).scatter_add_(-1, ids[rows], g)
+            # d logsumexp / dx = softmax(x); the gradient reaching log_z is -sum_k g (the subtraction's)
+            through_log_z = (-g).sum(-1, keepdim=True) * (x - log_z[rows]).exp()
+            flat_grad[rows] = through_gather + through_log_z
+        return grad, None, None, None
+
+
+def chunked_topk_log_probs(
+    logits: torch.Tensor, ids: torch.Tensor, chunk: int, dtype: torch.dtype | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log_softmax(logits) gathered at ids, the logits' top-k ids), each (B, T, k), computed `chunk` of
+    the B*T positions at a time in the forward and the backward (verl v0.9's `_chunked_topk_log_probs`
+    chunks the forward only: its backward holds every chunk; see `_ChunkedTopkLogProbs`).
+    logits: (B, T, V), with or without gradient, any strides; ids: (B, T, k); dtype: of the
+    computation (default: the logits' promoted to at least float32)."""
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    dtype = dtype or torch.promote_types(logits.dtype, torch.float32)
+    b, t, k = ids.shape
+    log_probs, top_ids = _ChunkedTopkLogProbs.apply(logits, ids.reshape(-1, k).long(), chunk, dtype)
+    return log_probs.view(b, t, k), top_ids.view(b, t, k)
+
+
 def forward_kl_topk_terms(
     student_logits: torch.Tensor,
     teacher_topk_log_probs: torch.Tensor,
     teacher_topk_ids: torch.Tensor,
     *,
     log_prob_min_clamp: float | None = None,
+    chunk_size: int | None = None,
 ) -> TopkTerms:
     """Top-k forward KL(teacher || student) per position, as verl's fsdp compute_forward_kl_topk.
 
     student_logits: (B, T, V); teacher_topk_log_probs, teacher_topk_ids: (B, T, k). Ids must be valid
     vocabulary indices at every position (pad with any id, e.g. 0; padded positions are masked later).
     Works on any chunk of positions. Computed in at least float32 (verl casts the KL to float32).
-    Memory: only the logits themselves (upcast once if they are bf16/fp16) are (B, T, V): the student
-    log-probs are gathered at k ids and normalised by logsumexp instead of materialising log_softmax.
+    Memory: the student log-probs are gathered at k ids and normalised by logsumexp instead of
+    materialising log_softmax. chunk_size None: in one piece (a float32 copy of bf16/fp16 logits,
+    and (B, T, V) temporaries inside logsumexp and its backward); an integer (use_chunked_topk): that
+    many of the B*T positions at a time, forward and backward, with the same numbers.
     """
     dtype = torch.promote_types(student_logits.dtype, torch.float32)
-    logits = student_logits.to(dtype)  # (B, T, V) a copy only for half-precision logits
     ids = teacher_topk_ids.long()  # (B, T, k)
     k = ids.shape[-1]
-    log_z = torch.logsumexp(logits, dim=-1, keepdim=True)  # (B, T, 1)
-    student_lp = logits.gather(-1, ids) - log_z  # (B, T, k) student log-probs at the teacher's ids
+    if chunk_size is None:
+        logits = student_logits.to(dtype)  # (B, T, V) a copy only for half-precision logits
+        log_z = torch.logsumexp(logits, dim=-1, keepdim=True)  # (B, T, 1)
+        student_lp = logits.gather(-1, ids) - log_z  # (B, T, k) student log-probs at the teacher's ids
+        with torch.no_grad():
+            # Student's own top-k, for the overlap diagnostics (ranking logits == ranking log-probs).
+            student_ids = logits.topk(k, dim=-1).indices  # (B, T, k)
+    else:
+        student_lp, student_ids = chunked_topk_log_probs(student_logits, ids, chunk_size, dtype)  # (B, T, k) each
     teacher_lp = teacher_topk_log_probs.to(dtype)  # (B, T, k)
     with torch.no_grad():
         # Masses use the unclamped log-probs; they show how much of each distribution top-k covers.
         student_mass = student_lp.exp().sum(-1)  # (B, T)
         teacher_mass = teacher_lp.exp().sum(-1)  # (B, T)
-        # Student's own top-k, for the overlap diagnostics (ranking logits == ranking log-probs).
-        student_ids = logits.topk(k, dim=-1).indices  # (B, T, k)
     if log_prob_min_clamp is not None:
         # Floors log-probs of near-zero tokens so one of them cannot blow up log p_t - log p_s.
         student_lp = student_lp.clamp_min(log_prob_min_clamp)
@@ -67,6 +150,12 @@ def forward_kl_topk_terms(
         adv_sum = torch.where(overlap, -token_kl, zero).sum(-1)  # (B, T)
         overlap_adv = torch.where(overlap_count > 0, adv_sum / overlap_count.clamp_min(1), zero)
     return TopkTerms(per_token, student_mass, teacher_mass, overlap_count, overlap_adv)
+
+
+def topk_chunk_size(est: Any) -> int | None:
+    """Positions per chunk of the top-k log-probs: est.chunked_topk_chunk_size with
+    est.use_chunked_topk, else None (one piece)."""
+    return est.chunked_topk_chunk_size if getattr(est, "use_chunked_topk", False) else None
 
 
 def forward_kl_topk(
@@ -87,9 +176,16 @@ def forward_kl_topk(
     Returns (loss scalar, per-token loss (B, T) clamped at 0 and at loss_max_clamp, metrics).
     Metrics: distillation/student_mass, teacher_mass (+ _min/_max), overlap_ratio,
     overlap_token_advantage, overlap_position_frac (miniverl extra), loss_min, loss_max.
+    With est.use_chunked_topk the student's log-probs are formed est.chunked_topk_chunk_size
+    positions at a time (forward and backward): no (B, T, V) float tensor but the logits and their
+    gradient.
     """
     terms = forward_kl_topk_terms(
-        student_logits, teacher_topk_log_probs, teacher_topk_ids, log_prob_min_clamp=est.log_prob_min_clamp
+        student_logits,
+        teacher_topk_log_probs,
+        teacher_topk_ids,
+        log_prob_min_clamp=est.log_prob_min_clamp,
+        chunk_size=topk_chunk_size(est),
     )
     return topk_distillation_loss(est, terms, response_mask, **normalisers_and_log_probs)
 

@@ -220,8 +220,10 @@ def test_a_refused_teachers_setting_is_one_line_naming_it(extra, message):
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
-def test_one_entry_in_teachers_or_a_default_without_teachers_is_refused():
-    with pytest.raises(MiniverlError, match=r"teachers has one entry \(a\); for one teacher use `teacher`"):
-        to_config(compose_config(["+recipe=opd_k1", "+teacher@teachers.a=toy", "teachers.a.key=x"]))
+def test_one_entry_in_teachers_is_accepted_as_verl_accepts_it_and_a_default_without_teachers_is_refused():
+    cfg = to_config(compose_config(["+recipe=opd_k1", "+teacher@teachers.a=toy", "teachers.a.key=x"]))
+    assert list(cfg.teacher_blocks) == ["a"] and not cfg.routed  # one teacher: it scores every row
+    with pytest.raises(MiniverlError, match=r"teachers.a.key is not set"):
+        to_config(compose_config(["+recipe=opd_k1", "+teacher@teachers.a=toy"]))  # verl requires it too
     with pytest.raises(MiniverlError, match="default_teacher='a' names no teacher"):
         to_config(compose_config(["+recipe=opd_k1", "default_teacher=a"]))

@@ -22,8 +22,8 @@ from conftest import ROOT, SHORT, compose_config
 VERL_METRICS = [
     "actor/distillation/loss",
     "actor/distillation/abs_loss",
-    "actor/pg_clipfrac",
-    "actor/ppo_kl",
+    "actor/distillation/pg_clipfrac",
+    "actor/distillation/ppo_kl",
     "actor/grad_norm",
     "response_length/mean",
     "timing_s/gen",

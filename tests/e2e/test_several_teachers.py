@@ -194,3 +194,27 @@ def test_the_full_vocabulary_kl_of_each_sample_is_against_its_own_teachers_distr
         assert metrics[f"actor/distillation/loss/{name}"] == pytest.approx(
             float((kl * mask).sum() / mask.sum()), rel=2e-3
         )
+
+
+@pytest.mark.slow
+def test_a_teachers_block_of_one_scores_every_row_whatever_its_key_as_the_single_teacher_does(tmp_path):
+    """verl accepts one named teacher entry and serves it every sample (its key routes nothing): a
+    `teachers` block of one trains exactly as the same teacher in `teacher` does."""
+    args = ["+recipe=opd_k1_toy_distill", "recipe.optimizer_updates=2", "eval.every=-1", "data.val_files=[]",
+            "teacher.toy_pretrain_steps=3", "trainer.progress_bar=false"]  # fmt: skip
+    named = [
+        "+teacher@teachers.only=toy",
+        "teachers.only.key=no/row/has/this",  # verl requires a key of a named entry; it routes nothing here
+        "teachers.only.toy_teacher_seed=null",
+        "teachers.only.toy_pretrain_steps=3",
+        "teachers.only.toy_pretrain_lr=0.003",
+    ]
+    assert run(compose_config(args), tmp_path / "single")["status"] == "measured"
+    assert run(compose_config([*args, *named]), tmp_path / "named")["status"] == "measured"
+    for update in (1, 2):
+        single, one = trajectory(tmp_path / "single", update), trajectory(tmp_path / "named", update)
+        assert torch.equal(single["teacher_logprobs"], one["teacher_logprobs"])
+        assert torch.equal(single["responses"], one["responses"])
+    single = load_file(str(tmp_path / "single" / "peft_adapter" / "adapter_model.safetensors"))
+    named_adapter = load_file(str(tmp_path / "named" / "peft_adapter" / "adapter_model.safetensors"))
+    assert single.keys() == named_adapter.keys() and all(torch.equal(single[k], named_adapter[k]) for k in single)

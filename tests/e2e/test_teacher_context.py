@@ -152,7 +152,7 @@ def test_the_doctor_renders_every_rows_teacher_prompt():
 
 
 def test_the_export_refuses_a_context_unless_told_to_drop_it(tmp_path):
-    with pytest.raises(MiniverlError, match="teacher.context: verl v0.8.0 gives the teacher the student's prompt"):
+    with pytest.raises(MiniverlError, match="teacher.context: verl 0.9.1 gives the teacher the student's prompt"):
         export(compose_config(["+recipe=opd_k1_privileged_toy"]), tmp_path / "a", cwd=ROOT)
     result = export(
         compose_config(["+recipe=opd_k1_privileged_toy", "export.drop_teacher_context=true"]), tmp_path / "b", cwd=ROOT

@@ -1,33 +1,110 @@
-"""Rule rewards: miniverl's rules score verl's strings as verl v0.8.0's default_compute_score does
-(golden scores made by verl's own functions); a user's own function loads from a file, with one
-line for each way it can be wrong."""
+"""Rule rewards: miniverl's rules score verl's strings as verl's default_compute_score does
+(golden scores made by verl's own functions: v0.8.0's GSM8K and MATH, v0.9.1's other text rules);
+a user's own function loads from a file, with one line for each way it can be wrong."""
 
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import pytest
 
 from miniverl.utils.errors import MiniverlError
-from miniverl.utils.reward_score import RULES, default_compute_score, load_custom_reward_function, score_value
+from miniverl.utils.reward_score import (
+    RULES,
+    default_compute_score,
+    load_custom_reward_function,
+    rule_for,
+    score_value,
+)
+from miniverl.utils.reward_score.math_dapo import math_dapo_score
+from miniverl.utils.reward_score.safe_eval import safe_eval
+from miniverl.utils.reward_score.sympy_check import SympyProcess
 
 from conftest import DATA, ROOT
 
 GOLDEN = json.loads((DATA / "verl-0.8.0-task-rewards.json").read_text())
 SCORE_CASES = [c for c in GOLDEN["cases"] if c["kind"] == "reward_score"]
+# scripts/make_reward_rule_goldens.py: verl v0.9.1's scores of the other text rules; v0.8.0's of the same strings
+RULE_CASES = json.loads((DATA / "verl-0.9.1-reward-rules.json").read_text())["cases"]
+RULE_CASES_080 = json.loads((DATA / "verl-0.8.0-reward-rules.json").read_text())["cases"]
 
 
-@pytest.mark.parametrize("case", SCORE_CASES, ids=lambda c: f"{c['data_source']}:{c['solution_str'][:20]}")
+def case_id(case: dict) -> str:
+    return f"{case['data_source']}:{case['solution_str'][:20]}"
+
+
+@pytest.mark.parametrize("case", SCORE_CASES, ids=case_id)
 def test_rules_score_as_verl_does(case):
     got = default_compute_score(case["data_source"], case["solution_str"], case["ground_truth"])
     assert got == case["expected"]["score"]
 
 
-def test_the_golden_strings_cover_every_rule_and_both_outcomes():
-    sources = {c["data_source"] for c in SCORE_CASES}
-    assert set(RULES) <= sources  # every rule is exercised
-    assert {c["expected"]["score"] for c in SCORE_CASES} == {0.0, 1.0}
+@pytest.mark.parametrize("case", RULE_CASES, ids=case_id)
+def test_dapo_prime_geometry_and_search_rules_score_as_verl_0_9_does(case):
+    got = default_compute_score(case["data_source"], case["solution_str"], case["ground_truth"])
+    assert got == case["expected"]["score"]
+
+
+def test_verl_0_8_scores_dapo_without_the_boxed_fallback_and_everything_else_alike():
+    differ = []
+    for old, new in zip(RULE_CASES_080, RULE_CASES, strict=True):
+        assert (old["data_source"], old["solution_str"]) == (new["data_source"], new["solution_str"])
+        if old["expected"] != new["expected"]:
+            differ.append(old["data_source"])
+        if rule_for(old["data_source"]).family == "math_dapo":
+            got = math_dapo_score(old["solution_str"], old["ground_truth"], boxed_fallback=False)["score"]
+        else:
+            got = default_compute_score(old["data_source"], old["solution_str"], old["ground_truth"])
+        assert got == old["expected"]["score"], case_id(old)
+    assert differ and all(rule_for(source).family == "math_dapo" for source in differ)
+
+
+def test_the_golden_strings_cover_every_rule_and_each_rules_outcomes():
+    cases = SCORE_CASES + RULE_CASES
+    assert set(RULES) <= {c["data_source"] for c in cases}  # every data source is routed by a golden string
+    scores = {rule: {c["expected"]["score"] for c in cases if rule_for(c["data_source"]).family == rule} for rule in (
+        "gsm8k", "math_reward", "math_dapo", "prime_math", "geo3k", "search_r1_like_qa_em",
+    )}  # fmt: skip
+    assert scores == {
+        "gsm8k": {0.0, 1.0},
+        "math_reward": {0.0, 1.0},
+        "math_dapo": {-1.0, 1.0},
+        "prime_math": {0.0, 1.0},
+        "geo3k": {0.0, 0.1, 0.9, 1.0},
+        "search_r1_like_qa_em": {0.0, 0.25, 1.0},
+    }
+
+
+def test_data_sources_are_routed_as_verl_routes_them():
+    assert rule_for("aime2026_hard").family == rule_for("math").family == "math_dapo"  # not the MATH rule
+    assert rule_for("lighteval/MATH").family == "math_reward"
+    assert rule_for("AIME24") is None and rule_for(None) is None
+    with pytest.raises(NotImplementedError, match=r"'codeforces': verl scores it by running the response's code"):
+        default_compute_score("codeforces", "print(1)", "1")
+    assert math_dapo_score("Answer: 42", "42") == {"score": 1.0, "acc": True, "pred": "42"}  # verl's dict
+
+
+def test_arithmetic_is_evaluated_as_eval_does_and_nothing_else_is():
+    for text in (" 2*3.141592653589793/3", "(1*3.14, 2*3.14)", "[[1], [2]]", "-2**2", "7//2 % 3", "1 < 2 < 3"):
+        assert safe_eval(text) == eval(text.lstrip())
+    for text in ("__import__('os').getcwd()", "abs(-2)*3.14", "x*3.14", "'a'*3", "9**9**9", "(1,)*10**9"):
+        with pytest.raises(ValueError):
+            safe_eval(text)
+    with pytest.raises(SyntaxError):
+        safe_eval("\\frac{1}{2}*3.14")
+    assert math.isinf(safe_eval("1e308*10"))
+
+
+def test_a_late_sympy_answer_counts_as_unequal_and_the_helper_is_restarted():
+    helper = SympyProcess(timeout_s=0.3)
+    try:
+        assert helper.ask({"op": "equal", "a": "9**9**9", "b": "0"}) is None  # killed: 9^387420489 takes minutes
+        assert helper.ask({"op": "equal", "a": "x**2+2*x+1", "b": "(x+1)**2"}) == {"value": True}
+        assert helper.started == 2
+    finally:
+        helper.stop()
 
 
 def test_a_users_function_is_loaded_from_its_file(tmp_path):

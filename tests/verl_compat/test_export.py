@@ -11,19 +11,17 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import importlib.util
 import json
 import os
 import stat
 import subprocess
 import sys
-from functools import cache
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
+from verl_oracle import compose_verl, type_errors, verl_dataclasses, verl_tree
 
 from miniverl import import_verl as import_command
 from miniverl.config import to_config
@@ -31,14 +29,14 @@ from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import resolved_config, sha256_json
 from miniverl.verl_compat import import_verl, launch_reader
 from miniverl.verl_compat.defaults import DATACLASS_DEFAULTS_THAT_DIFFER, FIXED, LOSS, TEACHER, VERL_DEFAULTS
-from miniverl.verl_compat.field_rules import RULES, STATUSES, rule_for, rule_table
+from miniverl.verl_compat.field_rules import RULES, STATUSES, rule_for, rule_table, rules_for
 from miniverl.verl_compat.launch_writer import config_fields, export, field_rule_digest, field_rules
 from miniverl.verl_compat.overrides import hydra_value
 from miniverl.verl_compat.runtime_checks import runtime_violations
 
 from conftest import ROOT, compose_config
 
-RECIPE = ["+recipe=opd_k1"]
+RECIPE = ["+recipe=opd_k1", "export.verl_version=0.8.0"]  # verl 0.9.1: test_verl_0_9.py
 SCALES = {
     "1_trainer_gpu_plus_1_teacher_gpu": [],
     "2x4_trainer_gpus_plus_2_teacher_replicas_tp2": [
@@ -105,15 +103,7 @@ EVERYTHING_CHANGED = [
 
 @pytest.fixture(scope="session")
 def verl_root() -> Path:
-    spec = importlib.util.find_spec("verl")  # finds the package without running its __init__
-    if spec is None or not spec.submodule_search_locations:
-        pytest.fail(
-            'verl 0.8.0 is not installed: pip install --no-deps "verl==0.8.0" (its config tree is the test oracle)'
-        )
-    root = Path(list(spec.submodule_search_locations)[0])
-    version = next(root.parent.glob("verl-*.dist-info"), None)
-    assert version is not None and version.name.startswith("verl-0.8.0"), f"need verl 0.8.0, found {version}"
-    return root
+    return verl_tree("0.8.0")
 
 
 @pytest.fixture(scope="session")
@@ -126,122 +116,6 @@ def verl_default(verl_root):
 def recipe_lines(tmp_path_factory) -> list[str]:
     """overrides.txt of the opd_k1 recipe at the default scale."""
     return export_lines(tmp_path_factory.mktemp("recipe"), [])
-
-
-def compose_verl(root: Path, lines: list[str]):
-    """verl's `ppo_trainer` config with the overrides, through Hydra's compose API (an unknown key fails)."""
-    with initialize_config_dir(config_dir=str(root / "trainer" / "config"), version_base=None):
-        return compose(config_name="ppo_trainer", overrides=list(lines))
-
-
-@cache
-def verl_dataclasses(root: Path) -> dict[str, tuple[list[str], dict[str, str], dict[str, ast.expr]]]:
-    """{class name: (bases, {field: annotation}, {field: default expression})} of verl's config
-    dataclasses, from their source text."""
-    files = [
-        *(root / "workers" / "config").glob("*.py"),
-        *(root / "trainer" / "config").glob("*.py"),
-        root / "base_config.py",
-        root / "utils" / "profiler" / "config.py",
-    ]
-    classes = {}
-    for path in files:
-        for node in ast.parse(path.read_text()).body:
-            if isinstance(node, ast.ClassDef):
-                fields = [s for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)]
-                classes[node.name] = (
-                    [ast.unparse(b).split(".")[-1] for b in node.bases],
-                    {s.target.id: ast.unparse(s.annotation) for s in fields},
-                    {s.target.id: s.value for s in fields if s.value is not None},
-                )
-    return classes
-
-
-def annotation_of(classes, cls: str, name: str) -> str | None:
-    bases, fields, _ = classes.get(cls, ([], {}, {}))
-    if name in fields:
-        return fields[name]
-    for base in bases:
-        found = annotation_of(classes, base, name)
-        if found is not None:
-            return found
-    return None
-
-
-def conforms(classes, annotation: str, value) -> bool:
-    """Does `value` (as Hydra parsed it) fit verl's annotation, as OmegaConf would accept it when
-    verl turns the node into its dataclass?"""
-
-    def check(node: ast.expr, v) -> bool:
-        if isinstance(node, ast.Constant):
-            return check(ast.parse(node.value, mode="eval").body, v) if isinstance(node.value, str) else v is node.value
-        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
-            return check(node.left, v) or check(node.right, v)
-        if isinstance(node, ast.Subscript):
-            outer = ast.unparse(node.value).split(".")[-1]
-            args = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
-            if outer == "Optional":
-                return v is None or check(args[0], v)
-            if outer == "Union":
-                return any(check(a, v) for a in args)
-            if outer in ("list", "List"):
-                return isinstance(v, list) and all(check(args[0], x) for x in v)
-            if outer in ("tuple", "Tuple"):
-                return isinstance(v, list)
-            if outer in ("dict", "Dict"):
-                return isinstance(v, dict)
-            return True
-        name = ast.unparse(node).split(".")[-1]
-        if name == "bool":
-            return isinstance(v, bool)
-        if name == "int":
-            return isinstance(v, int) and not isinstance(v, bool)
-        if name == "float":
-            return isinstance(v, (int, float)) and not isinstance(v, bool)
-        if name == "str":
-            return isinstance(v, str)
-        if name in ("dict", "Dict"):
-            return isinstance(v, dict)
-        if name in ("list", "List", "tuple"):
-            return isinstance(v, list)
-        if name in classes:  # a nested config dataclass
-            return isinstance(v, dict)
-        return True  # Any, enums, ...
-
-    return check(ast.parse(annotation, mode="eval").body, value)
-
-
-def type_errors(root: Path, raw_default: dict, lines: list[str]) -> list[str]:
-    """Every override whose value does not fit the type verl gives its key: the annotation of the
-    verl dataclass the key's node is built into (its `_target_`), and the type of verl's YAML default."""
-    classes = verl_dataclasses(root)
-    errors = []
-    for override in OverridesParser.create().parse_overrides(lines):
-        key, value = override.key_or_group, override.value()
-        node, owner, rest = raw_default, None, key.split(".")
-        for k, part in enumerate(key.split(".")):
-            if isinstance(node, dict) and "_target_" in node:
-                owner, rest = node["_target_"].split(".")[-1], key.split(".")[k:]
-            node = node.get(part) if isinstance(node, dict) else None
-        annotation = None
-        while owner is not None and rest:
-            annotation = annotation_of(classes, owner, rest[0])
-            owner = annotation if annotation in classes else None
-            rest = rest[1:]
-        if annotation is not None and not rest:
-            if not conforms(classes, annotation, value):
-                errors.append(f"{key}={value!r} is not {annotation} (verl's dataclass)")
-            continue
-        default = node  # no dataclass behind the key (data.*, trainer.*): the type of verl's YAML default
-        if default is None or (isinstance(default, str) and (default.startswith("${") or default == "???")):
-            continue
-        kinds = {bool: (bool,), int: (int,), float: (int, float), str: (str,), list: (list,), dict: (dict,)}
-        wanted = kinds.get(type(default), (object,))
-        if key.endswith("_files"):  # verl's data files: one path or a list of paths
-            wanted = (str, list)
-        if not isinstance(value, wanted) or (isinstance(value, bool) and type(default) is not bool):
-            errors.append(f"{key}={value!r} does not have the type of verl's YAML default {default!r}")
-    return errors
 
 
 def export_lines(tmp_path: Path, overrides: list[str], name: str = "verl") -> list[str]:
@@ -364,7 +238,7 @@ def test_export_composes_against_verl_0_8_0_and_passes_its_run_time_checks(
     assert loss["use_task_rewards"] is False
     n_gpus = resolved["trainer"]["nnodes"] * resolved["trainer"]["n_gpus_per_node"]
     assert (data["train_batch_size"] // n_gpus) % actor["ppo_micro_batch_size_per_gpu"] == 0
-    assert runtime_violations(resolved) == []
+    assert runtime_violations(resolved, "0.8.0") == []
 
 
 @pytest.mark.parametrize("custom", [False, True], ids=["miniverl-rules", "users-function"])
@@ -374,14 +248,21 @@ def test_a_recipe_with_task_rewards_exports_a_launch_verl_accepts(tmp_path, verl
     fn.write_text("def my_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n")
     extra = [f"reward.custom_reward_function.path={fn}", "reward.custom_reward_function.name=my_score"]
     result = export(
-        compose_config(["+recipe=opd_k1_grpo_toy", "algorithm.adv_estimator=rloo", *(extra if custom else [])]),
+        compose_config(
+            [
+                "+recipe=opd_k1_grpo_toy",
+                "export.verl_version=0.8.0",
+                "algorithm.adv_estimator=rloo",
+                *(extra if custom else []),
+            ]
+        ),
         tmp_path / "verl",
         cwd=ROOT,
     )
     verl_cfg = compose_verl(verl_root, result.lines)
     assert type_errors(verl_root, verl_default, result.lines) == []
     resolved = OmegaConf.to_container(verl_cfg, resolve=True)
-    assert runtime_violations(resolved) == []
+    assert runtime_violations(resolved, "0.8.0") == []
     loss = resolved["distillation"]["distillation_loss"]
     assert loss["use_task_rewards"] is True and loss["distillation_loss_coef"] == 0.1
     assert resolved["actor_rollout_ref"]["rollout"]["n"] == 4 and resolved["algorithm"]["adv_estimator"] == "rloo"
@@ -411,7 +292,7 @@ def test_keys_whose_verl_defaults_differ_from_the_recipe_are_written_out(verl_ro
     for key, _, _ in FIXED:
         assert key in written, key
     default, launched = compose_verl(verl_root, []), compose_verl(verl_root, recipe_lines)
-    mapped = {key for rule in RULES if rule.status == "mapped" for key in rule.verl_keys}
+    mapped = {key for rule in rules_for("0.8.0") if rule.status == "mapped" for key in rule.verl_keys}
     several = {key for key in mapped if "<name>" in key} | {"distillation.teacher_key"}  # with several teachers
     for key in (
         mapped
@@ -433,7 +314,7 @@ def test_dynamic_batch_size_writes_token_budgets_instead_of_micro_batches(tmp_pa
     assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu" not in written
     resolved = OmegaConf.to_container(compose_verl(verl_root, lines), resolve=True)
     assert resolved["actor_rollout_ref"]["rollout"]["log_prob_use_dynamic_bsz"] is True
-    assert runtime_violations(resolved) == []
+    assert runtime_violations(resolved, "0.8.0") == []
 
 
 def test_a_launch_with_every_knob_changed_composes_and_type_checks(tmp_path, verl_root, verl_default):
@@ -443,7 +324,7 @@ def test_a_launch_with_every_knob_changed_composes_and_type_checks(tmp_path, ver
     assert type_errors(verl_root, verl_default, lines) == []
     for key, value in parsed(lines).items():
         assert OmegaConf.select(verl_cfg, key) == value, key
-    assert runtime_violations(OmegaConf.to_container(verl_cfg, resolve=True)) == []
+    assert runtime_violations(OmegaConf.to_container(verl_cfg, resolve=True), "0.8.0") == []
 
 
 def test_the_type_check_catches_a_wrong_type(verl_root, verl_default):
@@ -483,7 +364,7 @@ BROKEN = {  # overrides appended to a valid launch -> what verl would refuse at 
 def test_run_time_rules_catch_what_verl_would_refuse(verl_root, recipe_lines, case):
     extra, message = BROKEN[case]
     resolved = OmegaConf.to_container(compose_verl(verl_root, [*recipe_lines, *extra.split()]), resolve=True)
-    problems = runtime_violations(resolved)
+    problems = runtime_violations(resolved, "0.8.0")
     assert any(message in p for p in problems), problems
 
 
@@ -536,7 +417,7 @@ def test_teacher_modes_export_as_verl_can_serve_them(tmp_path, verl_root):
     adapter = tmp_path / "teacher_adapter"
     adapter.mkdir()
     for mode in ("standard", "shared_base"):
-        with pytest.raises(MiniverlError, match="verl v0.8.0's teacher takes no adapter"):
+        with pytest.raises(MiniverlError, match="verl 0.8.0.s teacher takes no adapter"):
             export(
                 compose_config([*RECIPE, f"teacher.mode={mode}", f"teacher.adapter={adapter}"]),
                 tmp_path / mode,
@@ -612,8 +493,8 @@ def test_run_opd_sh_refuses_toy_models(tmp_path):
 # ---------------------------------------------------------------- import and the round trip
 
 
-def imported(path: Path) -> list[str]:
-    text = import_verl.import_file(path, env={"HOME": "/home/user"})
+def imported(path: Path, version: str | None = None) -> list[str]:  # None: the release the export wrote it for
+    text = import_verl.import_file(path, env={"HOME": "/home/user"}, version=version)
     return [line for line in text.splitlines() if line and not line.startswith("#")]
 
 
@@ -788,6 +669,8 @@ def test_import_command_writes_the_overrides_and_refuses_a_launch_without_distil
         "1e-3",
         "Qwen/Qwen3-0.6B",
         "/a b/c.parquet",
+        "~/data/gsm8k/test.parquet",  # verl's default val_files: a bare ~ is a deletion to Hydra
+        ["~/data/x.parquet"],
         "x:y,z",
         'q"t',
         "it's",
@@ -845,7 +728,9 @@ def test_export_command_writes_the_launch_into_its_run_folder(tmp_path):
 
 
 def test_import_keeps_a_users_task_reward_py_and_lists_verls_default_gae(tmp_path):
-    result = export(compose_config(["+recipe=opd_k1_grpo_toy"]), tmp_path / "verl", cwd=ROOT)
+    result = export(
+        compose_config(["+recipe=opd_k1_grpo_toy", "export.verl_version=0.8.0"]), tmp_path / "verl", cwd=ROOT
+    )
     own = tmp_path / "mine" / "task_reward.py"  # the user's file, under the export's file name
     own.parent.mkdir()
     own.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n")
@@ -904,7 +789,7 @@ def test_several_teachers_export_as_verl_entries_that_compose_and_pass_its_run_t
         assert (
             t["inference"]["prompt_length"] + t["inference"]["response_length"] + 1 <= t["inference"]["max_model_len"]
         )
-    assert runtime_violations(resolved) == []
+    assert runtime_violations(resolved, "0.8.0") == []
     script = (tmp_path / "verl" / "run_opd.sh").read_text()
     assert "TEACHER_MATH_MODEL=${TEACHER_MATH_MODEL:-Qwen/Qwen3-1.7B}" in script
     assert '+distillation.teacher_models.code.model_path="$TEACHER_CODE_MODEL"' in script
@@ -922,7 +807,9 @@ def test_several_teachers_export_import_export_is_a_fixed_point(tmp_path):
 
 
 def test_toy_teachers_import_as_separate_models_not_the_students_base(tmp_path):
-    export(compose_config(["+recipe=opd_k1_two_teachers_toy"]), tmp_path / "verl", cwd=ROOT)
+    export(
+        compose_config(["+recipe=opd_k1_two_teachers_toy", "export.verl_version=0.8.0"]), tmp_path / "verl", cwd=ROOT
+    )
     values = parsed([line for line in imported(tmp_path / "verl" / "overrides.txt") if not line.startswith("+")])
     assert values["teachers.arithmetic.mode"] == values["teachers.echo.mode"] == "standard"  # toy == toy is no ref
 
@@ -931,10 +818,10 @@ def test_toy_teachers_import_as_separate_models_not_the_students_base(tmp_path):
     "extra,message",
     [
         (["export.teacher_n_gpus_per_node=2"], "must equal 2 teachers x teacher_replicas x teacher_tensor_parallel"),
-        (["default_teacher=math"], "default_teacher=math: verl v0.8.0 has no default teacher"),
+        (["default_teacher=math"], "default_teacher=math: verl 0.8.0 has no default teacher"),
         (
             ["+teacher@teachers.teacher_model=toy", "teachers.teacher_model.key=k", "export.teacher_n_gpus_per_node=6"],
-            "teachers.teacher_model: verl v0.8.0 drops the entry of that name",
+            "teachers.teacher_model: verl 0.8.0 drops the entry of that name",
         ),
     ],
 )
@@ -959,7 +846,7 @@ def test_run_time_rules_of_several_teachers_catch_what_verl_would_refuse(two_tea
         line for line in lines if not any(line.lstrip("+~").startswith(e.lstrip("+~").split("=")[0]) for e in extra)
     ]
     resolved = OmegaConf.to_container(compose_verl(verl_root, [*lines, *extra]), resolve=True)
-    assert any(message in p for p in runtime_violations(resolved)), runtime_violations(resolved)
+    assert any(message in p for p in runtime_violations(resolved, "0.8.0")), runtime_violations(resolved, "0.8.0")
 
 
 def test_importing_a_file_that_is_not_there_is_one_line_naming_where_a_launch_comes_from(tmp_path, capsys):

@@ -46,7 +46,8 @@ def test_the_toy_recipe_runs_with_every_loss(tmp_path, mode, pg):
     assert report["recipe"]["estimator"] == mode and len(lines) == 2
     for metrics in lines:
         assert math.isfinite(metrics["actor/distillation/loss"]) and math.isfinite(metrics["actor/grad_norm"])
-        assert ("actor/pg_clipfrac" in metrics) == pg
+        assert ("actor/distillation/pg_clipfrac" in metrics) == pg
+        assert "actor/pg_clipfrac" not in metrics  # verl's name of the task PPO loss's: no task rewards here
         if mode == "forward_kl_topk":
             for name in ("student_mass", "teacher_mass", "overlap_ratio", "overlap_token_advantage"):
                 assert f"actor/distillation/{name}" in metrics
@@ -155,7 +156,7 @@ def test_the_updates_own_old_log_probs_equal_a_separate_recompute_bitwise(scored
     actor.optimizer.zero_grad(set_to_none=True)
     assert any(g.abs().sum() > 0 for g in grads[0].values())
     if actor.estimator.use_policy_gradient:  # only there does the PPO ratio read the old log-probs
-        assert metrics[0]["actor/ppo_kl"] == 0.0  # the separate pass: a ratio of exactly 1 as well
+        assert metrics[0]["actor/distillation/ppo_kl"] == 0.0  # the separate pass: a ratio of exactly 1 as well
         for name in grads[0]:
             assert torch.equal(grads[0][name], grads[1][name]), name
 

@@ -16,7 +16,7 @@ from miniverl.workers.losses import (
     distillation_loss,
     kl_estimate,
 )
-from miniverl.workers.topk_loss import forward_kl_topk
+from miniverl.workers.topk_loss import chunked_topk_log_probs, forward_kl_topk
 
 B, T, V, K = 8, 6, 13, 4
 
@@ -234,3 +234,165 @@ def test_forward_kl_topk_with_policy_gradient_uses_the_topk_loss_as_advantage():
     torch.testing.assert_close(loss, per_token[mask.bool()].mean())
     torch.testing.assert_close(log_prob.grad, per_token.detach() * mask / mask.sum())
     assert "distillation/pg_clipfrac" in metrics
+
+
+# --------------------------------------------------------------------------------------------------
+# token-sum (verl v0.9's agg_loss mode)
+# --------------------------------------------------------------------------------------------------
+
+
+def test_token_sum_is_the_masked_sum_and_reads_no_normaliser():
+    loss = torch.tensor([[1.0, 2.0, math.nan], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0]], dtype=torch.float64)
+    for norms in (
+        dict(batch_num_tokens=None, global_batch_size=None),
+        dict(batch_num_tokens=6, global_batch_size=5, loss_scale_factor=7),
+    ):
+        assert agg_loss(loss, mask, "token-sum", **norms).item() == 1 + 2 + 4  # NaN under the mask is ignored
+
+
+def _verl_agg_loss(loss, mask, mode, *, dp_size, batch_num_tokens, global_batch_size, loss_scale_factor):
+    """verl's agg_loss formulas with their dp_size factor (core_algos.agg_loss, v0.9.1), for the test below."""
+    masked = torch.where(mask.bool(), loss, 0.0)
+    if mode == "token-sum":
+        return masked.sum() * dp_size
+    if mode == "token-mean":
+        return masked.sum() / batch_num_tokens * dp_size
+    rows = masked.sum(-1)
+    if mode == "seq-mean-token-mean":
+        rows = rows / (mask.sum(-1) + 1e-8)
+    out = rows.sum() / global_batch_size * dp_size
+    return out / loss_scale_factor if mode == "seq-mean-token-sum-norm" else out
+
+
+@pytest.mark.parametrize("dp_size", [2, 4])
+@pytest.mark.parametrize("loss_agg_mode", LOSS_AGG_MODES)
+def test_one_device_loss_equals_verls_data_parallel_loss_averaged_over_its_ranks(loss_agg_mode, dp_size):
+    # DDP/FSDP average the ranks' gradients; verl multiplies each rank's loss by dp_size so that the
+    # average is the global batch's loss. miniverl on one device computes that global loss directly.
+    g = torch.Generator().manual_seed(3)
+    loss = torch.randn(B, T, generator=g, dtype=torch.float64, requires_grad=True)
+    mask = _mask()
+    global_norms = dict(batch_normalisers(mask), loss_scale_factor=T)
+    ranks = [
+        _verl_agg_loss(loss[rows], mask[rows], loss_agg_mode, dp_size=dp_size, **global_norms)
+        for rows in _chunks(dp_size)
+    ]
+    (verl_grad,) = torch.autograd.grad(sum(ranks) / dp_size, loss)
+    ours = agg_loss(loss, mask, loss_agg_mode, **global_norms)
+    (our_grad,) = torch.autograd.grad(ours, loss)
+    torch.testing.assert_close(ours, sum(ranks).detach() / dp_size, rtol=1e-13, atol=0)
+    torch.testing.assert_close(our_grad, verl_grad, rtol=1e-13, atol=0)
+
+
+@pytest.mark.parametrize("name", ESTIMATORS)
+def test_token_sum_is_token_mean_times_the_mini_batch_token_count(name):
+    mask = _mask()
+    n_tokens = mask.sum()
+    losses = {}
+    for mode in ("token-sum", "token-mean"):
+        est = EstimatorConfig(**ESTIMATORS[name], loss_agg_mode=mode)
+        losses[mode] = _run_estimator_chunks(est, 4, mask)
+    torch.testing.assert_close(losses["token-sum"][0], losses["token-mean"][0] * n_tokens, rtol=1e-12, atol=0)
+    torch.testing.assert_close(losses["token-sum"][1], losses["token-mean"][1] * n_tokens, rtol=1e-12, atol=1e-14)
+
+
+# --------------------------------------------------------------------------------------------------
+# Chunked top-k (estimator.use_chunked_topk, verl v0.9)
+# --------------------------------------------------------------------------------------------------
+
+
+def _topk_loss_and_grad(est, logits, t_lp, t_ids, mask):
+    logits = logits.detach().clone().requires_grad_(True)
+    loss, per_token, metrics = forward_kl_topk(est, logits, t_lp, t_ids, mask, **batch_normalisers(mask))
+    loss.backward()
+    return loss.detach(), per_token.detach(), metrics, logits.grad
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 7, 16, B * T, 4096])  # B*T = 48: 5 and 7 do not divide it
+@pytest.mark.parametrize("loss_agg_mode", ["token-mean", "seq-mean-token-mean", "token-sum"])
+def test_chunked_topk_gives_the_unchunked_loss_gradient_and_metrics_in_float64(chunk, loss_agg_mode):
+    logits, t_lp, t_ids = _topk_inputs()
+    mask = _mask()
+    common = dict(loss_mode="forward_kl_topk", topk=K, log_prob_min_clamp=-6.0, loss_agg_mode=loss_agg_mode)
+    whole = _topk_loss_and_grad(EstimatorConfig(**common), logits, t_lp, t_ids, mask)
+    est = EstimatorConfig(**common, use_chunked_topk=True, chunked_topk_chunk_size=chunk)
+    chunked = _topk_loss_and_grad(est, logits, t_lp, t_ids, mask)
+    torch.testing.assert_close(chunked[0], whole[0], rtol=1e-12, atol=1e-14)  # loss
+    torch.testing.assert_close(chunked[1], whole[1], rtol=1e-12, atol=1e-14)  # per-token loss
+    torch.testing.assert_close(chunked[3], whole[3], rtol=1e-12, atol=1e-14)  # d loss / d logits
+    _assert_metrics_equal(chunked[2], whole[2])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunked_topk_matches_the_unchunked_path_for_strided_and_half_precision_logits(dtype):
+    logits, t_lp, t_ids = _topk_inputs()
+    padded = torch.cat([logits, logits[:, :2]], dim=1).to(dtype)  # (B, T+2, V)
+    mask = _mask()
+    common = dict(loss_mode="forward_kl_topk", topk=K, log_prob_min_clamp=-6.0)
+    results = []
+    for est in (EstimatorConfig(**common), EstimatorConfig(**common, use_chunked_topk=True, chunked_topk_chunk_size=5)):
+        leaf = padded.clone().requires_grad_(True)
+        strided = leaf[:, 1 : T + 1]  # not contiguous: chunks span rows of a strided view
+        loss, per_token, _ = forward_kl_topk(est, strided, t_lp.float(), t_ids, mask, **batch_normalisers(mask))
+        loss.backward()
+        results.append((loss.detach(), per_token.detach(), leaf.grad))
+    (loss0, tok0, grad0), (loss1, tok1, grad1) = results
+    assert tok1.dtype == torch.float32 and grad1.dtype == dtype
+    torch.testing.assert_close(loss1, loss0, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(tok1, tok0, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(grad1.float(), grad0.float(), rtol=1e-5, atol=1e-7)
+
+
+def _peak_bytes(fn) -> int:
+    """Peak of the bytes allocated on the CPU while fn() runs, above what was allocated before:
+    every allocation and free the allocator reports to torch's profiler, in time order."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
+    assert events, "the profiler reported no allocation"
+    live = peak = 0
+    for _, nbytes in events:
+        live += nbytes
+        peak = max(peak, live)
+    return peak
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunked_topk_never_holds_a_full_float_log_softmax_in_forward_or_backward(dtype):
+    b, t, v, k, chunk = 4, 16, 4096, 8, 4  # N = 64 positions; one (N, V) float32 tensor is 1 MiB
+    g = torch.Generator().manual_seed(5)
+    logits = (torch.randn(b, t, v, generator=g) * 2).to(dtype)
+    t_lp, t_ids = torch.log_softmax(torch.randn(b, t, v, generator=g), -1).topk(k, dim=-1)
+    mask = torch.ones(b, t)
+
+    def step(est):
+        leaf = logits.clone().requires_grad_(True)
+
+        def run():
+            loss, _, _ = forward_kl_topk(est, leaf, t_lp, t_ids, mask, **batch_normalisers(mask))
+            loss.backward()
+
+        return _peak_bytes(run)
+
+    common = dict(loss_mode="forward_kl_topk", topk=k)
+    full_float = b * t * v * 4  # a (B, T, V) float32 log-softmax (or float32 copy of the logits)
+    gradient = b * t * v * logits.element_size()  # d loss / d logits: the one (B, T, V) tensor allowed
+    chunk_float = chunk * v * 4
+    chunked = step(EstimatorConfig(**common, use_chunked_topk=True, chunked_topk_chunk_size=chunk))
+    unchunked = step(EstimatorConfig(**common))
+    # Chunked: the gradient plus a few (chunk, V) float32 buffers, never another (B, T, V) one.
+    assert chunked <= gradient + 8 * chunk_float, (chunked, gradient, chunk_float)
+    assert chunked < gradient + full_float
+    # The measurement bites: the unchunked path holds full-size float buffers beside the gradient.
+    assert unchunked >= gradient + full_float, (unchunked, gradient, full_float)
+
+
+def test_chunked_topk_of_no_positions_has_an_empty_gradient():
+    """A micro-batch of padding only (verl handles it too): forward and backward of zero positions."""
+    logits = torch.randn(2, 0, 10, dtype=torch.float64, requires_grad=True)  # (B, T=0, V)
+    log_probs, _ = chunked_topk_log_probs(logits, torch.zeros(2, 0, 3, dtype=torch.long), 4)
+    log_probs.sum().backward()
+    assert log_probs.shape == (2, 0, 3) and logits.grad.shape == (2, 0, 10)

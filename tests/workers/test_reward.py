@@ -4,6 +4,8 @@ user's is one line naming the row."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -73,3 +75,98 @@ def test_the_users_function_sees_the_rows_extra_info(tmp_path):
     reward.custom_reward_function.path = str(fn)
     worker = RewardWorker(TOKENIZER, prompts_of(["a", "b", "c"], source="my/task"), reward)
     assert worker.compute_reward(batch_of(["x", "y"], [2, 1])).token_level_scores.sum(-1).tolist() == [2.0, 1.0]
+
+
+RECORDING_FUNCTION = """import json
+
+def compute_score(**kwargs):
+    with open(kwargs["record_to"], "a") as f:
+        f.write(json.dumps(kwargs) + "\\n")
+    kwargs["extra_info"]["touched"] = True  # must not reach the row's own extra_info
+    return {"score": 0.5, "acc": True}
+"""
+
+
+def recorded_calls(tmp_path, tasks: dict[int, TaskRow], texts: list[str], rows: list[int], **reward_kwargs):
+    fn = tmp_path / "recording.py"
+    fn.write_text(RECORDING_FUNCTION)
+    reward = RewardConfig()
+    reward.custom_reward_function.path = str(fn)
+    reward.custom_reward_function.reward_kwargs = {"record_to": str(tmp_path / "calls.jsonl"), **reward_kwargs}
+    n = len(tasks)
+    prompts = PromptSet([[1]] * n, list(tasks), [[]] * n, [None] * n, "sha", n, tasks=tasks)
+    scores = RewardWorker(TOKENIZER, prompts, reward).compute_reward(batch_of(texts, rows)).token_level_scores
+    assert scores.sum(-1).tolist() == [0.5] * len(texts)
+    return [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
+
+
+def test_the_users_function_gets_verls_keyword_arguments_and_reward_kwargs(tmp_path):
+    tasks = {0: TaskRow("my/task", "7", {"index": 0, "split": "train"}), 1: TaskRow("my/task", ["a", "b"], None)}
+    calls = recorded_calls(tmp_path, tasks, ["so 7", "b"], [0, 1], format_score=0.1)
+    record_to = str(tmp_path / "calls.jsonl")
+    verl_turns = {"num_turns": 2, "rollout_reward_scores": {}}  # verl's single-turn agent loop, no tool scores
+    assert calls == [
+        {
+            "data_source": "my/task",
+            "solution_str": "so 7",
+            "ground_truth": "7",
+            "extra_info": {"index": 0, "split": "train", **verl_turns},
+            "record_to": record_to,
+            "format_score": 0.1,
+        },
+        {  # a row without extra_info: {} (verl's default), never None
+            "data_source": "my/task",
+            "solution_str": "b",
+            "ground_truth": ["a", "b"],
+            "extra_info": verl_turns,
+            "record_to": record_to,
+            "format_score": 0.1,
+        },
+    ]
+    assert tasks[0].extra_info == {"index": 0, "split": "train"} and tasks[1].extra_info is None
+
+
+def test_reward_kwargs_win_over_the_managers_arguments_as_in_verl(tmp_path):
+    calls = recorded_calls(tmp_path, {0: TaskRow("my/task", "7", None)}, ["7"], [0], data_source="forced")
+    assert calls[0]["data_source"] == "forced"
+
+
+def test_the_rules_are_called_with_the_same_arguments(monkeypatch):
+    seen = []
+    worker = RewardWorker(TOKENIZER, prompts_of(["7"]), RewardConfig())
+    monkeypatch.setattr(worker, "compute_score", lambda **kwargs: seen.append(kwargs) or 1.0)
+    worker.compute_reward(batch_of(["#### 7"], [0]))
+    assert seen == [
+        {
+            "data_source": "openai/gsm8k",
+            "solution_str": "#### 7",
+            "ground_truth": "7",
+            "extra_info": {"index": 0, "num_turns": 2, "rollout_reward_scores": {}},
+        }
+    ]
+
+
+@pytest.mark.parametrize(
+    "source, truth, message",
+    [
+        ("codecontests", "x", r"no task-reward rule for data_source 'codecontests' \(verl scores it by running"),
+        ("my/task", "x", r"rules: openai/gsm8k, .*searchR1_bamboogle, miniverl/toy_arithmetic, aime\*\)"),
+        ("searchR1_nq", "Paris", r"the searchR1_nq rule reads \{'target': <answer or list of answers>\}"),
+        ("hiyouga/geometry3k", 30, r"reward_model.ground_truth is 30 \(int\); the hiyouga/geometry3k rule compares"),
+    ],
+)
+def test_a_row_a_rule_cannot_score_is_one_line(source, truth, message):
+    with pytest.raises(MiniverlError, match=message) as error:
+        RewardWorker(TOKENIZER, prompts_of([truth], source=source), RewardConfig())
+    assert "\n" not in str(error.value)
+
+
+def test_the_new_rules_score_their_rows():
+    search = prompts_of([{"target": ["Paris", "paris france"]}], source="searchR1_nq")
+    numina = prompts_of([12], source="numina_cn_k12")  # verl's numina rule compares str(ground truth)
+    dapo = prompts_of(["12"], source="aime24")
+    got = [
+        RewardWorker(TOKENIZER, prompts, RewardConfig()).compute_reward(batch_of([text], [0])).token_level_scores.sum()
+        for prompts, text in ((search, "<answer>Paris</answer>"), (numina, "The answer is 12."), (dapo, "Answer: 13"))
+    ]
+    assert [float(g) for g in got] == [1.0, 1.0, -1.0]

@@ -1,20 +1,22 @@
-"""The miniverl -> verl v0.8.0 field-rule table: one `Rule` per field of miniverl's resolved config,
+"""The miniverl -> verl field-rule table: one `Rule` per field of miniverl's resolved config,
 so that the export, the import and the report's `field_rule_digest` read one and the same mapping.
 
 A rule gives the verl key(s) a field is written to and how (`mapped`), how verl derives it from
 other keys (`derived`), the one value verl hard-codes (`fixed_in_verl`), or why it has no verl
 equivalent (`no_verl_equivalent`: a difference a user must know about; `not_applicable`: mechanics
-of the miniature that mean nothing on a Ray cluster). The canonical JSON of these rules and of
-`FIXED` (`rule_table`) is what `field_rule_digest` hashes.
+of the miniature that mean nothing on a Ray cluster). One table serves every release of
+verl_compat.versions: a rule whose keys are newer than a release says so (`Rule.since`), and
+`rules_for(version)` is the table as that release reads it. The canonical JSON of these rules, of
+`FIXED` and of the release (`rule_table`) is what `field_rule_digest` hashes.
 """
 
 from __future__ import annotations
 
-from miniverl import VERL_COMMIT, VERL_TAG
-from miniverl.verl_compat.defaults import ENTRY_POINT, FIXED, VERL_VERSION
+from miniverl.verl_compat.defaults import ENTRY_POINT, FIXED
 from miniverl.verl_compat.field_rules.models import MODEL_RULES, NAME, SEVERAL_TEACHER_RULES
 from miniverl.verl_compat.field_rules.rule import STATUSES, TOY_FIELDS, Rule
 from miniverl.verl_compat.field_rules.run import RUN_RULES
+from miniverl.verl_compat.versions import PROFILE_VERSION, release
 
 __all__ = [
     "EXPORTED_BY_CODE",
@@ -26,6 +28,7 @@ __all__ = [
     "Rule",
     "rule_for",
     "rule_table",
+    "rules_for",
     "table_read",
     "table_written",
 ]
@@ -44,6 +47,8 @@ EXPORTED_BY_CODE = {
     "data.apply_chat_template_kwargs": "one +data.apply_chat_template_kwargs.<name>=<value> per entry, as verl's "
     "examples write them",
     "teacher_key": "written only with several teachers: one teacher scores every row",
+    "reward.custom_reward_function.reward_kwargs": "the user's own function's only ({} with the export's own "
+    "scorer files, which take none)",
     "reward.custom_reward_function.name": "compute_score when the launch points at the export's own scorer file "
     "(task_reward.py, no_task_reward.py); the config's name only with the user's own file",
 }
@@ -61,22 +66,27 @@ IMPORTED_BY_CODE = {
 TEACHER_ENTRY = "distillation.teacher_models."
 
 
-def table_written() -> list[tuple[str, str]]:
-    """(field, verl key) of every key the export writes from the table, in table order."""
+def rules_for(version: str) -> tuple[Rule, ...]:
+    """The table as verl `version` reads it (a rule newer than the release has no equivalent there)."""
+    return tuple(rule.for_release(version) for rule in RULES)
+
+
+def table_written(version: str) -> list[tuple[str, str]]:
+    """(field, verl key) of every key the export for `version` writes from the table, in table order."""
     return [
         (rule.field, key)
-        for rule in RULES
+        for rule in rules_for(version)
         if rule.status == "mapped" and rule.transform == "identity" and rule.field not in EXPORTED_BY_CODE
         for key in rule.verl_keys
         if not key.startswith(TEACHER_ENTRY)
     ]
 
 
-def table_read() -> list[Rule]:
-    """The rules the import reads from the table, in table order."""
+def table_read(version: str) -> list[Rule]:
+    """The rules the import of a verl `version` launch reads from the table, in table order."""
     return [
         rule
-        for rule in RULES
+        for rule in rules_for(version)
         if rule.status == "mapped" and rule.transform in IMPORT_TRANSFORMS and rule.field not in IMPORTED_BY_CODE
     ]
 
@@ -94,10 +104,12 @@ def rule_for(path: str) -> Rule | None:
     return None
 
 
-def rule_table() -> dict:
-    """The canonical rule table: what `field_rule_digest` hashes."""
+def rule_table(version: str = PROFILE_VERSION) -> dict:
+    """The canonical rule table for verl `version`: what `field_rule_digest` hashes (by default the
+    profile's release, as the run report's identity)."""
+    verl = release(version)
     return {
-        "verl": {"version": VERL_VERSION, "tag": VERL_TAG, "commit": VERL_COMMIT, "entry_point": ENTRY_POINT},
-        "fields": [rule.as_dict() for rule in sorted(RULES, key=lambda r: r.field)],
+        "verl": {"version": verl.version, "tag": verl.tag, "source": verl.source, "entry_point": ENTRY_POINT},
+        "fields": [rule.as_dict() for rule in sorted(rules_for(version), key=lambda r: r.field)],
         "fixed": [{"verl_key": key, "value": value, "why": why} for key, value, why in FIXED],
     }

@@ -50,7 +50,7 @@ MODEL_RULES: tuple[Rule, ...] = (
     ),
     no_equivalent(
         "model.quantization",
-        "verl v0.8.0 has no 4-bit student: the FSDP actor trains the LoRA over the "
+        "verl has no 4-bit student: the FSDP actor trains the LoRA over the "
         "full-precision base and the rollout serves it in bfloat16, so memory per GPU is "
         "higher and log-probs differ slightly from NF4's",
     ),
@@ -126,7 +126,7 @@ MODEL_RULES: tuple[Rule, ...] = (
     not_applicable("teacher.attn_implementation", "the teacher's inference engine picks its own kernels"),
     no_equivalent(
         "teacher.quantization",
-        "verl v0.8.0 wires no 4-bit teacher: it runs on vLLM/SGLang in teacher.dtype in "
+        "verl wires no 4-bit teacher: it runs on vLLM/SGLang in teacher.dtype in "
         "its own GPU pool, so teacher log-probs differ slightly from NF4's",
     ),
     no_equivalent(
@@ -142,7 +142,7 @@ MODEL_RULES: tuple[Rule, ...] = (
     *(
         no_equivalent(
             f"teacher.context.{k}",
-            "verl v0.8.0 gives the teacher the student's prompt: a privileged context has no verl key; the "
+            "verl gives the teacher the student's prompt: a privileged context has no verl key; the "
             "export refuses it unless export.drop_teacher_context=true",
         )
         for k in ("system", "user", "prompt_limit")
@@ -181,7 +181,7 @@ SEVERAL_TEACHER_RULES: tuple[Rule, ...] = (
     ),
     no_equivalent(
         "default_teacher",
-        "verl v0.8.0 has no default teacher: a row whose key matches no teacher stops its run; the export "
+        "verl has no default teacher: a row whose key matches no teacher stops its run; the export "
         "refuses a default teacher",
     ),
 )

@@ -18,7 +18,22 @@ class Rule:
     verl_keys: tuple[str, ...] = ()
     transform: str = ""
     note: str = ""
-    verl_value: Any = None  # fixed_in_verl: the one value verl v0.8.0 runs with
+    verl_value: Any = None  # fixed_in_verl: the one value verl runs with
+    # The first verl release with these keys (None: every release miniverl exports to). For an older
+    # release the rule reads as no_verl_equivalent (`for_release`), and `older_value` is the value that
+    # means what the older release does (None: any value does); the export refuses another.
+    since: str | None = None
+    older_value: Any = None
+
+    def for_release(self, version: str) -> Rule:
+        """This rule as `version` reads it: itself, or for a release older than `since`, no equivalent."""
+        if self.since is None or _release_key(version) >= _release_key(self.since):
+            return self
+        keys = ", ".join(self.verl_keys)
+        older = self.older_value
+        value = "" if older is None else f"; the export for it refuses a value other than {older!r}"
+        note = f"verl {version} has no {keys} (new in verl {self.since}){value}"
+        return Rule(self.field, "no_verl_equivalent", note=note, since=self.since, older_value=self.older_value)
 
     def as_dict(self) -> dict:
         out = {
@@ -30,11 +45,20 @@ class Rule:
         }
         if self.status == "fixed_in_verl":
             out["verl_value"] = self.verl_value
+        if self.since is not None:
+            out["since"] = self.since
         return out
 
 
-def mapped(fieldname: str, *keys: str, transform: str = "identity", note: str = "") -> Rule:
-    return Rule(fieldname, "mapped", tuple(keys), transform, note)
+def _release_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
+def mapped(
+    fieldname: str, *keys: str, transform: str = "identity", note: str = "", since: str | None = None,
+    older_value: Any = None,
+) -> Rule:  # fmt: skip
+    return Rule(fieldname, "mapped", tuple(keys), transform, note, since=since, older_value=older_value)
 
 
 def not_applicable(fieldname: str, note: str) -> Rule:

@@ -31,7 +31,7 @@ RUN_RULES: tuple[Rule, ...] = (
         "fixed_in_verl",
         (),
         "",
-        "verl v0.8.0's distillation policy gradient reads "
+        "verl's distillation policy gradient (0.8.0 and 0.9.1) reads "
         "clip_ratio_c from distillation_loss, which has no such field, so it always uses 3.0 "
         "(actor.clip_ratio_c is not read there); another value does not carry over",
         3.0,
@@ -55,8 +55,22 @@ RUN_RULES: tuple[Rule, ...] = (
     mapped(
         "estimator.loss_agg_mode",
         f"{ACTOR}.loss_agg_mode",
-        note="verl v0.8.0 normalises its first micro-batch with the previous update's token count; miniverl "
-        "keeps the exact token mean (docs/losses.md)",
+        note="token-sum is new in verl 0.9.0. verl 0.8.0 normalises the first micro-batch of each update with "
+        "the previous update's counts (the ordering behind #7200, fixed in 0.9.0 by #7225); miniverl and verl 0.9 "
+        "use the current mini-batch's for all (docs/verl-versions.md)",
+    ),
+    mapped(
+        "estimator.use_chunked_topk",
+        f"{LOSS}.use_chunked_topk",
+        note="written with + (in verl's dataclass, not in its YAML)",
+        since="0.9.0",
+        older_value=False,
+    ),
+    mapped(
+        "estimator.chunked_topk_chunk_size",
+        f"{LOSS}.chunked_topk_chunk_size",
+        note="written with + (in verl's dataclass, not in its YAML); read only with use_chunked_topk",
+        since="0.9.0",
     ),
     # ---- hardware: one device
     not_applicable("hardware.name", "the name of miniverl's hardware option"),
@@ -169,7 +183,7 @@ RUN_RULES: tuple[Rule, ...] = (
     mapped(
         "actor.grad_clip",
         f"{ACTOR}.optim.clip_grad",
-        note="verl v0.8.0's engine clips with optim.clip_grad (actor.grad_clip is not read)",
+        note="verl's engine clips with optim.clip_grad (actor.grad_clip is not read)",
     ),
     mapped("actor.clip_ratio", f"{ACTOR}.clip_ratio", note="the task-reward PPO loss's (estimator.use_task_rewards)"),
     mapped("actor.clip_ratio_low", f"{ACTOR}.clip_ratio_low"),
@@ -212,6 +226,11 @@ RUN_RULES: tuple[Rule, ...] = (
         "reward.custom_reward_function.name",
         note="compute_score for the export's own files",
     ),
+    mapped(
+        "reward.custom_reward_function.reward_kwargs",
+        "reward.custom_reward_function.reward_kwargs",
+        note="passed to the user's own function only, as verl does; not in verl's YAML (written with +)",
+    ),
     # ---- recipe
     not_applicable("recipe.name", "a label (written into the launch's README and script header)"),
     not_applicable("recipe.profile", "a label (written into the launch's README and script header)"),
@@ -232,7 +251,13 @@ RUN_RULES: tuple[Rule, ...] = (
     not_applicable("recipe.resume_check_in_sweeps", "miniverl's own exact-resume check, in sweep jobs"),
     mapped("recipe.prompt_limit", "data.max_prompt_length", *MAX_LEN_KEYS, transform=MAX_LEN_TRANSFORM),
     mapped("recipe.response_limit", "data.max_response_length", *MAX_LEN_KEYS, transform=MAX_LEN_TRANSFORM),
-    # ---- export: the scale of the launch
+    # ---- export: the release and the scale of the launch
+    not_applicable(
+        "export.verl_version",
+        "the verl release the launch is written for (its rules, defaults and run-time checks; "
+        "docs/verl-versions.md); recorded in run_opd.sh, README.md and field_rules.json, and written by the "
+        "import as the release it read the launch for",
+    ),
     mapped("export.nnodes", "trainer.nnodes"),
     mapped("export.n_gpus_per_node", "trainer.n_gpus_per_node"),
     mapped("export.teacher_nnodes", "distillation.nnodes"),
