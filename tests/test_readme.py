@@ -140,6 +140,11 @@ RULES = [
         "minutes on real weights: tests/e2e/test_real_models.py runs the recipe (4 updates) and the doctor's "
         "tokenizer check on the real models",
     ),
+    (
+        r"^python scripts/objectives_table\.py",
+        "skip",
+        "minutes on real weights: tests/e2e/test_objectives.py runs the script on the toy recipe",
+    ),
     (r"^python -m miniverl\.(main|export|doctor|report|conformance|import_verl) ", "run", ""),
 ]
 

@@ -13,7 +13,7 @@ Combinations verl refuses are refused here, when the config is composed and conv
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from miniverl.config.actor import check_clip_ratios
@@ -22,7 +22,23 @@ from miniverl.config.bounds import check_range
 # Single-sample estimators (verl's `kl_penalty` modes), the top-k forward KL, and miniverl's own
 # exact full-vocabulary reverse KL (no verl version has it; verl RFC #7239 asks for one).
 ESTIMATOR_MODES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
-LOSS_MODES = ESTIMATOR_MODES + ("forward_kl_topk", "reverse_kl_full")
+# Beyond verl v0.9 (docs/objectives.md): the top-k forward KL with a tail bucket (verl RFC #7856) and the
+# reverse KL over the student's own top-k (verl #7425 / #7590), both miniverl's.
+TOPK_MODES = ("forward_kl_topk", "forward_kl_topk_tail")  # the teacher's top-k log-probs
+FULL_VOCAB_MODES = ("reverse_kl_full", "reverse_kl_topk")  # the teacher's whole distribution (its hidden states)
+LOSS_MODES = ESTIMATOR_MODES + TOPK_MODES + FULL_VOCAB_MODES
+TOKEN_SELECTIONS = ("none", "entropy", "overconfident")
+
+
+@dataclass
+class TokenSelectionConfig:
+    # Which response tokens the loss trains on (TIP, arXiv 2604.14084): none (all); entropy (the highest
+    # student entropy); overconfident (low student entropy and high student-teacher divergence).
+    by: str = "none"
+    # Fraction of the update's response tokens kept (0, 1]; the others never enter the loss's backward.
+    keep: float = 1.0
+
+
 # verl's agg_loss modes; token-sum is verl v0.9's (docs/losses.md: what it means on one device).
 LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
@@ -66,6 +82,11 @@ class EstimatorConfig:
     use_task_rewards: bool = False
     # Weight of the distillation loss beside the task PPO loss (with use_task_rewards).
     distillation_loss_coef: float = 1.0
+    # gamma of the discounted future reverse KL (tinker-cookbook's kl_discount_factor): with policy gradient the
+    # advantage of token t is -sum_{s>=t} gamma^(s-t) k1_s over its response; 0.0: the per-token estimate.
+    kl_discount_factor: float = 0.0
+    # The response tokens the loss trains on (docs/objectives.md).
+    token_selection: TokenSelectionConfig = field(default_factory=TokenSelectionConfig)
 
     def __post_init__(self) -> None:
         where = "estimator"
@@ -84,23 +105,41 @@ class EstimatorConfig:
                 f"{where}: loss_mode=k1 with use_policy_gradient=false is refused (as in verl): the gradient "
                 "of k1 does not depend on the teacher; set estimator.use_policy_gradient=true or pick k3"
             )
-        if self.loss_mode == "reverse_kl_full" and self.use_policy_gradient:
+        if self.loss_mode in FULL_VOCAB_MODES and self.use_policy_gradient:
             raise ValueError(
-                f"{where}: loss_mode=reverse_kl_full with use_policy_gradient=true is refused: the exact KL over "
-                "the whole vocabulary is differentiated directly, not through the sampled token; set "
+                f"{where}: loss_mode={self.loss_mode} with use_policy_gradient=true is refused: a KL over the "
+                "vocabulary (or the student's top-k) is differentiated directly, not through the sampled token; set "
                 "estimator.use_policy_gradient=false"
             )
         if self.loss_agg_mode not in LOSS_AGG_MODES:
             raise ValueError(f"{where}.loss_agg_mode={self.loss_agg_mode!r}; choose one of {', '.join(LOSS_AGG_MODES)}")
-        if self.loss_mode == "forward_kl_topk":
+        if self.loss_mode in TOPK_MODES + ("reverse_kl_topk",):
             if self.topk is None or self.topk < 1:
-                raise ValueError(f"{where}.topk must be a positive integer for loss_mode=forward_kl_topk")
+                raise ValueError(f"{where}.topk must be a positive integer for loss_mode={self.loss_mode}")
             if self.use_policy_gradient:
                 warnings.warn(
-                    "forward_kl_topk with use_policy_gradient=true: the update uses only the sampled token's "
+                    f"{self.loss_mode} with use_policy_gradient=true: the update uses only the sampled token's "
                     "log-prob, so the top-k signal is largely unused (verl warns the same)",
                     stacklevel=2,
                 )
+        check_range(f"{where}.kl_discount_factor", self.kl_discount_factor, at_least=0)
+        if self.kl_discount_factor > 1:
+            raise ValueError(f"{where}.kl_discount_factor={self.kl_discount_factor} must be in [0, 1]")
+        if self.kl_discount_factor and not (self.use_policy_gradient and self.loss_mode in ESTIMATOR_MODES):
+            raise ValueError(
+                f"{where}.kl_discount_factor={self.kl_discount_factor}: the discounted future KL is an advantage, so "
+                "it needs a per-token estimate (k1, k3, ...) with estimator.use_policy_gradient=true"
+            )
+        select = self.token_selection
+        if select.by not in TOKEN_SELECTIONS:
+            raise ValueError(f"{where}.token_selection.by={select.by!r}; choose one of {', '.join(TOKEN_SELECTIONS)}")
+        if not 0 < select.keep <= 1:
+            raise ValueError(f"{where}.token_selection.keep={select.keep} must be in (0, 1]")
+        if select.by == "none" and select.keep != 1:
+            raise ValueError(
+                f"{where}.token_selection.keep={select.keep} with by=none: pick the tokens to keep "
+                "(estimator.token_selection.by=entropy or overconfident)"
+            )
         check_clip_ratios(where, self)
         check_range(f"{where}.topk", self.topk, at_least=1, null_ok=True)
         check_range(f"{where}.loss_max_clamp", self.loss_max_clamp, above=0, null_ok=True)
@@ -118,9 +157,11 @@ class EstimatorConfig:
 
     @property
     def uses_topk(self) -> bool:
-        return self.loss_mode == "forward_kl_topk"
+        """The loss reads the teacher's top-k log-probs (forward_kl_topk, forward_kl_topk_tail)."""
+        return self.loss_mode in TOPK_MODES
 
     @property
     def uses_full_vocab(self) -> bool:
-        """The loss reads the teacher's whole next-token distribution at every response position."""
-        return self.loss_mode == "reverse_kl_full"
+        """The loss reads the teacher's whole next-token distribution at every response position (from its
+        hidden states): reverse_kl_full, and reverse_kl_topk, which reads it at the student's top-k."""
+        return self.loss_mode in FULL_VOCAB_MODES

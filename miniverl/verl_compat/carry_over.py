@@ -131,10 +131,25 @@ def refusal(config: MiniverlConfig) -> str | None:
     version = config.export.verl_version
     verl = release(version)
     est = config.estimator
-    if est.uses_full_vocab:
+    beyond = {  # miniverl's objectives beyond verl (docs/objectives.md), and what verl has instead
+        "reverse_kl_full": "no full-vocabulary reverse KL loss (verl RFC #7239 asks for one)",
+        "forward_kl_topk_tail": "no top-k forward KL with a tail bucket (verl RFC #7856, PR #7855, not merged)",
+        "reverse_kl_topk": "no reverse KL over the student's top-k (verl #7425 / #7590, not merged)",
+    }
+    if est.loss_mode in beyond:
         return (
-            "estimator=reverse_kl_full: verl (v0.8.0, and v0.9 as well) has no full-vocabulary reverse KL "
-            "loss (verl RFC #7239 asks for one); export with estimator=k3 or estimator=forward_kl_topk"
+            f"estimator={est.loss_mode}: verl (v0.8.0, and v0.9 as well) has {beyond[est.loss_mode]}; export with "
+            "estimator=k3 or estimator=forward_kl_topk"
+        )
+    if est.kl_discount_factor:
+        return (
+            f"estimator.kl_discount_factor={est.kl_discount_factor}: verl's distillation advantage is the per-token "
+            "estimate; export with estimator.kl_discount_factor=0.0"
+        )
+    if est.token_selection.by != "none":
+        return (
+            f"estimator.token_selection.by={est.token_selection.by}: verl trains on every response token; export "
+            "with estimator.token_selection.by=none estimator.token_selection.keep=1.0"
         )
     if est.loss_agg_mode not in verl.loss_agg_modes:
         return (

@@ -14,6 +14,12 @@ autograd); verl v0.6/v0.7 then used `log_prob.detach()` in the loss anyway when 
 update, bitwise the same values on the CPU (tested). With dropout in the model (e.g.
 `model.lora.dropout` > 0) the train-mode forward is a random draw, not the policy, so the separate
 pass runs instead.
+
+Beyond verl (docs/objectives.md): with `estimator.kl_discount_factor` the distillation policy
+gradient's advantage is the discounted future KL (`advantages.policy_gradient_advantages`), and it is
+what the batch's `advantages` column holds; with `estimator.token_selection` a no-gradient pass
+before the update chunks picks the response tokens the loss trains on and only those reach the
+output layer with gradients (`miniverl.workers.token_selection`).
 """
 
 from __future__ import annotations
@@ -28,9 +34,16 @@ from miniverl.config.actor import ActorConfig
 from miniverl.config.estimator import EstimatorConfig
 from miniverl.models import cpu_gemm
 from miniverl.protocol import Batch
+from miniverl.workers.advantages import policy_gradient_advantages
 from miniverl.workers.full_vocab_loss import reverse_kl_full, reverse_kl_full_terms
-from miniverl.workers.logprobs import response_hidden_states, response_log_probs, response_topk_terms
-from miniverl.workers.losses import batch_normalisers, combine_metrics, distillation_loss, distillation_ppo_loss
+from miniverl.workers.logprobs import response_hidden_states, response_log_probs, sampled_log_probs, topk_terms
+from miniverl.workers.losses import (
+    batch_normalisers,
+    combine_metrics,
+    distillation_loss,
+    distillation_ppo_loss,
+)
+from miniverl.workers.token_selection import TokenSelection, select_for_update
 from miniverl.workers.topk_loss import topk_distillation_loss
 
 
@@ -124,20 +137,24 @@ class ActorWorker:
         chunks starts again from the batch as it came."""
         given = self.old_log_probs_for(batch, chunks[0])
         with cpu_gemm.float32_products(self.model, self.float32_gemm):  # the recomputed forward too
-            metrics, distillation_losses, own = self._step(replace(batch, old_log_probs=given), chunks)
+            metrics, distillation_losses, own, loss_mask = self._step(replace(batch, old_log_probs=given), chunks)
         batch.old_log_probs = own if given is None else given
         # Memory: the teacher's hidden states (B, R, H) are read only by this update's loss.
         batch.teacher_hidden_states = None
         if self.estimator.use_policy_gradient:
-            batch.advantages = -distillation_losses  # what the PG step maximised at each token
+            # What the PG step maximised at each token: -d_t, or the discounted future loss over the
+            # response (kl_discount_factor); the same function on the same values as the loss's.
+            advantages = policy_gradient_advantages(self.estimator, distillation_losses, batch.response_mask)
+            batch.advantages = advantages if loss_mask is None else advantages * loss_mask  # 0: not trained on
         if not self.bypass_mode:
             metrics.update(rollout_actor_metrics(batch))
         if batch.teacher_index is not None:
-            metrics.update(per_teacher_losses(distillation_losses, batch, self.teacher_names))
+            trained = batch if loss_mask is None else replace(batch, response_mask=loss_mask)
+            metrics.update(per_teacher_losses(distillation_losses, trained, self.teacher_names))
         return batch, metrics
 
-    def _step(self, batch: Batch, chunks: list[int]) -> tuple[dict[str, float], torch.Tensor, torch.Tensor]:
-        metrics, per_token_loss, log_probs = self.accumulate_gradients(batch, chunks)
+    def _step(self, batch: Batch, chunks: list[int]):
+        metrics, per_token_loss, log_probs, loss_mask = self._accumulate(batch, chunks)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip))
         loss = metrics["actor/distillation/loss"] + metrics.get("actor/pg_loss", 0.0)
         if not (math.isfinite(grad_norm) and math.isfinite(loss)):
@@ -153,7 +170,26 @@ class ActorWorker:
         self.peft_model.eval()
         metrics["actor/grad_norm"] = grad_norm
         metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
-        return metrics, per_token_loss, log_probs
+        return metrics, per_token_loss, log_probs, loss_mask
+
+    def select_tokens(self, batch: Batch, chunks: list[int]) -> TokenSelection | None:
+        """The response tokens this update trains on (estimator.token_selection), from a no-gradient
+        eval-mode pass over the mini-batch (its rows in `chunks`); None: every response token (by=none,
+        and keep=1, which keeps them all without ranking them)."""
+        select = self.estimator.token_selection
+        if select.by == "none" or select.keep >= 1:
+            return None
+        self.peft_model.eval()
+        return select_for_update(
+            self.model,
+            batch,
+            select.by,
+            select.keep,
+            chunks,
+            temperature=self.temperature,
+            chunk=self.logprob_chunk,
+            tokenizer_vocab=self.tokenizer_vocab,
+        )
 
     def accumulate_gradients(
         self, batch: Batch, chunks: list[int]
@@ -161,14 +197,28 @@ class ActorWorker:
         """Backward over the update chunks; the chunk losses sum to the mini-batch loss. Returns the
         metrics, the per-token distillation loss (B, R) and this forward's log-probs (B, R): the
         policy before the step, what on-policy old log-probs are."""
+        metrics, per_token, log_probs, _ = self._accumulate(batch, chunks)
+        return metrics, per_token, log_probs
+
+    def _accumulate(self, batch: Batch, chunks: list[int]):
+        """`accumulate_gradients`, and the mask of the tokens the loss trained on (B, R), None: every
+        response token. With token selection the per-token loss is 0 at the unselected positions of
+        the top-k and full-vocabulary losses (never computed), the estimate itself for the
+        single-sample estimators (from the selection pass's log-probs), and the log-probs there are
+        the selection pass's."""
+        selection = self.select_tokens(batch, chunks)  # before train(): the policy's own entropies
         self.peft_model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        normalisers = dict(batch_normalisers(batch.response_mask), loss_scale_factor=self.loss_scale_factor)
+        loss_mask = None if selection is None else selection.loss_mask(batch.response_mask)
+        trained = batch.response_mask if loss_mask is None else loss_mask
+        normalisers = dict(batch_normalisers(trained), loss_scale_factor=self.loss_scale_factor)
         total_loss, parts, per_token, log_probs, start = 0.0, [], [], [], 0
         for size in chunks:
             chunk = batch.rows(start, start + size)
+            picked = None if selection is None else selection.rows(start, start + size)
+            chunk_mask = trained[start : start + size]
             start += size
-            loss, chunk_per_token, metrics, log_prob = self._chunk_loss(chunk, normalisers)
+            loss, chunk_per_token, metrics, log_prob = self._chunk_loss(chunk, normalisers, picked)
             loss_with_task, task_metrics = distillation_ppo_loss(  # verl's, with or without task rewards
                 self.estimator,
                 self.actor_config,
@@ -176,57 +226,97 @@ class ActorWorker:
                 log_prob,
                 chunk.old_log_probs,
                 chunk.task_advantages,
-                chunk.response_mask,
+                chunk_mask,  # the task loss trains on the selected tokens too: the others have no gradient
                 **normalisers,
             )
             metrics.update(task_metrics)
-            loss_with_task.backward()
+            if picked is None or loss_with_task.requires_grad:  # a chunk with no kept token has no gradient
+                loss_with_task.backward()
             total_loss += float(loss.detach())
-            parts.append((metrics, float(chunk.response_mask.sum())))
+            parts.append((metrics, float(chunk_mask.sum())))
             per_token.append(chunk_per_token.detach())
             log_probs.append(log_prob.detach())  # (size, R): the policy before this step
         metrics = {f"actor/{k}": float(v) for k, v in combine_metrics(parts).items()}
         metrics["actor/distillation/loss"] = total_loss  # before distillation_loss_coef, as verl logs it
+        if self.estimator.token_selection.by != "none":
+            n = float(batch.response_mask.sum())
+            metrics["actor/distillation/kept_fraction"] = float(trained.sum()) / n if n else 1.0
         # actor/pg_clipfrac, actor/ppo_kl, actor/pg_clipfrac_lower are verl's names for the task PPO loss:
         # logged with task rewards only. The distillation policy gradient's are actor/distillation/*.
         mask = batch.response_mask
-        return metrics, torch.cat(per_token) * mask, torch.cat(log_probs) * mask
+        return metrics, torch.cat(per_token) * mask, torch.cat(log_probs) * mask, loss_mask
 
-    def _chunk_loss(self, chunk: Batch, normalisers: dict):
-        """(loss, per-token loss, metrics, log_prob (b, R) with its graph); old_log_probs None: on-policy."""
+    def _chunk_loss(self, chunk: Batch, normalisers: dict, selection: TokenSelection | None = None):
+        """(loss, per-token loss, metrics, log_prob (b, R) with its graph); old_log_probs None: on-policy.
+
+        selection: the kept tokens of these rows. The loss trains on response_mask & kept; the
+        output layer sees only the kept positions' hidden states (gathered, (N, 1, H)), and the
+        per-position results come back as (b, R), 0 elsewhere (the log-probs: the selection pass's)."""
         est = self.estimator
+        lm_head = self.model.get_output_embeddings()
+        at = None if selection is None else selection.positions()
+        if at is not None and at.count == 0:  # nothing kept in these rows: no decoder forward either
+            hidden = lm_head.weight.new_empty(*at.shape, lm_head.weight.shape[1])
+        else:
+            hidden = response_hidden_states(self.model, chunk)  # (b, R, H)
+        mask = chunk.response_mask if selection is None else selection.loss_mask(chunk.response_mask)
+
+        def per_position(x):  # (b, R, ...) -> the positions the head sees
+            return x if at is None else at.gather(x)
+
+        def back(x, base=None):  # the head's results -> (b, R, ...): a tensor, or a NamedTuple of them, field by field
+            if at is None or x is None:
+                return x
+            return type(x)(*(back(t) for t in x)) if isinstance(x, tuple) else at.scatter(x, base)
+
+        base = None if selection is None else selection.log_probs
         if est.uses_full_vocab:
+            index = chunk.teacher_index
             log_prob, kl = reverse_kl_full_terms(
-                self.model.get_output_embeddings(),
-                response_hidden_states(self.model, chunk),
-                chunk.responses,
+                lm_head,
+                per_position(hidden),
+                per_position(chunk.responses),
                 self.teacher_heads,
-                chunk.teacher_hidden_states,
-                chunk.teacher_index,
+                per_position(chunk.teacher_hidden_states),
+                index if at is None or index is None else at.gather_rows(index),  # (N,): per kept position
                 temperature=self.temperature,
                 chunk=self.logprob_chunk,
                 tokenizer_vocab=self.tokenizer_vocab,
+                # reverse_kl_topk: the sum over the student's own top-k (`kl` is then a NamedTuple of (b, R)
+                # terms: back() scatters it field by field).
+                topk=est.topk if est.loss_mode == "reverse_kl_topk" else None,
             )
-            return (*reverse_kl_full(est, kl, chunk.response_mask, **normalisers), log_prob)
+            return (*reverse_kl_full(est, back(kl), mask, **normalisers), back(log_prob, base))
         if not est.uses_topk:
-            log_prob = response_log_probs(
-                self.model,
-                chunk,
-                temperature=self.temperature,
-                chunk=self.logprob_chunk,
-                tokenizer_vocab=self.tokenizer_vocab,
+            log_prob = back(
+                sampled_log_probs(
+                    lm_head,
+                    per_position(hidden),
+                    per_position(chunk.responses),
+                    temperature=self.temperature,
+                    chunk=self.logprob_chunk,
+                    tokenizer_vocab=self.tokenizer_vocab,
+                ),
+                base,
             )
             return (
                 *distillation_loss(
-                    est, log_prob, chunk.old_log_probs, chunk.teacher_logprobs, chunk.response_mask, **normalisers
+                    est,
+                    log_prob,
+                    chunk.old_log_probs,
+                    chunk.teacher_logprobs,
+                    mask,
+                    advantage_mask=chunk.response_mask,  # the discounted future KL runs over the whole response
+                    **normalisers,
                 ),
                 log_prob,
             )
-        log_prob, terms = response_topk_terms(
-            self.model,
-            chunk,
-            chunk.teacher_ids,
-            chunk.teacher_topk_logprobs,
+        log_prob, terms = topk_terms(
+            lm_head,
+            per_position(hidden),
+            per_position(chunk.responses),
+            per_position(chunk.teacher_ids),
+            per_position(chunk.teacher_topk_logprobs),
             temperature=self.temperature,
             log_prob_min_clamp=est.log_prob_min_clamp,
             # Positions are always taken in chunks here, their logits recomputed in the backward; verl 0.9's
@@ -234,9 +324,10 @@ class ActorWorker:
             chunk=min(self.logprob_chunk, est.chunked_topk_chunk_size) if est.use_chunked_topk else self.logprob_chunk,
             tokenizer_vocab=self.tokenizer_vocab,
         )
+        log_prob, terms = back(log_prob, base), back(terms)
         return (
             *topk_distillation_loss(
-                est, terms, chunk.response_mask, log_prob=log_prob, old_log_prob=chunk.old_log_probs, **normalisers
+                est, terms, mask, log_prob=log_prob, old_log_prob=chunk.old_log_probs, **normalisers
             ),
             log_prob,
         )

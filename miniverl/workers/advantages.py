@@ -1,4 +1,6 @@
-"""Task advantages (verl: `compute_advantage` with its critic-free outcome estimators, in
+"""Advantages. The distillation policy gradient's (`policy_gradient_advantages`): minus the per-token
+estimate, or with `estimator.kl_discount_factor` the discounted future estimate (tinker-cookbook's).
+Task advantages (verl: `compute_advantage` with its critic-free outcome estimators, in
 trainer/ppo/core_algos.py; here beside the losses, which the conformance checks also call), from the
 task reward of each sample, over the `rollout.n` samples of each prompt (a group).
 
@@ -7,6 +9,8 @@ in a batch the n samples of a prompt are adjacent rows, so the group of row i is
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -70,3 +74,32 @@ def compute_advantage(batch: Batch, algorithm: AlgorithmConfig, samples_per_prom
         advantages = rloo_outcome_advantage(rewards, mask, index)
     batch.task_advantages = advantages
     return batch
+
+
+def discounted_future_sum(values: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
+    """S_t = sum_{s >= t} gamma^(s - t) values_s along the last dimension (each row on its own), over the
+    positions of `mask` only: an unmasked position adds nothing and gets 0. (B, T) -> (B, T).
+
+    s - t counts positions, so a hole in the mask still discounts (a response mask has none: it
+    is 1 up to EOS). Computed as a log-depth scan: after step k, S_t sums the 2^k positions from t,
+    S_t += gamma^(2^k) S_(t + 2^k); ceil(log2 T) elementwise steps, each row independent of the
+    others, so a row gives the same bits in any batch (row chunks of a mini-batch included)."""
+    zero = torch.zeros((), dtype=values.dtype, device=values.device)
+    mask = mask.bool()
+    out = torch.where(mask, values, zero)  # (B, T) a new tensor
+    width, shift, factor = out.shape[-1], 1, float(gamma)
+    while shift < width and factor != 0.0:
+        out = torch.cat([out[..., :-shift] + factor * out[..., shift:], out[..., width - shift :]], dim=-1)
+        shift, factor = 2 * shift, factor * factor
+    return torch.where(mask, out, zero)
+
+
+def policy_gradient_advantages(est: Any, per_token_loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The distillation policy gradient's advantage (B, T) from the per-token loss d (B, T) after
+    loss_max_clamp: -d (verl's; est.kl_discount_factor 0, the default, returns exactly -d), or with
+    gamma = est.kl_discount_factor > 0 the discounted future loss -sum_{s>=t} gamma^(s-t) d_s over the
+    positions of `mask` (the response), 0 elsewhere (tinker-cookbook's `kl_discount_factor`)."""
+    gamma = getattr(est, "kl_discount_factor", 0.0) or 0.0
+    if not gamma:
+        return -per_token_loss
+    return -discounted_future_sum(per_token_loss, mask, gamma)

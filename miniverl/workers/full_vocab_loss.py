@@ -15,18 +15,36 @@ through each model's own output layer, and each chunk is recomputed in the backw
 The student's logits are divided by the rollout temperature, the teacher's are not (the teacher
 scores at temperature 1 in every miniverl and verl estimator; TRL divides both).
 
-Shapes: B rows, T padded response positions, H hidden size, V vocabulary.
+The student's top-k (`estimator=reverse_kl_topk`, verl #7425 / #7590, not merged): the same sum over
+the student's k most likely tokens S_t only (chosen by its logits at temperature, the choice not
+differentiated), not renormalised, as #7590's truncated reverse KL:
+
+    L_t = sum_{v in S_t} pi(v) (log pi(v) - log nu(v))
+
+It can be negative (the k masses do not sum to 1) and is not floored; the gradient flows through pi
+(weight and log, so through the whole log-normaliser) and not through nu. It is the full sum with the
+terms outside S_t zeroed, so with k = V it is the full KL bit for bit, value and gradient.
+
+Shapes: B rows, T padded response positions, H hidden size, V vocabulary, k the student's top-k.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from miniverl.workers.logprobs import map_position_chunks, output_rows, rows_per_chunk, token_logits
-from miniverl.workers.losses import Number, finish_loss
+from miniverl.workers.losses import Number, finish_loss, masked_range
+
+
+class ReverseKLTopkTerms(NamedTuple):
+    """Per-position terms of reverse_kl_topk, each (B, T)."""
+
+    loss: torch.Tensor  # sum over the student's top-k of pi (log pi - log nu), with the student's graph
+    student_mass: torch.Tensor  # sum over the student's top-k of pi (no graph)
+    teacher_mass: torch.Tensor  # sum over the student's top-k of nu (no graph)
 
 
 def reverse_kl_full_terms(
@@ -40,8 +58,12 @@ def reverse_kl_full_terms(
     temperature: float = 1.0,
     chunk: int = 256,
     tokenizer_vocab: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log pi(y_t), KL_t), each (B, T) float32 with the student's graph."""
+    topk: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | ReverseKLTopkTerms]:
+    """(log pi(y_t), KL_t), each (B, T) float32 with the student's graph. With `topk` (reverse_kl_topk):
+    (log pi(y_t), ReverseKLTopkTerms) over the student's min(topk, V) most likely tokens at each position."""
+    if topk is not None and topk < 1:
+        raise ValueError(f"topk={topk} must be a positive integer (or None: the full vocabulary)")
     B, T = tokens.shape
     index = torch.zeros(B, dtype=torch.long, device=tokens.device) if teacher_index is None else teacher_index
     per_position_index = index[:, None].expand(B, T)  # (B, T)
@@ -59,18 +81,31 @@ def reverse_kl_full_terms(
                 if rows.any():
                     h_i = h_teacher[rows][:, : head.weight.shape[1]].to(head.weight.dtype)  # its own width
                     teacher[rows] = token_logits(head, h_i, tokenizer_vocab).log_softmax(-1)
-        kl = (student.exp() * (student - teacher)).sum(-1)  # (n,)
-        return student.gather(-1, tok[:, None]).squeeze(-1), kl
+        log_prob = student.gather(-1, tok[:, None]).squeeze(-1)  # (n,)
+        probs = student.exp()  # (n, V) pi
+        terms = probs * (student - teacher)  # (n, V)
+        if topk is None:
+            return log_prob, terms.sum(-1)  # (n,) KL_t
+        with torch.no_grad():  # S_t: the student's top-k at temperature, a choice not differentiated
+            ids = logits.detach().topk(min(topk, logits.shape[-1]), dim=-1).indices  # (n, k)
+            chosen = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device).scatter_(-1, ids, True)
+            zero = torch.zeros((), dtype=student.dtype, device=student.device)
+            student_mass = torch.where(chosen, probs, zero).sum(-1)  # (n,)
+            teacher_mass = torch.where(chosen, teacher.exp(), zero).sum(-1)  # (n,)
+        # The full sum's terms, those outside S_t zeroed (k = V: the full KL's bits).
+        loss = torch.where(chosen, terms, torch.zeros((), dtype=terms.dtype, device=terms.device)).sum(-1)
+        return log_prob, loss, student_mass, teacher_mass
 
     vocab = output_rows(student_head, tokenizer_vocab)
-    return map_position_chunks(
+    log_prob, *rest = map_position_chunks(
         fn, student_hidden, tokens, teacher_hidden, per_position_index, chunk=rows_per_chunk(chunk, vocab)
     )
+    return (log_prob, rest[0]) if topk is None else (log_prob, ReverseKLTopkTerms(*rest))
 
 
 def reverse_kl_full(
     est: Any,
-    kl: torch.Tensor,  # (B, T) KL_t with the student's graph
+    kl: torch.Tensor | ReverseKLTopkTerms,  # (B, T) KL_t with the student's graph; reverse_kl_topk: its terms
     response_mask: torch.Tensor,  # (B, T)
     *,
     batch_num_tokens: Number | None,
@@ -78,13 +113,28 @@ def reverse_kl_full(
     loss_scale_factor: Number | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """(loss scalar, per-token loss (B, T), metrics), aggregated by estimator.loss_agg_mode as every
-    estimator is; metrics: distillation/abs_loss (the mean exact KL over response tokens), loss_min,
-    loss_max."""
+    estimator is, after loss_max_clamp if set (finish_loss, as verl's distillation_loss); metrics:
+    distillation/abs_loss (the mean |loss| over response tokens), loss_min, loss_max (before the
+    clamp); reverse_kl_topk (kl: the ReverseKLTopkTerms of reverse_kl_full_terms(..., topk=est.topk))
+    also distillation/student_mass and teacher_mass (the mean mass of the student's top-k under each
+    model, verl's top-k names) with their _min/_max. The top-k loss is not floored at 0."""
+    topk = est.loss_mode == "reverse_kl_topk"
+    if topk != isinstance(kl, ReverseKLTopkTerms):
+        raise ValueError(
+            f"loss_mode={est.loss_mode} needs "
+            + ("reverse_kl_full_terms(..., topk=est.topk)" if topk else "reverse_kl_full_terms(..., topk=None)")
+        )
+    terms = kl if topk else None
+    kl = terms.loss if topk else kl
     mask = response_mask.bool()
     with torch.no_grad():
         n = int(mask.sum())
         total = float(torch.where(mask, kl.abs(), torch.zeros((), dtype=kl.dtype, device=kl.device)).sum())
         metrics = {"distillation/abs_loss": total / n if n else 0.0}
+        if topk:
+            for name, mass in (("student_mass", terms.student_mass), ("teacher_mass", terms.teacher_mass)):
+                metrics[f"distillation/{name}"] = float(mass[mask].sum()) / n if n else 0.0
+                metrics.update(masked_range(mass, mask, f"distillation/{name}"))
     return finish_loss(
         est,
         kl,

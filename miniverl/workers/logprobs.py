@@ -56,11 +56,11 @@ def map_position_chunks(
     """Apply fn(hidden (N, H), *args (N, ...)) -> tensors (N, ...) over chunks of the B*T positions
     of hidden (B, T, H); returns each output reshaped to (B, T, ...)."""
     B, T = hidden.shape[:2]
-    flat_h = hidden.reshape(B * T, -1)
+    flat_h = hidden.reshape(B * T, hidden.shape[-1])
     flat_args = [a.reshape(B * T, *a.shape[2:]) for a in per_position]
     grad = torch.is_grad_enabled() and flat_h.requires_grad
     outputs = []
-    for start in range(0, B * T, chunk):
+    for start in range(0, max(B * T, 1), chunk):  # no positions (token selection kept none): fn of empty ones
         args = (flat_h[start : start + chunk], *(a[start : start + chunk] for a in flat_args))
         outputs.append(checkpoint(fn, *args, use_reentrant=False) if grad else fn(*args))
     return tuple(torch.cat(parts).reshape(B, T, *parts[0].shape[1:]) for parts in zip(*outputs))
@@ -102,11 +102,12 @@ class _SampledLogProbFrozenHead(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, tokens, temperature, rows):  # weight (V, H): padding rows cut
-        out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
-        grad = torch.empty(hidden.shape, dtype=torch.float32, device=hidden.device)  # (N, H)
+        dtype = log_prob_dtype(weight)
+        out = torch.empty(hidden.shape[0], dtype=dtype, device=hidden.device)
+        grad = torch.empty(hidden.shape, dtype=dtype, device=hidden.device)  # (N, H)
         for start in range(0, hidden.shape[0], rows):
             h, tok = hidden[start : start + rows], tokens[start : start + rows]
-            logits = torch.nn.functional.linear(h, weight, bias).float()  # (n, V)
+            logits = torch.nn.functional.linear(h, weight, bias).to(dtype)  # (n, V)
             if temperature != 1.0:
                 logits = logits / temperature
             picked = logits.gather(-1, tok[:, None]).squeeze(-1)
@@ -116,7 +117,7 @@ class _SampledLogProbFrozenHead(torch.autograd.Function):
             out[start : start + rows] = picked - (total.log() + top).squeeze(-1)  # z_y - logsumexp(z)
             # softmax - onehot; its product with W is -(W_y - p W).
             probs.div_(total).scatter_add_(-1, tok[:, None], torch.full_like(total, -1.0))
-            grad[start : start + rows] = (probs.to(weight.dtype) @ weight).float().neg_()
+            grad[start : start + rows] = (probs.to(weight.dtype) @ weight).to(dtype).neg_()
         if temperature != 1.0:
             grad.div_(temperature)
         ctx.save_for_backward(grad)
@@ -127,6 +128,11 @@ class _SampledLogProbFrozenHead(torch.autograd.Function):
     def backward(ctx, grad_out):
         (grad,) = ctx.saved_tensors
         return (grad * grad_out[:, None]).to(ctx.hidden_dtype), None, None, None, None, None
+
+
+def log_prob_dtype(weight: torch.Tensor) -> torch.dtype:
+    """float32, or float64 from a float64 head (as `token_logits`: the exactness tests)."""
+    return torch.promote_types(weight.dtype, torch.float32) if weight.is_floating_point() else torch.float32
 
 
 def output_rows(lm_head: torch.nn.Module, tokenizer_vocab: int | None) -> int:
@@ -143,13 +149,13 @@ def sampled_log_probs(
     chunk: int = 256,
     tokenizer_vocab: int | None = None,
 ) -> torch.Tensor:
-    """log p(tokens) for hidden (B, T, H) and tokens (B, T): (B, T) float32, never holding more
-    than one chunk of logits (forward or backward)."""
+    """log p(tokens) for hidden (B, T, H) and tokens (B, T): (B, T) float32 (float64 from a float64
+    head), never holding more than one chunk of logits (forward or backward)."""
     B, T = tokens.shape
     vocab = output_rows(lm_head, tokenizer_vocab)
     rows = rows_per_chunk(chunk, vocab)
     grad = torch.is_grad_enabled() and hidden.requires_grad
-    flat_h, flat_t = hidden.reshape(B * T, -1), tokens.reshape(B * T)
+    flat_h, flat_t = hidden.reshape(B * T, hidden.shape[-1]), tokens.reshape(B * T)
     if grad and frozen_linear_head(lm_head):
         bias = None if lm_head.bias is None else lm_head.bias[:vocab]
         out = _SampledLogProbFrozenHead.apply(flat_h, lm_head.weight[:vocab], bias, flat_t, temperature, rows)
@@ -160,7 +166,7 @@ def sampled_log_probs(
             return (_sampled(token_logits(lm_head, h, tokenizer_vocab, temperature), tok),)
 
         return map_position_chunks(fn, hidden, tokens, chunk=rows)[0]
-    out = torch.empty(B * T, dtype=torch.float32, device=hidden.device)
+    out = torch.empty(B * T, dtype=log_prob_dtype(lm_head.weight), device=hidden.device)
     for start in range(0, B * T, rows):
         logits = token_logits(lm_head, flat_h[start : start + rows], tokenizer_vocab, temperature)
         out[start : start + rows] = _sampled_in_place(logits, flat_t[start : start + rows])
@@ -234,15 +240,98 @@ def response_topk_terms(
     tokenizer_vocab: int | None = None,
 ) -> tuple[torch.Tensor, TopkTerms]:
     """The student's sampled-token log-probs (B, R) and the top-k forward-KL terms, each (B, R)."""
-    lm_head = model.get_output_embeddings()
+    return topk_terms(
+        model.get_output_embeddings(),
+        response_hidden_states(model, batch),
+        batch.responses,
+        teacher_ids,
+        teacher_topk_logprobs,
+        temperature=temperature,
+        log_prob_min_clamp=log_prob_min_clamp,
+        chunk=chunk,
+        tokenizer_vocab=tokenizer_vocab,
+    )
 
-    def fn(h, tokens, ids, t_lp):
+
+def topk_terms(
+    lm_head: torch.nn.Module,
+    hidden: torch.Tensor,
+    tokens: torch.Tensor,
+    teacher_ids: torch.Tensor,
+    teacher_topk_logprobs: torch.Tensor,
+    *,
+    temperature: float,
+    log_prob_min_clamp,
+    chunk: int = 256,
+    tokenizer_vocab: int | None = None,
+) -> tuple[torch.Tensor, TopkTerms]:
+    """`response_topk_terms` from hidden states (B, T, H), tokens (B, T) and the teacher's top-k
+    (B, T, k): any positions (token selection passes only the kept ones, as (N, 1, ...))."""
+
+    def fn(h, tok, ids, t_lp):
         logits = token_logits(lm_head, h, tokenizer_vocab, temperature)
         terms = forward_kl_topk_terms(logits, t_lp, ids, log_prob_min_clamp=log_prob_min_clamp)
-        return (_sampled(logits, tokens), *terms)
+        return (_sampled(logits, tok), *terms)
 
     rows = rows_per_chunk(chunk, output_rows(lm_head, tokenizer_vocab))
-    log_prob, *terms = map_position_chunks(
-        fn, response_hidden_states(model, batch), batch.responses, teacher_ids, teacher_topk_logprobs, chunk=rows
-    )
+    log_prob, *terms = map_position_chunks(fn, hidden, tokens, teacher_ids, teacher_topk_logprobs, chunk=rows)
     return log_prob, TopkTerms(*terms)
+
+
+@torch.no_grad()
+def entropy_and_log_probs(
+    lm_head: torch.nn.Module,
+    hidden: torch.Tensor,
+    tokens: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk: int = 256,
+    tokenizer_vocab: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sampled tokens' log-probs and the entropies H = -sum_v q_v log q_v of the next-token
+    distributions q (at `temperature`, over the tokenizer's ids), for hidden (B, T, H) and tokens
+    (B, T): each (B, T) float32 (float64 from a float64 head), without gradients, one chunk of
+    logits at a time.
+
+    The log-probs are formed as `sampled_log_probs` forms them without gradients (the same
+    operations in the same order: the same bits). With z' = z - max z (floored at EXP_FLOOR),
+    e = exp(z') and Z = sum e: H = log Z - sum e z' / Z = log Z + sum entr(e) / Z, entr(e) = -e log e,
+    all in the one (n, V) logits buffer."""
+    B, T = tokens.shape
+    rows = rows_per_chunk(chunk, output_rows(lm_head, tokenizer_vocab))
+    flat_h, flat_t = hidden.reshape(B * T, hidden.shape[-1]), tokens.reshape(B * T)
+    dtype = log_prob_dtype(lm_head.weight)
+    log_prob = torch.empty(B * T, dtype=dtype, device=hidden.device)
+    entropy = torch.empty(B * T, dtype=dtype, device=hidden.device)
+    for start in range(0, B * T, rows):
+        logits = token_logits(lm_head, flat_h[start : start + rows], tokenizer_vocab)  # (n, V)
+        if temperature != 1.0:
+            logits.div_(temperature)  # token_logits' division, in place: one (n, V) buffer in all
+        picked = logits.gather(-1, flat_t[start : start + rows, None]).squeeze(-1)  # (n,)
+        top = logits.amax(-1, keepdim=True)  # (n, 1)
+        weights = logits.sub_(top).clamp_(min=EXP_FLOOR).exp_()  # in place: e = exp(z')
+        total = weights.sum(-1)  # (n,) Z
+        log_total = total.log()
+        log_prob[start : start + rows] = picked - (log_total + top.squeeze(-1))
+        entropy[start : start + rows] = log_total + torch.special.entr(weights, out=weights).sum(-1) / total
+    return log_prob.reshape(B, T), entropy.reshape(B, T)
+
+
+def response_entropy_and_log_probs(
+    model: PreTrainedModel,
+    batch: Batch,
+    *,
+    temperature: float = 1.0,
+    chunk: int = 256,
+    tokenizer_vocab: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`entropy_and_log_probs` at the response positions of every row: (log-probs, entropies), (B, R) each."""
+    with torch.no_grad():
+        return entropy_and_log_probs(
+            model.get_output_embeddings(),
+            response_hidden_states(model, batch),
+            batch.responses,
+            temperature=temperature,
+            chunk=chunk,
+            tokenizer_vocab=tokenizer_vocab,
+        )

@@ -1,15 +1,11 @@
 """On-policy distillation losses, following verl v0.8.0's semantics (see docs/losses.md).
 
-Two families, selected by `estimator.loss_mode`:
-
-* single-sample estimators of reverse KL(student || teacher) on the sampled token
-  (`kl`/`k1`, `abs`, `mse`/`k2`, `low_var_kl`/`k3`): `distillation_loss`;
-* the top-k forward KL(teacher || student) over the teacher's k most likely tokens
-  (`forward_kl_topk`): `forward_kl_topk` in `miniverl.workers.topk_loss`.
-
-Both end the same way, as verl's `distillation_loss` does: range metrics, optional clamp to
-+-loss_max_clamp, then either the vanilla PPO clipped loss with advantage = -per-token loss
-(`use_policy_gradient=true`) or a direct masked aggregation of the per-token loss.
+Single-sample estimators of reverse KL(student || teacher) on the sampled token (`kl`/`k1`, `abs`,
+`mse`/`k2`, `low_var_kl`/`k3`): `distillation_loss`; the top-k and full-vocabulary losses live in
+`topk_loss` and `full_vocab_loss`. All end as verl's `distillation_loss` does: range metrics,
+optional clamp to +-loss_max_clamp, then either the vanilla PPO clipped loss with advantage =
+-per-token loss (`use_policy_gradient=true`; with `kl_discount_factor` the discounted future loss,
+`advantages.policy_gradient_advantages`) or a direct masked aggregation of the per-token loss.
 
 With task rewards (`use_task_rewards=true`), `task_policy_loss` is verl's PPO loss on the task
 advantages and `distillation_ppo_loss` adds `distillation_loss_coef` x the distillation loss.
@@ -32,6 +28,7 @@ from typing import Any
 import torch
 
 from miniverl.config.estimator import ESTIMATOR_MODES, LOSS_AGG_MODES
+from miniverl.workers.advantages import policy_gradient_advantages
 
 Number = int | float | torch.Tensor
 
@@ -184,8 +181,13 @@ def finish_loss(
     batch_num_tokens: Number | None,
     global_batch_size: Number | None,
     loss_scale_factor: Number | None,
+    advantage_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-    """Common tail of both loss families, as verl's `distillation_loss`."""
+    """Common tail of both loss families, as verl's `distillation_loss`.
+
+    response_mask: the tokens the loss trains on. advantage_mask: the tokens the discounted
+    advantage (kl_discount_factor > 0) sums over, default response_mask; token selection trains on
+    a subset of the response while the future KL of a kept token runs over the whole response."""
     mask = response_mask.bool()
     metrics.update(masked_range(per_token_loss, mask, "distillation/loss"))  # before the clamp, as verl
     if est.loss_max_clamp is not None:
@@ -203,17 +205,25 @@ def finish_loss(
         clip_high = est.clip_ratio if est.clip_ratio_high is None else est.clip_ratio_high
         if not est.clip_ratio_c > 1.0:
             raise ValueError(f"clip_ratio_c must be > 1 for dual-clip PPO, got {est.clip_ratio_c}")
-        # The negative distillation loss is the per-token reward/advantage (Thinking Machines' OPD).
+        # The negative distillation loss is the per-token reward/advantage (Thinking Machines' OPD),
+        # discounted over the future tokens of the response with kl_discount_factor > 0.
+        advantages = policy_gradient_advantages(
+            est, per_token_loss.detach(), mask if advantage_mask is None else advantage_mask
+        )
         pg_losses, pg_metrics = _ppo_clip_losses(
             log_prob,
             old_log_prob,
-            -per_token_loss.detach(),
+            advantages,
             mask,
             clip_ratio_low=clip_low,
             clip_ratio_high=clip_high,
             clip_ratio_c=est.clip_ratio_c,
         )
         metrics.update({f"distillation/{k}": v for k, v in pg_metrics.items()})
+        if getattr(est, "kl_discount_factor", 0.0):  # not in verl: only where the advantage is not -d
+            n = int(mask.sum())  # a plain token mean, as distillation/abs_loss
+            total = float(torch.where(mask, advantages, advantages.new_zeros(())).sum())
+            metrics["distillation/advantage_mean"] = total / n if n else 0.0
         loss = agg_loss(pg_losses, mask, est.loss_agg_mode, **norms)
     else:
         # Supervised (GKD-style): backpropagate the per-token loss itself.
@@ -236,15 +246,20 @@ def distillation_loss(
     batch_num_tokens: Number | None,
     global_batch_size: Number | None,
     loss_scale_factor: Number | None = None,
+    advantage_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """Estimator-based distillation loss for one (micro-)batch.
 
     log_prob: (B, T) current student log-probs of the sampled tokens (the tensor with the gradient).
     old_log_prob: (B, T) log-probs at sampling time, for the PPO ratio (None: log_prob.detach()).
-    teacher_log_prob: (B, T); response_mask: (B, T) 0/1.
+    teacher_log_prob: (B, T); response_mask: (B, T) 0/1, the tokens the loss trains on.
+    advantage_mask: (B, T) the response tokens the discounted advantage sums over (None:
+    response_mask); only read with policy gradient and est.kl_discount_factor > 0, where the
+    advantage of token t is -sum_{s>=t} gamma^(s-t) d_s (d after loss_max_clamp) instead of -d_t.
     Returns (loss scalar, per-token loss (B, T) after the clamp, metrics as floats).
     Metrics: distillation/abs_loss, loss_min, loss_max (pre-clamp, over masked tokens) and with
-    policy gradient distillation/pg_clipfrac, ppo_kl, pg_clipfrac_lower.
+    policy gradient distillation/pg_clipfrac, ppo_kl, pg_clipfrac_lower (and advantage_mean, the
+    token mean of the advantage, when it is discounted).
     """
     if est.loss_mode not in ESTIMATOR_MODES:
         raise ValueError(
@@ -269,6 +284,7 @@ def distillation_loss(
         batch_num_tokens=batch_num_tokens,
         global_batch_size=global_batch_size,
         loss_scale_factor=loss_scale_factor,
+        advantage_mask=advantage_mask,
     )
 
 

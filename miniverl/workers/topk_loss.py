@@ -1,6 +1,7 @@
 """The top-k forward KL(teacher || student) distillation loss, as verl v0.8.0's fsdp
 `compute_forward_kl_topk` (see docs/losses.md), with verl v0.9's opt-in chunked path
-(`estimator.use_chunked_topk`).
+(`estimator.use_chunked_topk`), and miniverl's `forward_kl_topk_tail` (verl RFC #7856 / PR #7855, not
+in any verl release): the same top-k sum plus one tail bucket per distribution (`tail_bucket_kl`).
 
 Computed from the student's logits and the teacher's k most likely tokens per position; it ends as
 the single-sample estimators do (`miniverl.workers.losses.finish_loss`).
@@ -10,6 +11,7 @@ Shapes: B rows, T padded response positions, V vocabulary, k top-k width, N = B*
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import torch
@@ -25,6 +27,12 @@ class TopkTerms(NamedTuple):
     teacher_mass: torch.Tensor  # teacher probability on its own top-k ids
     overlap_count: torch.Tensor  # |teacher top-k ids  intersect  student top-k ids| (int64)
     overlap_token_advantage: torch.Tensor  # mean of -p_t (log p_t - log p_s) over overlapping ids; 0 if none
+    # forward_kl_topk_tail's inputs (None only in terms built without them; forward_kl_topk ignores both):
+    # log Q_K = logsumexp of the student's log-probs at the teacher's top-k ids, with the student's graph, and
+    # log P_K = logsumexp of the teacher's top-k log-probs (no graph); both from the log-probs before
+    # log_prob_min_clamp.
+    student_log_mass: torch.Tensor | None = None
+    teacher_log_mass: torch.Tensor | None = None
 
 
 def _positions(x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
@@ -110,7 +118,9 @@ def forward_kl_topk_terms(
     log_prob_min_clamp: float | None = None,
     chunk_size: int | None = None,
 ) -> TopkTerms:
-    """Top-k forward KL(teacher || student) per position, as verl's fsdp compute_forward_kl_topk.
+    """Top-k forward KL(teacher || student) per position, as verl's fsdp compute_forward_kl_topk, and the
+    top-k log-masses that forward_kl_topk_tail adds its tail bucket from (`TopkTerms.student_log_mass`,
+    `teacher_log_mass`: O(k) per position, computed whatever the loss mode, so that callers need not know it).
 
     student_logits: (B, T, V); teacher_topk_log_probs, teacher_topk_ids: (B, T, k). Ids must be valid
     vocabulary indices at every position (pad with any id, e.g. 0; padded positions are masked later).
@@ -137,6 +147,9 @@ def forward_kl_topk_terms(
         # Masses use the unclamped log-probs; they show how much of each distribution top-k covers.
         student_mass = student_lp.exp().sum(-1)  # (B, T)
         teacher_mass = teacher_lp.exp().sum(-1)  # (B, T)
+        teacher_log_mass = torch.logsumexp(teacher_lp, dim=-1)  # (B, T) log P_K
+    # log Q_K with the graph: forward_kl_topk_tail's tail bucket differentiates through it (unused otherwise).
+    student_log_mass = torch.logsumexp(student_lp, dim=-1)  # (B, T)
     if log_prob_min_clamp is not None:
         # Floors log-probs of near-zero tokens so one of them cannot blow up log p_t - log p_s.
         student_lp = student_lp.clamp_min(log_prob_min_clamp)
@@ -149,7 +162,58 @@ def forward_kl_topk_terms(
         zero = torch.zeros((), dtype=dtype, device=token_kl.device)
         adv_sum = torch.where(overlap, -token_kl, zero).sum(-1)  # (B, T)
         overlap_adv = torch.where(overlap_count > 0, adv_sum / overlap_count.clamp_min(1), zero)
-    return TopkTerms(per_token, student_mass, teacher_mass, overlap_count, overlap_adv)
+    return TopkTerms(
+        per_token, student_mass, teacher_mass, overlap_count, overlap_adv, student_log_mass, teacher_log_mass
+    )
+
+
+_LOG_HALF = -math.log(2.0)
+
+
+def _log1mexp(log_mass: torch.Tensor, floor: float) -> torch.Tensor:
+    """log(max(1 - exp(log_mass), floor)) elementwise, for log-masses log_mass <= 0 (one above 0, a mass
+    rounded past 1, gets the floor).
+
+    Maechler's split (Rmpfr's "log1mexp" note): log(-expm1(a)) for a > -log 2, where 1 - e^a is small and
+    expm1 keeps it exact; log1p(-exp(a)) below, where 1 - e^a is near 1 and log1p keeps its log exact. The
+    branch not taken is fed a clamped input so that it stays finite, and so does its (zeroed) gradient:
+    torch.where would otherwise turn 0 * inf into NaN. Where the floor applies the gradient is 0.
+    """
+    near = (-torch.expm1(log_mass)).clamp_min(floor).log()
+    far = torch.log1p(-torch.exp(log_mass.clamp_max(_LOG_HALF)))
+    return torch.where(log_mass > _LOG_HALF, near, far)
+
+
+def tail_bucket_kl(teacher_log_mass: torch.Tensor, student_log_mass: torch.Tensor) -> torch.Tensor:
+    """The tail bucket of forward_kl_topk_tail: (1 - P_K) (log(1 - P_K) - log(1 - Q_K)), elementwise.
+
+    teacher_log_mass = log P_K, student_log_mass = log Q_K (any equal shapes, e.g. (B, T)): the log of each
+    distribution's mass on the teacher's top-k ids K (`TopkTerms`); the gradient flows through
+    student_log_mass. Added to the top-k sum sum_{i in K} p_i (log p_i - log q_i) it makes the KL between
+    the two (k+1)-category distributions (p_K, 1 - P_K) and (q_K, 1 - Q_K): >= 0, 0 iff they are equal.
+
+    Numerics (computed in the log-masses' dtype):
+      * the complements are formed in log space from the log-masses, log(1 - M) = log1mexp(log M)
+        (`_log1mexp`), never as 1 - sum(p);
+      * teacher: the weight 1 - P_K = -expm1(log P_K) is clamped to [0, 1] (a top-k whose rounded mass
+        reaches 1, as with k = V, weighs 0) and its log is floored at finfo(dtype).tiny, so that
+        0 * log 0 = 0 and nothing is inf or NaN;
+      * student: log(1 - Q_K) is floored at log(finfo(dtype).eps), with gradient 0 where the floor
+        applies. log Q_K near 0 is only resolved to about eps * max(1, |log Z|) (the student's log-probs
+        are logits - log Z, and logsumexp's log(sum) has sum >= 1), so a student tail below that is
+        rounding noise, often exactly 0: flooring at eps rather than at `tiny` bounds what such a tail
+        charges at (1 - P_K) (log(1 - P_K) + 16) nats in float32 (+ 36 in float64) instead of + 87
+        (+ 708). So the loss is >= 0 up to rounding, exactly 0 when the two top-k log-prob vectors are
+        equal and their tails above eps.
+    The gradient w.r.t. the student's logits z_j is then exact where no floor applies: together with the
+    top-k sum's, q_j - p_j for j in K and q_j (P_K - Q_K) / (1 - Q_K) for j outside K.
+    """
+    finfo = torch.finfo(student_log_mass.dtype)
+    teacher_log_mass = teacher_log_mass.to(student_log_mass.dtype)
+    teacher_tail = (-torch.expm1(teacher_log_mass)).clamp(0.0, 1.0)  # 1 - P_K
+    log_teacher_tail = _log1mexp(teacher_log_mass, finfo.tiny)
+    log_student_tail = _log1mexp(student_log_mass, finfo.eps)
+    return teacher_tail * (log_teacher_tail - log_student_tail)
 
 
 def topk_chunk_size(est: Any) -> int | None:
@@ -166,7 +230,8 @@ def forward_kl_topk(
     response_mask: torch.Tensor,
     **normalisers_and_log_probs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-    """Top-k forward-KL distillation loss for one (micro-)batch.
+    """Top-k forward-KL distillation loss for one (micro-)batch: forward_kl_topk, or forward_kl_topk_tail
+    (per `est.loss_mode`, see `topk_distillation_loss`).
 
     student_logits: (B, T, V) with the gradient; teacher_topk_*: (B, T, k); response_mask: (B, T).
     Keyword arguments are those of `topk_distillation_loss`: the normalisers (batch_num_tokens,
@@ -201,7 +266,23 @@ def topk_distillation_loss(
     log_prob: torch.Tensor | None = None,
     old_log_prob: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-    """The loss and metrics of `forward_kl_topk` from per-position terms (however they were chunked)."""
+    """The loss and metrics of `forward_kl_topk` from per-position terms (however they were chunked).
+
+    est.loss_mode forward_kl_topk (verl's), p the teacher, q the student, K the teacher's top-k ids:
+        loss_t = max(0, sum_{i in K} p_i (log p_i - log q_i))
+    (floored at 0: the truncated sum is not a divergence, it is < 0 wherever Q_K outweighs P_K).
+    est.loss_mode forward_kl_topk_tail (verl RFC #7856 / PR #7855), P_K = sum_K p_i, Q_K = sum_K q_i:
+        loss_t = sum_{i in K} p_i (log p_i - log q_i) + (1 - P_K) (log(1 - P_K) - log(1 - Q_K))
+    the KL between the (k+1)-category distributions (p_K, 1 - P_K) and (q_K, 1 - Q_K): >= 0, not floored
+    at 0 (see `tail_bucket_kl` for the numerics); the gradient reaches the student's logits through both
+    the q_i and Q_K. loss_max_clamp applies to either (as verl's distillation_loss applies it to every loss).
+    With log_prob_min_clamp the top-k sum takes the floored log-probs, as forward_kl_topk does, while the
+    tail bucket takes the unfloored masses P_K, Q_K (the true tails): the per-token loss is exactly
+    forward_kl_topk's top-k sum (before its floor at 0) plus the tail bucket. Where the floor bites (a
+    log-prob below it counts as the floor) the top-k terms no longer belong to a distribution, so there
+    the total is not a KL and can come out slightly below 0; it is left so. Extra metric of the tail mode:
+    distillation/tail_kl, the token mean of the tail bucket (before loss_max_clamp).
+    """
     mask = response_mask.bool()  # (B, T)
     k = est.topk
     with torch.no_grad():
@@ -222,8 +303,17 @@ def topk_distillation_loss(
             # Not in verl: the share of tokens with overlap, which sizes the mean above when combining.
             "distillation/overlap_position_frac": n_overlap / n if n else 0.0,
         }
-    # Top-k masses do not sum to 1, so the sum can dip below 0; verl floors it at 0.
-    per_token = terms.per_token_loss.clamp_min(0.0)
+    if est.loss_mode == "forward_kl_topk_tail":
+        if terms.student_log_mass is None or terms.teacher_log_mass is None:
+            raise ValueError("forward_kl_topk_tail needs TopkTerms with student_log_mass and teacher_log_mass")
+        tail = tail_bucket_kl(terms.teacher_log_mass, terms.student_log_mass)  # (B, T), with the graph
+        with torch.no_grad():
+            metrics["distillation/tail_kl"] = float(tail[mask].sum()) / n if n else 0.0
+        # A proper KL of the (k+1)-bucket distributions: not floored at 0.
+        per_token = terms.per_token_loss + tail
+    else:
+        # Top-k masses do not sum to 1, so the sum can dip below 0; verl floors it at 0.
+        per_token = terms.per_token_loss.clamp_min(0.0)
     return finish_loss(
         est,
         per_token,

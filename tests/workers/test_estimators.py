@@ -22,6 +22,7 @@ from conftest import CONF, SHORT, compose_config
 OPTIONS = sorted(p.stem for p in (CONF / "estimator").glob("*.yaml"))
 RUNS = [(m, pg) for m in ESTIMATOR_MODES for pg in (True, False) if (m, pg) != ("k1", False)]
 RUNS += [("forward_kl_topk", False), ("forward_kl_topk", True), ("reverse_kl_full", False)]
+RUNS += [("forward_kl_topk_tail", False), ("reverse_kl_topk", False)]  # beyond verl (docs/objectives.md)
 TINY = ["recipe.optimizer_updates=2", "recipe.response_limit=8", "actor.optim.lr=1e-3"]
 
 

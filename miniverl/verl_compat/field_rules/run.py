@@ -72,6 +72,15 @@ RUN_RULES: tuple[Rule, ...] = (
         note="written with + (in verl's dataclass, not in its YAML); read only with use_chunked_topk",
         since="0.9.0",
     ),
+    no_equivalent(
+        "estimator.kl_discount_factor",
+        "verl's distillation advantage is the per-token estimate (0.0); the export refuses another value",
+    ),
+    no_equivalent(
+        "estimator.token_selection.by",
+        "verl trains on every response token (none); the export refuses a selection",
+    ),
+    no_equivalent("estimator.token_selection.keep", "read only with a token selection (see token_selection.by)"),
     # ---- hardware: one device
     not_applicable("hardware.name", "the name of miniverl's hardware option"),
     not_applicable("hardware.device", "verl runs on GPUs (trainer.device=cuda)"),

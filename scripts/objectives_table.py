@@ -1,0 +1,141 @@
+"""The table of which distillation objective distils best on one device: the same recipe, prompts,
+seed and number of updates for each objective of docs/objectives.md, run one after the other.
+
+    python scripts/objectives_table.py                       # the real fixture (python -m miniverl.real_models)
+    python scripts/objectives_table.py --recipe opd_k1_toy_distill --updates 8 --out /tmp/objectives_toy
+    python scripts/objectives_table.py --only "k1;k3" --seed 2 --set data.train_files=data/toy_digit_sums.parquet
+
+Each objective is `python -m miniverl.main +recipe=<recipe> <its overrides>` in a fresh process (the
+recipe's own settings otherwise: its clamp, learning rate, held-out files), with the resume check off
+and the held-out exact reverse KL measured every `--every` updates. Written to OUT.md (the table: held-out
+KL at each measured update, median wall time per update, peak RSS), OUT.png (the curves on one plot),
+OUT.json (the numbers); each run's folder is RUNS/<i> (default outputs/objectives/<OUT's name>). Run it
+alone on the machine: wall times are only comparable within one quiet run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+# name -> miniverl overrides on top of the recipe (docs/objectives.md says what each computes)
+OBJECTIVES: dict[str, list[str]] = {
+    "k1": ["estimator=k1"],
+    "k3": ["estimator=k3"],
+    "k1, kl_discount_factor 0.9": ["estimator=k1", "estimator.kl_discount_factor=0.9"],
+    "k1, entropy selection 0.5": [
+        "estimator=k1",
+        "estimator.token_selection.by=entropy",
+        "estimator.token_selection.keep=0.5",
+    ],
+    "forward top-k": ["estimator=forward_kl_topk"],
+    "forward top-k + tail": ["estimator=forward_kl_topk_tail"],
+    "reverse top-k": ["estimator=reverse_kl_topk"],
+}
+
+
+def run_one(name: str, overrides: list[str], args, folder: Path) -> dict:
+    command = [
+        sys.executable,
+        "-m",
+        "miniverl.main",
+        f"+recipe={args.recipe}",
+        *overrides,
+        f"recipe.optimizer_updates={args.updates}",
+        "recipe.interrupt_after_updates=null",
+        f"eval.every={args.every}",
+        f"trainer.seed={args.seed}",
+        "trainer.progress_bar=false",
+        *args.set,
+        f"hydra.run.dir={folder}",
+    ]
+    started = time.time()
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["?"]
+        print(f"{name}: failed ({tail[0]})", file=sys.stderr)
+        return {"objective": name, "overrides": overrides, "status": "failed", "error": tail[0]}
+    report = json.loads((folder / "report.json").read_text())
+    steps = [json.loads(line)["timing_s/step"] for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    progress = report["distillation_progress"]["exact_reverse_kl"]
+    return {
+        "objective": name,
+        "overrides": overrides,
+        "status": report["status"],
+        "exact_reverse_kl": {p["update"]: p["value"] for p in progress},
+        "seconds_per_update_median": statistics.median(steps),
+        "peak_rss_gib": report["measurements"]["peak_rss_gib"],
+        "wall_seconds": round(time.time() - started, 1),
+    }
+
+
+def write(rows: list[dict], args, out: Path) -> None:
+    done = [r for r in rows if r["status"] == "measured"]
+    updates = sorted({u for r in done for u in r["exact_reverse_kl"]})
+    head = ["objective", *[f"KL @ {u}" for u in updates], "s / update", "peak RSS GiB"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        if r["status"] != "measured":
+            lines.append(f"| {r['objective']} | failed: {r.get('error', r['status'])} |")
+            continue
+        kl = [f"{r['exact_reverse_kl'].get(u, float('nan')):.3f}" for u in updates]
+        lines.append(
+            f"| {r['objective']} | " + " | ".join(kl) + f" | {r['seconds_per_update_median']:.2f} | "
+            f"{r['peak_rss_gib']:.2f} |"
+        )
+    command = " ".join(["python scripts/objectives_table.py", *sys.argv[1:]])
+    out.with_suffix(".md").write_text(
+        f"Held-out exact reverse KL(student || teacher) by update, recipe `{args.recipe}`, seed {args.seed}, "
+        f"{args.updates} updates (`{command}`):\n\n" + "\n".join(lines) + "\n"
+    )
+    out.with_suffix(".json").write_text(json.dumps({"command": command, "rows": rows}, indent=2) + "\n")
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in done:
+        points = sorted(r["exact_reverse_kl"].items())
+        ax.plot([u for u, _ in points], [v for _, v in points], marker="o", label=r["objective"])
+    ax.set_xlabel("optimizer update")
+    ax.set_ylabel("held-out exact reverse KL (nats / token)")
+    ax.set_title(f"{args.recipe}, seed {args.seed}")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out.with_suffix(".png"), dpi=120)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--recipe", default="opd_k1_real_cpu")
+    parser.add_argument("--updates", type=int, default=16)
+    parser.add_argument("--every", type=int, default=4, help="held-out KL every this many updates")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--only", help="objective names separated by ; (default: all)")
+    parser.add_argument("--set", action="append", default=[], help="one more override for every run")
+    parser.add_argument("--out", default="docs/objectives_table", help="OUT.md / OUT.png / OUT.json")
+    parser.add_argument("--runs", help="the runs' folders (default: outputs/objectives/<OUT's name>)")
+    args = parser.parse_args()
+    chosen = OBJECTIVES if args.only is None else {k: OBJECTIVES[k] for k in args.only.split(";")}
+    out = Path(args.out)
+    runs = Path(args.runs or f"outputs/objectives/{out.name}")
+    if runs.exists():
+        print(f"{runs} exists: a previous table's runs; move it away or pass another --out", file=sys.stderr)
+        return 2
+    rows = []
+    for i, (name, overrides) in enumerate(chosen.items()):
+        rows.append(run_one(name, overrides, args, runs / f"{i}"))
+        print(json.dumps(rows[-1]), flush=True)
+        write(rows, args, out)  # after every run: a crash loses nothing
+    return 0 if all(r["status"] == "measured" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
