@@ -16,6 +16,8 @@ VERL_COMMIT = "7aed6b230776f963fa09509c10d9c3a767d1102c"
 VERL_REPOSITORY = "https://github.com/verl-project/verl"
 
 # bitsandbytes logs a warning when it is imported without the optional `kernels` package ("Failed
-# to load CPU gemm_4bit_forward from kernels-community"): nothing a user can act on, so it is
-# silenced here, before any module imports bitsandbytes (peft and transformers do).
+# to load CPU gemm_4bit_forward from kernels-community"), and `kernels` (a dependency of transformers
+# since 5.25) one when the hub is offline ("Skipping publisher trust check"): nothing a user can act
+# on, so both are silenced here, before any module imports bitsandbytes (peft and transformers do).
 logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+logging.getLogger("kernels").setLevel(logging.ERROR)

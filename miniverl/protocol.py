@@ -16,7 +16,7 @@ response of the logical batch), L = P + R.
     teacher_topk_logprobs (B, R, k) float32  the teacher's k largest log-probs  [teacher, top-k only]
     teacher_ids        (B, R, k) long  their token ids                          [teacher, top-k only]
     teacher_hidden_states (B, R, H) the teacher's final hidden states at the response positions
-                                   [teacher, reverse_kl_full only; the actor drops them after its
+                                   [teacher, reverse_kl_full / reverse_kl_topk only; the actor drops them after its
                                    update, they never reach the trajectory log]
     old_log_probs      (B, R)  float32  log pi_old(y_t), from the update's own forward [actor]
     advantages         (B, R)  float32  the distillation PG advantage: -(loss), clamped, or with kl_discount_factor the

@@ -35,7 +35,8 @@ class TokenSelectionConfig:
     # Which response tokens the loss trains on (TIP, arXiv 2604.14084): none (all); entropy (the highest
     # student entropy); overconfident (low student entropy and high student-teacher divergence).
     by: str = "none"
-    # Fraction of the update's response tokens kept (0, 1]; the others never enter the loss's backward.
+    # Fraction of the update's response tokens kept (0, 1], at least one; the others never enter the loss's
+    # backward. With task rewards the task PPO loss trains on the kept tokens too (docs/objectives.md).
     keep: float = 1.0
 
 

@@ -76,7 +76,7 @@ def build_roles(
         float32_gemm=float32_gemm,
         bypass_mode=cfg.algorithm.rollout_correction.bypass_mode,
         teacher_names=tuple(cfg.teachers) if cfg.routed else (),
-        # reverse_kl_full: the actor forms each teacher's distribution from its hidden states
+        # reverse_kl_full, reverse_kl_topk: the actor forms each teacher's distribution from its hidden states
         teacher_heads=tuple(w.output_head for w in workers.values()) if cfg.estimator.uses_full_vocab else (),
     )
     products = cpu_gemm.product_name(float32_gemm, device)

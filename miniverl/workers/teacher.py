@@ -2,7 +2,7 @@
 
 One forward over prompt + response per chunk of rows. It always returns the log-prob of the
 token the student sampled (`teacher_logprobs`); for `forward_kl_topk` also its own top-k
-log-probs and their token ids at every position; for `reverse_kl_full` also its final hidden
+log-probs and their token ids at every position; for `reverse_kl_full` and `reverse_kl_topk` also its final hidden
 states there (`teacher_hidden_states`), from which the actor forms the teacher's whole
 distribution through `output_head` a chunk of positions at a time.
 
@@ -58,7 +58,7 @@ class TeacherWorker:
         self.adapter_switch = adapter_switch
         self.logprob_chunk = logprob_chunk
         self.topk = topk  # None: only the sampled token is needed
-        self.full_vocab = full_vocab  # reverse_kl_full: the hidden states too
+        self.full_vocab = full_vocab  # reverse_kl_full, reverse_kl_topk: the hidden states too
         self.tokenizer_vocab = tokenizer_vocab  # output rows past it are padding: never scored
         self.float32_gemm = float32_gemm  # CPU only: see cpu_gemm
         self.weight_bytes = weight_bytes

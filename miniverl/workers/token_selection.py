@@ -36,8 +36,9 @@ from miniverl.workers.logprobs import response_entropy_and_log_probs
 
 
 def kept_count(keep: float, n_tokens: int) -> int:
-    """ceil(keep x n_tokens), read to 9 decimals (0.1 x 30 is 3, not 4 from 3.0000000000000004)."""
-    return min(n_tokens, math.ceil(round(keep * n_tokens, 9)))
+    """ceil(keep x n_tokens), read to 9 decimals (0.1 x 30 is 3, not 4 from 3.0000000000000004), and at
+    least one token of a batch that has any: a keep too small for the batch still trains on one."""
+    return min(n_tokens, max(1 if n_tokens else 0, math.ceil(round(keep * n_tokens, 9))))
 
 
 def standardised(values: torch.Tensor) -> torch.Tensor:

@@ -180,6 +180,7 @@ def test_overconfident_keeps_low_entropy_high_divergence_tokens_by_standardised_
 
 def test_the_kept_count_is_the_ceiling_of_keep_times_the_tokens():
     assert [kept_count(0.1, 30), kept_count(0.25, 7), kept_count(1e-9, 5), kept_count(1.0, 0)] == [3, 2, 1, 0]
+    assert kept_count(1e-12, 5) == 1  # too small for the batch: still one token, never an update without a loss
 
 
 def test_entropies_are_those_of_the_full_softmax_and_log_probs_the_no_grad_paths_bits():
