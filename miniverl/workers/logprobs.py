@@ -228,31 +228,6 @@ def response_log_probs_and_topk(
     return map_position_chunks(fn, response_hidden_states(model, batch), batch.responses, chunk=rows)
 
 
-def response_topk_terms(
-    model: PreTrainedModel,
-    batch: Batch,
-    teacher_ids: torch.Tensor,
-    teacher_topk_logprobs: torch.Tensor,
-    *,
-    temperature: float,
-    log_prob_min_clamp,
-    chunk: int = 256,
-    tokenizer_vocab: int | None = None,
-) -> tuple[torch.Tensor, TopkTerms]:
-    """The student's sampled-token log-probs (B, R) and the top-k forward-KL terms, each (B, R)."""
-    return topk_terms(
-        model.get_output_embeddings(),
-        response_hidden_states(model, batch),
-        batch.responses,
-        teacher_ids,
-        teacher_topk_logprobs,
-        temperature=temperature,
-        log_prob_min_clamp=log_prob_min_clamp,
-        chunk=chunk,
-        tokenizer_vocab=tokenizer_vocab,
-    )
-
-
 def topk_terms(
     lm_head: torch.nn.Module,
     hidden: torch.Tensor,
@@ -265,8 +240,9 @@ def topk_terms(
     chunk: int = 256,
     tokenizer_vocab: int | None = None,
 ) -> tuple[torch.Tensor, TopkTerms]:
-    """`response_topk_terms` from hidden states (B, T, H), tokens (B, T) and the teacher's top-k
-    (B, T, k): any positions (token selection passes only the kept ones, as (N, 1, ...))."""
+    """The student's sampled-token log-probs (B, T) and the top-k forward-KL terms, each (B, T), from
+    hidden states (B, T, H), tokens (B, T) and the teacher's top-k (B, T, k): any positions (token
+    selection passes only the kept ones, as (N, 1, ...))."""
 
     def fn(h, tok, ids, t_lp):
         logits = token_logits(lm_head, h, tokenizer_vocab, temperature)

@@ -305,7 +305,7 @@ def test_loss_and_grad_of_a_mini_batch_equal_the_sum_over_row_chunks(loss_agg_mo
 
 
 def test_terms_computed_per_position_chunk_give_the_whole_loss():
-    """The actor's path (logprobs.response_topk_terms): terms per chunk of positions, concatenated, then
+    """The actor's path (logprobs.topk_terms): terms per chunk of positions, concatenated, then
     one topk_distillation_loss."""
     logits, t_lp, t_ids = _random_inputs(9)
     mask = _mask()
