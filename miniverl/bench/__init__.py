@@ -4,6 +4,7 @@ instead, in one process, on the same randomly initialised models and prompts (no
     python -m miniverl.bench [--scale toy|bench|mid|qwen3-0.6b-shape] [--path both|recipe|float32] [--out DIR]
     python -m miniverl.bench --student PATH --teacher PATH      # your own models: the `real` path (docs/bench.md)
     python -m miniverl.bench --quality --student PATH --teacher PATH   # learning per update vs TRL (quality.py)
+    python -m miniverl.bench --losses                                  # the losses' memory (loss_memory.py)
 
 Batch 4, 64 new tokens, LoRA r16 (alpha 32) on q_proj/v_proj, gradient checkpointing on the
 student. Two paths, each with its own models:

@@ -79,6 +79,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         help="learning per update and per second: miniverl and TRL trained on --student/--teacher (bench/quality.py)",
     )
+    p.add_argument(
+        "--losses",
+        action="store_true",
+        help="the memory of the losses' forward + backward: token selection, chunked top-k (bench/loss_memory.py)",
+    )
+    p.add_argument("--vocab", type=int, default=8192, help="--losses: the toy models' vocabulary")
     p.add_argument("--train", default="data/toy_prompts.parquet", help="--quality: the training prompts (verl parquet)")
     p.add_argument(
         "--heldout", default="data/toy_prompts_heldout.parquet", help="--quality: the held-out prompts of the probe"
@@ -120,6 +126,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if (args.student is None) != (args.teacher is None):
         p.error("--student and --teacher go together")
+    if args.losses and (args.quality or args.student):
+        p.error("--losses measures the losses on small random models: leave out --quality/--student/--teacher")
     if args.quality and not args.student:
         p.error("--quality trains on your models: give --student and --teacher")
     if args.quality and (args.seeds < 1 or args.updates < 2):
@@ -245,6 +253,10 @@ def main(argv: list[str] | None = None) -> int:
             from miniverl.bench import quality
 
             quality.run(args)
+        elif args.losses:
+            from miniverl.bench import loss_memory
+
+            loss_memory.run(args)
         else:
             run(args)
     except MiniverlError as error:  # a folder that is not a model, a pair that cannot be distilled

@@ -28,6 +28,7 @@ TOPK_MODES = ("forward_kl_topk", "forward_kl_topk_tail")  # the teacher's top-k 
 FULL_VOCAB_MODES = ("reverse_kl_full", "reverse_kl_topk")  # the teacher's whole distribution (its hidden states)
 LOSS_MODES = ESTIMATOR_MODES + TOPK_MODES + FULL_VOCAB_MODES
 TOKEN_SELECTIONS = ("none", "entropy", "overconfident")
+ADVANTAGE_BASELINES = ("none", "batch_mean")
 
 
 @dataclass
@@ -86,6 +87,11 @@ class EstimatorConfig:
     # gamma of the discounted future reverse KL (tinker-cookbook's kl_discount_factor): with policy gradient the
     # advantage of token t is -sum_{s>=t} gamma^(s-t) k1_s over its response; 0.0: the per-token estimate.
     kl_discount_factor: float = 0.0
+    # Subtracted from the per-token estimate before the advantage is formed (and discounted): none (verl's,
+    # tinker-cookbook's distillation), or batch_mean, the update's token mean of the estimate under the policy
+    # that sampled it (tinker-cookbook's RL KL penalty), which keeps a discounted sum from crediting every token
+    # alike for a divergence all of them share.
+    advantage_baseline: str = "none"
     # The response tokens the loss trains on (docs/objectives.md).
     token_selection: TokenSelectionConfig = field(default_factory=TokenSelectionConfig)
 
@@ -129,6 +135,16 @@ class EstimatorConfig:
         if self.kl_discount_factor and not (self.use_policy_gradient and self.loss_mode in ESTIMATOR_MODES):
             raise ValueError(
                 f"{where}.kl_discount_factor={self.kl_discount_factor}: the discounted future KL is an advantage, so "
+                "it needs a per-token estimate (k1, k3, ...) with estimator.use_policy_gradient=true"
+            )
+        if self.advantage_baseline not in ADVANTAGE_BASELINES:
+            raise ValueError(
+                f"{where}.advantage_baseline={self.advantage_baseline!r}; "
+                f"choose one of {', '.join(ADVANTAGE_BASELINES)}"
+            )
+        if self.advantage_baseline != "none" and not (self.use_policy_gradient and self.loss_mode in ESTIMATOR_MODES):
+            raise ValueError(
+                f"{where}.advantage_baseline={self.advantage_baseline}: a baseline is subtracted from an advantage, so "
                 "it needs a per-token estimate (k1, k3, ...) with estimator.use_policy_gradient=true"
             )
         select = self.token_selection

@@ -254,6 +254,10 @@ def build_report(cfg: MiniverlConfig, plan: Plan, facts: RunFacts) -> dict:
         "recipe": {
             "compiled_plan_sha256": plan.digest,
             "estimator": est.loss_mode,
+            # What the objective adds to the estimator beyond verl (docs/objectives.md); verl's: 0.0, none, none.
+            "kl_discount_factor": est.kl_discount_factor,
+            "advantage_baseline": est.advantage_baseline,
+            "token_selection": {"by": est.token_selection.by, "keep": est.token_selection.keep},
             "input_parquet_sha256": plan.input_parquet_sha256,
             "interrupt_after_updates": cfg.recipe.resume_check_after,
             "logical_batch": cfg.recipe.logical_batch,

@@ -146,6 +146,11 @@ def refusal(config: MiniverlConfig) -> str | None:
             f"estimator.kl_discount_factor={est.kl_discount_factor}: verl's distillation advantage is the per-token "
             "estimate; export with estimator.kl_discount_factor=0.0"
         )
+    if est.advantage_baseline != "none":
+        return (
+            f"estimator.advantage_baseline={est.advantage_baseline}: verl's distillation advantage has no baseline; "
+            "export with estimator.advantage_baseline=none"
+        )
     if est.token_selection.by != "none":
         return (
             f"estimator.token_selection.by={est.token_selection.by}: verl trains on every response token; export "

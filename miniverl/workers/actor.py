@@ -40,6 +40,7 @@ from miniverl.workers.logprobs import response_hidden_states, response_log_probs
 from miniverl.workers.losses import (
     batch_normalisers,
     combine_metrics,
+    distillation_baseline,
     distillation_loss,
     distillation_ppo_loss,
 )
@@ -143,8 +144,13 @@ class ActorWorker:
         batch.teacher_hidden_states = None
         if self.estimator.use_policy_gradient:
             # What the PG step maximised at each token: -d_t, or the discounted future loss over the
-            # response (kl_discount_factor); the same function on the same values as the loss's.
-            advantages = policy_gradient_advantages(self.estimator, distillation_losses, batch.response_mask)
+            # response (kl_discount_factor), less the baseline; the same function on the same values as the loss's.
+            advantages = policy_gradient_advantages(
+                self.estimator,
+                distillation_losses,
+                batch.response_mask,
+                self.baseline_for(replace(batch, old_log_probs=given)),
+            )
             batch.advantages = advantages if loss_mask is None else advantages * loss_mask  # 0: not trained on
         if not self.bypass_mode:
             metrics.update(rollout_actor_metrics(batch))
@@ -152,6 +158,12 @@ class ActorWorker:
             trained = batch if loss_mask is None else replace(batch, response_mask=loss_mask)
             metrics.update(per_teacher_losses(distillation_losses, trained, self.teacher_names))
         return batch, metrics
+
+    def baseline_for(self, batch: Batch) -> float:
+        """The number subtracted from each token's estimate in the advantage (estimator.advantage_baseline),
+        from the log-probs of the policy that sampled `batch`: its old log-probs, on-policy the rollout's."""
+        sampled_by = batch.rollout_log_probs if batch.old_log_probs is None else batch.old_log_probs
+        return distillation_baseline(self.estimator, sampled_by, batch.teacher_logprobs, batch.response_mask)
 
     def _step(self, batch: Batch, chunks: list[int]):
         metrics, per_token_loss, log_probs, loss_mask = self._accumulate(batch, chunks)
@@ -212,13 +224,14 @@ class ActorWorker:
         loss_mask = None if selection is None else selection.loss_mask(batch.response_mask)
         trained = batch.response_mask if loss_mask is None else loss_mask
         normalisers = dict(batch_normalisers(trained), loss_scale_factor=self.loss_scale_factor)
+        baseline = self.baseline_for(batch)  # one number for the whole update, before any chunk's backward
         total_loss, parts, per_token, log_probs, start = 0.0, [], [], [], 0
         for size in chunks:
             chunk = batch.rows(start, start + size)
             picked = None if selection is None else selection.rows(start, start + size)
             chunk_mask = trained[start : start + size]
             start += size
-            loss, chunk_per_token, metrics, log_prob = self._chunk_loss(chunk, normalisers, picked)
+            loss, chunk_per_token, metrics, log_prob = self._chunk_loss(chunk, normalisers, picked, baseline)
             loss_with_task, task_metrics = distillation_ppo_loss(  # verl's, with or without task rewards
                 self.estimator,
                 self.actor_config,
@@ -238,6 +251,8 @@ class ActorWorker:
             log_probs.append(log_prob.detach())  # (size, R): the policy before this step
         metrics = {f"actor/{k}": float(v) for k, v in combine_metrics(parts).items()}
         metrics["actor/distillation/loss"] = total_loss  # before distillation_loss_coef, as verl logs it
+        if self.estimator.advantage_baseline != "none":
+            metrics["actor/distillation/advantage_baseline"] = baseline
         if self.estimator.token_selection.by != "none":
             n = float(batch.response_mask.sum())
             metrics["actor/distillation/kept_fraction"] = float(trained.sum()) / n if n else 1.0
@@ -246,7 +261,9 @@ class ActorWorker:
         mask = batch.response_mask
         return metrics, torch.cat(per_token) * mask, torch.cat(log_probs) * mask, loss_mask
 
-    def _chunk_loss(self, chunk: Batch, normalisers: dict, selection: TokenSelection | None = None):
+    def _chunk_loss(
+        self, chunk: Batch, normalisers: dict, selection: TokenSelection | None = None, baseline: float = 0.0
+    ):
         """(loss, per-token loss, metrics, log_prob (b, R) with its graph); old_log_probs None: on-policy.
 
         selection: the kept tokens of these rows. The loss trains on response_mask & kept; the
@@ -307,6 +324,7 @@ class ActorWorker:
                     chunk.teacher_logprobs,
                     mask,
                     advantage_mask=chunk.response_mask,  # the discounted future KL runs over the whole response
+                    baseline=baseline,
                     **normalisers,
                 ),
                 log_prob,

@@ -94,12 +94,19 @@ def discounted_future_sum(values: torch.Tensor, mask: torch.Tensor, gamma: float
     return torch.where(mask, out, zero)
 
 
-def policy_gradient_advantages(est: Any, per_token_loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def policy_gradient_advantages(
+    est: Any, per_token_loss: torch.Tensor, mask: torch.Tensor, baseline: float = 0.0
+) -> torch.Tensor:
     """The distillation policy gradient's advantage (B, T) from the per-token loss d (B, T) after
-    loss_max_clamp: -d (verl's; est.kl_discount_factor 0, the default, returns exactly -d), or with
-    gamma = est.kl_discount_factor > 0 the discounted future loss -sum_{s>=t} gamma^(s-t) d_s over the
-    positions of `mask` (the response), 0 elsewhere (tinker-cookbook's `kl_discount_factor`)."""
+    loss_max_clamp: -d (verl's; est.kl_discount_factor 0 and no baseline, the defaults, return exactly
+    -d), or with gamma = est.kl_discount_factor > 0 the discounted future loss
+    -sum_{s>=t} gamma^(s-t) (d_s - baseline) over the positions of `mask` (the response), 0 elsewhere
+    (tinker-cookbook's `kl_discount_factor`; `baseline`: `distillation_baseline`)."""
     gamma = getattr(est, "kl_discount_factor", 0.0) or 0.0
+    if not gamma and not baseline:
+        return -per_token_loss
+    if baseline:
+        per_token_loss = torch.where(mask.bool(), per_token_loss - baseline, per_token_loss.new_zeros(()))
     if not gamma:
         return -per_token_loss
     return -discounted_future_sum(per_token_loss, mask, gamma)

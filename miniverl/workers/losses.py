@@ -182,12 +182,14 @@ def finish_loss(
     global_batch_size: Number | None,
     loss_scale_factor: Number | None,
     advantage_mask: torch.Tensor | None = None,
+    baseline: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """Common tail of both loss families, as verl's `distillation_loss`.
 
     response_mask: the tokens the loss trains on. advantage_mask: the tokens the discounted
     advantage (kl_discount_factor > 0) sums over, default response_mask; token selection trains on
-    a subset of the response while the future KL of a kept token runs over the whole response."""
+    a subset of the response while the future KL of a kept token runs over the whole response.
+    baseline: subtracted from the per-token loss in the advantage (`distillation_baseline`)."""
     mask = response_mask.bool()
     metrics.update(masked_range(per_token_loss, mask, "distillation/loss"))  # before the clamp, as verl
     if est.loss_max_clamp is not None:
@@ -208,7 +210,7 @@ def finish_loss(
         # The negative distillation loss is the per-token reward/advantage (Thinking Machines' OPD),
         # discounted over the future tokens of the response with kl_discount_factor > 0.
         advantages = policy_gradient_advantages(
-            est, per_token_loss.detach(), mask if advantage_mask is None else advantage_mask
+            est, per_token_loss.detach(), mask if advantage_mask is None else advantage_mask, baseline
         )
         pg_losses, pg_metrics = _ppo_clip_losses(
             log_prob,
@@ -220,7 +222,7 @@ def finish_loss(
             clip_ratio_c=est.clip_ratio_c,
         )
         metrics.update({f"distillation/{k}": v for k, v in pg_metrics.items()})
-        if getattr(est, "kl_discount_factor", 0.0):  # not in verl: only where the advantage is not -d
+        if getattr(est, "kl_discount_factor", 0.0) or baseline:  # not in verl: only where the advantage is not -d
             n = int(mask.sum())  # a plain token mean, as distillation/abs_loss
             total = float(torch.where(mask, advantages, advantages.new_zeros(())).sum())
             metrics["distillation/advantage_mean"] = total / n if n else 0.0
@@ -247,6 +249,7 @@ def distillation_loss(
     global_batch_size: Number | None,
     loss_scale_factor: Number | None = None,
     advantage_mask: torch.Tensor | None = None,
+    baseline: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """Estimator-based distillation loss for one (micro-)batch.
 
@@ -256,6 +259,7 @@ def distillation_loss(
     advantage_mask: (B, T) the response tokens the discounted advantage sums over (None:
     response_mask); only read with policy gradient and est.kl_discount_factor > 0, where the
     advantage of token t is -sum_{s>=t} gamma^(s-t) d_s (d after loss_max_clamp) instead of -d_t.
+    baseline: with policy gradient, subtracted from d in the advantage (`distillation_baseline`).
     Returns (loss scalar, per-token loss (B, T) after the clamp, metrics as floats).
     Metrics: distillation/abs_loss, loss_min, loss_max (pre-clamp, over masked tokens) and with
     policy gradient distillation/pg_clipfrac, ppo_kl, pg_clipfrac_lower (and advantage_mean, the
@@ -285,7 +289,28 @@ def distillation_loss(
         global_batch_size=global_batch_size,
         loss_scale_factor=loss_scale_factor,
         advantage_mask=advantage_mask,
+        baseline=baseline,
     )
+
+
+def distillation_baseline(
+    est: Any,
+    old_log_prob: torch.Tensor,  # (B, T) log-probs of the policy that sampled the tokens
+    teacher_log_prob: torch.Tensor,  # (B, T)
+    response_mask: torch.Tensor,  # (B, T)
+) -> float:
+    """The baseline of est.advantage_baseline: 0.0 with none; with batch_mean the token mean over
+    `response_mask` of the per-token estimate (after loss_max_clamp) under the sampling policy, one
+    number for the whole update (tinker-cookbook's RL KL penalty subtracts the same mean). Taken from
+    the sampling policy's log-probs, not the update's forward, so that it is known before the first
+    chunk's backward; on-policy the two are the same policy."""
+    if getattr(est, "advantage_baseline", "none") == "none":
+        return 0.0
+    estimate = kl_estimate(old_log_prob, teacher_log_prob, est.loss_mode)  # (B, T)
+    if est.loss_max_clamp is not None:
+        estimate = estimate.clamp(min=-est.loss_max_clamp, max=est.loss_max_clamp)
+    mask = response_mask.bool()
+    return float(estimate[mask].mean()) if mask.any() else 0.0
 
 
 # --------------------------------------------------------------------------------------------------

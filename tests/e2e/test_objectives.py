@@ -25,9 +25,10 @@ TOY = [
     "trainer.progress_bar=false",
 ]
 OBJECTIVES = {
-    "k1 discounted, entropy-selected": [
+    "k1 discounted with a baseline, entropy-selected": [
         "estimator=k1",
         "estimator.kl_discount_factor=0.9",
+        "estimator.advantage_baseline=batch_mean",
         "estimator.token_selection.by=entropy",
         "estimator.token_selection.keep=0.5",
     ],
@@ -49,6 +50,13 @@ def test_each_objective_trains_the_toy_recipe_and_resumes_byte_exactly(tmp_path,
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert report["status"] == "measured"
     assert report["resume"]["status"] == "exact_match", report["resume"]
+    settings = dict(override.split("=", 1) for override in OBJECTIVES[name])
+    recipe = report["recipe"]  # the report names the objective's settings beyond verl
+    assert recipe["estimator"] == settings["estimator"]
+    assert recipe["kl_discount_factor"] == float(settings.get("estimator.kl_discount_factor", 0.0))
+    assert recipe["advantage_baseline"] == settings.get("estimator.advantage_baseline", "none")
+    by, keep = settings.get("estimator.token_selection.by", "none"), settings.get("estimator.token_selection.keep", 1)
+    assert recipe["token_selection"] == {"by": by, "keep": float(keep)}
 
 
 @pytest.mark.slow
@@ -73,12 +81,22 @@ def test_each_objective_composes_with_two_teachers_task_rewards_a_teacher_contex
 def test_the_table_script_runs_objectives_and_writes_its_table_plot_and_numbers(tmp_path):
     out = tmp_path / "table"
     command = [sys.executable, "scripts/objectives_table.py", "--recipe", "opd_k1_toy_distill", "--updates", "2",
-               "--every", "1", "--only", "k1;reverse top-k", "--out", str(out), "--runs", str(tmp_path / "runs"),
+               "--every", "1", "--only", "k1;reverse top-k", "--seeds", "2", "--out", str(out),
+               "--runs", str(tmp_path / "runs"),
                "--set", "teacher.toy_pretrain_steps=3"]  # fmt: skip
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(out.with_suffix(".json").read_text())["rows"]
-    assert [r["objective"] for r in rows] == ["k1", "reverse top-k"] and all(r["status"] == "measured" for r in rows)
-    assert all(sorted(map(int, r["exact_reverse_kl"])) == [0, 1, 2] for r in rows)
+    assert [(r["objective"], r["seed"]) for r in rows] == [
+        ("k1", 1),
+        ("reverse top-k", 1),
+        ("k1", 2),
+        ("reverse top-k", 2),
+    ]
+    assert all(r["status"] == "measured" and sorted(map(int, r["exact_reverse_kl"])) == [0, 1, 2] for r in rows)
     table = out.with_suffix(".md").read_text()
-    assert "| reverse top-k |" in table and "KL @ 2" in table and out.with_suffix(".png").stat().st_size > 0
+    assert "the median over seeds 1, 2" in table and "KL @ 2" in table and out.with_suffix(".png").stat().st_size > 0
+    k1 = [r["exact_reverse_kl"]["2"] for r in rows if r["objective"] == "k1"]
+    assert k1[0] != k1[1]  # two seeds, two runs
+    line = next(line for line in table.splitlines() if line.startswith("| k1 |")).split(" | ")
+    assert line[3] == f"{(k1[0] + k1[1]) / 2:.3f}" and line[4] == f"{k1[0]:.3f} / {k1[1]:.3f}"  # median, by seed

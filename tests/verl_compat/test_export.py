@@ -392,6 +392,7 @@ def test_run_time_rules_catch_what_verl_would_refuse(verl_root, recipe_lines, ca
         (["estimator=forward_kl_topk_tail"], "estimator=forward_kl_topk_tail: verl (v0.8.0, and v0.9 as well) has no"),
         (["estimator=reverse_kl_topk"], "reverse KL over the student's top-k (verl #7425 / #7590, not merged)"),
         (["estimator.kl_discount_factor=0.9"], "estimator.kl_discount_factor=0.9: verl's distillation advantage"),
+        (["estimator.advantage_baseline=batch_mean"], "estimator.advantage_baseline=batch_mean: verl's distillation"),
         (
             ["estimator.token_selection.by=entropy", "estimator.token_selection.keep=0.5"],
             "estimator.token_selection.by=entropy: verl trains on every response token",

@@ -116,30 +116,15 @@ def tiny_actor(dropout: float):
     """A 2-layer Qwen3 with LoRA (non-zero B, `dropout` on its input), its ActorWorker (k1, PG) and
     a rolled-out batch whose teacher is the student itself."""
     from peft import LoraConfig, get_peft_model
-    from transformers import Qwen3Config, Qwen3ForCausalLM
 
+    from miniverl.bench.loss_memory import small_qwen3
     from miniverl.config.actor import ActorConfig, RolloutConfig
     from miniverl.config.estimator import EstimatorConfig
     from miniverl.workers.actor import ActorWorker
     from miniverl.workers.rollout import RolloutWorker
 
-    config = Qwen3Config(
-        vocab_size=61,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=128,
-        eos_token_id=7,
-        pad_token_id=0,
-        bos_token_id=None,
-    )
-    config._attn_implementation = "sdpa"
-    torch.manual_seed(0)
     student = get_peft_model(
-        Qwen3ForCausalLM(config),
+        small_qwen3(vocab=61, hidden=32, layers=2, seed=0),  # untied head, sdpa, EOS 7, pad 0
         LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=dropout, task_type="CAUSAL_LM"),
     )
     with torch.no_grad():

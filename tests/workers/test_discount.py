@@ -1,19 +1,24 @@
 """estimator.kl_discount_factor (tinker-cookbook's): with policy gradient the advantage of response token
 t is the discounted future loss A_t = -sum_{s>=t, same response} gamma^(s-t) d_s, d after loss_max_clamp;
-gamma = 0 is verl's -d_t, bit for bit."""
+gamma = 0 is verl's -d_t, bit for bit. estimator.advantage_baseline=batch_mean subtracts b, the update's
+token mean of d under the sampling policy, from every d_s first."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 
 from miniverl.config.estimator import LOSS_AGG_MODES, EstimatorConfig
 from miniverl.workers.advantages import discounted_future_sum, policy_gradient_advantages
+from miniverl.workers.logprobs import response_hidden_states
 from miniverl.workers.losses import (
     _ppo_clip_losses,
     agg_loss,
     batch_normalisers,
     combine_metrics,
+    distillation_baseline,
     distillation_loss,
 )
 
@@ -180,3 +185,68 @@ def test_the_actor_stores_the_discounted_advantage_it_trained_on():
     expected = reference_advantages(per_token, batch.response_mask, 0.8)
     torch.testing.assert_close(trained.advantages, expected, rtol=1e-13, atol=1e-13)
     assert not torch.equal(trained.advantages, -per_token * batch.response_mask)  # the discount is at work
+
+
+def test_a_baseline_is_subtracted_from_each_tokens_estimate_before_the_discount():
+    d = HAND_D.clone()
+    d[1, 2] = d[2, 1] = d[2, 2] = 1e6  # padding contributes nothing, whatever it holds
+    # b = 2, gamma = 0.5: d - b = [-1, 0, 2], [3, 4], [5]; row 0 -[-1 + 0 + 0.25*2, 0 + 0.5*2, 2]; row 1 -[3 + 0.5*4, 4]
+    expected = -torch.tensor([[-0.5, 1.0, 2.0], [5.0, 4.0, 0.0], [5.0, 0.0, 0.0]], dtype=torch.float64)
+    assert torch.equal(policy_gradient_advantages(k1_pg(0.5), d, HAND_MASK, 2.0), expected)
+    torch.testing.assert_close(reference_advantages((HAND_D - 2.0) * HAND_MASK, HAND_MASK, 0.5), expected)
+    # gamma 0: -(d - b) on the response, 0 on padding
+    assert torch.equal(policy_gradient_advantages(k1_pg(0.0), d, HAND_MASK, 2.0), -(HAND_D - 2.0) * HAND_MASK)
+
+
+def test_the_batch_mean_baseline_is_the_token_mean_of_the_clamped_estimate_under_the_sampling_policy():
+    sampled = torch.tensor([[-1.0, -2.0, -30.0], [-0.5, -1.5, -7.0]], dtype=torch.float64)
+    teacher = torch.tensor([[-2.0, -1.0, -1.0], [-0.5, -4.0, -9.0]], dtype=torch.float64)
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]], dtype=torch.float64)
+    # k1 = sampled - teacher = [1, -1, -29 -> -10 (clamped)], [0, 2.5] (the third is padding): mean -7.5 / 5
+    mean_k1 = k1_pg(0.9, advantage_baseline="batch_mean", loss_max_clamp=10.0)
+    assert distillation_baseline(mean_k1, sampled, teacher, mask) == pytest.approx(-1.5, rel=1e-15)
+    assert distillation_baseline(k1_pg(0.9), sampled, teacher, mask) == 0.0  # none: verl's advantage
+    # k3 = r - log r - 1 with r = teacher prob / sampled prob, by its formula
+    k3 = EstimatorConfig(loss_mode="k3", use_policy_gradient=True, advantage_baseline="batch_mean")
+    log_r = [1 - 2 + 0.0, -1 + 2, -1 + 30, 0.0, -4 + 1.5]  # teacher - sampled at the five response tokens
+    terms = [min(math.exp(x) - x - 1, 10.0) for x in log_r]  # verl bounds k3 at 10
+    assert distillation_baseline(k3, sampled, teacher, mask) == pytest.approx(sum(terms) / 5, rel=1e-12)
+
+
+def test_a_baseline_needs_a_per_token_policy_gradient_advantage():
+    with pytest.raises(ValueError, match="advantage_baseline=batch_mean: a baseline is subtracted from an advantage"):
+        EstimatorConfig(loss_mode="k3", use_policy_gradient=False, advantage_baseline="batch_mean")
+    with pytest.raises(ValueError, match="advantage_baseline='mean'; choose one of none, batch_mean"):
+        k1_pg(0.0, advantage_baseline="mean")
+
+
+def test_the_actor_trains_on_and_stores_the_advantage_less_the_batch_mean_baseline():
+    """b comes from the sampling policy's log-probs (the rollout's, on-policy) before any chunk's
+    backward; the LoRA gradient is that of the textbook PG loss -sum_t A_t log pi(y_t) / N over full
+    logits with A from the definition, and update_actor's `advantages` column is that A."""
+    from test_token_selection import toy
+
+    gamma, clamp = 0.8, 2.0
+    actor, batch = toy(k1_pg(gamma, loss_max_clamp=clamp, advantage_baseline="batch_mean"))
+    mask = batch.response_mask
+    g = torch.Generator().manual_seed(5)
+    batch.rollout_log_probs = ((batch.teacher_logprobs + torch.randn(mask.shape, generator=g)) * mask).float()
+    b = float((batch.rollout_log_probs - batch.teacher_logprobs).clamp(-clamp, clamp)[mask.bool()].mean())
+    assert abs(b) > 0.1  # a baseline that matters
+    metrics, per_token, _ = actor.accumulate_gradients(batch, [2, 2])
+    assert metrics["actor/distillation/advantage_baseline"] == pytest.approx(b, rel=1e-12)
+    ours = {n: p.grad.clone() for n, p in zip(actor.param_names, actor.params)}
+    actor.optimizer.zero_grad(set_to_none=True)
+
+    actor.peft_model.train()
+    logits = actor.model.get_output_embeddings()(response_hidden_states(actor.model, batch)) / actor.temperature
+    log_prob = logits.log_softmax(-1).gather(-1, batch.responses[..., None]).squeeze(-1)  # (B, R)
+    d = (log_prob.detach() - batch.teacher_logprobs).clamp(-clamp, clamp) * mask
+    advantages = reference_advantages((d - b) * mask, mask, gamma)
+    (-(advantages * log_prob * mask).sum() / mask.sum()).backward()
+    for name, p in zip(actor.param_names, actor.params):
+        torch.testing.assert_close(ours[name], p.grad, rtol=1e-9, atol=1e-12)
+    actor.optimizer.zero_grad(set_to_none=True)
+
+    trained, _ = actor.update_actor(batch, [4])
+    torch.testing.assert_close(trained.advantages, reference_advantages((per_token - b) * mask, mask, gamma))

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from miniverl.bench.loss_memory import chunked_topk_peaks
 from miniverl.config.estimator import EstimatorConfig
 from miniverl.workers.losses import (
     LOSS_AGG_MODES,
@@ -344,50 +345,20 @@ def test_chunked_topk_matches_the_unchunked_path_for_strided_and_half_precision_
     torch.testing.assert_close(grad1.float(), grad0.float(), rtol=1e-5, atol=1e-7)
 
 
-def _peak_bytes(fn) -> int:
-    """Peak of the bytes allocated on the CPU while fn() runs, above what was allocated before:
-    every allocation and free the allocator reports to torch's profiler, in time order."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
-    assert events, "the profiler reported no allocation"
-    live = peak = 0
-    for _, nbytes in events:
-        live += nbytes
-        peak = max(peak, live)
-    return peak
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_chunked_topk_never_holds_a_full_float_log_softmax_in_forward_or_backward(dtype):
-    b, t, v, k, chunk = 4, 16, 4096, 8, 4  # N = 64 positions; one (N, V) float32 tensor is 1 MiB
-    g = torch.Generator().manual_seed(5)
-    logits = (torch.randn(b, t, v, generator=g) * 2).to(dtype)
-    t_lp, t_ids = torch.log_softmax(torch.randn(b, t, v, generator=g), -1).topk(k, dim=-1)
-    mask = torch.ones(b, t)
-
-    def step(est):
-        leaf = logits.clone().requires_grad_(True)
-
-        def run():
-            loss, _, _ = forward_kl_topk(est, leaf, t_lp, t_ids, mask, **batch_normalisers(mask))
-            loss.backward()
-
-        return _peak_bytes(run)
-
-    common = dict(loss_mode="forward_kl_topk", topk=k)
-    full_float = b * t * v * 4  # a (B, T, V) float32 log-softmax (or float32 copy of the logits)
-    gradient = b * t * v * logits.element_size()  # d loss / d logits: the one (B, T, V) tensor allowed
-    chunk_float = chunk * v * 4
-    chunked = step(EstimatorConfig(**common, use_chunked_topk=True, chunked_topk_chunk_size=chunk))
-    unchunked = step(EstimatorConfig(**common))
+    """N = 64 positions, V = 4096: one (N, V) float32 tensor is 1 MiB (`python -m miniverl.bench
+    --losses` measures the same at its vocabulary)."""
+    chunk = 4
+    peaks = chunked_topk_peaks(b=4, t=16, vocab=4096, k=8, chunk=chunk, dtype=dtype)
+    gradient, full_float = peaks["logits_gradient"], peaks["full_float32_tensor"]
+    chunk_float = peaks["chunk_float32_tensor"]
+    assert chunk_float == chunk * 4096 * 4 and gradient == 64 * 4096 * (4 if dtype == torch.float32 else 2)
     # Chunked: the gradient plus a few (chunk, V) float32 buffers, never another (B, T, V) one.
-    assert chunked <= gradient + 8 * chunk_float, (chunked, gradient, chunk_float)
-    assert chunked < gradient + full_float
+    assert peaks["chunked"] <= gradient + 8 * chunk_float, (peaks, gradient, chunk_float)
+    assert peaks["chunked"] < gradient + full_float
     # The measurement bites: the unchunked path holds full-size float buffers beside the gradient.
-    assert unchunked >= gradient + full_float, (unchunked, gradient, full_float)
+    assert peaks["unchunked"] >= gradient + full_float, (peaks, gradient, full_float)
 
 
 def test_chunked_topk_of_no_positions_has_an_empty_gradient():

@@ -6,98 +6,25 @@ that masks them, and the memory of the update shrinks."""
 from __future__ import annotations
 
 import math
-from functools import partial
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from miniverl.config.actor import ActorConfig
+from miniverl.bench.loss_memory import TOPK as K
+from miniverl.bench.loss_memory import selection_peaks, toy_actor
 from miniverl.config.estimator import EstimatorConfig, TokenSelectionConfig
-from miniverl.protocol import assemble
 from miniverl.workers.full_vocab_loss import reverse_kl_full
 from miniverl.workers.logprobs import entropy_and_log_probs, response_hidden_states, sampled_log_probs
 from miniverl.workers.losses import batch_normalisers, distillation_loss
 from miniverl.workers.token_selection import KeptPositions, kept_count, overconfidence_score, select_tokens
 from miniverl.workers.topk_loss import forward_kl_topk
 
-K = 8
-
-
 # ------------------------------------------------------------------------------------------- a toy actor
 
 
-def _qwen3(vocab: int, hidden: int, layers: int, seed: int):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    config = Qwen3Config(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=128,
-        eos_token_id=7,
-        pad_token_id=0,
-        bos_token_id=None,
-        tie_word_embeddings=False,
-    )
-    config._attn_implementation = "sdpa"
-    torch.manual_seed(seed)
-    return Qwen3ForCausalLM(config)
-
-
-def toy(
-    est: EstimatorConfig,
-    *,
-    dtype: torch.dtype = torch.float64,
-    vocab: int = 61,
-    hidden: int = 32,
-    layers: int = 2,
-    lengths: tuple[int, ...] = (10, 6, 1, 3),
-    logprob_chunk: int = 8,
-):
-    """A LoRA student (non-zero B) and a teacher, both small Qwen3s, an ActorWorker and a batch with
-    every teacher column (sampled-token log-probs, top-k, final hidden states) at temperature 0.7."""
-    from peft import LoraConfig, get_peft_model
-
-    from miniverl.workers.actor import ActorWorker
-
-    student = get_peft_model(
-        _qwen3(vocab, hidden, layers, seed=0),
-        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0, task_type="CAUSAL_LM"),
-    ).to(dtype)
-    teacher = _qwen3(vocab, hidden, layers, seed=1).to(dtype).eval()
-    g = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for name, param in student.named_parameters():
-            if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=g, dtype=dtype) * 0.3)
-    B, R, P = len(lengths), max(lengths), 4
-    prompts = torch.randint(1, vocab, (B, P), generator=g)
-    prompt_mask = torch.ones(B, P, dtype=torch.long)
-    prompt_mask[1, :2] = 0  # a left-padded prompt
-    response_mask = (torch.arange(R)[None] < torch.tensor(lengths)[:, None]).float()
-    responses = torch.randint(1, vocab, (B, R), generator=g) * response_mask.long()
-    batch = assemble(prompts, prompt_mask, responses, response_mask, torch.zeros(B, R), torch.arange(B))
-    with torch.no_grad():
-        t_hidden = response_hidden_states(teacher, batch)  # (B, R, H)
-        t_log_probs = teacher.lm_head(t_hidden).log_softmax(-1)  # (B, R, V): small vocabulary
-    batch.teacher_hidden_states = t_hidden
-    batch.teacher_logprobs = t_log_probs.gather(-1, responses[..., None]).squeeze(-1).float()
-    batch.teacher_topk_logprobs, batch.teacher_ids = (t.contiguous() for t in t_log_probs.topk(K, dim=-1))
-    actor = ActorWorker(
-        student,
-        ActorConfig(),
-        est,
-        temperature=0.7,
-        logprob_chunk=logprob_chunk,
-        loss_scale_factor=R,
-        teacher_heads=(teacher.lm_head,),
-    )
-    return actor, batch
+# The toy actor of the memory bench: a LoRA student and a teacher, small random Qwen3s, float64 here.
+toy = toy_actor
 
 
 def reference_loss(actor, batch, loss_mask):
@@ -292,49 +219,17 @@ def test_the_output_layer_never_sees_an_unselected_position_in_the_update(family
     assert selected == passes * n_kept  # the kept positions alone, in each of them
 
 
-def _peak_bytes(fn) -> int:
-    """Peak of the bytes allocated on the CPU while fn() runs, above what was allocated before (as
-    tests/workers/test_losses.py measures it): the allocator's events in the profiler, in time order."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
-    live = peak = 0
-    for _, nbytes in events:
-        live += nbytes
-        peak = max(peak, live)
-    return peak
-
-
-def update_peaks(family: str, keep: float, vocab: int = 8192) -> tuple[int, int, int]:
-    """Peak bytes of one float32 toy update whose B x R = 128 positions fit in one chunk of positions:
-    (the selection pass alone, the loss's forward + backward alone, the whole accumulate_gradients)."""
-    lengths = (32, 24, 30, 16)
-    by = "none" if keep == 1 else "entropy"
-    peaks = []
-    for part in ("selection", "loss", "whole"):
-        actor, batch = toy(estimator(family, by, keep), dtype=torch.float32, vocab=vocab, layers=1, lengths=lengths)
-        actor.logprob_chunk = 4 * max(lengths)  # one chunk: the head's blocks scale with the positions it is given
-        if part == "selection":
-            peaks.append(_peak_bytes(partial(actor.select_tokens, batch, [4])))
-            continue
-        if part == "loss":
-            fix_selection(actor, batch)
-        peaks.append(_peak_bytes(partial(actor.accumulate_gradients, batch, [4])))
-    return tuple(peaks)
-
-
 @pytest.mark.parametrize("family", ["k3-direct", "topk", "full-vocab"])
 def test_training_on_a_quarter_of_the_tokens_needs_far_less_memory(family):
-    """keep=0.25 of 102 response tokens (128 positions, V = 8192): the loss's peak falls with the
-    positions the head sees, and the selection pass holds one (positions, V) logits block."""
-    _, everything, _ = update_peaks(family, 1.0)
-    selection, loss, whole = update_peaks(family, 0.25)
+    """keep=0.25 of 102 response tokens (128 positions, V = 8192; `python -m miniverl.bench --losses`
+    measures the same): the loss's peak falls with the positions the head sees, and the selection
+    pass holds one (positions, V) logits block."""
+    everything = selection_peaks(FAMILIES[family], 1.0)["loss"]
+    quarter = selection_peaks(FAMILIES[family], 0.25)
     block = 128 * 8192 * 4  # one (B x R, V) float32 block
-    assert loss < everything / 3, (loss, everything)
-    assert selection < 1.1 * block, (selection, block)  # in place: the logits buffer and nothing of its size
-    assert whole < 0.6 * everything, (whole, everything)  # the selection pass included
+    assert quarter["loss"] < everything / 3, (quarter, everything)
+    assert quarter["selection"] < 1.1 * block, (quarter, block)  # in place: the logits buffer and nothing of its size
+    assert quarter["whole"] < 0.6 * everything, (quarter, everything)  # the selection pass included
 
 
 def test_an_update_with_chunks_that_keep_nothing_trains_and_records_its_columns():

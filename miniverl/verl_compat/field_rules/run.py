@@ -77,6 +77,10 @@ RUN_RULES: tuple[Rule, ...] = (
         "verl's distillation advantage is the per-token estimate (0.0); the export refuses another value",
     ),
     no_equivalent(
+        "estimator.advantage_baseline",
+        "verl's distillation advantage has no baseline (none); the export refuses another value",
+    ),
+    no_equivalent(
         "estimator.token_selection.by",
         "verl trains on every response token (none); the export refuses a selection",
     ),

@@ -1,0 +1,45 @@
+"""`bench --losses`: the memory of the losses' forward + backward, measured from the command (the
+figures of docs/objectives.md and docs/losses.md)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from miniverl.bench.loss_memory import FAMILIES, KEEPS
+
+from conftest import ROOT
+
+
+def test_the_losses_bench_writes_both_tables_and_selection_saves_memory_in_every_family(tmp_path):
+    out = tmp_path / "losses"
+    command = [sys.executable, "-m", "miniverl.bench", "--losses", "--vocab", "1024", "--out", str(out)]
+    done = subprocess.run(command, check=False, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((out / "losses.json").read_text())
+    assert result["command"] == "python -m miniverl.bench --losses --vocab 1024 --out " + str(out)
+    peaks = result["selection"]["peaks"]
+    assert set(peaks) == set(FAMILIES)
+    for name, rows in peaks.items():
+        assert set(rows) == {str(k) for k in KEEPS}
+        assert rows["1.0"]["selection"] == 0  # no selection pass without a selection
+        # fewer positions through the head with gradients: less memory, in every family
+        assert rows["0.25"]["loss"] < rows["0.5"]["loss"] < rows["1.0"]["loss"], (name, rows)
+        assert rows["0.25"]["selection"] > 0 and rows["0.25"]["whole"] >= rows["0.25"]["selection"], (name, rows)
+    topk = result["chunked_topk"]["peaks"]
+    assert topk["chunked"] < topk["unchunked"], topk
+    table = (out / "losses.md").read_text()
+    assert "| `reverse_kl_full` |" in table and "Chunked top-k" in table
+    assert table in done.stdout  # printed as well
+
+
+@pytest.mark.parametrize("extra", [["--quality"], ["--student", "a", "--teacher", "b"]])
+def test_the_losses_bench_refuses_the_real_model_options(extra):
+    from miniverl.bench.cli import parse_args
+
+    with pytest.raises(SystemExit) as error:
+        parse_args(["--losses", *extra])
+    assert error.value.code == 2
