@@ -20,7 +20,8 @@ response of the logical batch), L = P + R.
                                    update, they never reach the trajectory log]
     old_log_probs      (B, R)  float32  log pi_old(y_t), from the update's own forward [actor]
     advantages         (B, R)  float32  the distillation PG advantage: -(loss), clamped, or with kl_discount_factor the
-                                        discounted future -(loss); 0 on tokens a token_selection left out  [actor, PG]
+                                        discounted future -(loss), less advantage_baseline's b first; 0 on tokens a
+                                        token_selection left out                   [actor, PG]
     token_level_scores (B, R)  float32  the task reward, at each sample's last response token [reward]
     task_advantages    (B, R)  float32  GRPO / RLOO advantage of the task reward, on every response
                                         token                                     [advantage]

@@ -102,7 +102,8 @@ def write(rows: list[dict], args, out: Path) -> None:
     grouped = by_objective(rows)
     updates = sorted({int(u) for r in rows if r["status"] == "measured" for u in r["exact_reverse_kl"]})
     seeds = sorted({r["seed"] for r in rows})
-    head = ["objective", *[f"KL @ {u}" for u in updates], "KL @ last, by seed", "s / update", "peak RSS GiB"]
+    head = ["objective", *[f"KL @ {u}" for u in updates], f"KL @ last, seed {' / '.join(map(str, seeds))}"]
+    head += ["s / update", "peak RSS GiB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     medians = {}
     for name, runs in grouped.items():
@@ -110,9 +111,15 @@ def write(rows: list[dict], args, out: Path) -> None:
         if not runs:
             lines.append(f"| {name} | failed: {failed[0].get('error', failed[0]['status'])} |")
             continue
-        medians[name] = {u: statistics.median(r["exact_reverse_kl"][u] for r in runs) for u in updates}
-        last = " / ".join(f"{r['exact_reverse_kl'][updates[-1]]:.3f}" for r in runs)
-        last += "".join(f" / seed {r['seed']} failed" for r in failed)
+        # a run that stopped early lacks its last measurements: the median is over the runs that have them
+        medians[name] = {
+            u: statistics.median(v) if (v := [r["exact_reverse_kl"][u] for r in runs if u in r["exact_reverse_kl"]])
+            else float("nan")
+            for u in updates
+        }  # fmt: skip
+        by_seed = {r["seed"]: f"{r['exact_reverse_kl'].get(updates[-1], float('nan')):.3f}" for r in runs}
+        by_seed.update({r["seed"]: "failed" for r in failed})
+        last = " / ".join(by_seed[seed] for seed in sorted(by_seed))
         step = statistics.median(r["seconds_per_update_median"] for r in runs)
         rss = max(r["peak_rss_gib"] for r in runs)
         kl = [f"{medians[name][u]:.3f}" for u in updates]
@@ -124,13 +131,13 @@ def write(rows: list[dict], args, out: Path) -> None:
         f"{args.updates} updates (`{command}`):\n\n" + "\n".join(lines) + "\n"
     )
     out.with_suffix(".json").write_text(json.dumps({"command": command, "rows": rows}, indent=2) + "\n")
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(10, 4.5))
     for name, curve in medians.items():
         ax.plot(list(curve), list(curve.values()), marker="o", label=name)
     ax.set_xlabel("optimizer update")
     ax.set_ylabel("held-out exact reverse KL (nats / token)")
     ax.set_title(f"{args.recipe}, {what}")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))  # beside the curves, never over them
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out.with_suffix(".png"), dpi=120)

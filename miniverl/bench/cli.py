@@ -84,7 +84,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         help="the memory of the losses' forward + backward: token selection, chunked top-k (bench/loss_memory.py)",
     )
-    p.add_argument("--vocab", type=int, default=8192, help="--losses: the toy models' vocabulary")
+    p.add_argument("--vocab", type=int, default=8192, help="--losses: the small models' vocabulary (>= 16)")
     p.add_argument("--train", default="data/toy_prompts.parquet", help="--quality: the training prompts (verl parquet)")
     p.add_argument(
         "--heldout", default="data/toy_prompts_heldout.parquet", help="--quality: the held-out prompts of the probe"
@@ -100,7 +100,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="--quality: a Hydra override for miniverl's two sides only (repeatable), e.g. --override "
         "data.shuffle=true; TRL's sides keep the recipe's settings: one difference ablated against the same peers",
     )
-    p.add_argument("--out", default=None, help="output folder (default outputs/bench/<scale>, or outputs/bench/real)")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="output folder (default outputs/bench/<scale>, outputs/bench/real, outputs/bench/losses with --losses)",
+    )
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument(
         "--repeats", type=int, default=None, help="timed rounds per measurement (default per scale and path)"
@@ -126,8 +130,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if (args.student is None) != (args.teacher is None):
         p.error("--student and --teacher go together")
-    if args.losses and (args.quality or args.student):
-        p.error("--losses measures the losses on small random models: leave out --quality/--student/--teacher")
+    if args.losses and (args.quality or args.student or args.device == "cuda"):
+        p.error(
+            "--losses measures the losses on small random models on the CPU: leave out --quality/--student/--device"
+        )
+    if args.losses and args.vocab < 16:
+        p.error(f"--vocab {args.vocab}: give at least 16 (the top-k losses take k = 8)")
+    if args.vocab != 8192 and not args.losses:
+        p.error("--vocab sizes the models of --losses only")
     if args.quality and not args.student:
         p.error("--quality trains on your models: give --student and --teacher")
     if args.quality and (args.seeds < 1 or args.updates < 2):

@@ -16,8 +16,9 @@ update, bitwise the same values on the CPU (tested). With dropout in the model (
 pass runs instead.
 
 Beyond verl (docs/objectives.md): with `estimator.kl_discount_factor` the distillation policy
-gradient's advantage is the discounted future KL (`advantages.policy_gradient_advantages`), and it is
-what the batch's `advantages` column holds; with `estimator.token_selection` a no-gradient pass
+gradient's advantage is the discounted future KL (`advantages.policy_gradient_advantages`), with
+`estimator.advantage_baseline` less one number per update (`baseline_for`), and it is what the
+batch's `advantages` column holds; with `estimator.token_selection` a no-gradient pass
 before the update chunks picks the response tokens the loss trains on and only those reach the
 output layer with gradients (`miniverl.workers.token_selection`).
 """

@@ -1,5 +1,6 @@
 """Advantages. The distillation policy gradient's (`policy_gradient_advantages`): minus the per-token
-estimate, or with `estimator.kl_discount_factor` the discounted future estimate (tinker-cookbook's).
+estimate, or with `estimator.kl_discount_factor` the discounted future estimate (tinker-cookbook's),
+with `estimator.advantage_baseline` less the update's mean estimate first.
 Task advantages (verl: `compute_advantage` with its critic-free outcome estimators, in
 trainer/ppo/core_algos.py; here beside the losses, which the conformance checks also call), from the
 task reward of each sample, over the `rollout.n` samples of each prompt (a group).

@@ -222,7 +222,8 @@ def finish_loss(
             clip_ratio_c=est.clip_ratio_c,
         )
         metrics.update({f"distillation/{k}": v for k, v in pg_metrics.items()})
-        if getattr(est, "kl_discount_factor", 0.0) or baseline:  # not in verl: only where the advantage is not -d
+        # not in verl: only where the advantage is not -d (the setting, not the value: a baseline of 0.0 logs too)
+        if getattr(est, "kl_discount_factor", 0.0) or getattr(est, "advantage_baseline", "none") != "none":
             n = int(mask.sum())  # a plain token mean, as distillation/abs_loss
             total = float(torch.where(mask, advantages, advantages.new_zeros(())).sum())
             metrics["distillation/advantage_mean"] = total / n if n else 0.0
@@ -263,7 +264,7 @@ def distillation_loss(
     Returns (loss scalar, per-token loss (B, T) after the clamp, metrics as floats).
     Metrics: distillation/abs_loss, loss_min, loss_max (pre-clamp, over masked tokens) and with
     policy gradient distillation/pg_clipfrac, ppo_kl, pg_clipfrac_lower (and advantage_mean, the
-    token mean of the advantage, when it is discounted).
+    token mean of the advantage, when it is discounted or has a baseline).
     """
     if est.loss_mode not in ESTIMATOR_MODES:
         raise ValueError(

@@ -14,6 +14,7 @@ from miniverl.bench.loss_memory import FAMILIES, KEEPS
 from conftest import ROOT
 
 
+@pytest.mark.slow
 def test_the_losses_bench_writes_both_tables_and_selection_saves_memory_in_every_family(tmp_path):
     out = tmp_path / "losses"
     command = [sys.executable, "-m", "miniverl.bench", "--losses", "--vocab", "1024", "--out", str(out)]
@@ -36,10 +37,18 @@ def test_the_losses_bench_writes_both_tables_and_selection_saves_memory_in_every
     assert table in done.stdout  # printed as well
 
 
-@pytest.mark.parametrize("extra", [["--quality"], ["--student", "a", "--teacher", "b"]])
-def test_the_losses_bench_refuses_the_real_model_options(extra):
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--losses", "--quality", "--student", "a", "--teacher", "b"], "--losses measures the losses on small random"),
+        (["--losses", "--device", "cuda"], "--losses measures the losses on small random models on the CPU"),
+        (["--losses", "--vocab", "8"], "--vocab 8: give at least 16"),
+        (["--vocab", "1024"], "--vocab sizes the models of --losses only"),
+    ],
+)
+def test_the_losses_bench_refuses_what_it_does_not_measure_in_one_line(argv, said, capsys):
     from miniverl.bench.cli import parse_args
 
     with pytest.raises(SystemExit) as error:
-        parse_args(["--losses", *extra])
-    assert error.value.code == 2
+        parse_args(argv)
+    assert error.value.code == 2 and said in capsys.readouterr().err

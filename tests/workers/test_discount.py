@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 
+from miniverl.bench.loss_memory import toy_actor
 from miniverl.config.estimator import LOSS_AGG_MODES, EstimatorConfig
 from miniverl.workers.advantages import discounted_future_sum, policy_gradient_advantages
 from miniverl.workers.logprobs import response_hidden_states
@@ -224,10 +225,8 @@ def test_the_actor_trains_on_and_stores_the_advantage_less_the_batch_mean_baseli
     """b comes from the sampling policy's log-probs (the rollout's, on-policy) before any chunk's
     backward; the LoRA gradient is that of the textbook PG loss -sum_t A_t log pi(y_t) / N over full
     logits with A from the definition, and update_actor's `advantages` column is that A."""
-    from test_token_selection import toy
-
     gamma, clamp = 0.8, 2.0
-    actor, batch = toy(k1_pg(gamma, loss_max_clamp=clamp, advantage_baseline="batch_mean"))
+    actor, batch = toy_actor(k1_pg(gamma, loss_max_clamp=clamp, advantage_baseline="batch_mean"))
     mask = batch.response_mask
     g = torch.Generator().manual_seed(5)
     batch.rollout_log_probs = ((batch.teacher_logprobs + torch.randn(mask.shape, generator=g)) * mask).float()
@@ -250,3 +249,15 @@ def test_the_actor_trains_on_and_stores_the_advantage_less_the_batch_mean_baseli
 
     trained, _ = actor.update_actor(batch, [4])
     torch.testing.assert_close(trained.advantages, reference_advantages((per_token - b) * mask, mask, gamma))
+
+
+def test_the_baseline_is_taken_from_the_batchs_old_log_probs_where_it_has_them():
+    """Bypass mode, or a batch with its old log-probs: the sampling policy is theirs, not the rollout's."""
+    actor, batch = toy_actor(k1_pg(0.5, advantage_baseline="batch_mean"))
+    mask = batch.response_mask.bool()
+    on_policy = float((batch.rollout_log_probs - batch.teacher_logprobs)[mask].mean())
+    assert actor.baseline_for(batch) == pytest.approx(on_policy, rel=1e-12)
+    batch.old_log_probs = (batch.teacher_logprobs + 1.5) * batch.response_mask  # k1 = 1.5 on every response token
+    assert actor.baseline_for(batch) == pytest.approx(1.5, rel=1e-6)
+    actor.estimator.advantage_baseline = "none"
+    assert actor.baseline_for(batch) == 0.0
