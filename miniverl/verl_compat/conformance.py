@@ -31,7 +31,8 @@ from miniverl.config.actor import ActorConfig
 from miniverl.config.estimator import EstimatorConfig
 from miniverl.utils.reward_score import default_compute_score, math_dapo_score, rule_for
 from miniverl.workers.advantages import grpo_outcome_advantage, rloo_outcome_advantage
-from miniverl.workers.losses import distillation_loss, distillation_ppo_loss
+from miniverl.workers.losses import distillation_loss
+from miniverl.workers.task_loss import distillation_ppo_loss
 from miniverl.workers.topk_loss import forward_kl_topk, forward_kl_topk_terms, topk_chunk_size
 
 # Relative tolerances. Estimator cases reproduce verl's float64 arithmetic closely; verl computed the

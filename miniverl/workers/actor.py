@@ -43,8 +43,8 @@ from miniverl.workers.losses import (
     combine_metrics,
     distillation_baseline,
     distillation_loss,
-    distillation_ppo_loss,
 )
+from miniverl.workers.task_loss import distillation_ppo_loss
 from miniverl.workers.token_selection import TokenSelection, select_for_update
 from miniverl.workers.topk_loss import topk_distillation_loss
 

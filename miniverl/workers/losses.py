@@ -7,8 +7,8 @@ optional clamp to +-loss_max_clamp, then either the vanilla PPO clipped loss wit
 -per-token loss (`use_policy_gradient=true`; with `kl_discount_factor` the discounted future loss,
 `advantages.policy_gradient_advantages`) or a direct masked aggregation of the per-token loss.
 
-With task rewards (`use_task_rewards=true`), `task_policy_loss` is verl's PPO loss on the task
-advantages and `distillation_ppo_loss` adds `distillation_loss_coef` x the distillation loss.
+With task rewards (`use_task_rewards=true`), `task_loss.distillation_ppo_loss` adds verl's PPO loss
+on the task advantages to `distillation_loss_coef` x the distillation loss.
 
 Normalisers are explicit so that one mini-batch split into micro-batches ("update chunks") gives
 per-chunk losses that SUM to the whole mini-batch's loss; metrics returned per chunk combine with
@@ -312,73 +312,6 @@ def distillation_baseline(
         estimate = estimate.clamp(min=-est.loss_max_clamp, max=est.loss_max_clamp)
     mask = response_mask.bool()
     return float(estimate[mask].mean()) if mask.any() else 0.0
-
-
-# --------------------------------------------------------------------------------------------------
-# Task rewards beside distillation
-# --------------------------------------------------------------------------------------------------
-
-
-def task_policy_loss(
-    actor: Any,
-    loss_agg_mode: str,
-    log_prob: torch.Tensor,  # (B, T) with the gradient
-    old_log_prob: torch.Tensor | None,  # (B, T); None: on-policy, log_prob.detach()
-    advantages: torch.Tensor,  # (B, T) the task advantages
-    response_mask: torch.Tensor,  # (B, T)
-    *,
-    batch_num_tokens: Number | None,
-    global_batch_size: Number | None,
-    loss_scale_factor: Number | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """verl's `ppo_loss` on the task advantages (vanilla policy loss, the actor's clip ratios and
-    loss_agg_mode): (pg_loss, {pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower})."""
-    mask = response_mask.bool()
-    old = log_prob.detach() if old_log_prob is None else old_log_prob
-    pg_losses, metrics = _ppo_clip_losses(
-        log_prob,
-        old,
-        advantages.detach(),
-        mask,
-        clip_ratio_low=actor.clip_ratio if actor.clip_ratio_low is None else actor.clip_ratio_low,
-        clip_ratio_high=actor.clip_ratio if actor.clip_ratio_high is None else actor.clip_ratio_high,
-        clip_ratio_c=actor.clip_ratio_c,
-    )
-    pg_loss = agg_loss(
-        pg_losses,
-        mask,
-        loss_agg_mode,
-        batch_num_tokens=batch_num_tokens,
-        global_batch_size=global_batch_size,
-        loss_scale_factor=loss_scale_factor,
-    )
-    metrics["pg_loss"] = float(pg_loss.detach())
-    return pg_loss, metrics
-
-
-def distillation_ppo_loss(
-    est: Any,
-    actor: Any,
-    distill_loss: torch.Tensor,  # the distillation loss of the (micro-)batch, with its graph
-    log_prob: torch.Tensor,  # (B, T) with the gradient
-    old_log_prob: torch.Tensor | None,  # (B, T); None: on-policy
-    task_advantages: torch.Tensor | None,  # (B, T); read only with task rewards
-    response_mask: torch.Tensor,  # (B, T)
-    **normalisers: Number | None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """verl's `distillation_ppo_loss`: with task rewards, the task PPO loss (`task_policy_loss`) +
-    distillation_loss_coef x the distillation loss, and the task loss's metrics; without, the
-    distillation loss alone (the coefficient is not read). Given advantages without task rewards,
-    the task loss's metrics are still computed, as verl computes and drops that loss; the trainer
-    gives none then."""
-    pg_loss, metrics = None, {}
-    if task_advantages is not None:
-        pg_loss, metrics = task_policy_loss(
-            actor, est.loss_agg_mode, log_prob, old_log_prob, task_advantages, response_mask, **normalisers
-        )
-    if not est.use_task_rewards:
-        return distill_loss, metrics
-    return pg_loss + distill_loss * est.distillation_loss_coef, metrics
 
 
 # --------------------------------------------------------------------------------------------------
