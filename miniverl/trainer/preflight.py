@@ -7,6 +7,7 @@ check is one line, PASS / WARN / FAIL with the reason.
     tokenizer     same vocabulary, output rows covering it (padding past it may differ), same
                   special tokens, same chat template
     memory        an estimate of the peak memory against the hardware option's limit
+    topk          a loss over a top-k: estimator.topk at most the vocabulary
     routing       several teachers: every row's teacher_key value has a teacher (or a default)
     context       a teacher with a privileged context: its prompt renders for every row (a missing
                   field names the row) and fits its limit
@@ -16,7 +17,7 @@ check is one line, PASS / WARN / FAIL with the reason.
     nf4-gradients LoRA gradients through the NF4 base equal those through a dense twin that
                   multiplies the dequantized weights in the same compute dtype
 
-The training command (`miniverl.main`) runs the cheap ones (data, tokenizer, memory, reward,
+The training command (`miniverl.main`) runs the cheap ones (data, tokenizer, memory, topk, reward,
 routing, context) first and stops on a FAIL. The self-test scores without any teacher context.
 """
 
@@ -142,6 +143,19 @@ def check_tokenizers(cfg: MiniverlConfig, student_tok) -> Check:
             stops = models.configured_stop_ids(student_tok, models.source_of(cfg.model, None))
             facts.append(f"responses end at ids {stops} (the tokenizer's EOS and the model's generation config)")
     return Check("PASS", "tokenizer", "; ".join(facts))
+
+
+def check_topk(cfg: MiniverlConfig, tokenizer) -> Check:
+    """A loss over a top-k (the teacher's, or the student's for reverse_kl_topk) needs k tokens to choose from."""
+    k, vocabulary = cfg.estimator.topk, len(tokenizer)
+    if k > vocabulary:
+        return Check(
+            "FAIL",
+            "topk",
+            f"estimator.topk={k} is larger than the vocabulary ({vocabulary} tokens); set estimator.topk to at most "
+            f"{vocabulary}",
+        )
+    return Check("PASS", "topk", f"estimator.topk={k} of a {vocabulary}-token vocabulary")
 
 
 def check_context(cfg: MiniverlConfig, tokenizer) -> Check:
@@ -271,10 +285,15 @@ def cheap_checks(cfg: MiniverlConfig, device: torch.device) -> list[Check]:
         guarded("data", check_data, cfg, tokenizer),
         guarded("tokenizer", check_tokenizers, cfg, tokenizer),
         guarded("memory", check_memory, cfg, device),
+        *([guarded("topk", check_topk, cfg, tokenizer)] if uses_topk(cfg.estimator) else []),
         *([guarded("reward", check_reward, cfg)] if cfg.estimator.use_task_rewards else []),
         *([guarded("routing", check_routing, cfg)] if cfg.routed else []),
         *([guarded("context", check_context, cfg, tokenizer)] if uses_context(cfg) else []),
     ]
+
+
+def uses_topk(est) -> bool:
+    return est.uses_topk or est.loss_mode == "reverse_kl_topk"
 
 
 # ------------------------------------------------------------------ checks that load the models

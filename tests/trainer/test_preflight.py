@@ -71,6 +71,18 @@ def test_an_estimate_over_the_memory_limit_fails():
     assert check.status == "FAIL" and "estimated peak" in check.reason
 
 
+@pytest.mark.parametrize("loss", ["forward_kl_topk", "forward_kl_topk_tail", "reverse_kl_topk"])
+def test_a_topk_larger_than_the_vocabulary_fails_in_one_line(loss):
+    check = checks_of(f"estimator={loss}", "estimator.topk=260")["topk"]  # the toy tokenizer has 259 tokens
+    assert check.status == "FAIL" and "\n" not in check.reason
+    assert (
+        check.reason
+        == "estimator.topk=260 is larger than the vocabulary (259 tokens); set estimator.topk to at most 259"
+    )
+    assert checks_of(f"estimator={loss}", "estimator.topk=259")["topk"].status == "PASS"
+    assert "topk" not in checks_of("estimator=k3")  # a loss without a top-k is not checked
+
+
 def test_the_training_command_stops_on_a_cheap_fail(tmp_path):
     with pytest.raises(MiniverlError, match="pre-flight check failed .* memory: estimated peak"):
         run(compose_config([*BASE, *SHORT, "hardware.peak_reserved_limit_gib=0.001"]), tmp_path / "run")
