@@ -120,7 +120,7 @@ class EstimatorConfig:
             )
         if self.loss_agg_mode not in LOSS_AGG_MODES:
             raise ValueError(f"{where}.loss_agg_mode={self.loss_agg_mode!r}; choose one of {', '.join(LOSS_AGG_MODES)}")
-        if self.loss_mode in TOPK_MODES + ("reverse_kl_topk",):
+        if self.topk_loss:
             if self.topk is None or self.topk < 1:
                 raise ValueError(f"{where}.topk must be a positive integer for loss_mode={self.loss_mode}")
             if self.use_policy_gradient:
@@ -176,6 +176,11 @@ class EstimatorConfig:
     def uses_topk(self) -> bool:
         """The loss reads the teacher's top-k log-probs (forward_kl_topk, forward_kl_topk_tail)."""
         return self.loss_mode in TOPK_MODES
+
+    @property
+    def topk_loss(self) -> bool:
+        """The loss is over a top-k (the teacher's, or the student's for reverse_kl_topk): estimator.topk is read."""
+        return self.loss_mode in TOPK_MODES + ("reverse_kl_topk",)
 
     @property
     def uses_full_vocab(self) -> bool:

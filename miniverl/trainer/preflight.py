@@ -5,9 +5,8 @@ check is one line, PASS / WARN / FAIL with the reason.
 
     data          rows, prompt lengths against recipe.prompt_limit, enough prompts for the plan
     tokenizer     same vocabulary, output rows covering it (padding past it may differ), same
-                  special tokens, same chat template
+                  special tokens, same chat template (`topk`: a top-k loss's k at most the vocabulary)
     memory        an estimate of the peak memory against the hardware option's limit
-    topk          a loss over a top-k: estimator.topk at most the vocabulary
     routing       several teachers: every row's teacher_key value has a teacher (or a default)
     context       a teacher with a privileged context: its prompt renders for every row (a missing
                   field names the row) and fits its limit
@@ -146,16 +145,9 @@ def check_tokenizers(cfg: MiniverlConfig, student_tok) -> Check:
 
 
 def check_topk(cfg: MiniverlConfig, tokenizer) -> Check:
-    """A loss over a top-k (the teacher's, or the student's for reverse_kl_topk) needs k tokens to choose from."""
-    k, vocabulary = cfg.estimator.topk, len(tokenizer)
-    if k > vocabulary:
-        return Check(
-            "FAIL",
-            "topk",
-            f"estimator.topk={k} is larger than the vocabulary ({vocabulary} tokens); set estimator.topk to at most "
-            f"{vocabulary}",
-        )
-    return Check("PASS", "topk", f"estimator.topk={k} of a {vocabulary}-token vocabulary")
+    k, n = cfg.estimator.topk, len(tokenizer)  # a loss over a top-k (the teacher's or the student's) needs k tokens
+    fix = f"estimator.topk={k} is larger than the vocabulary ({n} tokens); set estimator.topk to at most {n}"
+    return Check("FAIL", "topk", fix) if k > n else Check("PASS", "topk", f"estimator.topk={k} of {n} tokens")
 
 
 def check_context(cfg: MiniverlConfig, tokenizer) -> Check:
@@ -187,8 +179,7 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def architecture(block) -> dict:
-    """The sizes the memory estimate needs, and the dtype the weights load in (`dtype: auto`:
-    the checkpoint's own)."""
+    """The sizes the memory estimate needs, and the dtype the weights load in (`dtype: auto`: the checkpoint's)."""
     if block.model_id == "toy":
         t = block.toy
         return dict(
@@ -285,15 +276,11 @@ def cheap_checks(cfg: MiniverlConfig, device: torch.device) -> list[Check]:
         guarded("data", check_data, cfg, tokenizer),
         guarded("tokenizer", check_tokenizers, cfg, tokenizer),
         guarded("memory", check_memory, cfg, device),
-        *([guarded("topk", check_topk, cfg, tokenizer)] if uses_topk(cfg.estimator) else []),
+        *([guarded("topk", check_topk, cfg, tokenizer)] if cfg.estimator.topk_loss else []),
         *([guarded("reward", check_reward, cfg)] if cfg.estimator.use_task_rewards else []),
         *([guarded("routing", check_routing, cfg)] if cfg.routed else []),
         *([guarded("context", check_context, cfg, tokenizer)] if uses_context(cfg) else []),
     ]
-
-
-def uses_topk(est) -> bool:
-    return est.uses_topk or est.loss_mode == "reverse_kl_topk"
 
 
 # ------------------------------------------------------------------ checks that load the models
