@@ -15,17 +15,16 @@ from __future__ import annotations
 import runpy
 
 import torch
+from shipped_probe import probing  # the probe keeps the shipped sampler
 
-import miniverl.trainer.validation as validation
 import miniverl.workers.rollout.worker as rollout_worker
 
 SHIPPED = rollout_worker.sample_token
-probing = False
 
 
 def multinomial_token(logits: torch.Tensor, u: torch.Tensor, *, top_k: int = -1, top_p: float = 1.0):
     """(b, V) logits, (b,) uniforms -> tokens (b,) and their log-probs (b,), as sample_token returns."""
-    if probing:
+    if probing():
         return SHIPPED(logits, u, top_k=top_k, top_p=top_p)
     if top_k > 0 or top_p < 1.0:
         raise SystemExit("this ablation draws from the whole distribution: leave rollout.top_k/top_p off")
@@ -39,18 +38,7 @@ def multinomial_token(logits: torch.Tensor, u: torch.Tensor, *, top_k: int = -1,
     return token, logits.gather(-1, token[:, None]).squeeze(-1) - log_z
 
 
-def measure_with_the_shipped_sampler(self, shift):
-    global probing
-    probing = True
-    try:
-        return shipped_measure(self, shift)
-    finally:
-        probing = False
-
-
-shipped_measure = validation.ValidationProbe.measure
 rollout_worker.sample_token = multinomial_token
-validation.ValidationProbe.measure = measure_with_the_shipped_sampler
 
 if __name__ == "__main__":
     runpy.run_module("miniverl.main", run_name="__main__", alter_sys=True)
