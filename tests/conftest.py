@@ -52,6 +52,21 @@ SHORT = [
 SLOW_FIXTURES = ("recipe_run", "sweep_2x2", "real_models")
 
 
+# A worker's peak: 1.5 GiB for tests/e2e/test_real_models.py in one process (measured), plus the
+# resume checks' children beside their parent.
+WORKER_MEMORY = 3 * 2**30
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (pyproject.toml): one worker per core, but no more than the memory holds."""
+    cores = os.cpu_count() or 1
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows): the cores decide
+        return cores
+    return max(1, min(cores, memory // WORKER_MEMORY))
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         if any(name in getattr(item, "fixturenames", ()) for name in SLOW_FIXTURES):

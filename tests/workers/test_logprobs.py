@@ -49,7 +49,7 @@ def test_sampled_log_probs_and_their_gradient_are_those_without_the_exp_floor():
     vocab, hidden_size = 4099, 16
     head = torch.nn.Linear(hidden_size, vocab, bias=False).requires_grad_(False)  # frozen: the fused path
     # Integer weights and hidden states make every logit exact, so the check does not depend on how
-    # the CPU's GEMM blocks a chunk of rows against the whole (AVX2 kernels round them differently).
+    # the CPU's GEMM blocks a chunk of rows against the whole.
     with torch.no_grad():
         head.weight.copy_((torch.randn(vocab, hidden_size, generator=torch.Generator().manual_seed(1)) * 4.0).round())
     hidden = (torch.randn(2, 5, hidden_size, generator=torch.Generator().manual_seed(2)) * 3.0).round()
