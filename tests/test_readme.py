@@ -88,6 +88,11 @@ RULES = [
         "rewrites the reference in the repository: tests/config/test_reference.py runs its --check",
     ),
     (r"^hf download ", "skip", "downloads Qwen3 from the hub: no network here"),
+    (
+        r"^bash scripts/offline_pack\.sh (pack|unpack) ",
+        "skip",
+        "pack reaches the package index; unpack is tests/e2e/test_offline_pack.py",
+    ),
     (r"^pip install ", "skip", "installs an extra; the test extra has both launchers"),
     (r"^bash outputs/.*/run_opd\.sh$", "bash -n", "needs verl v0.8.0, vLLM and GPUs: checked with bash -n"),
     (r"hydra/launcher=slurm", "compose", "submits to a SLURM cluster"),
