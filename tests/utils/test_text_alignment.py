@@ -1,0 +1,123 @@
+"""One response in two tokenizations, aligned by its text (miniverl/utils/text_alignment.py): the
+spans partition both sides over the same text, the same tokenizer gives today's per-token numbers,
+and what cannot be scored as the student sampled it (a character cut in two, a special token, text
+the teacher's tokenizer rewrites) is marked unaligned, never mis-scored."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+from miniverl.models.toy import IM_START, build_toy_tokenizer
+from miniverl.utils.text_alignment import align_response, credit_to_tokens, span_sums
+
+CORPUS = ["12 + 30 = 42", "the sea is blue and the sky is grey", "write one sentence", "héllo wörld"] * 20
+
+
+def trained_bpe(lowercase: bool = False) -> PreTrainedTokenizerFast:
+    """A byte-level BPE trained here on a few lines: another segmentation of the same text."""
+    backend = Tokenizer(models.BPE())
+    if lowercase:
+        backend.normalizer = normalizers.Lowercase()
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=320, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=["<eos>"]
+    )
+    backend.train_from_iterator(CORPUS, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>")
+
+
+@pytest.fixture(scope="module")
+def toy():
+    return build_toy_tokenizer()
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def test_one_tokenizer_on_both_sides_gives_one_span_per_token_and_the_per_token_k1(toy):
+    ids = [*encode(toy, "12 + 30 = 42, the sea"), toy.eos_token_id]
+    a = align_response(toy, ids, toy, stopped=True, teacher_stop_id=toy.eos_token_id)
+    assert a.teacher_ids == ids and a.student_span == a.teacher_span == list(range(len(ids)))
+    generator = torch.Generator().manual_seed(0)
+    student, teacher = (torch.randn(len(ids), generator=generator, dtype=torch.float64) for _ in range(2))
+    k1 = span_sums(student, a.student_span, a.num_spans) - span_sums(teacher, a.teacher_span, a.num_spans)
+    for how in ("even", "last"):
+        assert torch.equal(credit_to_tokens(k1, a.student_span, how), student - teacher)
+
+
+def test_two_tokenizers_cut_the_text_into_the_same_spans_and_the_sums_add_up(toy):
+    bpe = trained_bpe()
+    text = "the sea is blue, 12 + 30 = 42"
+    ids = encode(toy, text)
+    a = align_response(toy, ids, bpe, stopped=False, teacher_stop_id=None)
+    assert a.text == text and a.teacher_ids == encode(bpe, text)
+    assert len(a.teacher_ids) < len(ids)  # the BPE merges: another segmentation
+    assert -1 not in a.student_span and -1 not in a.teacher_span
+    for k in range(a.num_spans):  # each span is the same text on both sides
+        mine = toy.decode([t for t, s in zip(ids, a.student_span) if s == k])
+        theirs = bpe.decode([t for t, s in zip(a.teacher_ids, a.teacher_span) if s == k])
+        assert mine == theirs and mine
+    assert a.student_span == sorted(a.student_span) and a.teacher_span == sorted(a.teacher_span)
+    values = torch.arange(1.0, len(ids) + 1, dtype=torch.float64)
+    assert span_sums(values, a.student_span, a.num_spans).sum() == values.sum()
+
+
+def test_a_character_over_two_byte_tokens_is_one_span(toy):
+    bpe = trained_bpe()
+    ids = encode(toy, "héllo")
+    assert len(ids) == 6  # h, the two bytes of é, l, l, o
+    a = align_response(toy, ids, bpe, stopped=False, teacher_stop_id=None)
+    assert a.student_span[1] == a.student_span[2] >= 0 and a.unaligned_student_tokens == 0
+
+
+def test_a_response_cut_inside_a_character_leaves_its_last_byte_unaligned(toy):
+    bpe = trained_bpe()
+    ids = encode(toy, "the sé")[:-1]  # the length limit fell between the two bytes of é
+    a = align_response(toy, ids, bpe, stopped=False, teacher_stop_id=None)
+    assert a.text.endswith("\ufffd")
+    assert a.student_span[-1] == -1 and a.unaligned_student_tokens == 1
+    assert -1 not in a.student_span[:-1]
+
+
+def test_text_the_teachers_tokenizer_rewrites_is_unaligned_from_where_it_differs(toy):
+    lower = trained_bpe(lowercase=True)
+    ids = encode(toy, "the sea Is blue")
+    a = align_response(toy, ids, lower, stopped=False, teacher_stop_id=None)
+    assert lower.decode(a.teacher_ids) == "the sea is blue"  # the teacher would score other text
+    kept, changed = len(encode(toy, "the sea")), len(encode(toy, "the sea "))  # the teacher's " is" holds the space
+    assert -1 not in a.student_span[:kept] and set(a.student_span[changed:]) == {-1}
+
+
+def test_a_special_token_inside_the_response_is_never_scored(toy):
+    bpe = trained_bpe()
+    before, after = encode(toy, "the sea"), encode(toy, " is blue")
+    ids = [*before, toy.convert_tokens_to_ids(IM_START), *after]
+    a = align_response(toy, ids, bpe, stopped=False, teacher_stop_id=None)
+    assert a.student_span[len(before)] == -1
+    assert -1 not in a.student_span[: len(before)] and -1 not in a.student_span[len(before) + 1 :]
+    covered = [t for t, s in zip(a.teacher_ids, a.teacher_span) if s == -1]
+    assert IM_START in bpe.decode(covered)  # the teacher's tokens of that text are left out too
+
+
+def test_the_stop_tokens_are_a_span_of_their_own_or_unaligned_without_a_teacher_stop(toy):
+    bpe = trained_bpe()
+    ids = [*encode(toy, "the sea"), toy.eos_token_id]
+    a = align_response(toy, ids, bpe, stopped=True, teacher_stop_id=bpe.eos_token_id)
+    assert a.teacher_ids[-1] == bpe.eos_token_id and a.student_span[-1] == a.teacher_span[-1] == a.num_spans - 1
+    assert a.text == "the sea"
+    b = align_response(toy, ids, bpe, stopped=True, teacher_stop_id=None)
+    assert b.student_span[-1] == -1 and b.teacher_ids == encode(bpe, "the sea")
+
+
+def test_a_span_value_goes_evenly_or_to_its_last_token_and_never_to_unaligned_ones():
+    span = [0, 0, 1, -1, 2, 2, 2]
+    values = torch.tensor([2.0, 5.0, 3.0])
+    assert credit_to_tokens(values, span, "even").tolist() == [1.0, 1.0, 5.0, 0.0, 1.0, 1.0, 1.0]
+    assert credit_to_tokens(values, span, "last").tolist() == [0.0, 2.0, 5.0, 0.0, 0.0, 0.0, 3.0]
+    with pytest.raises(ValueError, match="credit must be"):
+        credit_to_tokens(values, span, "first")
