@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check (README, "A GPU check"): on a CUDA machine, in under 9 minutes,
+# The GPU check (README, "A GPU check"): on a CUDA machine, in about 9 minutes,
 #   (a) the tests marked `gpu`                          MINIVERL_GPU_TESTS=1 python -m pytest -m gpu
 #   (b) the doctor, then +recipe=opd_k1 with its exact-resume check, on randomly initialised models
 #       of Qwen3-0.6B's and Qwen3-1.7B's exact configurations, written here from their config
@@ -184,7 +184,7 @@ for name in ("bench_cuda_graph.json", "bench.json", "real_bench.json"):
     if not bench.is_file():
         continue
     b = json.loads(bench.read_text())
-    print(f"  bench ({b['scale']}, {b['bench_seconds']} s): " + ", ".join(
+    print(f"  {name} ({b['scale']}, {b['bench_seconds']} s): " + ", ".join(
         f"{k} {v}" for k, v in b["ratios"].items() if v is not None))
 PY
 # Exit non-zero when any step failed, or the recipe did not measure with an exact resume.

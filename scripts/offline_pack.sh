@@ -52,6 +52,7 @@ unpack() {
     local site="${PACK_SITE:-/tmp/site}" parts="$CACHE/downloads/parts"
     mkdir -p "$parts"
     for dir in "$@"; do
+        [ -d "$dir" ] || { echo "offline_pack.sh unpack: no folder $dir (paths are from the repository root)" >&2; exit 2; }
         if [ -f "$dir/site.tar.gz" ]; then
             rm -rf "$site" && mkdir -p "$site" && tar -C "$site" --strip-components=1 -xzf "$dir/site.tar.gz"
         fi
@@ -63,7 +64,8 @@ unpack() {
     if [ "$have" = "$want" ]; then
         # joined and checked beside the chunks: only a file that matches its sha256 reaches downloads/
         cat "$parts"/gguf.part-* > "$parts/$GGUF_NAME"
-        (cd "$parts" && sha256sum -c gguf.sha256)
+        (cd "$parts" && sha256sum -c gguf.sha256) \
+            || { echo "the joined GGUF does not match its sha256: delete $parts and unpack fresh chunks" >&2; exit 1; }
         mv "$parts/$GGUF_NAME" "$CACHE/downloads/$GGUF_NAME" && rm -rf "$parts"
     else
         echo "the GGUF: $have of $want chunks here; unpack the others to complete it"

@@ -3,14 +3,16 @@ teacher whose tokenizer differs from the student's (not wired into the recipe ye
 
 The student samples token ids; their text is what both models are asked about. The teacher
 tokenizes that text its own way, so its tokens and the student's rarely coincide one to one. Both
-are cut into the maximal spans whose boundaries fall at the same character of the text: by the
-chain rule, the sum of a span's token log-probs is the log-probability of the span's text under
-each model, so the two sums can be subtracted (a span-level k1) where token log-probs cannot.
+are cut into the finest spans whose boundaries fall at the same character of the text: by the
+chain rule, the sum of a span's token log-probs is each model's log-probability of the span's text
+as tokenized here (other tokenizations of the same text carry some probability too, so it is a lower
+bound on the text's), and the two sums can be subtracted (a span-level k1) where token log-probs
+cannot.
 
 A boundary after a token is clean only where the decode of the tokens up to it is a prefix of the
-whole text: a token that ends inside a character (byte fallback, a UTF-8 sequence cut by the
-length limit) has none and joins the next span. A span is unaligned, never scored, where its text
-holds U+FFFD (bytes that decode to no character), where either side has a special token in it (a
+whole text: a token that ends inside a character (byte fallback) has none and joins the next span.
+A span is unaligned, never scored, where its text holds U+FFFD (bytes that decode to no character,
+as a UTF-8 sequence cut by the length limit does at the end), where either side has a special token in it (a
 special token means something to its own model only), or where the teacher's tokens do not decode
 back to the student's text (a tokenizer that normalises spaces or Unicode): `span` is -1 there.
 """
@@ -30,7 +32,8 @@ class Alignment:
     teacher_ids: list[int]  # the teacher's tokens of that text (+ its stop token when the student stopped)
     student_span: list[int]  # per student response token: its span, or -1 (unaligned)
     teacher_span: list[int]  # per teacher token: its span, or -1 (unaligned)
-    num_spans: int
+    num_spans: int  # unaligned spans keep their numbers (their sums are 0): see `aligned`
+    aligned: list[bool]  # per span: scored; a mean over spans must count only these
 
     @property
     def unaligned_student_tokens(self) -> int:
@@ -79,7 +82,7 @@ def assign_spans(ends: list[int | None], bounds: list[int], aligned: list[bool])
         span = k if k < len(bounds) and aligned[k] else -1
         spans.extend([span] * pending)
         pending = 0
-    spans.extend([-1] * pending)  # ends inside a character, or after the last common boundary
+    spans.extend([-1] * pending)  # trailing tokens that never reach a clean end
     return spans
 
 
@@ -115,7 +118,8 @@ def align_response(
             teacher_span.append(num_spans)
             teacher_ids = [*teacher_ids, teacher_stop_id]
             num_spans += 1
-    return Alignment(text, teacher_ids, student_span, teacher_span, num_spans)
+            aligned = [*aligned, True]
+    return Alignment(text, teacher_ids, student_span, teacher_span, num_spans, aligned)
 
 
 def span_sums(values: torch.Tensor, span: list[int], num_spans: int) -> torch.Tensor:

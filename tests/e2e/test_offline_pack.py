@@ -70,3 +70,8 @@ def test_unpack_refuses_chunks_that_do_not_add_up_to_the_packed_file(tmp_path):
     done = unpack(tmp_path, first, second)
     assert done.returncode != 0
     assert "FAILED" in done.stdout and not (tmp_path / "cache" / "downloads" / GGUF).exists()
+
+
+def test_unpack_of_a_folder_that_is_not_there_fails_in_one_line(tmp_path):
+    done = unpack(tmp_path, tmp_path / "no_such_pack")
+    assert done.returncode == 2 and "no folder" in done.stderr and len(done.stderr.strip().splitlines()) == 1

@@ -81,6 +81,7 @@ def test_a_response_cut_inside_a_character_leaves_its_last_byte_unaligned(toy):
     a = align_response(toy, ids, bpe, stopped=False, teacher_stop_id=None)
     assert a.text.endswith("\ufffd")
     assert a.student_span[-1] == -1 and a.unaligned_student_tokens == 1
+    assert a.aligned == [True] * (a.num_spans - 1) + [False]
     assert -1 not in a.student_span[:-1]
 
 
