@@ -28,6 +28,17 @@ response of the logical batch), L = P + R.
     teacher_index      (B,)    long   which of several teachers scores each sample (its position in
                                       `teachers`; the plan's sample_teachers)      [teacher router]
 
+A teacher with another tokenizer (teacher.tokenizer_alignment=text) scores spans of the response's
+text (miniverl/utils/text_alignment.py) and fills, instead of per-token values:
+
+    student_span       (B, R)  long   each response token's span, -1 where unaligned (never trained on)
+    teacher_span_logprobs (B, S) float32  log nu(span): the sum of the teacher's token log-probs over
+                                      the span, in its own tokenization; S the most spans of a row
+    teacher_logprobs   (B, R)  float32  log nu(span) credited to the span's student tokens (alignment_credit)
+    teacher_text_logprobs (B,) float32  the teacher's log-likelihood of the whole response text (its stop
+                                      token included when the student stopped)
+    response_chars     (B,)    long   characters of the response text
+
 verl's batch carries the teacher's output as `teacher_logprobs`/`teacher_ids` with a last
 dimension of k (1 for the single-sample estimators); miniverl keeps the sampled token's
 log-prob as a (B, R) `teacher_logprobs` in every mode and the top-k in `teacher_topk_logprobs`.
@@ -66,6 +77,18 @@ class Batch:
     token_level_scores: torch.Tensor | None = None
     task_advantages: torch.Tensor | None = None
     teacher_index: torch.Tensor | None = None
+    student_span: torch.Tensor | None = None
+    teacher_span_logprobs: torch.Tensor | None = None
+    teacher_text_logprobs: torch.Tensor | None = None
+    response_chars: torch.Tensor | None = None
+
+    @property
+    def scored_mask(self) -> torch.Tensor:
+        """(B, R) the response tokens the teacher's values cover: every one, but for the tokens a
+        text alignment left unaligned."""
+        if self.student_span is None:
+            return self.response_mask
+        return self.response_mask * (self.student_span >= 0).to(self.response_mask.dtype)
 
     @property
     def prompt_length(self) -> int:

@@ -3,6 +3,7 @@ machine, without a hub (miniverl/models/real_fixture.py says what they are).
 
     python -m miniverl.real_models                       # the teacher and the every-2nd-layer student
     python -m miniverl.real_models --keep-every 3 --offset 1   # another student: layers 1, 4, 7, ...
+    python -m miniverl.real_models --cross-tokenizer     # + the every-2nd-layer student with Qwen2's tokenizer
 
 Prints the folders; `model.model_id` / `teacher.model_id` accept them (or any Hugging Face folder).
 """
@@ -21,13 +22,19 @@ def main(argv: list[str] | None = None) -> int:
         "--keep-every", type=int, default=real_fixture.DEFAULT_KEEP_EVERY, help="student: keep every N-th layer"
     )
     parser.add_argument("--offset", type=int, default=0, help="student: the first layer kept")
+    parser.add_argument(
+        "--cross-tokenizer",
+        action="store_true",
+        help="also the student of another tokenizer (Qwen2's), for +recipe=opd_k1_cross_tokenizer_cpu",
+    )
     args = parser.parse_args(argv)
     try:
         teacher = real_fixture.build_teacher()
         student = real_fixture.build_student(keep_every=args.keep_every, offset=args.offset)
+        other = real_fixture.build_cross_tokenizer_student() if args.cross_tokenizer else None
     except MiniverlError as error:
         return exit_code_of(error, "miniverl.real_models")
-    print(f"teacher: {teacher}\nstudent: {student}")
+    print(f"teacher: {teacher}\nstudent: {student}" + (f"\nstudent of another tokenizer: {other}" if other else ""))
     return 0
 
 

@@ -49,7 +49,7 @@ SHORT = [
 
 # Session fixtures that run whole commands or build the real models: a test that uses one is slow
 # (`-m "not slow"`, the fast tier, leaves them out), whichever module it is in.
-SLOW_FIXTURES = ("recipe_run", "sweep_2x2", "real_models")
+SLOW_FIXTURES = ("recipe_run", "sweep_2x2", "real_models", "cross_tokenizer_student")
 
 
 # A worker's peak: 1.5 GiB for tests/e2e/test_real_models.py in one process (measured), plus the
@@ -188,6 +188,15 @@ def real_models():
     from miniverl.models import real_fixture
 
     return real_fixture.build_teacher(), real_fixture.build_student()
+
+
+@pytest.fixture(scope="session")
+def cross_tokenizer_student(real_models):
+    """The every-2nd-layer student with Qwen2's tokenizer (`python -m miniverl.real_models
+    --cross-tokenizer`; the first build downloads the 77 MB llama-cpp-python sdist for its vocabulary)."""
+    from miniverl.models import real_fixture
+
+    return real_fixture.build_cross_tokenizer_student()
 
 
 def toy_model_folders(tmp_path: Path) -> dict[str, Path]:

@@ -146,6 +146,11 @@ RULES = [
         "tokenizer check on the real models",
     ),
     (
+        r"^python -m miniverl\.main \+recipe=opd_k1_cross_tokenizer_cpu",
+        "compose",
+        "minutes on real weights: tests/e2e/test_real_models.py runs the recipe (4 updates) on the real pair",
+    ),
+    (
         r"^python scripts/objectives_table\.py",
         "skip",
         "minutes on real weights: tests/e2e/test_objectives.py runs the script on the toy recipe",

@@ -83,6 +83,7 @@ class MiniverlConfig:
         for name, block in self.teacher_blocks.items():  # every teacher the run reads
             block.check(self.teacher_where(name))
         check_teachers(self.teachers, self.teacher_key, self.default_teacher)
+        self.check_text_alignment()
         if self.eval.every != -1 and not self.data.val_files:
             raise ValueError(
                 "eval.every is set but data.val_files is empty: give the held-out prompts "
@@ -106,6 +107,28 @@ class MiniverlConfig:
                     f"{where}.toy.max_position_embeddings={block.toy.max_position_embeddings} is below "
                     f"{limit_key} + recipe.response_limit = {limit + response}"
                 )
+
+    def check_text_alignment(self) -> None:
+        """A teacher with another tokenizer scores spans of text, not the student's ids: only the
+        sampled-token estimators and a single teacher read span values (docs/teachers.md)."""
+        aligned = [self.teacher_where(n) for n, t in self.teacher_blocks.items() if t.text_aligned]
+        if not aligned:
+            return
+        where, est = aligned[0], self.estimator
+        if self.routed:
+            raise ValueError(
+                f"{where}.tokenizer_alignment=text works with one teacher: drop the others or the alignment"
+            )
+        if est.uses_topk or est.uses_full_vocab:
+            raise ValueError(
+                f"{where}.tokenizer_alignment=text scores sampled tokens only; estimator={est.loss_mode} compares "
+                "whole vocabularies, which differ between the two tokenizers: use estimator=k1 (or k3, k2, abs)"
+            )
+        if est.token_selection.by != "none":
+            raise ValueError(
+                f"{where}.tokenizer_alignment=text and estimator.token_selection.by={est.token_selection.by} do not "
+                "combine (a selection of tokens would cut spans): set estimator.token_selection.by=none"
+            )
 
 
 def register_configs() -> None:

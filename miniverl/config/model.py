@@ -26,7 +26,7 @@ def real_model_path(name: str) -> str:
     return str(cache_root() / "real" / name)
 
 
-TOY_TOKENIZERS = ("bytes", "qwen3")
+TOY_TOKENIZERS = ("bytes", "qwen3", "bpe")
 TOY_DTYPES = ("float32", "bfloat16")
 
 
@@ -37,7 +37,10 @@ class ToyArchitecture:
     `tokenizer: bytes` is 256 byte tokens + 3 special ones (259 ids); `tokenizer: qwen3` lays the
     ids out as Qwen3's tokenizer does (151,643 regular ids, bytes first, then Qwen3's 26 added
     tokens at their real ids 151,643..151,668, a chat template with `enable_thinking`, and a
-    generation config that ends on `<|im_end|>` and `<|endoftext|>`). `vocab_rows` pads the
+    generation config that ends on `<|im_end|>` and `<|endoftext|>`); `tokenizer: bpe` merges bytes
+    into 512 ids (a byte-level BPE trained on a fixed corpus when built, the bytes' special tokens and
+    chat template): another tokenization of the same text, for a teacher with another tokenizer
+    (`teacher.tokenizer_alignment: text`). `vocab_rows` pads the
     embedding past the tokenizer (Qwen3: 151,936 rows); null: one row per token.
     """
 
@@ -55,7 +58,8 @@ class ToyArchitecture:
     head_dim: Optional[int] = None  # null: hidden_size // num_heads
     # Share the embedding and the lm_head (Qwen3-0.6B does): fewer weights, one matrix read twice.
     tie_word_embeddings: bool = False
-    # bytes: 256 byte tokens + 3 special ones; qwen3: Qwen3's id layout, chat template and stop ids.
+    # bytes: 256 byte tokens + 3 special ones; qwen3: Qwen3's id layout, chat template and stop ids;
+    # bpe: bytes merged into 512 ids (another tokenizer of the same text).
     tokenizer: str = "bytes"
     # Embedding rows past the tokenizer, as real models pad them (Qwen3: 151,936); null: one per token.
     vocab_rows: Optional[int] = None

@@ -13,6 +13,12 @@ from miniverl.config.model import ToyArchitecture, check_common
 # ref: verl's reference policy, the student's own base with its LoRA disabled (no second copy);
 # shared_base: `adapter` applied to the student's base (one copy of the base, two adapters).
 TEACHER_MODES = ("standard", "ref", "shared_base")
+# none: the teacher scores the student's token ids (the tokenizers must match); text: it scores the
+# response's text in its own tokenization, aligned to the student's tokens by characters
+# (miniverl's; verl has none: docs/teachers.md "A teacher with another tokenizer").
+TOKENIZER_ALIGNMENTS = ("none", "text")
+# How a span's estimate reaches the student's tokens of that span: all to its last token, or split evenly.
+ALIGNMENT_CREDITS = ("last", "even")
 
 
 @dataclass
@@ -84,6 +90,17 @@ class TeacherConfig:
     toy_pretrain_lr: float = 0.003
     # A privileged context: the teacher's own prompt, made from the row (null templates: the student's).
     context: TeacherContext = field(default_factory=TeacherContext)
+    # none: the teacher's tokenizer must be the student's; text: a teacher with another tokenizer
+    # scores the response's text in its own tokenization, after the prompt in its own chat template
+    # (with the same tokenizer on both sides nothing changes: the run is the one without).
+    tokenizer_alignment: str = "none"
+    # With tokenizer_alignment=text: last (a span's estimate on its last student token) or even (split
+    # over its student tokens). last keeps every estimator a function of the span's log-ratio.
+    alignment_credit: str = "last"
+
+    @property
+    def text_aligned(self) -> bool:
+        return self.tokenizer_alignment == "text"
 
     def check(self, where: str = "teacher") -> None:
         """The teacher's own rules, naming it by its config path (`teacher`, `teachers.<name>`);
@@ -102,6 +119,20 @@ class TeacherConfig:
             raise ValueError(
                 f"{where}.mode=ref is the student's base without any adapter: drop {where}.adapter, "
                 f"or use {where}.mode=shared_base"
+            )
+        if self.tokenizer_alignment not in TOKENIZER_ALIGNMENTS:
+            raise ValueError(
+                f"{where}.tokenizer_alignment={self.tokenizer_alignment!r}; "
+                f"choose one of {', '.join(TOKENIZER_ALIGNMENTS)}"
+            )
+        if self.alignment_credit not in ALIGNMENT_CREDITS:
+            raise ValueError(
+                f"{where}.alignment_credit={self.alignment_credit!r}; choose one of {', '.join(ALIGNMENT_CREDITS)}"
+            )
+        if self.text_aligned and (self.mode != "standard" or self.context.enabled):
+            raise ValueError(
+                f"{where}.tokenizer_alignment=text needs a separate teacher model without a privileged context "
+                f"({where}.mode=standard, no {where}.context): ref and shared_base share the student's tokenizer"
             )
         check_range(f"{where}.toy_pretrain_steps", self.toy_pretrain_steps, at_least=0)
         check_range(f"{where}.toy_pretrain_lr", self.toy_pretrain_lr, above=0)

@@ -290,6 +290,16 @@ def output_rows_problem(student_rows: int, teacher_rows: int, tokens: int) -> st
 def tokenizer_problem(student_tok, teacher_tok, student_rows: int, teacher_rows: int) -> str | None:
     """Why the teacher cannot score the student's token ids (both must mean the same thing by each
     id, and render conversations alike), or None. `*_rows`: the output layers' rows."""
+    problem = tokenizers_differ(student_tok, teacher_tok)
+    if problem:
+        return problem
+    problem = output_rows_problem(student_rows, teacher_rows, len(student_tok))
+    return f"output layers: {problem}" if problem else None
+
+
+def tokenizers_differ(student_tok, teacher_tok) -> str | None:
+    """How the two tokenizers differ (vocabulary, special tokens, chat template), or None when a
+    token id and a rendered conversation mean the same to both."""
     s_vocab, t_vocab = student_tok.get_vocab(), teacher_tok.get_vocab()
     if s_vocab != t_vocab:
         differing = len(set(s_vocab.items()) ^ set(t_vocab.items()))
@@ -297,9 +307,6 @@ def tokenizer_problem(student_tok, teacher_tok, student_rows: int, teacher_rows:
             f"tokenizer vocabularies differ: student {len(s_vocab)} tokens, teacher {len(t_vocab)} ({differing} "
             "entries differ); on-policy distillation needs a teacher of the same tokenizer family"
         )
-    problem = output_rows_problem(student_rows, teacher_rows, len(student_tok))
-    if problem:
-        return f"output layers: {problem}"
     specials = [(name, getattr(student_tok, name), getattr(teacher_tok, name)) for name in ("eos_token", "pad_token")]
     wrong = [f"{n} {a!r} vs {b!r}" for n, a, b in specials if a != b]
     if wrong:
@@ -323,4 +330,7 @@ def check_tokenizers_compatible(
     rows = [m.get_output_embeddings().weight.shape[0] for m in (student, teacher)]
     problem = tokenizer_problem(student_tok, teacher_tok, *rows)
     if problem:
-        raise MiniverlError(f"{where} and student: {problem}")
+        hint = ""
+        if tokenizers_differ(student_tok, teacher_tok):
+            hint = f"; to distil from a teacher with another tokenizer, set {where}.tokenizer_alignment=text"
+        raise MiniverlError(f"{where} and student: {problem}{hint}")

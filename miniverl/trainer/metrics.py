@@ -14,6 +14,7 @@ def batch_metrics(batch: Batch, response_limit: int) -> dict:
     prompt_lengths = batch.attention_mask[:, : batch.prompt_length].sum(-1).float()
     return {
         **(task_metrics(batch) if batch.token_level_scores is not None else {}),
+        **(alignment_metrics(batch) if batch.student_span is not None else {}),
         "response_length/mean": float(lengths.mean()),
         "response_length/max": float(lengths.max()),
         "response_length/min": float(lengths.min()),
@@ -21,6 +22,16 @@ def batch_metrics(batch: Batch, response_limit: int) -> dict:
         "response_length/sum": float(lengths.sum()),
         "prompt_length/mean": float(prompt_lengths.mean()),
         "prompt_length/max": float(prompt_lengths.max()),
+    }
+
+
+def alignment_metrics(batch: Batch) -> dict:
+    """A teacher with another tokenizer: the fraction of response tokens left out as unaligned, and
+    the teacher's log-likelihood of the responses' text per character (miniverl's names)."""
+    tokens, chars = float(batch.response_mask.sum()), float(batch.response_chars.sum())
+    return {
+        "distillation/unaligned_fraction": 1.0 - float(batch.scored_mask.sum()) / tokens if tokens else 0.0,
+        "distillation/teacher_loglik_per_char": float(batch.teacher_text_logprobs.sum()) / chars if chars else 0.0,
     }
 
 

@@ -19,6 +19,7 @@ import torch
 from miniverl import __version__
 from miniverl.config import MiniverlConfig
 from miniverl.models import cpu_gemm
+from miniverl.models import loading as models
 from miniverl.utils.dataset import (
     Conversations,
     PromptSet,
@@ -157,12 +158,23 @@ def teacher_contexts(
     any model loads)."""
     out = {}
     for name, block in cfg.teacher_blocks.items():
+        teacher = cfg.teacher_where(name)
+        limit = block.context.prompt_limit or cfg.recipe.prompt_limit
         if block.context.enabled:
-            teacher = cfg.teacher_where(name)
             messages = teacher_conversations(conversations, block.context, teacher, where)
-            limit = block.context.prompt_limit or cfg.recipe.prompt_limit
             out[name] = teacher_prompt_ids(messages, rows, cfg.data, tokenizer, limit, teacher, where)
+        elif (own := aligned_teacher_tokenizer(block, teacher, tokenizer)) is not None:  # its own chat template
+            out[name] = teacher_prompt_ids(conversations.messages, rows, cfg.data, own, limit, teacher, where)
     return out
+
+
+def aligned_teacher_tokenizer(block, where: str, student_tokenizer):
+    """The tokenizer of a teacher that scores text (tokenizer_alignment=text) when it differs from
+    the student's; None otherwise (the teacher then scores the student's own ids)."""
+    if not block.text_aligned:
+        return None
+    own = models.load_tokenizer(where, block, models.source_of(block, None))
+    return own if models.tokenizers_differ(student_tokenizer, own) else None
 
 
 def toy_teacher_corpora(cfg: MiniverlConfig, conversations: Conversations) -> dict[str, list[list[dict]]]:

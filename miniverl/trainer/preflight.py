@@ -5,7 +5,9 @@ check is one line, PASS / WARN / FAIL with the reason.
 
     data          rows, prompt lengths against recipe.prompt_limit, enough prompts for the plan
     tokenizer     same vocabulary, output rows covering it (padding past it may differ), same
-                  special tokens, same chat template (`topk`: a top-k loss's k at most the vocabulary)
+                  special tokens, same chat template (`topk`: a top-k loss's k at most the vocabulary);
+                  with teacher.tokenizer_alignment=text and another tokenizer, the share of the
+                  data's text that aligns into common spans
     memory        an estimate of the peak memory against the hardware option's limit
     routing       several teachers: every row's teacher_key value has a teacher (or a default)
     context       a teacher with a privileged context: its prompt renders for every row (a missing
@@ -31,9 +33,11 @@ import torch
 from miniverl.config import MiniverlConfig
 from miniverl.models import cpu_gemm, precision
 from miniverl.models import loading as models
+from miniverl.trainer.memory_estimate import architecture, estimate_peak_bytes
 from miniverl.trainer.plan import read_rows, route_column, teacher_contexts, teacher_routes, uses_context
 from miniverl.utils.dataset import read_conversations, tokenize_prompts
 from miniverl.utils.errors import MiniverlError
+from miniverl.utils.text_alignment import align_response
 
 
 @dataclass
@@ -124,9 +128,13 @@ def check_tokenizers(cfg: MiniverlConfig, student_tok) -> Check:
             shared.append(f"{where}.mode={block.mode} shares the student's tokenizer and base")
             continue
         teacher_tok = models.load_tokenizer(where, block, models.source_of(block, None))
+        if block.text_aligned and models.tokenizers_differ(student_tok, teacher_tok):
+            return check_alignment(cfg, student_tok, teacher_tok)
         rows = (architecture(cfg.model)["vocab"], architecture(block)["vocab"])
         problem = models.tokenizer_problem(student_tok, teacher_tok, *rows)
         if problem:
+            if models.tokenizers_differ(student_tok, teacher_tok):
+                problem += f"; to distil from a teacher with another tokenizer, set {where}.tokenizer_alignment=text"
             return Check("FAIL", "tokenizer", f"{where}: {problem}" if cfg.teachers else problem)
         padded = padded or not rows[0] == rows[1] == len(student_tok)
         scored.append(f"{where if cfg.teachers else 'teacher'} {rows[1]}")
@@ -142,6 +150,28 @@ def check_tokenizers(cfg: MiniverlConfig, student_tok) -> Check:
             stops = models.configured_stop_ids(student_tok, models.source_of(cfg.model, None))
             facts.append(f"responses end at ids {stops} (the tokenizer's EOS and the model's generation config)")
     return Check("PASS", "tokenizer", "; ".join(facts))
+
+
+def check_alignment(cfg: MiniverlConfig, student_tok, teacher_tok) -> Check:
+    """A teacher of another tokenizer (tokenizer_alignment=text): the share of the student's tokens
+    of the training rows' text (their prompts and answers) that align into spans with the teacher's
+    tokens; a token that cannot is never trained on (distillation/unaligned_fraction)."""
+    conversations = read_conversations(cfg.data)
+    texts = [m[-1]["content"] for m in conversations.messages] + [a for a in conversations.answers if a]
+    tokens = aligned = 0
+    for text in texts:
+        ids = student_tok(text, add_special_tokens=False)["input_ids"]
+        alignment = align_response(student_tok, ids, teacher_tok, stopped=False, teacher_stop_id=None)
+        tokens, aligned = tokens + len(ids), aligned + len(ids) - alignment.unaligned_student_tokens
+    rate = aligned / tokens if tokens else 1.0
+    line = (
+        f"teacher.tokenizer_alignment=text: the student's {len(student_tok)}-token vocabulary and the teacher's "
+        f"{len(teacher_tok)} align {rate:.1%} of the student's {tokens} tokens of the training rows' text "
+        f"({len(texts)} prompts and answers) into common spans"
+    )
+    if rate < 0.5:
+        return Check("FAIL", "tokenizer", line + "; most tokens would never be trained on: pick a closer teacher")
+    return Check("PASS" if rate >= 0.95 else "WARN", "tokenizer", line)
 
 
 def check_topk(cfg: MiniverlConfig, tokenizer) -> Check:
@@ -173,74 +203,6 @@ def check_routing(cfg: MiniverlConfig) -> Check:
                 counts[name] = counts.get(name, 0) + 1
     shares = ", ".join(f"{name} {counts.get(name, 0)}" for name in cfg.teachers)
     return Check("PASS", "routing", f"rows by {cfg.teacher_key}: {shares}")
-
-
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-
-def architecture(block) -> dict:
-    """The sizes the memory estimate needs, and the dtype the weights load in (`dtype: auto`: the checkpoint's)."""
-    if block.model_id == "toy":
-        t = block.toy
-        return dict(
-            vocab=t.vocab_rows or models.toy.tokenizer_length(t.tokenizer),
-            hidden=t.hidden_size,
-            inter=t.intermediate_size,
-            layers=t.num_layers,
-            heads=t.num_heads,
-            kv=t.kv_heads,
-            head_dim=t.attention_head_dim,
-            tied=t.tie_word_embeddings,
-            dtype=t.dtype if block.dtype == "auto" else block.dtype,
-        )
-    from transformers import AutoConfig
-
-    c = AutoConfig.from_pretrained(block.model_id, revision=block.revision, trust_remote_code=block.trust_remote_code)
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    dtype = str(getattr(c, "dtype", None) or "float32").replace("torch.", "") if block.dtype == "auto" else block.dtype
-    return dict(
-        vocab=c.vocab_size,
-        hidden=c.hidden_size,
-        inter=c.intermediate_size,
-        layers=c.num_hidden_layers,
-        heads=c.num_attention_heads,
-        kv=getattr(c, "num_key_value_heads", c.num_attention_heads),
-        head_dim=head_dim,
-        tied=bool(getattr(c, "tie_word_embeddings", False)),
-        dtype=dtype,
-    )
-
-
-def weight_bytes(a: dict, quantization: str, other_bytes: int) -> int:
-    """Linear layers (NF4: 4 bits and one float32 absmax per 64 weights) + the embedding, and
-    the output layer unless tied, in `other_bytes` per value."""
-    linear = a["layers"] * (a["hidden"] * a["head_dim"] * (2 * a["heads"] + 2 * a["kv"]) + 3 * a["hidden"] * a["inter"])
-    embeddings = a["vocab"] * a["hidden"] * (1 if a["tied"] else 2)
-    per_linear = 0.5 + 4 / 64 if quantization == "nf4" else DTYPE_BYTES.get(a["dtype"], 4)
-    return int(linear * per_linear + embeddings * other_bytes)
-
-
-def estimate_peak_bytes(cfg: MiniverlConfig) -> int:
-    """Weights + KV cache of the rollout + checkpointed activations of one update chunk + the
-    logits of one log-prob chunk + LoRA weights, gradients and AdamW state. An estimate."""
-    s = architecture(cfg.model)
-    # prepare_model_for_kbit_training casts every unquantized weight of the student to float32:
-    # the embedding (tied to the output layer: one copy) and the norms.
-    prepared = cfg.model.quantization == "nf4" and cfg.model.prepare_kbit_training
-    total = weight_bytes(s, cfg.model.quantization, 4 if prepared else DTYPE_BYTES.get(s["dtype"], 4))
-    for block in cfg.teacher_blocks.values():  # every teacher is loaded once, for the whole run
-        if block.mode == "standard":
-            t = architecture(block)
-            total += weight_bytes(t, block.quantization, DTYPE_BYTES.get(t["dtype"], 4))
-    tokens = cfg.recipe.prompt_limit + cfg.recipe.response_limit
-    rows = cfg.hardware.rollout_physical_batch
-    total += 2 * s["layers"] * rows * tokens * s["kv"] * s["head_dim"] * 4  # KV cache
-    chunk = cfg.hardware.update_chunk
-    total += chunk * tokens * s["hidden"] * 4 * (s["layers"] + 16)  # checkpointed inputs + one layer's activations
-    total += cfg.hardware.logprob_chunk * s["vocab"] * 4 * 3  # logits, exp and gradient of one chunk
-    lora = 2 * cfg.model.lora.r * s["hidden"] * s["layers"] * len(cfg.model.lora.target_modules)
-    total += lora * 4 * 4  # weights, gradients, two AdamW moments
-    return total
 
 
 def check_memory(cfg: MiniverlConfig, device: torch.device) -> Check:

@@ -18,7 +18,7 @@ from miniverl import VERL_COMMIT, VERL_REPOSITORY, VERL_TAG, __version__
 from miniverl.config import MiniverlConfig
 from miniverl.config.recipe import teacher_target_for
 from miniverl.models.adapters import adapter_sha256
-from miniverl.trainer.plan import PLAN_VERSION, Plan
+from miniverl.trainer.plan import PLAN_VERSION, Plan, aligned_teacher_tokenizer
 from miniverl.utils.device import hardware_facts
 from miniverl.utils.identity import sha256_file, sha256_json
 from miniverl.utils.measure import (
@@ -66,6 +66,7 @@ class RunFacts:
     workload_seconds: float = 0.0
     distillation_progress: dict | None = None
     teacher_weight_bytes: dict[str, int] = field(default_factory=dict)  # by teacher name ("teacher": the single one)
+    tokenizer_alignment: dict | None = None  # a teacher of another tokenizer: alignment_block
     extra_measurements: dict = field(default_factory=dict)
 
 
@@ -139,7 +140,37 @@ def trainer_facts(trainer, status: str, resume: dict) -> RunFacts:
         workload_seconds=seconds_since_start(),
         distillation_progress=trainer.progress if trainer.cfg.eval.every != -1 else None,
         teacher_weight_bytes=trainer.teacher_weight_bytes,
+        tokenizer_alignment=alignment_block(trainer),
     )
+
+
+def alignment_block(trainer) -> dict | None:
+    """With teacher.tokenizer_alignment=text: both tokenizers, whether the alignment ran (it does
+    not where the tokenizers are the same), and over the updates the fraction of response tokens
+    left unaligned; None without it."""
+    if not trainer.cfg.teacher.text_aligned or trainer.cfg.teachers:
+        return None
+    own = aligned_teacher_tokenizer(trainer.cfg.teacher, "teacher", trainer.tokenizer)  # None: the student's
+    key = "distillation/unaligned_fraction"
+    fractions = [m[key] for m in trainer.history if key in m]
+    return {
+        "applied": "none: the teacher's tokenizer is the student's" if own is None else "text",
+        "credit": trainer.cfg.teacher.alignment_credit,
+        "student_tokenizer": tokenizer_facts(trainer.tokenizer),
+        "teacher_tokenizer": None if own is None else tokenizer_facts(own),
+        "unaligned_fraction_mean": sum(fractions) / len(fractions) if fractions else None,
+        "unaligned_fraction_max": max(fractions) if fractions else None,
+    }
+
+
+def tokenizer_facts(tokenizer) -> dict:
+    return {
+        "class": type(tokenizer).__name__,
+        "name_or_path": tokenizer.name_or_path,
+        "vocabulary": len(tokenizer),
+        "vocabulary_sha256": sha256_json(sorted(tokenizer.get_vocab().items())),
+        "eos_token": tokenizer.eos_token,
+    }
 
 
 def resume_block(resumed, load_seconds: float | None, updates_done: int, plan: Plan) -> dict:
@@ -302,6 +333,7 @@ def build_report(cfg: MiniverlConfig, plan: Plan, facts: RunFacts) -> dict:
             "total_workload_bytes": folder_bytes(run_dir),
             "trajectory_sha256": facts.trajectory_sha256,
         },
+        **({"tokenizer_alignment": facts.tokenizer_alignment} if facts.tokenizer_alignment else {}),
         "resource_contract": resource_contract(cfg, facts),
         "resume": {**facts.resume, "note": cfg.recipe.resume_check_note},
         # Additive to schema v1: held-out progress, [{"update": u, "value": v}, ...] from update 0.
@@ -315,6 +347,11 @@ def build_report(cfg: MiniverlConfig, plan: Plan, facts: RunFacts) -> dict:
                 else None
             ),
             "task_score": facts.distillation_progress.get("task_score"),  # where held-out rows can be scored
+            **(
+                {"teacher_loglik_per_char": facts.distillation_progress["teacher_loglik_per_char"]}
+                if "teacher_loglik_per_char" in facts.distillation_progress  # a teacher of another tokenizer
+                else {}
+            ),
             "every": cfg.eval.every,
             "heldout_files": list(cfg.data.val_files),
         },

@@ -8,6 +8,11 @@ new samples — and the teacher scores it:
     exact_reverse_kl  mean over response positions of sum_v pi(v) (log pi(v) - log nu(v)), the exact
                       KL(student || teacher) of the next-token distributions (vocabularies up to
                       eval.exact_kl_max_vocab; null above)
+    teacher_loglik_per_char  with a teacher of another tokenizer (teacher.tokenizer_alignment=text):
+                      the teacher's log-likelihood of the student's responses, in its own
+                      tokenization, per character of their text (rises as the student writes
+                      text the teacher finds likely); k1_mean is then over aligned spans, and the
+                      exact KL, which compares two vocabularies, is not measured
     task_score        the mean task reward of the student's own held-out samples, by the rule of each
                       row's data_source (or the run's reward function with task rewards), where every
                       held-out row can be scored (`val/task_score/mean`; else not measured)
@@ -36,11 +41,13 @@ from miniverl.workers.logprobs import full_log_probs
 from miniverl.workers.reward import RewardWorker
 from miniverl.workers.rollout import RolloutWorker
 from miniverl.workers.teacher import TeacherRouter, TeacherWorker
+from miniverl.workers.text_aligned_teacher import TextAlignedTeacher
 
 # The probe's values under their metric names (the distillation ones are miniverl's).
 PROGRESS_METRICS = {
     "k1_mean": "val/distillation/k1_mean",
     "exact_reverse_kl": "val/distillation/exact_reverse_kl",
+    "teacher_loglik_per_char": "val/distillation/teacher_loglik_per_char",
     "task_score": "val/task_score/mean",
 }
 
@@ -92,7 +99,8 @@ class ValidationProbe:
         self.response_limit = response_limit
         self.tokenizer_vocab = rollout.tokenizer_vocab  # the rows every role samples and scores
         vocab = student_model.get_output_embeddings().weight.shape[0]
-        self.exact = min(vocab, self.tokenizer_vocab or vocab) <= exact_kl_max_vocab
+        self.aligned = isinstance(teacher, TextAlignedTeacher)  # another vocabulary: no exact KL against it
+        self.exact = min(vocab, self.tokenizer_vocab or vocab) <= exact_kl_max_vocab and not self.aligned
 
     @torch.no_grad()
     def measure(self, shift: Downshift) -> dict[str, float | None]:
@@ -111,7 +119,7 @@ class ValidationProbe:
         if self.sample_teachers:
             batch = self.teacher.route(batch, self.sample_teachers)
         batch = shift.run("update_chunk", every, lambda sizes: self.teacher.compute_teacher_log_prob(batch, sizes[0]))
-        mask = batch.response_mask  # (B, R)
+        mask = batch.scored_mask  # (B, R)
         tokens = mask.sum().clamp_min(1)
         k1 = float(((batch.rollout_log_probs - batch.teacher_logprobs) * mask).sum() / tokens)
         exact = None
@@ -119,6 +127,9 @@ class ValidationProbe:
             per_position = shift.run("update_chunk", every, lambda sizes: self.exact_reverse_kl(batch, sizes[0]))
             exact = float((per_position * mask).sum() / tokens)
         values = {"k1_mean": k1, "exact_reverse_kl": exact}
+        if self.aligned:
+            chars = int(batch.response_chars.sum())
+            values["teacher_loglik_per_char"] = float(batch.teacher_text_logprobs.sum()) / chars if chars else None
         if self.scorer is not None:
             values["task_score"] = float(self.scorer.compute_reward(batch).token_level_scores.sum(-1).mean())
         return values

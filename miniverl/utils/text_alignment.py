@@ -1,5 +1,6 @@
-"""One response in two tokenizations, aligned by its text: the groundwork of distilling from a
-teacher whose tokenizer differs from the student's (not wired into the recipe yet).
+"""One response in two tokenizations, aligned by its text: what lets a teacher whose tokenizer
+differs from the student's score the student's samples (teacher.tokenizer_alignment=text;
+workers/text_aligned_teacher.py builds on it, docs/teachers.md says what it does).
 
 The student samples token ids; their text is what both models are asked about. The teacher
 tokenizes that text its own way, so its tokens and the student's rarely coincide one to one. Both
@@ -9,12 +10,18 @@ as tokenized here (other tokenizations of the same text carry some probability t
 bound on the text's), and the two sums can be subtracted (a span-level k1) where token log-probs
 cannot.
 
-A boundary after a token is clean only where the decode of the tokens up to it is a prefix of the
-whole text: a token that ends inside a character (byte fallback) has none and joins the next span.
-A span is unaligned, never scored, where its text holds U+FFFD (bytes that decode to no character,
-as a UTF-8 sequence cut by the length limit does at the end), where either side has a special token in it (a
-special token means something to its own model only), or where the teacher's tokens do not decode
-back to the student's text (a tokenizer that normalises spaces or Unicode): `span` is -1 there.
+A boundary after a token is clean only where the text up to it is a prefix of the whole text
+ending on a character: a token that ends inside a character (byte fallback) has none and joins the
+next span. Where both tokenizers are byte-level BPE (GPT-2's byte symbols: Llama 3, Qwen, SmolLM,
+GPT-2), the text is the student's exact bytes, a byte that is no character kept as itself (as a
+UTF-8 sequence cut by the length limit, or a student that writes raw bytes), and the teacher scores
+such bytes with its own byte tokens: every byte the student writes is scored. Otherwise the text is
+the student's decode, and a span holding U+FFFD (bytes the decode could not keep) is unaligned. A
+span is unaligned, never scored, also where either side has a special token in it (a special token
+means something to its own model only) or where the teacher's tokens do not give back the student's
+text (a tokenizer that normalises spaces or Unicode): `span` is -1 there. Why the bytes matter: a
+student that could write unscored bytes would be trained on everything but them, and drifts there
+(measured: recipes/opd_k1_cross_tokenizer_cpu/README.md).
 """
 
 from __future__ import annotations
@@ -48,6 +55,94 @@ def clean_ends(tokenizer, ids: list[int], text: str) -> list[int | None]:
     for i in range(len(ids)):
         prefix = tokenizer.decode(ids[: i + 1], skip_special_tokens=False)
         ends.append(len(prefix) if text.startswith(prefix) else None)
+    return ends
+
+
+class ByteTokens:
+    """A byte-level BPE tokenizer's tokens as bytes (GPT-2's byte-to-symbol table, which Llama 3,
+    Qwen, SmolLM and GPT-2 share): every byte string, valid UTF-8 or not, has tokens."""
+
+    _cache: dict[int, ByteTokens | None] = {}
+
+    def __init__(self, tokenizer):
+        from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+        self.symbol_of = bytes_to_unicode()  # byte -> its one-character symbol in the vocabulary
+        self.byte_of = {symbol: byte for byte, symbol in self.symbol_of.items()}
+        self.tokenizer = tokenizer
+        vocab = tokenizer.get_vocab()
+        self.byte_ids = [vocab[self.symbol_of[b]] for b in range(256)]  # each byte's own token
+
+    @classmethod
+    def of(cls, tokenizer) -> ByteTokens | None:
+        """The tokenizer's ByteTokens, or None when it is not byte-level (a ByteLevel decoder and a
+        token for each of the 256 bytes)."""
+        from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+        key = id(tokenizer)  # the tokenizers of a run live as long as it
+        if key not in cls._cache:
+            backend = getattr(tokenizer, "backend_tokenizer", None)
+            byte_level = type(getattr(backend, "decoder", None)).__name__ == "ByteLevel"
+            vocab = tokenizer.get_vocab() if byte_level else {}
+            complete = bool(vocab) and all(symbol in vocab for symbol in bytes_to_unicode().values())
+            cls._cache[key] = cls(tokenizer) if complete else None
+        return cls._cache[key]
+
+    def bytes_of(self, ids: list[int]) -> list[bytes]:
+        """Each token's bytes (an added token's: its text in UTF-8)."""
+        added = self.tokenizer.added_tokens_decoder
+        out = []
+        for token_id, symbols in zip(ids, self.tokenizer.convert_ids_to_tokens(ids)):
+            if token_id in added or any(c not in self.byte_of for c in symbols):
+                out.append(symbols.encode("utf-8"))
+            else:
+                out.append(bytes(self.byte_of[c] for c in symbols))
+        return out
+
+
+def by_bytes(text_ids: list[int], student: ByteTokens, teacher_tokenizer, teacher: ByteTokens):
+    """Both sides byte-level: (text, student ends, teacher ids, teacher ends). The text is the
+    student's bytes with each byte that is no character kept as itself (Python's surrogateescape:
+    one character each), and the teacher scores those bytes with its own byte tokens, so nothing a
+    byte-level student writes is out of the teacher's reach."""
+    pieces = student.bytes_of(text_ids)
+    raw = b"".join(pieces)
+    text = raw.decode("utf-8", "surrogateescape")
+    char_at = {0: 0}  # byte offset of every character boundary -> its character offset
+    offset = 0
+    for i, char in enumerate(text):
+        offset += 1 if _escaped(char) else len(char.encode("utf-8"))
+        char_at[offset] = i + 1
+    teacher_ids = []
+    for run, escaped in _runs(text):
+        if escaped:  # bytes that are no character: the teacher's own token for each byte
+            teacher_ids += [teacher.byte_ids[ord(c) - 0xDC00] for c in run]
+        else:
+            teacher_ids += teacher_tokenizer(run, add_special_tokens=False)["input_ids"]
+    return text, _ends(pieces, raw, char_at), teacher_ids, _ends(teacher.bytes_of(teacher_ids), raw, char_at)
+
+
+def _runs(text: str):
+    """Maximal runs of ordinary characters and of escaped bytes, in order: (run, escaped)."""
+    start = 0
+    for i in range(1, len(text) + 1):
+        if i == len(text) or _escaped(text[i]) != _escaped(text[start]):
+            yield text[start:i], _escaped(text[start])
+            start = i
+
+
+def _escaped(char: str) -> bool:
+    return "\udc80" <= char <= "\udcff"
+
+
+def _ends(pieces: list[bytes], raw: bytes, char_at: dict[int, int]) -> list[int | None]:
+    """Per token, the character offset its bytes end at, where the bytes so far are a prefix of
+    `raw` ending on a character boundary; None elsewhere (inside a character, or past a difference)."""
+    ends, offset, same = [], 0, True
+    for piece in pieces:
+        same = same and raw[offset : offset + len(piece)] == piece
+        offset += len(piece)
+        ends.append(char_at.get(offset) if same else None)
     return ends
 
 
@@ -93,10 +188,17 @@ def align_response(
     `stopped`; the teacher's own stop token (`teacher_stop_id`) then scores as one span of its own
     against the student's."""
     text_ids = response_ids[:-1] if stopped else list(response_ids)
-    text = student_tokenizer.decode(text_ids, skip_special_tokens=False)
-    teacher_ids = teacher_tokenizer(text, add_special_tokens=False)["input_ids"]
-    student_ends = clean_ends(student_tokenizer, text_ids, text)
-    teacher_ends = clean_ends(teacher_tokenizer, teacher_ids, text)
+    student_bytes, teacher_bytes = ByteTokens.of(student_tokenizer), ByteTokens.of(teacher_tokenizer)
+    byte_level = student_bytes is not None and teacher_bytes is not None
+    if byte_level:
+        text, student_ends, teacher_ids, teacher_ends = by_bytes(
+            text_ids, student_bytes, teacher_tokenizer, teacher_bytes
+        )
+    else:
+        text = student_tokenizer.decode(text_ids, skip_special_tokens=False)
+        teacher_ids = teacher_tokenizer(text, add_special_tokens=False)["input_ids"]
+        student_ends = clean_ends(student_tokenizer, text_ids, text)
+        teacher_ends = clean_ends(teacher_tokenizer, teacher_ids, text)
 
     bounds = sorted({e for e in student_ends if e} & {e for e in teacher_ends if e})
     blocked = special_ranges(student_tokenizer, text_ids, student_ends)
@@ -104,7 +206,8 @@ def align_response(
     aligned, start = [], 0
     for end in bounds:
         piece = text[start:end]
-        aligned.append(REPLACEMENT not in piece and not any(a < end and start < b for a, b in blocked))
+        cut = not byte_level and REPLACEMENT in piece  # bytes the decode could not keep
+        aligned.append(not cut and not any(a < end and start < b for a, b in blocked))
         start = end
 
     student_span = assign_spans(student_ends, bounds, aligned)
@@ -122,27 +225,35 @@ def align_response(
     return Alignment(text, teacher_ids, student_span, teacher_span, num_spans, aligned)
 
 
-def span_sums(values: torch.Tensor, span: list[int], num_spans: int) -> torch.Tensor:
-    """(T,) per-token values -> (num_spans,) their sums per span; unaligned tokens (-1) left out."""
-    index = torch.tensor(span, dtype=torch.long, device=values.device)
+def span_sums(values: torch.Tensor, span, num_spans: int) -> torch.Tensor:
+    """(T,) or (B, T) per-token values -> (num_spans,) or (B, num_spans) their sums per span, on
+    the autograd graph of `values`; tokens of span -1 (unaligned, padding) are left out."""
+    squeeze = values.dim() == 1
+    index = torch.as_tensor(span, dtype=torch.long, device=values.device)
+    index, values = (index[None], values[None]) if squeeze else (index, values)  # (B, T) each
     keep = index >= 0
-    sums = torch.zeros(num_spans, dtype=values.dtype, device=values.device)
-    return sums.index_add(0, index[keep], values[keep])
+    sums = values.new_zeros(len(values), num_spans)
+    sums = sums.scatter_add(1, index.clamp_min(0), torch.where(keep, values, torch.zeros_like(values)))
+    return sums[0] if squeeze else sums
 
 
-def credit_to_tokens(span_values: torch.Tensor, span: list[int], how: str = "even") -> torch.Tensor:
-    """(num_spans,) span values -> (T,) per student token: `even` splits each span's value equally
-    over its tokens, `last` gives it all to the span's last token; 0 on unaligned tokens."""
-    index = torch.tensor(span, dtype=torch.long, device=span_values.device)
+def credit_to_tokens(span_values: torch.Tensor, span, how: str = "even") -> torch.Tensor:
+    """(num_spans,) or (B, num_spans) span values -> (T,) or (B, T) per student token: `even`
+    splits each span's value equally over its tokens, `last` gives it all to the span's last token
+    (a span's tokens are adjacent); 0 on tokens of span -1."""
+    squeeze = span_values.dim() == 1
+    index = torch.as_tensor(span, dtype=torch.long, device=span_values.device)
+    index, span_values = (index[None], span_values[None]) if squeeze else (index, span_values)  # (B, T), (B, S)
     keep = index >= 0
-    out = torch.zeros(len(span), dtype=span_values.dtype, device=span_values.device)
+    at = index.clamp_min(0)
+    value = span_values.gather(1, at)  # (B, T) each token's span value
+    zero = torch.zeros_like(value)
     if how == "even":
-        counts = torch.zeros_like(span_values).index_add(0, index[keep], torch.ones_like(out[keep]))
-        out[keep] = span_values[index[keep]] / counts[index[keep]]
+        counts = torch.zeros_like(span_values).scatter_add(1, at, keep.to(span_values.dtype))  # (B, S)
+        out = torch.where(keep, value / counts.gather(1, at).clamp_min(1), zero)
     elif how == "last":
-        last = {s: i for i, s in enumerate(span) if s >= 0}  # the highest position of each span
-        for s, i in last.items():
-            out[i] = span_values[s]
+        following = torch.cat([index[:, 1:], torch.full_like(index[:, :1], -2)], dim=1)
+        out = torch.where(keep & (following != index), value, zero)
     else:
         raise ValueError(f"credit must be 'even' or 'last', got {how!r}")
-    return out
+    return out[0] if squeeze else out

@@ -185,6 +185,13 @@ def refusal(config: MiniverlConfig) -> str | None:
                 "adapter; merge it into its base (PeftModel.merge_and_unload, save_pretrained) and export "
                 f"{where}.mode=standard {where}.model_id=<merged folder>"
             )
+    aligned = [where for _, t, where in teacher_entries(config) if t.text_aligned]
+    if aligned:
+        return (
+            f"{aligned[0]}.tokenizer_alignment=text: verl {version} has no distillation across tokenizers (its "
+            "teacher scores the student's token ids); export a teacher of the student's tokenizer with "
+            f"{aligned[0]}.tokenizer_alignment=none"
+        )
     with_context = [where for _, t, where in teacher_entries(config) if t.context.enabled]
     if with_context and not config.export.drop_teacher_context:
         return (

@@ -35,10 +35,12 @@ from miniverl.config.actor import ActorConfig
 from miniverl.config.estimator import EstimatorConfig
 from miniverl.models import cpu_gemm
 from miniverl.protocol import Batch
+from miniverl.workers.actor_metrics import per_teacher_losses, rollout_actor_metrics
 from miniverl.workers.advantages import policy_gradient_advantages
 from miniverl.workers.full_vocab_loss import reverse_kl_full, reverse_kl_full_terms
 from miniverl.workers.logprobs import response_hidden_states, response_log_probs, sampled_log_probs, topk_terms
 from miniverl.workers.losses import (
+    Spans,
     batch_normalisers,
     combine_metrics,
     distillation_baseline,
@@ -68,11 +70,11 @@ class ActorWorker:
         bypass_mode: bool = False,
         teacher_names: tuple[str, ...] = (),
         teacher_heads: tuple[torch.nn.Module, ...] = (),
+        alignment_credit: str = "last",
     ):
         self.peft_model = model
-        self.bypass_mode = (
-            bypass_mode  # verl's rollout_correction.bypass_mode: the rollout's log-probs are the old ones
-        )
+        self.bypass_mode = bypass_mode  # verl's rollout_correction.bypass_mode: the rollout's log-probs are old
+        self.alignment_credit = alignment_credit  # a teacher with another tokenizer: how a span's estimate is credited
         self.model = model.get_base_model()  # LoRA layers are injected in place
         self.estimator = estimator
         self.actor_config = actor  # its clip ratios are the task-reward PPO loss's (verl's actor ones)
@@ -164,7 +166,15 @@ class ActorWorker:
         """The number subtracted from each token's estimate in the advantage (estimator.advantage_baseline),
         from the log-probs of the policy that sampled `batch`: its old log-probs, on-policy the rollout's."""
         sampled_by = batch.rollout_log_probs if batch.old_log_probs is None else batch.old_log_probs
-        return distillation_baseline(self.estimator, sampled_by, batch.teacher_logprobs, batch.response_mask)
+        return distillation_baseline(
+            self.estimator, sampled_by, batch.teacher_logprobs, batch.scored_mask, self.spans_of(batch)
+        )
+
+    def spans_of(self, batch: Batch) -> Spans | None:
+        """The span targets of a teacher with another tokenizer (None: per-token teacher log-probs)."""
+        if batch.student_span is None:
+            return None
+        return Spans(batch.student_span, batch.teacher_span_logprobs, self.alignment_credit)
 
     def _step(self, batch: Batch, chunks: list[int]):
         metrics, per_token_loss, log_probs, loss_mask = self._accumulate(batch, chunks)
@@ -223,6 +233,8 @@ class ActorWorker:
         self.peft_model.train()
         self.optimizer.zero_grad(set_to_none=True)
         loss_mask = None if selection is None else selection.loss_mask(batch.response_mask)
+        if batch.student_span is not None:  # a teacher with another tokenizer: its unaligned tokens are left out
+            loss_mask = batch.scored_mask
         trained = batch.response_mask if loss_mask is None else loss_mask
         normalisers = dict(batch_normalisers(trained), loss_scale_factor=self.loss_scale_factor)
         baseline = self.baseline_for(batch)  # one number for the whole update, before any chunk's backward
@@ -277,7 +289,7 @@ class ActorWorker:
             hidden = lm_head.weight.new_empty(*at.shape, lm_head.weight.shape[1])
         else:
             hidden = response_hidden_states(self.model, chunk)  # (b, R, H)
-        mask = chunk.response_mask if selection is None else selection.loss_mask(chunk.response_mask)
+        mask = chunk.scored_mask if selection is None else selection.loss_mask(chunk.response_mask)
 
         def per_position(x):  # (b, R, ...) -> the positions the head sees
             return x if at is None else at.gather(x)
@@ -326,6 +338,7 @@ class ActorWorker:
                     mask,
                     advantage_mask=chunk.response_mask,  # the discounted future KL runs over the whole response
                     baseline=baseline,
+                    spans=self.spans_of(chunk),
                     **normalisers,
                 ),
                 log_prob,
@@ -350,45 +363,3 @@ class ActorWorker:
             ),
             log_prob,
         )
-
-
-def per_teacher_losses(per_token_loss: torch.Tensor, batch: Batch, names: tuple[str, ...]) -> dict:
-    """`actor/distillation/loss/<teacher>`: the token mean of the per-token distillation loss (B, R),
-    after loss_max_clamp, over each teacher's samples; absent for a teacher with no response token
-    in this update."""
-    metrics = {}
-    for i, name in enumerate(names):
-        rows = batch.teacher_index == i  # (B,)
-        mask = batch.response_mask[rows]
-        if tokens := float(mask.sum()):
-            metrics[f"actor/distillation/loss/{name}"] = float((per_token_loss[rows] * mask).sum() / tokens)
-    return metrics
-
-
-def rollout_actor_metrics(batch: Batch) -> dict:
-    """How far the rollout's log-probs are from the actor's old log-probs (verl's
-    `training/rollout_probs_diff_*` debug metrics: absolute differences of the probabilities, over
-    response tokens). miniverl's old log-probs come from the update's train-mode forward, verl's
-    from its eval-mode recompute. Near zero says bypass_mode would change nothing but rounding.
-
-    Every value is finite (the checkpoint's history refuses NaN): without response tokens only
-    `valid` = 0; the spread of a single token is 0; the Pearson correlation is 1 for two identical
-    vectors and left out where one side is constant otherwise (a collapsed student that samples
-    every token with probability 1 makes both sides constant), where verl would log NaN."""
-    mask = batch.response_mask.bool()
-    if not mask.any():
-        return {"training/rollout_probs_diff_valid": 0}
-    actor, rollout = batch.old_log_probs.exp()[mask], batch.rollout_log_probs.exp()[mask]  # (N,) each
-    diff = (actor - rollout).abs()
-    metrics = {
-        "training/rollout_probs_diff_valid": 1,
-        "training/rollout_probs_diff_max": float(diff.max()),
-        "training/rollout_probs_diff_mean": float(diff.mean()),
-        "training/rollout_probs_diff_std": float(diff.std()) if diff.numel() > 1 else 0.0,
-    }
-    if torch.equal(actor, rollout):
-        metrics["training/rollout_actor_probs_pearson_corr"] = 1.0
-    elif actor.numel() > 1 and actor.std() > 0 and rollout.std() > 0:
-        corr = torch.corrcoef(torch.stack([actor, rollout]))[0, 1]
-        metrics["training/rollout_actor_probs_pearson_corr"] = float(corr)
-    return metrics

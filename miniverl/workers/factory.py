@@ -18,12 +18,13 @@ from miniverl.utils.measure import stored_weight_bytes
 from miniverl.workers.actor import ActorWorker
 from miniverl.workers.rollout import RolloutWorker
 from miniverl.workers.teacher import TeacherRouter, TeacherWorker
+from miniverl.workers.text_aligned_teacher import TextAlignedTeacher
 
 
 @dataclass
 class Roles:
     rollout: RolloutWorker
-    teacher: TeacherWorker | TeacherRouter
+    teacher: TeacherWorker | TeacherRouter | TextAlignedTeacher
     actor: ActorWorker
     # Memory each teacher adds, by name: its own model's weights (standard), its adapter on the
     # student's base (shared_base), nothing (ref).
@@ -78,6 +79,7 @@ def build_roles(
         teacher_names=tuple(cfg.teachers) if cfg.routed else (),
         # reverse_kl_full, reverse_kl_topk: the actor forms each teacher's distribution from its hidden states
         teacher_heads=tuple(w.output_head for w in workers.values()) if cfg.estimator.uses_full_vocab else (),
+        alignment_credit=cfg.teacher.alignment_credit,  # read with a text-aligned teacher (the single one)
     )
     products = cpu_gemm.product_name(float32_gemm, device)
     return Roles(rollout, teacher, actor, {name: w.weight_bytes for name, w in workers.items()}, products)
@@ -113,9 +115,17 @@ def build_teacher(
     if block.mode == "standard":  # a separate frozen model
         source = models.source_of(block, toy_path)
         teacher = models.load_teacher(block, source, device, where)
-        models.check_tokenizers_compatible(
-            tokenizer, models.load_tokenizer(where, block, source), student.get_base_model(), teacher, where
-        )
+        own = models.load_tokenizer(where, block, source)
+        if block.text_aligned and models.tokenizers_differ(tokenizer, own):  # it scores text in its own tokens
+            models.check_tokenizers_compatible(own, own, teacher, teacher, where)  # its output layer covers them
+            worker = TeacherWorker(
+                teacher,
+                weight_bytes=stored_weight_bytes(teacher),
+                **{**common, "tokenizer_vocab": len(own), "pad_id": own.pad_token_id},
+            )
+            stops = models.stop_token_ids(tokenizer, student.get_base_model())
+            return TextAlignedTeacher(worker, tokenizer, own, stop_ids=stops, credit=block.alignment_credit)
+        models.check_tokenizers_compatible(tokenizer, own, student.get_base_model(), teacher, where)
         return TeacherWorker(teacher, weight_bytes=stored_weight_bytes(teacher), **common)
     # ref / shared_base: the teacher runs on the student's own base weights, no second copy.
     added = 0

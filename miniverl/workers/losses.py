@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from miniverl.config.estimator import ESTIMATOR_MODES, LOSS_AGG_MODES
+from miniverl.utils.text_alignment import credit_to_tokens, span_sums
 from miniverl.workers.advantages import policy_gradient_advantages
 
 Number = int | float | torch.Tensor
@@ -71,6 +72,23 @@ def kl_estimate(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, mode: str) -
         log_r = torch.clamp(ref_log_prob - log_prob, min=-20, max=20)
         return torch.clamp(torch.exp(log_r) - log_r - 1, min=-10, max=10)
     raise ValueError(f"unknown estimator mode {mode!r}; choose one of {', '.join(ESTIMATOR_MODES)}")
+
+
+class Spans(NamedTuple):
+    """A teacher with another tokenizer scores spans of text, not tokens (workers/text_aligned_teacher.py)."""
+
+    student_span: torch.Tensor  # (B, T) long: each token's span, -1 where unaligned
+    teacher_log_prob: torch.Tensor  # (B, S) the teacher's log-prob of each span
+    credit: str  # last | even: how a span's estimate reaches its tokens
+
+
+def span_kl_estimate(log_prob: torch.Tensor, spans: Spans, mode: str) -> torch.Tensor:
+    """(B, T) the estimator of each span's log-ratio log pi(span) - log nu(span), credited to the
+    span's tokens (`last`: all on its last token; `even`: split), on the graph of `log_prob`
+    through the span sum, so that a direct loss trains every token of the span."""
+    student = span_sums(log_prob, spans.student_span, spans.teacher_log_prob.shape[1])  # (B, S)
+    per_span = kl_estimate(student, spans.teacher_log_prob.to(log_prob.dtype), mode)  # (B, S)
+    return credit_to_tokens(per_span, spans.student_span, spans.credit)
 
 
 def _nonzero(n: Number) -> Number:
@@ -251,6 +269,7 @@ def distillation_loss(
     loss_scale_factor: Number | None = None,
     advantage_mask: torch.Tensor | None = None,
     baseline: float = 0.0,
+    spans: Spans | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """Estimator-based distillation loss for one (micro-)batch.
 
@@ -261,6 +280,9 @@ def distillation_loss(
     response_mask); only read with policy gradient and est.kl_discount_factor > 0, where the
     advantage of token t is -sum_{s>=t} gamma^(s-t) d_s (d after loss_max_clamp) instead of -d_t.
     baseline: with policy gradient, subtracted from d in the advantage (`distillation_baseline`).
+    spans: a teacher with another tokenizer: d is the span estimate credited to the span's tokens
+    (`span_kl_estimate`; teacher_log_prob is then not read) and response_mask must leave out the
+    unaligned tokens (Batch.scored_mask).
     Returns (loss scalar, per-token loss (B, T) after the clamp, metrics as floats).
     Metrics: distillation/abs_loss, loss_min, loss_max (pre-clamp, over masked tokens) and with
     policy gradient distillation/pg_clipfrac, ppo_kl, pg_clipfrac_lower (and advantage_mean, the
@@ -273,7 +295,10 @@ def distillation_loss(
         )
     mask = response_mask.bool()  # (B, T)
     # The estimator uses the CURRENT log-probs, so in the direct path its gradient drives the update.
-    per_token = kl_estimate(log_prob, teacher_log_prob.to(log_prob.dtype), est.loss_mode)  # (B, T)
+    if spans is None:
+        per_token = kl_estimate(log_prob, teacher_log_prob.to(log_prob.dtype), est.loss_mode)  # (B, T)
+    else:
+        per_token = span_kl_estimate(log_prob, spans, est.loss_mode)  # (B, T)
     with torch.no_grad():
         # Mean |loss| rather than mean loss, because k1 is signed; no eps: a plain mean, as verl.
         abs_sum = torch.where(mask, per_token.abs(), torch.zeros((), dtype=per_token.dtype, device=per_token.device))
@@ -299,6 +324,7 @@ def distillation_baseline(
     old_log_prob: torch.Tensor,  # (B, T) log-probs of the policy that sampled the tokens
     teacher_log_prob: torch.Tensor,  # (B, T)
     response_mask: torch.Tensor,  # (B, T)
+    spans: Spans | None = None,
 ) -> float:
     """The baseline of est.advantage_baseline: 0.0 with none; with batch_mean the token mean over
     `response_mask` of the per-token estimate (after loss_max_clamp) under the sampling policy, one
@@ -307,7 +333,10 @@ def distillation_baseline(
     chunk's backward; on-policy the two are the same policy."""
     if getattr(est, "advantage_baseline", "none") == "none":
         return 0.0
-    estimate = kl_estimate(old_log_prob, teacher_log_prob, est.loss_mode)  # (B, T)
+    if spans is None:
+        estimate = kl_estimate(old_log_prob, teacher_log_prob, est.loss_mode)  # (B, T)
+    else:
+        estimate = span_kl_estimate(old_log_prob, spans, est.loss_mode)
     if est.loss_max_clamp is not None:
         estimate = estimate.clamp(min=-est.loss_max_clamp, max=est.loss_max_clamp)
     mask = response_mask.bool()

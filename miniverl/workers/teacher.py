@@ -91,7 +91,7 @@ class TeacherWorker:
         teacher_hidden_states (B, R, H)], at temperature 1 (verl requires 1.0 for the teacher)."""
         self.model.eval()
         with self.scoring():
-            parts = self._score(self.teacher_view(batch), rows_per_forward)
+            parts = self.score_rows(self.teacher_view(batch), rows_per_forward)
         columns = [torch.cat(c) for c in zip(*parts)]
         batch.teacher_logprobs = columns[0] * batch.response_mask
         if self.topk is not None:
@@ -112,7 +112,7 @@ class TeacherWorker:
         with self.scoring():
             return full_log_probs(self.model, self.teacher_view(batch), self.tokenizer_vocab)
 
-    def _score(self, batch: Batch, rows_per_forward: int) -> list[tuple[torch.Tensor, ...]]:
+    def score_rows(self, batch: Batch, rows_per_forward: int) -> list[tuple[torch.Tensor, ...]]:
         parts = []
         for start in range(0, len(batch), rows_per_forward):
             rows = batch.rows(start, start + rows_per_forward)

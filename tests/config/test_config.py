@@ -76,9 +76,10 @@ def test_model_and_teacher_fields_are_the_reference_report_fields(reference_repo
     config = to_config(compose_config(["+recipe=opd_k1"]))
     assert set(dataclasses.asdict(config.model)) == set(reference_report["models"]["student"])
     # Plus the routing key of several teachers (verl's teacher_models.<name>.key), which the single
-    # teacher does not read and the report's models.teacher block leaves out, and the privileged
-    # context (miniverl's).
-    assert set(dataclasses.asdict(config.teacher)) == set(reference_report["models"]["teacher"]) | {"key", "context"}
+    # teacher does not read and the report's models.teacher block leaves out, the privileged
+    # context and the alignment of a teacher with another tokenizer (miniverl's).
+    added = {"key", "context", "tokenizer_alignment", "alignment_credit"}
+    assert set(dataclasses.asdict(config.teacher)) == set(reference_report["models"]["teacher"]) | added
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from miniverl.config import to_config
 from miniverl.main import run
 from miniverl.models import cpu_gemm, precision, toy
 from miniverl.models import loading as models
-from miniverl.trainer import preflight
+from miniverl.trainer import memory_estimate, preflight
 from miniverl.trainer.opd_trainer import OPDTrainer
 from miniverl.trainer.resume_check import first_difference
 from miniverl.utils.errors import MiniverlError
@@ -215,12 +215,13 @@ def test_the_doctor_passes_the_recipes_precision_and_fails_a_broken_nf4_path(tra
 
 def test_the_memory_estimate_counts_the_tied_embedding_once_in_float32():
     cfg = to_config(compose_config(QWEN3))
-    student = preflight.architecture(cfg.model)
+    student = memory_estimate.architecture(cfg.model)
     assert student["tied"] and student["vocab"] == ROWS and student["dtype"] == "bfloat16"
     linear = student["layers"] * (64 * 32 * (2 * 4 + 2 * 2) + 3 * 64 * 128)
-    assert preflight.weight_bytes(student, "nf4", 4) == int(linear * (0.5 + 4 / 64) + ROWS * 64 * 4)
+    assert memory_estimate.weight_bytes(student, "nf4", 4) == int(linear * (0.5 + 4 / 64) + ROWS * 64 * 4)
     untied = dict(student, tied=False)
-    assert preflight.weight_bytes(untied, "nf4", 4) - preflight.weight_bytes(student, "nf4", 4) == ROWS * 64 * 4
+    weight_bytes = memory_estimate.weight_bytes
+    assert weight_bytes(untied, "nf4", 4) - weight_bytes(student, "nf4", 4) == ROWS * 64 * 4
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """The recipe on real trained weights (tests/conftest.py `real_models`: SmolLM2-135M-Instruct and
 its every-2nd-layer cut, NF4 with bf16 compute): the student moves toward the teacher, sampling
-and scoring agree within bf16's own rounding, and the doctor passes."""
+and scoring agree within bf16's own rounding, and the doctor passes; a student of another
+tokenizer (Qwen2's) distils from the same teacher through text alignment."""
 
 from __future__ import annotations
 
@@ -115,3 +116,33 @@ def test_the_doctors_tokenizer_check_reads_the_models_own_files(real_models):
     check = check_tokenizers(cfg, tokenizer)
     assert check.status == "PASS" and "vocabulary 49152" in check.reason, check
     assert "responses end at ids [2]" in check.reason  # <|im_end|>, from the model's own files
+
+
+SHORT_CROSS = [
+    "+recipe=opd_k1_cross_tokenizer_cpu",
+    "recipe.optimizer_updates=4",
+    "recipe.interrupt_after_updates=null",
+    "eval.every=4",
+    "trainer.progress_bar=false",
+]
+
+
+@pytest.mark.slow
+def test_a_student_of_another_tokenizer_distils_from_the_real_teacher(cross_tokenizer_student, tmp_path):
+    run_dir = tmp_path / "run"
+    assert run_as_command("main", *SHORT_CROSS, f"hydra.run.dir={run_dir}") == 0
+    report = json.loads((run_dir / "report.json").read_text())
+    block = report["tokenizer_alignment"]
+    assert block["applied"] == "text" and block["unaligned_fraction_mean"] < 0.1
+    assert (block["student_tokenizer"]["vocabulary"], block["teacher_tokenizer"]["vocabulary"]) == (151936, 49152)
+    k1 = {p["update"]: p["value"] for p in report["distillation_progress"]["k1_mean"]}
+    assert k1[4] < 0.95 * k1[0]  # the held-out span k1 falls
+    assert len(report["distillation_progress"]["teacher_loglik_per_char"]) == 2
+
+
+@pytest.mark.slow
+def test_the_doctor_finds_the_real_pairs_text_aligned(cross_tokenizer_student):
+    cfg = to_config(compose_config(["+recipe=opd_k1_cross_tokenizer_cpu"]))
+    student_tok = models.load_tokenizer("model", cfg.model, models.source_of(cfg.model, None))
+    check = check_tokenizers(cfg, student_tok)
+    assert check.status == "PASS" and "the student's 151936-token vocabulary and the teacher's 49152" in check.reason

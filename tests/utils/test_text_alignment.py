@@ -16,18 +16,21 @@ from miniverl.utils.text_alignment import align_response, credit_to_tokens, span
 CORPUS = ["12 + 30 = 42", "the sea is blue and the sky is grey", "write one sentence", "héllo wörld"] * 20
 
 
-def trained_bpe(lowercase: bool = False) -> PreTrainedTokenizerFast:
-    """A byte-level BPE trained here on a few lines: another segmentation of the same text."""
-    backend = Tokenizer(models.BPE())
+def trained_bpe(lowercase: bool = False, byte_level: bool = True) -> PreTrainedTokenizerFast:
+    """A BPE trained here on a few lines: another segmentation of the same text; byte-level (GPT-2's
+    byte symbols) or over the corpus's characters (SentencePiece's word marks, no byte tokens)."""
+    backend = Tokenizer(models.BPE(unk_token=None if byte_level else "<unk>"))
     if lowercase:
         backend.normalizer = normalizers.Lowercase()
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=320, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=["<eos>"]
-    )
+    if byte_level:
+        backend.pre_tokenizer, backend.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+    else:
+        backend.pre_tokenizer, backend.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+        alphabet = []
+    trainer = trainers.BpeTrainer(vocab_size=320, initial_alphabet=alphabet, special_tokens=["<eos>", "<unk>"])
     backend.train_from_iterator(CORPUS, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>")
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>", unk_token="<unk>")
 
 
 @pytest.fixture(scope="module")
@@ -75,13 +78,24 @@ def test_a_character_over_two_byte_tokens_is_one_span(toy):
     assert a.student_span[1] == a.student_span[2] >= 0 and a.unaligned_student_tokens == 0
 
 
-def test_a_response_cut_inside_a_character_leaves_its_last_byte_unaligned(toy):
+def test_a_byte_that_is_no_character_is_scored_by_a_byte_level_teacher_as_that_byte(toy):
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
     bpe = trained_bpe()
     ids = encode(toy, "the sé")[:-1]  # the length limit fell between the two bytes of é
     a = align_response(toy, ids, bpe, stopped=False, teacher_stop_id=None)
-    assert a.text.endswith("\ufffd")
+    assert a.text == "the s\udcc3"  # the byte kept as itself (surrogateescape), one character
+    assert a.teacher_ids[-1] == bpe.get_vocab()[bytes_to_unicode()[0xC3]]  # the teacher's token of that byte
+    assert a.unaligned_student_tokens == 0 and all(a.aligned)
+    assert a.student_span[-1] == a.teacher_span[-1] == a.num_spans - 1  # a span of its own
+
+
+def test_without_byte_tokens_on_both_sides_a_cut_character_is_left_unaligned(toy):
+    sentencepiece_like = trained_bpe(byte_level=False)
+    ids = encode(toy, "the sé")[:-1]
+    a = align_response(toy, ids, sentencepiece_like, stopped=False, teacher_stop_id=None)
+    assert a.text.endswith("\ufffd")  # decoded: the byte is lost
     assert a.student_span[-1] == -1 and a.unaligned_student_tokens == 1
-    assert a.aligned == [True] * (a.num_spans - 1) + [False]
     assert -1 not in a.student_span[:-1]
 
 

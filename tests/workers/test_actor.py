@@ -182,7 +182,7 @@ def test_a_failed_update_leaves_no_old_log_probs_behind():
 def test_each_teachers_loss_is_the_token_mean_over_its_samples_and_absent_without_any():
     from types import SimpleNamespace
 
-    from miniverl.workers.actor import per_teacher_losses
+    from miniverl.workers.actor_metrics import per_teacher_losses
 
     loss = torch.tensor([[1.0, 3.0, 9.0], [2.0, 4.0, 6.0], [5.0, 7.0, 0.0]])  # (B, R)
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
@@ -203,7 +203,7 @@ def test_the_rollout_vs_actor_metrics_stay_finite_where_a_correlation_is_undefin
     """A NaN in an update's metrics would make its checkpoint unwritable (strict JSON)."""
     from miniverl.protocol import Batch
     from miniverl.utils.identity import canonical_json
-    from miniverl.workers.actor import rollout_actor_metrics
+    from miniverl.workers.actor_metrics import rollout_actor_metrics
 
     n = len(actor)
     batch = Batch(

@@ -147,6 +147,12 @@ MODEL_RULES: tuple[Rule, ...] = (
         )
         for k in ("system", "user", "prompt_limit")
     ),
+    no_equivalent(
+        "teacher.tokenizer_alignment",
+        "verl's teacher scores the student's token ids, so it needs the student's tokenizer: the export "
+        "refuses tokenizer_alignment=text",
+    ),
+    no_equivalent("teacher.alignment_credit", "read only with teacher.tokenizer_alignment=text, which verl has not"),
 )
 
 # ---- several teachers: `teachers.<name>` (verl: distillation.teacher_models.<name>, a `+` entry each)

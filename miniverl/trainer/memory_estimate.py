@@ -1,0 +1,74 @@
+"""An estimate of a run's peak memory from its config alone (no model loaded): the doctor's
+memory check (trainer/preflight.py) compares it with the device's memory."""
+
+from __future__ import annotations
+
+from miniverl.config import MiniverlConfig
+from miniverl.models import loading as models
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def architecture(block) -> dict:
+    """The sizes the memory estimate needs, and the dtype the weights load in (`dtype: auto`: the checkpoint's)."""
+    if block.model_id == "toy":
+        t = block.toy
+        return dict(
+            vocab=t.vocab_rows or models.toy.tokenizer_length(t.tokenizer),
+            hidden=t.hidden_size,
+            inter=t.intermediate_size,
+            layers=t.num_layers,
+            heads=t.num_heads,
+            kv=t.kv_heads,
+            head_dim=t.attention_head_dim,
+            tied=t.tie_word_embeddings,
+            dtype=t.dtype if block.dtype == "auto" else block.dtype,
+        )
+    from transformers import AutoConfig
+
+    c = AutoConfig.from_pretrained(block.model_id, revision=block.revision, trust_remote_code=block.trust_remote_code)
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    dtype = str(getattr(c, "dtype", None) or "float32").replace("torch.", "") if block.dtype == "auto" else block.dtype
+    return dict(
+        vocab=c.vocab_size,
+        hidden=c.hidden_size,
+        inter=c.intermediate_size,
+        layers=c.num_hidden_layers,
+        heads=c.num_attention_heads,
+        kv=getattr(c, "num_key_value_heads", c.num_attention_heads),
+        head_dim=head_dim,
+        tied=bool(getattr(c, "tie_word_embeddings", False)),
+        dtype=dtype,
+    )
+
+
+def weight_bytes(a: dict, quantization: str, other_bytes: int) -> int:
+    """Linear layers (NF4: 4 bits and one float32 absmax per 64 weights) + the embedding, and
+    the output layer unless tied, in `other_bytes` per value."""
+    linear = a["layers"] * (a["hidden"] * a["head_dim"] * (2 * a["heads"] + 2 * a["kv"]) + 3 * a["hidden"] * a["inter"])
+    embeddings = a["vocab"] * a["hidden"] * (1 if a["tied"] else 2)
+    per_linear = 0.5 + 4 / 64 if quantization == "nf4" else DTYPE_BYTES.get(a["dtype"], 4)
+    return int(linear * per_linear + embeddings * other_bytes)
+
+
+def estimate_peak_bytes(cfg: MiniverlConfig) -> int:
+    """Weights + KV cache of the rollout + checkpointed activations of one update chunk + the
+    logits of one log-prob chunk + LoRA weights, gradients and AdamW state. An estimate."""
+    s = architecture(cfg.model)
+    # prepare_model_for_kbit_training casts every unquantized weight of the student to float32:
+    # the embedding (tied to the output layer: one copy) and the norms.
+    prepared = cfg.model.quantization == "nf4" and cfg.model.prepare_kbit_training
+    total = weight_bytes(s, cfg.model.quantization, 4 if prepared else DTYPE_BYTES.get(s["dtype"], 4))
+    for block in cfg.teacher_blocks.values():  # every teacher is loaded once, for the whole run
+        if block.mode == "standard":
+            t = architecture(block)
+            total += weight_bytes(t, block.quantization, DTYPE_BYTES.get(t["dtype"], 4))
+    tokens = cfg.recipe.prompt_limit + cfg.recipe.response_limit
+    rows = cfg.hardware.rollout_physical_batch
+    total += 2 * s["layers"] * rows * tokens * s["kv"] * s["head_dim"] * 4  # KV cache
+    chunk = cfg.hardware.update_chunk
+    total += chunk * tokens * s["hidden"] * 4 * (s["layers"] + 16)  # checkpointed inputs + one layer's activations
+    total += cfg.hardware.logprob_chunk * s["vocab"] * 4 * 3  # logits, exp and gradient of one chunk
+    lora = 2 * cfg.model.lora.r * s["hidden"] * s["layers"] * len(cfg.model.lora.target_modules)
+    total += lora * 4 * 4  # weights, gradients, two AdamW moments
+    return total

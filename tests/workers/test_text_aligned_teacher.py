@@ -1,0 +1,228 @@
+"""A teacher with another tokenizer (teacher.tokenizer_alignment=text, workers/text_aligned_teacher.py):
+it scores the response's text in its own tokens after its own prompt, as a plain Hugging Face
+forward of it does; each model's span sums add up to its whole-sequence log-likelihood; what cannot
+be aligned is left out of the loss and counted; the span estimators reach the student's tokens as
+documented; with the same tokenizer the run is byte for byte the one without alignment."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from miniverl.config import to_config
+from miniverl.main import run
+from miniverl.models import toy
+from miniverl.protocol import assemble, left_pad
+from miniverl.trainer import preflight
+from miniverl.trainer.metrics import alignment_metrics
+from miniverl.utils.errors import MiniverlError
+from miniverl.utils.identity import sha256_file
+from miniverl.verl_compat.launch_writer import export
+from miniverl.workers.losses import Spans, kl_estimate, span_kl_estimate
+from miniverl.workers.teacher import TeacherWorker
+from miniverl.workers.text_aligned_teacher import TextAlignedTeacher
+
+from conftest import ROOT, compose_config, trajectory
+
+QUESTION = [{"role": "user", "content": "What is 12 + 30? Answer briefly."}]
+RESPONSES = ("The answer is 42.", " 12 + 30 = 42, the sea")  # ASCII: every span aligns
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """The bytes tokenizer (the student's) and a teacher of the bpe tokenizer, random weights."""
+    student_tok, teacher_tok = toy.build_toy_tokenizer("bytes"), toy.build_toy_tokenizer("bpe")
+    arch = to_config(compose_config(["teacher.toy.tokenizer=bpe"])).teacher.toy
+    teacher = toy.build_toy_model(arch, teacher_tok, seed=3).eval()
+    return student_tok, teacher_tok, teacher
+
+
+def prompt_of(tokenizer) -> list[int]:
+    chat = tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True, tokenize=False)
+    return tokenizer(chat, add_special_tokens=False)["input_ids"]
+
+
+def student_batch(student_tok, responses: list[list[int]]):
+    """Rows of prompt row 0 with these sampled ids, right-padded (response_mask 0 past each)."""
+    ids, mask = left_pad([prompt_of(student_tok)] * len(responses), student_tok.pad_token_id, torch.device("cpu"))
+    width = max(len(r) for r in responses)
+    out = torch.full((len(responses), width), student_tok.pad_token_id)
+    response_mask = torch.zeros(len(responses), width)
+    for i, r in enumerate(responses):
+        out[i, : len(r)], response_mask[i, : len(r)] = torch.tensor(r), 1
+    rows = torch.zeros(len(responses), dtype=torch.long)
+    return assemble(ids, mask, out, response_mask, torch.zeros(len(responses), width), rows)
+
+
+def aligned_teacher(pair) -> TextAlignedTeacher:
+    student_tok, teacher_tok, teacher = pair
+    worker = TeacherWorker(
+        teacher,
+        logprob_chunk=4,
+        topk=None,
+        tokenizer_vocab=len(teacher_tok),
+        pad_id=teacher_tok.pad_token_id,
+        context_prompts={0: prompt_of(teacher_tok)},
+    )
+    return TextAlignedTeacher(worker, student_tok, teacher_tok, stop_ids=[student_tok.eos_token_id], credit="last")
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def plain_log_probs(model, prompt: list[int], response: list[int]) -> torch.Tensor:
+    """(n,) log-probs of `response` after `prompt` by one plain forward of one unpadded row."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + response])).logits[0].float()
+    n = len(response)
+    return logits[len(prompt) - 1 : len(prompt) - 1 + n].log_softmax(-1)[torch.arange(n), response]
+
+
+def test_the_teacher_scores_its_own_tokens_of_the_text_as_a_plain_forward_does(pair):
+    student_tok, teacher_tok, teacher = pair
+    stopped = [*encode(student_tok, RESPONSES[1]), student_tok.eos_token_id]
+    batch = aligned_teacher(pair).compute_teacher_log_prob(
+        student_batch(student_tok, [encode(student_tok, RESPONSES[0]), stopped]), rows_per_forward=2
+    )
+    for i, text in enumerate(RESPONSES):
+        theirs = encode(teacher_tok, text) + ([teacher_tok.eos_token_id] if i == 1 else [])
+        assert len(theirs) < len(encode(student_tok, text))  # another, coarser tokenization
+        expected = plain_log_probs(teacher, prompt_of(teacher_tok), theirs)
+        torch.testing.assert_close(batch.teacher_text_logprobs[i], expected.sum(), atol=1e-4, rtol=0)
+        # Every span aligns here: the spans' log-probs are the whole text's, split.
+        torch.testing.assert_close(batch.teacher_span_logprobs[i].sum(), expected.sum(), atol=1e-4, rtol=0)
+        assert int(batch.response_chars[i]) == len(text)
+    assert torch.equal(batch.scored_mask, batch.response_mask)
+
+
+def test_each_models_span_sums_add_up_to_its_whole_sequence_log_likelihood(pair):
+    student_tok, teacher_tok, _ = pair
+    student = toy.build_toy_model(
+        to_config(compose_config([])).model.toy, student_tok, seed=5
+    ).eval()  # a student of the bytes tokenizer
+    ids = encode(student_tok, RESPONSES[1])
+    batch = aligned_teacher(pair).compute_teacher_log_prob(student_batch(student_tok, [ids]), rows_per_forward=1)
+    own = plain_log_probs(student, prompt_of(student_tok), ids)  # (n,)
+    spans = batch.student_span[0]
+    student_spans = torch.zeros(batch.teacher_span_logprobs.shape[1]).index_add(0, spans, own)
+    torch.testing.assert_close(student_spans.sum(), own.sum(), atol=1e-5, rtol=0)
+    assert len(set(spans.tolist())) == batch.teacher_span_logprobs.shape[1] < len(ids)  # spans of several bytes
+    torch.testing.assert_close(batch.teacher_span_logprobs.sum(), batch.teacher_text_logprobs.sum(), atol=1e-5, rtol=0)
+    # "last": a span's teacher log-prob sits on its last student token; the row sums to the text's.
+    ends = torch.cat([spans[1:] != spans[:-1], torch.tensor([True])])
+    assert torch.equal(batch.teacher_logprobs[0] != 0, ends)
+    torch.testing.assert_close(batch.teacher_logprobs.sum(), batch.teacher_text_logprobs.sum(), atol=1e-5, rtol=0)
+
+
+def test_a_cut_character_is_scored_by_its_byte_and_a_special_token_is_left_out_and_counted(pair):
+    student_tok, _, _ = pair
+    cut = encode(student_tok, "the sea é")[:-1]  # the last character's first byte only
+    im_start = student_tok.convert_tokens_to_ids(toy.IM_START)
+    special = [*encode(student_tok, "the sea "), im_start, *encode(student_tok, "is")]
+    batch = aligned_teacher(pair).compute_teacher_log_prob(student_batch(student_tok, [cut, special]), 2)
+    unscored = batch.response_mask - batch.scored_mask  # (B, R)
+    assert unscored[0].sum() == 0  # both tokenizers are byte-level: the teacher scores the lone byte
+    assert unscored[1, len(special) - 3] == 1  # the special token's span
+    assert (batch.teacher_logprobs * unscored).abs().sum() == 0  # never scored
+    fraction = alignment_metrics(batch)["distillation/unaligned_fraction"]
+    assert fraction == pytest.approx(float(unscored.sum() / batch.response_mask.sum()))
+
+
+@pytest.mark.parametrize("mode", ["k1", "k3"])
+@pytest.mark.parametrize("credit", ["last", "even"])
+def test_a_spans_estimate_reaches_its_student_tokens_as_documented(mode, credit):
+    span = torch.tensor([[0, 0, 1, 2, 2, 2, -1, -1]])  # (1, 8): three spans, two padding/unaligned tokens
+    log_prob = torch.tensor([[-1.0, -2.0, -0.5, -0.1, -0.2, -0.3, -9.0, -9.0]], requires_grad=True)
+    teacher = torch.tensor([[-1.5, -1.0, -0.2]])  # (1, S)
+    per_token = span_kl_estimate(log_prob, Spans(span, teacher, credit), mode)
+    expected = kl_estimate(torch.tensor([[-3.0, -0.5, -0.6]]), teacher, mode)[0].tolist()  # per span
+    if credit == "last":
+        assert per_token[0].tolist() == pytest.approx([0, expected[0], expected[1], 0, 0, expected[2], 0, 0])
+    else:
+        shares = [expected[0] / 2] * 2 + [expected[1]] + [expected[2] / 3] * 3 + [0, 0]
+        assert per_token[0].tolist() == pytest.approx(shares)
+    per_token.sum().backward()  # a direct loss trains every token of a span through the span's sum
+    assert (log_prob.grad[0, :6] != 0).all() and (log_prob.grad[0, 6:] == 0).all()
+
+
+@pytest.mark.parametrize("mode", ["k1", "k2", "k3", "abs"])
+def test_one_token_spans_give_the_per_token_estimate_bit_for_bit(mode):
+    log_prob, teacher = torch.randn(3, 7, dtype=torch.float64), torch.randn(3, 7, dtype=torch.float64)
+    span = torch.arange(7).expand(3, 7)  # what one tokenizer on both sides gives
+    for credit in ("last", "even"):
+        per_token = span_kl_estimate(log_prob, Spans(span, teacher, credit), mode)
+        assert torch.equal(per_token, kl_estimate(log_prob, teacher, mode))
+
+
+RUN = ["+recipe=opd_k1_toy_distill", "recipe.optimizer_updates=2", "eval.every=-1", "data.val_files=[]"]
+RUN += ["teacher.toy_pretrain_steps=3", "trainer.progress_bar=false"]
+
+
+@pytest.mark.slow
+def test_with_the_same_tokenizer_the_run_is_byte_identical_to_the_one_without_alignment(tmp_path):
+    for name, extra in (("plain", []), ("aligned", ["teacher.tokenizer_alignment=text"])):
+        assert run(compose_config([*RUN, *extra]), tmp_path / name)["status"] == "measured"
+    for file in ("trajectories/update_000001.safetensors", "trajectories/update_000002.safetensors",
+                 "peft_adapter/adapter_model.safetensors"):  # fmt: skip
+        assert sha256_file(tmp_path / "aligned" / file) == sha256_file(tmp_path / "plain" / file)
+    block = json.loads((tmp_path / "aligned" / "report.json").read_text())["tokenizer_alignment"]
+    assert block["applied"].startswith("none") and block["teacher_tokenizer"] is None
+
+
+CROSS = [*RUN, "teacher.toy.tokenizer=bpe", "teacher.tokenizer_alignment=text"]
+
+
+@pytest.mark.slow
+def test_a_teacher_of_another_tokenizer_trains_and_resumes_exactly(tmp_path):
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    report = run(compose_config([*CROSS, "eval.every=1", "data.val_files=[data/toy_prompts_heldout.parquet]"]), whole)
+    assert report["status"] == "measured"
+    block = report["tokenizer_alignment"]
+    assert block["applied"] == "text"
+    assert block["teacher_tokenizer"]["vocabulary"] == len(toy.build_toy_tokenizer("bpe"))
+    assert 0 <= block["unaligned_fraction_mean"] < 1
+    progress = report["distillation_progress"]
+    assert progress["exact_reverse_kl"] is None and len(progress["teacher_loglik_per_char"]) == 3
+    t = trajectory(whole, 1)
+    assert t["student_span"].shape == t["responses"].shape and t["teacher_span_logprobs"].dim() == 2
+    args = [*CROSS, "eval.every=1", "data.val_files=[data/toy_prompts_heldout.parquet]"]
+    assert run(compose_config([*args, "trainer.stop_after_updates=1"]), stopped)["status"] == "interrupted"
+    assert run(compose_config(args), stopped)["status"] == "measured"
+    for file in ("trajectories/update_000002.safetensors", "peft_adapter/adapter_model.safetensors"):
+        assert sha256_file(stopped / file) == sha256_file(whole / file)
+
+
+def test_a_teacher_of_another_tokenizer_without_alignment_is_refused_saying_how_to_enable_it(tmp_path):
+    with pytest.raises(MiniverlError) as error:
+        run(compose_config([*RUN, "teacher.toy.tokenizer=bpe"]), tmp_path / "run")
+    message = str(error.value)
+    assert "tokenizer vocabularies differ" in message and "set teacher.tokenizer_alignment=text" in message
+    assert "\n" not in message and not (tmp_path / "run").exists()
+
+
+def test_the_doctor_measures_how_much_of_the_datas_text_aligns():
+    cfg = to_config(compose_config(CROSS))
+    check = preflight.check_tokenizers(cfg, toy.build_toy_tokenizer("bytes"))
+    assert check.status == "PASS" and "align 100.0% of the student's" in check.reason
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["estimator=reverse_kl_full"], "teacher.tokenizer_alignment=text scores sampled tokens only"),
+        (["teacher.mode=ref"], "teacher.tokenizer_alignment=text needs a separate teacher model"),
+        (["teacher.alignment_credit=first"], "teacher.alignment_credit='first'; choose one of last, even"),
+    ],
+)
+def test_what_alignment_cannot_combine_with_is_one_line(extra, message):
+    with pytest.raises(MiniverlError, match=message):
+        to_config(compose_config([*CROSS, *extra]))
+
+
+def test_the_export_refuses_alignment_in_one_line(tmp_path):
+    with pytest.raises(MiniverlError, match="verl 0.9.1 has no distillation across tokenizers") as error:
+        export(compose_config(CROSS), tmp_path / "out", cwd=ROOT)
+    assert "\n" not in str(error.value)
