@@ -26,6 +26,7 @@ student that could write unscored bytes would be trained on everything but them,
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -60,33 +61,29 @@ def clean_ends(tokenizer, ids: list[int], text: str) -> list[int | None]:
 
 class ByteTokens:
     """A byte-level BPE tokenizer's tokens as bytes (GPT-2's byte-to-symbol table, which Llama 3,
-    Qwen, SmolLM and GPT-2 share): every byte string, valid UTF-8 or not, has tokens."""
+    Qwen, SmolLM and GPT-2 share). A vocabulary may lack some bytes' own tokens (SmolLM2's has no
+    token for 21 bytes, control characters among them, and its tokenizer drops such characters):
+    text holding one cannot be written by that model at all."""
 
-    _cache: dict[int, ByteTokens | None] = {}
+    _cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> its ByteTokens or None
 
     def __init__(self, tokenizer):
         from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-        self.symbol_of = bytes_to_unicode()  # byte -> its one-character symbol in the vocabulary
-        self.byte_of = {symbol: byte for byte, symbol in self.symbol_of.items()}
-        self.tokenizer = tokenizer
+        symbol_of = bytes_to_unicode()  # byte -> its one-character symbol in the vocabulary
+        self.byte_of = {symbol: byte for byte, symbol in symbol_of.items()}
+        self.tokenizer = weakref.proxy(tokenizer)  # not a strong one: the cache's entry goes with the tokenizer
         vocab = tokenizer.get_vocab()
-        self.byte_ids = [vocab[self.symbol_of[b]] for b in range(256)]  # each byte's own token
+        self.byte_ids = {b: vocab[symbol_of[b]] for b in range(256) if symbol_of[b] in vocab}  # each byte's token
 
     @classmethod
     def of(cls, tokenizer) -> ByteTokens | None:
-        """The tokenizer's ByteTokens, or None when it is not byte-level (a ByteLevel decoder and a
-        token for each of the 256 bytes)."""
-        from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-        key = id(tokenizer)  # the tokenizers of a run live as long as it
-        if key not in cls._cache:
+        """The tokenizer's ByteTokens, or None when it is not byte-level (no ByteLevel decoder)."""
+        if tokenizer not in cls._cache:
             backend = getattr(tokenizer, "backend_tokenizer", None)
             byte_level = type(getattr(backend, "decoder", None)).__name__ == "ByteLevel"
-            vocab = tokenizer.get_vocab() if byte_level else {}
-            complete = bool(vocab) and all(symbol in vocab for symbol in bytes_to_unicode().values())
-            cls._cache[key] = cls(tokenizer) if complete else None
-        return cls._cache[key]
+            cls._cache[tokenizer] = cls(tokenizer) if byte_level else None
+        return cls._cache[tokenizer]
 
     def bytes_of(self, ids: list[int]) -> list[bytes]:
         """Each token's bytes (an added token's: its text in UTF-8)."""
@@ -99,35 +96,54 @@ class ByteTokens:
                 out.append(bytes(self.byte_of[c] for c in symbols))
         return out
 
+    def writes(self, char: str) -> bool:
+        """Whether this vocabulary has a token for each byte of `char` (an escaped byte: that byte)."""
+        return all(b in self.byte_ids for b in _bytes_of(char))
+
 
 def by_bytes(text_ids: list[int], student: ByteTokens, teacher_tokenizer, teacher: ByteTokens):
-    """Both sides byte-level: (text, student ends, teacher ids, teacher ends). The text is the
-    student's bytes with each byte that is no character kept as itself (Python's surrogateescape:
-    one character each), and the teacher scores those bytes with its own byte tokens, so nothing a
-    byte-level student writes is out of the teacher's reach."""
+    """Both sides byte-level: (text, student ends, teacher ids, teacher ends, holes). The text is
+    the student's bytes, each byte that is no character kept as itself (Python's surrogateescape:
+    one character each). The teacher tokenizes it run by run: ordinary text with its tokenizer,
+    escaped bytes with its own byte tokens, and characters its vocabulary cannot write are holes
+    ((start, end) character ranges: unaligned, never scored). Each run starts clean, so a run the
+    teacher's tokenizer rewrites (a normaliser) leaves only that run unaligned."""
     pieces = student.bytes_of(text_ids)
     raw = b"".join(pieces)
     text = raw.decode("utf-8", "surrogateescape")
     char_at = {0: 0}  # byte offset of every character boundary -> its character offset
     offset = 0
     for i, char in enumerate(text):
-        offset += 1 if _escaped(char) else len(char.encode("utf-8"))
+        offset += len(_bytes_of(char))
         char_at[offset] = i + 1
-    teacher_ids = []
-    for run, escaped in _runs(text):
-        if escaped:  # bytes that are no character: the teacher's own token for each byte
-            teacher_ids += [teacher.byte_ids[ord(c) - 0xDC00] for c in run]
+    teacher_ids, teacher_ends, holes, start = [], [], [], 0
+    for run, kind in _runs(text, teacher):
+        end = start + len(run)
+        if kind == "hole":
+            holes.append((start, end))
         else:
-            teacher_ids += teacher_tokenizer(run, add_special_tokens=False)["input_ids"]
-    return text, _ends(pieces, raw, char_at), teacher_ids, _ends(teacher.bytes_of(teacher_ids), raw, char_at)
+            if kind == "text":
+                ids = teacher_tokenizer(run, add_special_tokens=False)["input_ids"]
+            else:  # bytes that are no character: the teacher's own token of each
+                ids = [teacher.byte_ids[b] for b in _bytes_of(run)]
+            begin = len(_bytes_of(text[:start]))
+            teacher_ends += _ends(teacher.bytes_of(ids), raw[: begin + len(_bytes_of(run))], char_at, begin)
+            teacher_ids += ids
+        start = end
+    return text, _ends(pieces, raw, char_at), teacher_ids, teacher_ends, holes
 
 
-def _runs(text: str):
-    """Maximal runs of ordinary characters and of escaped bytes, in order: (run, escaped)."""
+def _runs(text: str, teacher: ByteTokens):
+    """Maximal runs of one kind, in order: (run, kind); kind `text` (ordinary characters the teacher
+    writes), `bytes` (escaped bytes it writes) or `hole` (what it cannot write)."""
+
+    def kind(char: str) -> str:
+        return "hole" if not teacher.writes(char) else "bytes" if _escaped(char) else "text"
+
     start = 0
     for i in range(1, len(text) + 1):
-        if i == len(text) or _escaped(text[i]) != _escaped(text[start]):
-            yield text[start:i], _escaped(text[start])
+        if i == len(text) or kind(text[i]) != kind(text[start]):
+            yield text[start:i], kind(text[start])
             start = i
 
 
@@ -135,10 +151,15 @@ def _escaped(char: str) -> bool:
     return "\udc80" <= char <= "\udcff"
 
 
-def _ends(pieces: list[bytes], raw: bytes, char_at: dict[int, int]) -> list[int | None]:
-    """Per token, the character offset its bytes end at, where the bytes so far are a prefix of
-    `raw` ending on a character boundary; None elsewhere (inside a character, or past a difference)."""
-    ends, offset, same = [], 0, True
+def _bytes_of(text: str) -> bytes:
+    return text.encode("utf-8", "surrogateescape")
+
+
+def _ends(pieces: list[bytes], raw: bytes, char_at: dict[int, int], begin: int = 0) -> list[int | None]:
+    """Per token, the character offset its bytes end at, where the bytes from `begin` on are a
+    prefix of `raw`'s ending on a character boundary; None elsewhere (inside a character, or past a
+    difference)."""
+    ends, offset, same = [], begin, True
     for piece in pieces:
         same = same and raw[offset : offset + len(piece)] == piece
         offset += len(piece)
@@ -190,8 +211,9 @@ def align_response(
     text_ids = response_ids[:-1] if stopped else list(response_ids)
     student_bytes, teacher_bytes = ByteTokens.of(student_tokenizer), ByteTokens.of(teacher_tokenizer)
     byte_level = student_bytes is not None and teacher_bytes is not None
+    holes = []  # character ranges the teacher cannot write
     if byte_level:
-        text, student_ends, teacher_ids, teacher_ends = by_bytes(
+        text, student_ends, teacher_ids, teacher_ends, holes = by_bytes(
             text_ids, student_bytes, teacher_tokenizer, teacher_bytes
         )
     else:
@@ -202,7 +224,7 @@ def align_response(
 
     bounds = sorted({e for e in student_ends if e} & {e for e in teacher_ends if e})
     blocked = special_ranges(student_tokenizer, text_ids, student_ends)
-    blocked += special_ranges(teacher_tokenizer, teacher_ids, teacher_ends)
+    blocked += special_ranges(teacher_tokenizer, teacher_ids, teacher_ends) + holes
     aligned, start = [], 0
     for end in bounds:
         piece = text[start:end]

@@ -93,7 +93,8 @@ def test_a_finished_run_folder_is_never_overwritten(toy_run, capfd):
         (
             "model=tyo",
             "Could not find 'model/tyo'",
-            "Available options in 'model': qwen3_0_6b, smollm2_135m_every2, toy, toy_qwen3",
+            "Available options in 'model': qwen3_0_6b, smollm2_135m_every2, smollm2_135m_every2_qwen2_tokenizer, "
+            "toy, toy_qwen3",
         ),
     ],
 )

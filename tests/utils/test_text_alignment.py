@@ -5,6 +5,8 @@ the teacher's tokenizer rewrites) is marked unaligned, never mis-scored."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -136,3 +138,26 @@ def test_a_span_value_goes_evenly_or_to_its_last_token_and_never_to_unaligned_on
     assert credit_to_tokens(values, span, "last").tolist() == [0.0, 2.0, 5.0, 0.0, 0.0, 0.0, 3.0]
     with pytest.raises(ValueError, match="credit must be"):
         credit_to_tokens(values, span, "first")
+
+
+def test_a_character_the_teachers_vocabulary_cannot_write_is_a_hole_and_the_rest_still_aligns(toy):
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    bpe = trained_bpe()
+    vocab = bpe.backend_tokenizer.get_vocab()
+    backend = bpe.backend_tokenizer
+    # A teacher vocabulary without a token for byte 0x16 (SmolLM2's lacks it): its tokenizer drops it.
+    missing = bytes_to_unicode()[0x16]
+    pruned = {t: i for t, i in vocab.items() if t != missing}
+    merges = [m for m in json.loads(backend.to_str())["model"]["merges"] if missing not in "".join(m)]
+    holed = Tokenizer(models.BPE(vocab=pruned, merges=[tuple(m) for m in merges]))
+    holed.pre_tokenizer, holed.decoder = backend.pre_tokenizer, backend.decoder
+    teacher = PreTrainedTokenizerFast(tokenizer_object=holed, eos_token="<eos>")
+    assert teacher.decode(encode(teacher, "a\x16b")) == "ab"  # the character is gone
+    ids = encode(toy, "the sea \x16 is blue")
+    a = align_response(toy, ids, teacher, stopped=False, teacher_stop_id=None)
+    at = len(encode(toy, "the sea "))
+    # The character no teacher token writes, up to the teacher's next token end (" is"), is one unaligned span;
+    # the text before and after it aligns.
+    assert a.student_span[at : at + 4] == [-1] * 4
+    assert -1 not in a.student_span[:at] and -1 not in a.student_span[at + 4 :]
