@@ -115,9 +115,15 @@ class MiniverlConfig:
         if not aligned:
             return
         where, est = aligned[0], self.estimator
-        if self.routed:
+        if self.teachers:
             raise ValueError(
-                f"{where}.tokenizer_alignment=text works with one teacher: drop the others or the alignment"
+                f"{where}.tokenizer_alignment=text works with the single `teacher`, not with teachers.<name>: "
+                "set it on `teacher` and drop the teachers block"
+            )
+        if est.use_task_rewards:
+            raise ValueError(
+                f"{where}.tokenizer_alignment=text and estimator.use_task_rewards=true do not combine yet (the task "
+                "loss would skip the unaligned tokens): set estimator.use_task_rewards=false"
             )
         if est.uses_topk or est.uses_full_vocab:
             raise ValueError(

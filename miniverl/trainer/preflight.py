@@ -174,6 +174,11 @@ def check_alignment(cfg: MiniverlConfig, student_tok, teacher_tok) -> Check:
     return Check("PASS" if rate >= 0.95 else "WARN", "tokenizer", line)
 
 
+def own_prompts(cfg: MiniverlConfig) -> bool:
+    """A teacher of another tokenizer renders its own prompt for every row (its chat template)."""
+    return any(t.text_aligned for t in cfg.teacher_blocks.values())
+
+
 def check_topk(cfg: MiniverlConfig, tokenizer) -> Check:
     k, n = cfg.estimator.topk, len(tokenizer)  # a loss over a top-k (the teacher's or the student's) needs k tokens
     fix = f"estimator.topk={k} is larger than the vocabulary ({n} tokens); set estimator.topk to at most {n}"
@@ -190,6 +195,8 @@ def check_context(cfg: MiniverlConfig, tokenizer) -> Check:
             for name, prompts in teacher_contexts(cfg, rows, kept, tokenizer, f"data.{key}").items():
                 lengths = [len(ids) for ids in prompts.values()]
                 facts.append(f"{cfg.teacher_where(name)} on data.{key}: {min(lengths)}..{max(lengths)} tokens")
+    if not facts:  # tokenizer_alignment=text with the student's own tokenizer: the student's prompts
+        return Check("PASS", "context", "the teacher reads the student's prompts (its tokenizer is the student's)")
     return Check("PASS", "context", "the teacher's own prompts render for every row: " + "; ".join(facts))
 
 
@@ -241,7 +248,7 @@ def cheap_checks(cfg: MiniverlConfig, device: torch.device) -> list[Check]:
         *([guarded("topk", check_topk, cfg, tokenizer)] if cfg.estimator.topk_loss else []),
         *([guarded("reward", check_reward, cfg)] if cfg.estimator.use_task_rewards else []),
         *([guarded("routing", check_routing, cfg)] if cfg.routed else []),
-        *([guarded("context", check_context, cfg, tokenizer)] if uses_context(cfg) else []),
+        *([guarded("context", check_context, cfg, tokenizer)] if uses_context(cfg) or own_prompts(cfg) else []),
     ]
 
 

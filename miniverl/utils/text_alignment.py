@@ -32,6 +32,9 @@ from dataclasses import dataclass
 import torch
 
 REPLACEMENT = "\ufffd"  # what a decode writes for bytes that are no character
+# The teacher reads the student's text as text: a special token's name the student spelt out with
+# ordinary tokens stays those characters (a student special token is blocked on its own side).
+AS_TEXT = {"add_special_tokens": False, "split_special_tokens": True}
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,7 @@ def clean_ends(tokenizer, ids: list[int], text: str) -> list[int | None]:
     decodes to other text than `text`)."""
     ends = []
     for i in range(len(ids)):
-        prefix = tokenizer.decode(ids[: i + 1], skip_special_tokens=False)
+        prefix = tokenizer.decode(ids[: i + 1], skip_special_tokens=False, clean_up_tokenization_spaces=False)
         ends.append(len(prefix) if text.startswith(prefix) else None)
     return ends
 
@@ -123,7 +126,7 @@ def by_bytes(text_ids: list[int], student: ByteTokens, teacher_tokenizer, teache
             holes.append((start, end))
         else:
             if kind == "text":
-                ids = teacher_tokenizer(run, add_special_tokens=False)["input_ids"]
+                ids = teacher_tokenizer(run, **AS_TEXT)["input_ids"]
             else:  # bytes that are no character: the teacher's own token of each
                 ids = [teacher.byte_ids[b] for b in _bytes_of(run)]
             begin = len(_bytes_of(text[:start]))
@@ -217,8 +220,8 @@ def align_response(
             text_ids, student_bytes, teacher_tokenizer, teacher_bytes
         )
     else:
-        text = student_tokenizer.decode(text_ids, skip_special_tokens=False)
-        teacher_ids = teacher_tokenizer(text, add_special_tokens=False)["input_ids"]
+        text = student_tokenizer.decode(text_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        teacher_ids = teacher_tokenizer(text, **AS_TEXT)["input_ids"]
         student_ends = clean_ends(student_tokenizer, text_ids, text)
         teacher_ends = clean_ends(teacher_tokenizer, teacher_ids, text)
 

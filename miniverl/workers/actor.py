@@ -336,7 +336,7 @@ class ActorWorker:
                     chunk.old_log_probs,
                     chunk.teacher_logprobs,
                     mask,
-                    advantage_mask=chunk.response_mask,  # the discounted future KL runs over the whole response
+                    advantage_mask=chunk.scored_mask,  # the discounted future KL runs over the scored response
                     baseline=baseline,
                     spans=self.spans_of(chunk),
                     **normalisers,

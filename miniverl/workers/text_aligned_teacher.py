@@ -31,7 +31,7 @@ class TextAlignedTeacher:
         self.worker = worker
         self.student_tokenizer, self.teacher_tokenizer = student_tokenizer, teacher_tokenizer
         self.stop_ids = set(stop_ids)
-        self.teacher_stop_id = teacher_tokenizer.eos_token_id  # scored against the student's stop token
+        self.teacher_stop_id = turn_end_id(teacher_tokenizer)  # scored against the student's stop token
         self.credit = credit
         self.weight_bytes = worker.weight_bytes
 
@@ -97,3 +97,14 @@ class TextAlignedTeacher:
         batch.teacher_text_logprobs = token_log_probs.sum(-1)  # (B,)
         batch.response_chars = torch.tensor([len(a.text) for a in alignments], device=batch.prompts.device)
         return batch
+
+
+def turn_end_id(tokenizer) -> int:
+    """The token the tokenizer's chat template ends an assistant turn with (Gemma's `<end_of_turn>`,
+    ChatML's `<|im_end|>`), which can differ from its EOS: the teacher's own way of stopping."""
+    marker = "\u2063answer\u2063"  # text no template adds or rewrites
+    conversation = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": marker}]
+    rendered = tokenizer.apply_chat_template(conversation, tokenize=False)
+    after = rendered.split(marker, 1)[1] if marker in rendered else ""
+    ids = tokenizer(after, add_special_tokens=False)["input_ids"] if after.strip() else []
+    return ids[0] if ids and ids[0] in tokenizer.all_special_ids else tokenizer.eos_token_id

@@ -22,7 +22,7 @@ from miniverl.utils.identity import sha256_file
 from miniverl.verl_compat.launch_writer import export
 from miniverl.workers.losses import Spans, kl_estimate, span_kl_estimate
 from miniverl.workers.teacher import TeacherWorker
-from miniverl.workers.text_aligned_teacher import TextAlignedTeacher
+from miniverl.workers.text_aligned_teacher import TextAlignedTeacher, turn_end_id
 
 from conftest import ROOT, compose_config, trajectory
 
@@ -216,6 +216,11 @@ def test_the_doctor_measures_how_much_of_the_datas_text_aligns():
         (["estimator=reverse_kl_full"], "teacher.tokenizer_alignment=text scores sampled tokens only"),
         (["teacher.mode=ref"], "teacher.tokenizer_alignment=text needs a separate teacher model"),
         (["teacher.alignment_credit=first"], "teacher.alignment_credit='first'; choose one of last, even"),
+        (
+            ["+teacher@teachers.a=toy", "teachers.a.key=x", "teachers.a.tokenizer_alignment=text"],
+            "teachers.a.tokenizer_alignment=text works with the single `teacher`",
+        ),
+        (["estimator.use_task_rewards=true"], "do not combine yet"),
     ],
 )
 def test_what_alignment_cannot_combine_with_is_one_line(extra, message):
@@ -227,3 +232,23 @@ def test_the_export_refuses_alignment_in_one_line(tmp_path):
     with pytest.raises(MiniverlError, match="verl 0.9.1 has no distillation across tokenizers") as error:
         export(compose_config(CROSS), tmp_path / "out", cwd=ROOT)
     assert "\n" not in str(error.value)
+
+
+def test_the_teachers_stop_is_the_token_its_template_ends_a_turn_with_not_always_its_eos():
+    chatml = toy.build_toy_tokenizer("bpe")
+    assert turn_end_id(chatml) == chatml.convert_tokens_to_ids(toy.IM_END)
+    gemma_like = toy.build_toy_tokenizer("bpe")
+    gemma_like.add_special_tokens({"additional_special_tokens": ["<end_of_turn>"]})
+    gemma_like.eos_token = toy.PAD  # Gemma: <eos> ends the text, <end_of_turn> the turn
+    gemma_like.chat_template = (
+        "{% for m in messages %}<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}<end_of_turn>\n{% endfor %}"
+    )
+    assert turn_end_id(gemma_like) == gemma_like.convert_tokens_to_ids("<end_of_turn>") != gemma_like.eos_token_id
+
+
+def test_a_special_tokens_name_spelt_out_by_the_student_is_text_to_the_teacher(pair):
+    student_tok, teacher_tok, _ = pair
+    ids = encode(student_tok, "the sea")
+    ids += [i for c in "<|im_end|>" for i in encode(student_tok, c)]  # ordinary byte tokens, not the special one
+    batch = aligned_teacher(pair).compute_teacher_log_prob(student_batch(student_tok, [ids]), rows_per_forward=1)
+    assert torch.equal(batch.scored_mask, batch.response_mask)  # scored as the characters they are
