@@ -30,6 +30,7 @@ import weakref
 from dataclasses import dataclass
 
 import torch
+from tokenizers.decoders import DecodeStream
 
 REPLACEMENT = "\ufffd"  # what a decode writes for bytes that are no character
 # The teacher reads the student's text as text: a special token's name the student spelt out with
@@ -54,11 +55,19 @@ class Alignment:
 def clean_ends(tokenizer, ids: list[int], text: str) -> list[int | None]:
     """Per token, the length of the text decoded up to and including it, where that decode is a
     prefix of `text`; None where it is not (the token ends inside a character, or the tokenizer
-    decodes to other text than `text`)."""
-    ends = []
-    for i in range(len(ids)):
-        prefix = tokenizer.decode(ids[: i + 1], skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        ends.append(len(prefix) if text.startswith(prefix) else None)
+    decodes to other text than `text`). Incremental (the tokenizers library's DecodeStream: one step
+    per token); a tokenizer without a Rust backend decodes every prefix (quadratic)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        prefixes = (tokenizer.decode(ids[: i + 1], skip_special_tokens=False) for i in range(len(ids)))
+        return [len(p) if text.startswith(p) else None for p in prefixes]
+    stream, ends, length, same = DecodeStream(skip_special_tokens=False), [], 0, True
+    for token in ids:
+        chunk = stream.step(backend, token)  # None: the token ends inside a character
+        if chunk is not None:
+            same = same and text.startswith(chunk, length)
+            length += len(chunk)
+        ends.append(length if chunk is not None and same else None)
     return ends
 
 

@@ -161,3 +161,29 @@ def test_a_character_the_teachers_vocabulary_cannot_write_is_a_hole_and_the_rest
     # the text before and after it aligns.
     assert a.student_span[at : at + 4] == [-1] * 4
     assert -1 not in a.student_span[:at] and -1 not in a.student_span[at + 4 :]
+
+
+@pytest.mark.parametrize("kind", ["sentencepiece-like", "lowercasing", "bytes"])
+def test_the_incremental_clean_ends_are_those_of_decoding_every_prefix(toy, kind):
+    from miniverl.utils.text_alignment import clean_ends
+
+    tokenizer = {"sentencepiece-like": trained_bpe(byte_level=False), "lowercasing": trained_bpe(lowercase=True)}.get(
+        kind, toy
+    )
+    for text in ("the sea is blue, héllo wörld 12 + 30 = 42", "The Sea  Is   BLUE"):
+        ids = encode(tokenizer, text)
+        for cut in (ids, ids[:-1], ids[: len(ids) // 2]):
+            decoded = tokenizer.decode(cut, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            for target in (decoded, text):  # the decode itself, and a text the tokenizer may not give back
+                prefixes = [tokenizer.decode(cut[: i + 1], clean_up_tokenization_spaces=False) for i in range(len(cut))]
+                expected = [len(p) if target.startswith(p) else None for p in prefixes]
+                # The reference counts a prefix ending in U+FFFD (a cut character) as clean when the
+                # target ends so too; the stream gives no end inside a character. Both leave it unaligned.
+                expected = [None if p.endswith("\ufffd") else e for p, e in zip(prefixes, expected)]
+                got = clean_ends(tokenizer, cut, target)
+                # A token that adds no text (SentencePiece's lone word mark at the start) has no end of its
+                # own in the stream: it joins the next token's span, where the reference puts it in the one
+                # before; both keep the span sums over the same text.
+                lengths = [0] + [len(p) for p in prefixes]
+                for i, (g, e) in enumerate(zip(got, expected)):
+                    assert g == e or (g is None and e == lengths[i]), (i, got, expected)
