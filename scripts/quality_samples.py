@@ -1,7 +1,8 @@
 """What the k1 students of `bench --quality` write at its last update: trains TRL's IW-OPD side for
 one seed on the real fixture as the bench does, and samples the 16 held-out prompts with miniverl's
 rollout (the probe's streams) from its LoRA at update 16 and from the miniverl k1 side of an earlier
-bench run; prints each student's response lengths, held-out exact KL and three samples.
+bench run; prints each student's response lengths, held-out exact KL, its surprisal of its own
+samples (nats per token: how deterministic it has become) and three samples.
 docs/learning.md cites it.
 
     python -m miniverl.bench --quality --student … --teacher … --out BENCH
@@ -35,7 +36,10 @@ def sample(prober, weights: dict, name: str) -> None:
         physical_batches=[len(probe.prompts)],
     )
     lengths = [int(n) for n in batch.response_mask.sum(-1).tolist()]
-    print(name, "response lengths", lengths, "held-out exact KL", round(prober.measure(weights), 3))
+    # The student's surprisal of its own samples: near 0 for a student that repeats one string exactly.
+    surprisal = float(-(batch.rollout_log_probs * batch.response_mask).sum() / batch.response_mask.sum())
+    kl = prober.measure(weights)
+    print(name, "response lengths", lengths, f"held-out exact KL {kl:.3f}, own surprisal {surprisal:.3f} nats/token")
     for row in range(3):
         print("   ", repr(prober.tokenizer.decode(batch.responses[row, : lengths[row]].tolist())[:100]))
 
