@@ -192,11 +192,17 @@ def real_models():
 
 @pytest.fixture(scope="session")
 def cross_tokenizer_student(real_models):
-    """The every-2nd-layer student with Qwen2's tokenizer (`python -m miniverl.real_models
-    --cross-tokenizer`; the first build downloads the 77 MB llama-cpp-python sdist for its vocabulary)."""
+    """The every-2nd-layer student with Qwen2's tokenizer, built once per machine by the command
+    `python -m miniverl.real_models --cross-tokenizer` in its own process: the first build downloads
+    the 77 MB llama-cpp-python sdist for its vocabulary from the package index, which the tests'
+    own process may not reach (the network guard above), as pip's process may."""
     from miniverl.models import real_fixture
 
-    return real_fixture.build_cross_tokenizer_student()
+    folder = real_fixture.cross_tokenizer_student_dir()
+    if not (folder / "config.json").exists():
+        command = [sys.executable, "-m", "miniverl.real_models", "--cross-tokenizer"]
+        subprocess.run(command, check=True, capture_output=True, cwd=ROOT)
+    return folder
 
 
 def toy_model_folders(tmp_path: Path) -> dict[str, Path]:

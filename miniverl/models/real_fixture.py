@@ -192,10 +192,14 @@ def _sdist_by_pip(folder: Path) -> Path:
     return archives[0]
 
 
+def cross_tokenizer_student_dir(root: Path | None = None) -> Path:
+    return (root or cache_root()) / "real" / CROSS_TOKENIZER_FOLDER
+
+
 def build_cross_tokenizer_student(root: Path | None = None) -> Path:
     """The every-2nd-layer student with Qwen2's tokenizer and transplanted embeddings (built once)."""
     root = root or cache_root()
-    where = root / "real" / CROSS_TOKENIZER_FOLDER
+    where = cross_tokenizer_student_dir(root)
     if (where / "config.json").exists():
         return where
     from transformers import AutoModelForCausalLM, AutoTokenizer
