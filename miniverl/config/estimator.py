@@ -145,7 +145,8 @@ class EstimatorConfig:
         if self.advantage_baseline != "none" and not (self.use_policy_gradient and self.loss_mode in ESTIMATOR_MODES):
             raise ValueError(
                 f"{where}.advantage_baseline={self.advantage_baseline}: a baseline is subtracted from an advantage, so "
-                "it needs a per-token estimate (k1, k3, ...) with estimator.use_policy_gradient=true"
+                "it needs a per-token estimate (k1, k3, ...) with estimator.use_policy_gradient=true; "
+                f"with this estimator set {where}.advantage_baseline=none (a recipe may set batch_mean)"
             )
         select = self.token_selection
         if select.by not in TOKEN_SELECTIONS:
