@@ -21,8 +21,7 @@ from safetensors.torch import load_file
 
 from miniverl.bench import quality
 from miniverl.bench.quality_trl import run_trl
-
-REAL = Path.home() / ".cache/miniverl/real"
+from miniverl.models import real_fixture
 
 
 def sample(prober, weights: dict, name: str) -> None:
@@ -47,8 +46,8 @@ def sample(prober, weights: dict, name: str) -> None:
 def main() -> None:
     seed, bench = int(sys.argv[1]), Path(sys.argv[2])
     args = argparse.Namespace(
-        student=str(REAL / "smollm2-135m-instruct-every2"),
-        teacher=str(REAL / "smollm2-135m-instruct"),
+        student=str(real_fixture.student_dir()),  # $MINIVERL_CACHE/real/, as the recipe finds them
+        teacher=str(real_fixture.teacher_dir()),
         train="data/toy_prompts.parquet",
         heldout="data/toy_prompts_heldout.parquet",
         updates=16,
