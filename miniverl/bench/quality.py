@@ -32,23 +32,34 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from miniverl.utils.errors import MiniverlError
 
+
+@dataclass(frozen=True)
+class Side:
+    computes: str  # what it trains with, in words (quality.json's `computes`)
+    trl: bool = False  # trained by TRL (quality_trl.run_trl), else by miniverl's own run
+    overrides: tuple[str, ...] = ()  # miniverl's sides: on top of the recipe's config
+
+
 SIDES = {
-    "miniverl_k1": "miniverl +recipe=opd_k1_real_cpu: the k1 advantage less its batch mean, in verl's vanilla PPO loss",
-    "miniverl_full": "miniverl estimator=reverse_kl_full: the exact full-vocabulary reverse KL",
-    "trl_iwopd": "TRL IWOPDTrainer (experimental), iw_opd_gamma=0: the sampled-token k1 policy gradient",
-    "trl_distill": "TRL DistillationTrainer, beta=1: the exact full-vocabulary reverse KL",
-}
-# miniverl's sides: overrides on top of the recipe. The full-vocabulary loss has no advantage, so
-# no baseline (the recipe's k1 has one, docs/learning.md).
-MINIVERL_SIDES = {
-    "miniverl_k1": (),
-    "miniverl_full": ("estimator=reverse_kl_full", "estimator.advantage_baseline=none"),
+    "miniverl_k1": Side(
+        "miniverl +recipe=opd_k1_real_cpu: the k1 advantage less its batch mean, in verl's vanilla PPO loss"
+    ),
+    # The full-vocabulary loss has no advantage, so no baseline (the recipe's k1 has one, docs/learning.md).
+    "miniverl_full": Side(
+        "miniverl estimator=reverse_kl_full: the exact full-vocabulary reverse KL",
+        overrides=("estimator=reverse_kl_full", "estimator.advantage_baseline=none"),
+    ),
+    "trl_iwopd": Side(
+        "TRL IWOPDTrainer (experimental), iw_opd_gamma=0: the sampled-token k1 policy gradient", trl=True
+    ),
+    "trl_distill": Side("TRL DistillationTrainer, beta=1: the exact full-vocabulary reverse KL", trl=True),
 }
 PAIRS = {"trl_iwopd": "miniverl_k1", "trl_distill": "miniverl_full"}  # the same objective on both sides
 RATIO_KEYS = (
@@ -172,18 +183,20 @@ def run(args) -> dict:
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     sides: dict[str, dict[int, dict]] = {name: {} for name in SIDES}
     missing = trl_missing()
-    miniverl_sides = tuple(MINIVERL_SIDES.items())
+    miniverl_sides = [name for name, side in SIDES.items() if not side.trl]
     configs = {  # every side and seed composed and checked before the first one trains
-        (name, seed): compose_miniverl_side(args, seed, *extra) for seed in seeds for name, extra in miniverl_sides
+        (name, seed): compose_miniverl_side(args, seed, *SIDES[name].overrides)
+        for seed in seeds
+        for name in miniverl_sides
     }
     for seed in seeds:
-        for name, _ in miniverl_sides:
+        for name in miniverl_sides:
             print(f"--- {name}, seed {seed}", flush=True)
             sides[name][seed] = run_miniverl(configs[name, seed], out / "runs" / f"{name}_seed{seed}")
         if missing:
             continue
         prober = Prober(compose(args, seed))
-        for name in ("trl_iwopd", "trl_distill"):
+        for name in (name for name, side in SIDES.items() if side.trl):
             print(f"--- {name}, seed {seed}", flush=True)
             trained = run_trl(name, prober, out / "runs" / f"{name}_seed{seed}")
             kl = {update: prober.measure(weights) for update, weights in trained.pop("weights").items()}
@@ -210,7 +223,7 @@ def summarise(args, seeds: list[int], sides: dict, missing: str | None) -> dict:
             continue
         updates = sorted(next(iter(runs.values()))["heldout_kl"])
         summary[name] = {
-            "computes": SIDES[name],
+            "computes": SIDES[name].computes,
             "heldout_kl": {str(u): statistics.median(runs[s]["heldout_kl"][u] for s in runs) for u in updates},
             "seconds_per_update": statistics.median(statistics.median(runs[s]["update_seconds"]) for s in runs),
             "seeds": {str(s): runs[s] for s in runs},

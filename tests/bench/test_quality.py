@@ -83,7 +83,7 @@ def test_without_trl_the_peer_ratios_are_null_with_the_reason():
 
 
 def test_the_k1_side_keeps_the_recipes_baseline_and_the_full_vocabulary_side_has_none():
-    from miniverl.bench.quality import MINIVERL_SIDES, compose, compose_miniverl_side
+    from miniverl.bench.quality import SIDES, compose, compose_miniverl_side
     from miniverl.config import to_config
     from miniverl.utils.errors import MiniverlError
 
@@ -91,8 +91,8 @@ def test_the_k1_side_keeps_the_recipes_baseline_and_the_full_vocabulary_side_has
         student="s", teacher="t", train="data/toy_prompts.parquet", heldout="data/toy_prompts_heldout.parquet",
         updates=2, override=[],
     )  # fmt: skip
-    k1 = to_config(compose_miniverl_side(args, 1, *MINIVERL_SIDES["miniverl_k1"])).estimator
-    full = to_config(compose_miniverl_side(args, 1, *MINIVERL_SIDES["miniverl_full"])).estimator
+    k1 = to_config(compose_miniverl_side(args, 1, *SIDES["miniverl_k1"].overrides)).estimator
+    full = to_config(compose_miniverl_side(args, 1, *SIDES["miniverl_full"].overrides)).estimator
     assert (k1.loss_mode, k1.advantage_baseline) == ("k1", "batch_mean")
     assert (full.loss_mode, full.advantage_baseline) == ("reverse_kl_full", "none")
     # Without the side's reset the recipe's baseline reaches a loss that has no advantage: refused.
