@@ -139,11 +139,14 @@ def test_a_llama_student_decodes_layer_by_layer_and_samples_what_the_reference_l
     reason="inductor compiles C++ on the CPU: no compiler here",
 )
 @pytest.mark.slow
-def test_compiled_decode_step_samples_what_the_eager_loop_samples_on_the_cpu(model):
+def test_compiled_decode_step_samples_what_the_eager_loop_samples_on_the_cpu(model, tmp_path, monkeypatch):
     """hardware.rollout_compile through a real torch.compile (inductor; a CUDA graph only on CUDA),
     with the static cache it implies: the same tokens and log-probs as the eager loop."""
     from torch._dynamo.utils import counters
 
+    # A cache of its own: inductor's does not key on ATEN_CPU_CAPABILITY, and a step compiled
+    # without the AVX2 kind's caps segfaulted when a capped run reused it (docs/testing.md).
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     counters.clear()
     plain = RolloutWorker(model, RolloutConfig(), eos_ids=[EOS], pad_id=PAD, device=torch.device("cpu"))
     compiled = RolloutWorker(
