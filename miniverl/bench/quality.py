@@ -228,7 +228,7 @@ def summarise(args, seeds: list[int], sides: dict, missing: str | None) -> dict:
             "seconds_per_update": statistics.median(statistics.median(runs[s]["update_seconds"]) for s in runs),
             "seeds": {str(s): runs[s] for s in runs},
         }
-    ratios, null_reasons = dict.fromkeys(RATIO_KEYS), {}
+    ratios, null_reasons, per_seed = dict.fromkeys(RATIO_KEYS), {}, {}
     last = str(args.updates)
     for peer, ours in PAIRS.items():
         kind = peer.removeprefix("trl_")
@@ -236,6 +236,12 @@ def summarise(args, seeds: list[int], sides: dict, missing: str | None) -> dict:
             null_reasons[f"heldout_kl_vs_trl_{kind}"] = null_reasons[f"seconds_per_update_vs_trl_{kind}"] = missing
             continue
         ratios[f"heldout_kl_vs_trl_{kind}"] = summary[ours]["heldout_kl"][last] / summary[peer]["heldout_kl"][last]
+        # Each seed's own ratio: a median of two seeds says little where one collapses (docs/learning.md).
+        per_seed[f"heldout_kl_vs_trl_{kind}"] = {
+            str(s): round(sides[ours][s]["heldout_kl"][args.updates] / sides[peer][s]["heldout_kl"][args.updates], 4)
+            for s in seeds
+            if s in sides[ours] and s in sides[peer]
+        }
         ratios[f"seconds_per_update_vs_trl_{kind}"] = (
             summary[ours]["seconds_per_update"] / summary[peer]["seconds_per_update"]
         )
@@ -253,6 +259,7 @@ def summarise(args, seeds: list[int], sides: dict, missing: str | None) -> dict:
         "seeds": seeds,
         "miniverl_overrides": list(args.override),  # miniverl's sides only; TRL's keep the recipe's settings
         "ratios": {k: (round(v, 4) if v is not None else None) for k, v in ratios.items()},
+        "heldout_kl_ratios_per_seed": per_seed,  # miniverl ÷ TRL at the last update, seed by seed
         "targets": TARGETS,
         "null_reasons": null_reasons,
         "sides": summary,
@@ -280,6 +287,15 @@ def markdown(result: dict) -> str:
     for key, value in result["ratios"].items():
         shown = f"{value:.3f}" if value is not None else f"null ({result['null_reasons'].get(key)})"
         lines.append(f"| {key} | {shown} | {result['targets'][key]} |")
+    if result["heldout_kl_ratios_per_seed"]:
+        seeds = result["seeds"]
+        lines += ["", f"Seed by seed, at update {result['updates']}:", ""]
+        lines += ["| ratio | " + " | ".join(f"seed {s}" for s in seeds) + " | miniverl lower on |"]
+        lines += ["|---|" + "---|" * (len(seeds) + 1)]
+        for key, by_seed in result["heldout_kl_ratios_per_seed"].items():
+            shown = " | ".join(f"{by_seed[str(s)]:.3f}" if str(s) in by_seed else "—" for s in seeds)
+            lower = sum(r < 1.0 for r in by_seed.values())
+            lines.append(f"| {key} | {shown} | {lower} of {len(by_seed)} seeds |")
     lines += ["", f"TRL workaround: {result['trl_workaround']}.", ""]
     return "\n".join(lines)
 

@@ -48,11 +48,13 @@ def test_quality_trains_every_side_from_one_start_and_probes_them_alike(tmp_path
     assert ratios["seconds_per_update_vs_trl"] == max(
         ratios["seconds_per_update_vs_trl_iwopd"], ratios["seconds_per_update_vs_trl_distill"]
     )
+    per_seed = result["heldout_kl_ratios_per_seed"]  # one seed: its own ratio is the median's
+    assert per_seed["heldout_kl_vs_trl_distill"]["1"] == pytest.approx(ratios["heldout_kl_vs_trl_distill"], abs=1e-4)
     assert (out / "quality.png").stat().st_size > 0 and "heldout_kl_vs_trl_distill" in (out / "quality.md").read_text()
 
 
-def test_the_ratios_are_medians_over_seeds_of_the_same_objective_pairs():
-    from miniverl.bench.quality import summarise
+def test_the_ratios_are_medians_over_seeds_of_the_same_objective_pairs_and_each_seeds_own_is_kept():
+    from miniverl.bench.quality import markdown, summarise
 
     def side(kl_end, seconds):
         return {"heldout_kl": {0: 5.0, 2: kl_end}, "update_seconds": seconds}
@@ -64,8 +66,17 @@ def test_the_ratios_are_medians_over_seeds_of_the_same_objective_pairs():
         "trl_distill": {1: side(1.0, [2.0, 2.0]), 2: side(1.0, [2.0, 2.0])},
     }
     args = Namespace(updates=2, argv=["--quality"], student="s", teacher="t", train="a", heldout="b", override=[])
-    ratios = summarise(args, [1, 2], sides, None)["ratios"]
+    result = summarise(args, [1, 2], sides, None)
+    ratios = result["ratios"]
     assert ratios["heldout_kl_vs_trl_iwopd"] == 1.0  # median(1, 3) / median(2, 2)
+    # ...while seed by seed miniverl's k1 is ahead on one and behind on the other.
+    assert result["heldout_kl_ratios_per_seed"] == {
+        "heldout_kl_vs_trl_iwopd": {"1": 0.5, "2": 1.5},
+        "heldout_kl_vs_trl_distill": {"1": 0.5, "2": 0.5},
+    }
+    table = markdown(result)
+    assert "| heldout_kl_vs_trl_iwopd | 0.500 | 1.500 | 1 of 2 seeds |" in table
+    assert "| heldout_kl_vs_trl_distill | 0.500 | 0.500 | 2 of 2 seeds |" in table
     assert ratios["heldout_kl_vs_trl_distill"] == 0.5
     assert ratios["seconds_per_update_vs_trl_iwopd"] == 0.625  # median(2, 3) / 4
     assert ratios["seconds_per_update_vs_trl_distill"] == 1.5
@@ -80,6 +91,7 @@ def test_without_trl_the_peer_ratios_are_null_with_the_reason():
     result = summarise(args, [1], {"miniverl_k1": runs, "miniverl_full": runs}, "TRL is not installed")
     assert all(v is None for v in result["ratios"].values())
     assert set(result["null_reasons"].values()) == {"TRL is not installed"}
+    assert result["heldout_kl_ratios_per_seed"] == {}
 
 
 def test_the_k1_side_keeps_the_recipes_baseline_and_the_full_vocabulary_side_has_none():
