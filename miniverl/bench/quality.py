@@ -184,6 +184,7 @@ def run(args) -> dict:
     sides: dict[str, dict[int, dict]] = {name: {} for name in SIDES}
     missing = trl_missing()
     miniverl_sides = [name for name, side in SIDES.items() if not side.trl]
+    trl_sides = [name for name, side in SIDES.items() if side.trl]
     configs = {  # every side and seed composed and checked before the first one trains
         (name, seed): compose_miniverl_side(args, seed, *SIDES[name].overrides)
         for seed in seeds
@@ -196,7 +197,7 @@ def run(args) -> dict:
         if missing:
             continue
         prober = Prober(compose(args, seed))
-        for name in (name for name, side in SIDES.items() if side.trl):
+        for name in trl_sides:
             print(f"--- {name}, seed {seed}", flush=True)
             trained = run_trl(name, prober, out / "runs" / f"{name}_seed{seed}")
             kl = {update: prober.measure(weights) for update, weights in trained.pop("weights").items()}
