@@ -62,7 +62,8 @@ class OursOPDStep:
 
 TRL_COMPUTES = {
     "full_vocab": "DistillationTrainer, beta=1: the full-vocabulary reverse KL (and the entropy) at every response "
-    "position, from both models' lm_head over the whole vocabulary (chunked)",
+    "position, from both models' lm_head over the whole vocabulary (chunked); on a 4-bit student it casts the "
+    "LoRA weights to bf16 and steps them there (TRL's QLoRA rule; miniverl's stay float32)",
     "k1": "experimental IWOPDTrainer, distillation_objective='iw_opd', iw_opd_gamma=0: the sampled-token k1 policy "
     "gradient, -log p(y) * (log q(y) - log p(y)), the same objective as miniverl's, computed from both models' "
     "full (B, L, V) logits and log-softmax",

@@ -19,10 +19,13 @@ Every student, whoever trained it, is measured by miniverl's own held-out probe
 training, half-way and at the end. TRL's LoRA weights are read at those updates and loaded into
 miniverl's student for the probe, so the only thing that differs between the sides is training.
 
-TRL runs as a user would run it (its own data order, bitsandbytes' CPU kernel choice as shipped),
-with one workaround: IWOPDTrainer 1.16 divides its loss by the number of label tokens that
-transformers counts before generation, which is zero for a dataset of prompts only (NaN weights
-after the first step); without that count it divides by the generated tokens, its own fallback.
+TRL runs as a user would run it: its own data order, bitsandbytes' CPU kernel choice as shipped,
+and its own dtype for the LoRA weights (DistillationTrainer casts a quantized model's to bf16 and
+steps them there, the other sides train them in float32; each side's `adapter_dtype` in
+quality.json says which). One workaround: IWOPDTrainer 1.16 divides its loss by the number of label
+tokens that transformers counts before generation, which is zero for a dataset of prompts only (NaN
+weights after the first step); without that count it divides by the generated tokens, its own
+fallback.
 
 It writes quality.json (`ratios`: medians over the seeds), quality.md and quality.png to --out.
 """
@@ -125,7 +128,19 @@ def run_miniverl(cfg, run_dir: Path) -> dict:
     report = run(cfg, run_dir)
     history = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     kl = {p["update"]: p["value"] for p in report["distillation_progress"]["exact_reverse_kl"]}
-    return {"heldout_kl": kl, "update_seconds": [m["timing_s/step"] for m in history]}
+    return {
+        "heldout_kl": kl,
+        "update_seconds": [m["timing_s/step"] for m in history],
+        "adapter_dtype": saved_adapter_dtype(run_dir / "peft_adapter" / "adapter_model.safetensors"),
+    }
+
+
+def saved_adapter_dtype(path: Path) -> str:
+    """The dtype(s) of the LoRA weights a run saved (it saves them as it trained them), named as torch names them."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as adapter:
+        return "+".join(sorted({str(adapter.get_tensor(k).dtype).removeprefix("torch.") for k in adapter.keys()}))
 
 
 class Prober:
@@ -225,6 +240,7 @@ def summarise(args, seeds: list[int], sides: dict, missing: str | None) -> dict:
         updates = sorted(next(iter(runs.values()))["heldout_kl"])
         summary[name] = {
             "computes": SIDES[name].computes,
+            "adapter_dtype": "+".join(sorted({runs[s]["adapter_dtype"] for s in runs})),  # what its LoRA trained in
             "heldout_kl": {str(u): statistics.median(runs[s]["heldout_kl"][u] for s in runs) for u in updates},
             "seconds_per_update": statistics.median(statistics.median(runs[s]["update_seconds"]) for s in runs),
             "seeds": {str(s): runs[s] for s in runs},
@@ -278,12 +294,14 @@ def markdown(result: dict) -> str:
         f"Held-out exact reverse KL (median over the seeds; lower is better), measured by miniverl's probe. "
         f"`{result['command']}`",
         "",
-        f"| side | computes | {head} | s/update |",
-        "|---|---|" + "---|" * len(updates) + "---|",
+        f"| side | computes | LoRA dtype | {head} | s/update |",
+        "|---|---|---|" + "---|" * len(updates) + "---|",
     ]
     for name, side in result["sides"].items():
         kls = " | ".join(f"{side['heldout_kl'][str(u)]:.3f}" for u in updates)
-        lines.append(f"| {name} | {side['computes']} | {kls} | {side['seconds_per_update']:.2f} |")
+        lines.append(
+            f"| {name} | {side['computes']} | {side['adapter_dtype']} | {kls} | {side['seconds_per_update']:.2f} |"
+        )
     lines += ["", "| ratio | value | target |", "|---|---|---|"]
     for key, value in result["ratios"].items():
         shown = f"{value:.3f}" if value is not None else f"null ({result['null_reasons'].get(key)})"

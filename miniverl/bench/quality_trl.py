@@ -102,6 +102,9 @@ def run_trl(name: str, prober, workdir: Path) -> dict:
 
         def on_train_begin(self, args, state, control, model=None, **kwargs):
             self.weights[0] = prober.lora_weights(model)
+            # What TRL trains, after its own casts: DistillationTrainer (1.16) turns a quantized
+            # model's LoRA weights into bf16 (QLoRA's recommendation), IWOPDTrainer keeps them.
+            self.adapter_dtype = adapter_dtype(model)
 
         def on_step_begin(self, args, state, control, **kwargs):
             synchronize(device)
@@ -126,4 +129,14 @@ def run_trl(name: str, prober, workdir: Path) -> dict:
         warnings.simplefilter("ignore")
         trainer = trainer_for(name, prober, student, teacher, workdir, [recorder])
         trainer.train()
-    return {"weights": recorder.weights, "update_seconds": recorder.seconds, "trl_version": trl.__version__}
+    return {
+        "weights": recorder.weights,
+        "update_seconds": recorder.seconds,
+        "adapter_dtype": recorder.adapter_dtype,
+        "trl_version": trl.__version__,
+    }
+
+
+def adapter_dtype(model) -> str:
+    """The dtype(s) of a model's trainable (LoRA) weights: "float32", "bfloat16", or both joined by "+"."""
+    return "+".join(sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters() if p.requires_grad}))

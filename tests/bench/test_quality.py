@@ -48,6 +48,15 @@ def test_quality_trains_every_side_from_one_start_and_probes_them_alike(tmp_path
     assert ratios["seconds_per_update_vs_trl"] == max(
         ratios["seconds_per_update_vs_trl_iwopd"], ratios["seconds_per_update_vs_trl_distill"]
     )
+    # What each side's LoRA trained in: TRL's DistillationTrainer casts a quantized model's LoRA
+    # weights to bf16 (TRL 1.16, QLoRA's recommendation); IWOPDTrainer and miniverl keep float32.
+    dtypes = {name: side["adapter_dtype"] for name, side in sides.items()}
+    assert dtypes == {
+        "miniverl_k1": "float32",
+        "miniverl_full": "float32",
+        "trl_iwopd": "float32",
+        "trl_distill": "bfloat16",
+    }
     per_seed = result["heldout_kl_ratios_per_seed"]  # one seed: its own ratio is the median's
     assert per_seed["heldout_kl_vs_trl_distill"]["1"] == pytest.approx(ratios["heldout_kl_vs_trl_distill"], abs=1e-4)
     assert (out / "quality.png").stat().st_size > 0 and "heldout_kl_vs_trl_distill" in (out / "quality.md").read_text()
@@ -56,14 +65,14 @@ def test_quality_trains_every_side_from_one_start_and_probes_them_alike(tmp_path
 def test_the_ratios_are_medians_over_seeds_of_the_same_objective_pairs_and_each_seeds_own_is_kept():
     from miniverl.bench.quality import markdown, summarise
 
-    def side(kl_end, seconds):
-        return {"heldout_kl": {0: 5.0, 2: kl_end}, "update_seconds": seconds}
+    def side(kl_end, seconds, dtype="float32"):
+        return {"heldout_kl": {0: 5.0, 2: kl_end}, "update_seconds": seconds, "adapter_dtype": dtype}
 
     sides = {
         "miniverl_k1": {1: side(1.0, [2.0, 2.0]), 2: side(3.0, [2.0, 4.0])},
         "miniverl_full": {1: side(0.5, [3.0, 3.0]), 2: side(0.5, [3.0, 3.0])},
         "trl_iwopd": {1: side(2.0, [4.0, 4.0]), 2: side(2.0, [4.0, 4.0])},
-        "trl_distill": {1: side(1.0, [2.0, 2.0]), 2: side(1.0, [2.0, 2.0])},
+        "trl_distill": {1: side(1.0, [2.0, 2.0], "bfloat16"), 2: side(1.0, [2.0, 2.0], "bfloat16")},
     }
     args = Namespace(updates=2, argv=["--quality"], student="s", teacher="t", train="a", heldout="b", override=[])
     result = summarise(args, [1, 2], sides, None)
@@ -81,12 +90,14 @@ def test_the_ratios_are_medians_over_seeds_of_the_same_objective_pairs_and_each_
     assert ratios["seconds_per_update_vs_trl_iwopd"] == 0.625  # median(2, 3) / 4
     assert ratios["seconds_per_update_vs_trl_distill"] == 1.5
     assert ratios["seconds_per_update_vs_trl"] == 1.5  # the slower pair
+    assert result["sides"]["trl_distill"]["adapter_dtype"] == "bfloat16"  # each side's own, in the table
+    assert "| trl_distill | " + result["sides"]["trl_distill"]["computes"] + " | bfloat16 |" in table
 
 
 def test_without_trl_the_peer_ratios_are_null_with_the_reason():
     from miniverl.bench.quality import summarise
 
-    runs = {1: {"heldout_kl": {0: 5.0, 2: 1.0}, "update_seconds": [1.0]}}
+    runs = {1: {"heldout_kl": {0: 5.0, 2: 1.0}, "update_seconds": [1.0], "adapter_dtype": "float32"}}
     args = Namespace(updates=2, argv=[], student="s", teacher="t", train="a", heldout="b", override=[])
     result = summarise(args, [1], {"miniverl_k1": runs, "miniverl_full": runs}, "TRL is not installed")
     assert all(v is None for v in result["ratios"].values())
