@@ -16,6 +16,8 @@ from pathlib import Path
 from miniverl.bench import quality, quality_trl
 from miniverl.models import real_fixture
 
+BUILD = quality_trl.trainer_for  # the bench's own
+
 
 def float32_adapter_trainer(name, prober, student, teacher, workdir, callbacks):
     trainer = BUILD(name, prober, student, teacher, workdir, callbacks)
@@ -23,9 +25,6 @@ def float32_adapter_trainer(name, prober, student, teacher, workdir, callbacks):
         if param.requires_grad:
             param.data = param.data.float()  # before train() builds the optimizer: AdamW on float32 weights
     return trainer
-
-
-BUILD = quality_trl.trainer_for
 
 
 def main() -> None:

@@ -123,6 +123,8 @@ def compose_miniverl_side(args, seed: int, *extra: str):
 
 def run_miniverl(cfg, run_dir: Path) -> dict:
     """One miniverl run in this process: its own probe's values and its seconds per update."""
+    from safetensors.torch import load_file
+
     from miniverl.main import run
 
     report = run(cfg, run_dir)
@@ -131,16 +133,14 @@ def run_miniverl(cfg, run_dir: Path) -> dict:
     return {
         "heldout_kl": kl,
         "update_seconds": [m["timing_s/step"] for m in history],
-        "adapter_dtype": saved_adapter_dtype(run_dir / "peft_adapter" / "adapter_model.safetensors"),
+        # The LoRA weights as the run saved them: in the dtype it trained them in.
+        "adapter_dtype": dtype_names(load_file(run_dir / "peft_adapter" / "adapter_model.safetensors").values()),
     }
 
 
-def saved_adapter_dtype(path: Path) -> str:
-    """The dtype(s) of the LoRA weights a run saved (it saves them as it trained them), named as torch names them."""
-    from safetensors import safe_open
-
-    with safe_open(str(path), "pt") as adapter:
-        return "+".join(sorted({str(adapter.get_tensor(k).dtype).removeprefix("torch.") for k in adapter.keys()}))
+def dtype_names(tensors) -> str:
+    """The dtype of `tensors` as torch names it ("float32", "bfloat16"; several joined by "+")."""
+    return "+".join(sorted({str(t.dtype).removeprefix("torch.") for t in tensors}))
 
 
 class Prober:

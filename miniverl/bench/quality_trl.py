@@ -88,6 +88,7 @@ def run_trl(name: str, prober, workdir: Path) -> dict:
     import trl
     from transformers import TrainerCallback
 
+    from miniverl.bench.quality import dtype_names
     from miniverl.bench.setups import as_shipped
     from miniverl.models import loading as models
     from miniverl.trainer.plan import derive_seed
@@ -104,7 +105,7 @@ def run_trl(name: str, prober, workdir: Path) -> dict:
             self.weights[0] = prober.lora_weights(model)
             # What TRL trains, after its own casts: DistillationTrainer (1.16) turns a quantized
             # model's LoRA weights into bf16 (QLoRA's recommendation), IWOPDTrainer keeps them.
-            self.adapter_dtype = adapter_dtype(model)
+            self.adapter_dtype = dtype_names(p for p in model.parameters() if p.requires_grad)
 
         def on_step_begin(self, args, state, control, **kwargs):
             synchronize(device)
@@ -135,8 +136,3 @@ def run_trl(name: str, prober, workdir: Path) -> dict:
         "adapter_dtype": recorder.adapter_dtype,
         "trl_version": trl.__version__,
     }
-
-
-def adapter_dtype(model) -> str:
-    """The dtype(s) of a model's trainable (LoRA) weights: "float32", "bfloat16", or both joined by "+"."""
-    return "+".join(sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters() if p.requires_grad}))
