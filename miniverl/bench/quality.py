@@ -240,7 +240,8 @@ def summarise(args, seeds: list[int], sides: dict, missing: str | None) -> dict:
         updates = sorted(next(iter(runs.values()))["heldout_kl"])
         summary[name] = {
             "computes": SIDES[name].computes,
-            "adapter_dtype": "+".join(sorted({runs[s]["adapter_dtype"] for s in runs})),  # what its LoRA trained in
+            # What its LoRA trained in, over the seeds (each seed's value may already name several).
+            "adapter_dtype": "+".join(sorted({d for s in runs for d in runs[s]["adapter_dtype"].split("+")})),
             "heldout_kl": {str(u): statistics.median(runs[s]["heldout_kl"][u] for s in runs) for u in updates},
             "seconds_per_update": statistics.median(statistics.median(runs[s]["update_seconds"]) for s in runs),
             "seeds": {str(s): runs[s] for s in runs},
