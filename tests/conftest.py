@@ -218,3 +218,33 @@ def toy_model_folders(tmp_path: Path) -> dict[str, Path]:
         model = toy.build_toy_model(arch, tokenizer, seed=width)
         folders[name] = toy.save_toy(model, tokenizer, tmp_path / name, "bfloat16")
     return folders
+
+
+def family_folder(family: str, root: Path, seed: int) -> Path:
+    """A two-layer random bf16 model of transformers' `family` (model_type: phi3, gemma2, ...) with
+    the toy tokenizer, as a user's own folder."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    from miniverl.models import toy
+
+    tokenizer = toy.build_toy_tokenizer()
+    sizes = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+    if family != "gpt_neox":
+        sizes["num_key_value_heads"] = 2
+    if family.startswith("gemma"):
+        sizes["head_dim"] = 16
+    config = AutoConfig.for_model(
+        family,
+        vocab_size=len(tokenizer),
+        max_position_embeddings=512,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **sizes,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config)
+    model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    return toy.save_toy(model, tokenizer, root / f"{family}-{seed}", "bfloat16")

@@ -225,7 +225,7 @@ def run(args: argparse.Namespace) -> dict:
         "settings": {
             "batch": BATCH,
             "new_tokens": NEW_TOKENS,
-            "lora": {**LORA, "target_modules": list(LORA["target_modules"])},
+            "lora": {**LORA, "target_modules": setups[paths[0]].lora_targets},  # the paths' own, shared
             "student_gradient_checkpointing": True,
             "repeats": {p: repeats[p] for p in paths},
             "shape": shape,

@@ -3,7 +3,7 @@ two paths' models (`Setup`, built by `build_float32_setup` and `build_recipe_set
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -141,7 +141,7 @@ class Setup:
     dtype: torch.dtype  # the weights' dtype as written (recipe: bfloat16, NF4 layers compute in it)
     tokenizer: object
     prompt_ids: list[list[int]]
-    student: object  # PeftModel (LoRA r16 on q/v), gradient checkpointing on
+    student: object  # PeftModel (LoRA r16, on `lora_targets`), gradient checkpointing on
     teacher: object  # frozen, another seed
     eos_id: int
     pad_id: int
@@ -149,6 +149,8 @@ class Setup:
     # The peers' copies (`generate`, the plain forward) with bitsandbytes as shipped; None: the same models.
     peer_student: object = None
     peer_teacher: object = None
+    # The layers the student's LoRA adapts (peft's target_modules: a list, or all-linear).
+    lora_targets: object = field(default_factory=lambda: list(LORA["target_modules"]))
 
     def peer_base(self):
         return (self.peer_student or self.student).get_base_model()
@@ -273,9 +275,11 @@ def as_shipped(model, device: torch.device):
 def build_real_setup(student_path: str, teacher_path: str, device: torch.device) -> Setup:
     """The user's own models (any Hugging Face causal LM folders), loaded as `+recipe=opd_k1` loads
     them: NF4 with compute in the checkpoint's dtype, prepare_model_for_kbit_training, LoRA r16 on
-    q/v, gradient checkpointing; the prompts in the student's own chat template."""
-    from miniverl.config.model import LoraSettings, StudentConfig
+    q/v (all-linear for a family without q_proj and v_proj), gradient checkpointing, SDPA attention
+    (eager for a family without it); the prompts in the student's own chat template."""
+    from miniverl.config.model import ALL_LINEAR, LoraSettings, StudentConfig
     from miniverl.config.teacher import TeacherConfig
+    from miniverl.models import adapters
     from miniverl.models import loading as models
     from miniverl.utils.errors import MiniverlError
 
@@ -289,8 +293,13 @@ def build_real_setup(student_path: str, teacher_path: str, device: torch.device)
     student_block = StudentConfig(model_id=student_path, dtype="auto", quantization="nf4", lora=lora)
     teacher_block = TeacherConfig(model_id=teacher_path, dtype="auto", quantization="nf4")
     sources = [models.source_of(block, None) for block in (student_block, teacher_block)]
+    for block, source in zip((student_block, teacher_block), sources):  # SDPA where the family has it
+        block.attn_implementation = "sdpa" if models.has_sdpa(block, source) else "eager"
     tokenizer = models.load_tokenizer("--student", student_block, sources[0])
-    student = models.load_student(student_block, sources[0], device, lora_seed=2)
+    base = models.load_causal_lm("--student", student_block, sources[0], device)
+    if adapters.absent_targets(base, lora.target_modules):  # a family with other names (Phi-3: qkv_proj)
+        lora.target_modules = ALL_LINEAR
+    student = models.wrap_student(base, student_block, device, lora_seed=2)
     teacher = models.load_teacher(teacher_block, sources[1], device, "--teacher")
     models.check_tokenizers_compatible(
         tokenizer, models.load_tokenizer("--teacher", teacher_block, sources[1]), student.get_base_model(), teacher
@@ -304,8 +313,9 @@ def build_real_setup(student_path: str, teacher_path: str, device: torch.device)
     dtype = models.compute_dtype(student_block, sources[0])
     described = {
         "student": f"{student_path}: NF4 ({str(dtype).replace('torch.', '')} compute) + "
-        f"prepare_model_for_kbit_training, LoRA r{LORA['r']} on q/v, gradient checkpointing (models.load_student)",
-        "teacher": f"{teacher_path}: NF4, frozen (models.load_teacher)",
+        f"prepare_model_for_kbit_training, LoRA r{LORA['r']} on {lora.describe_targets()}, gradient checkpointing, "
+        f"{student_block.attn_implementation} attention (models.load_student)",
+        "teacher": f"{teacher_path}: NF4, frozen, {teacher_block.attn_implementation} attention (models.load_teacher)",
         "quantization": "nf4",
         "peers": "generate, the plain forward and TRL run with bitsandbytes' CPU kernel choice as shipped "
         "(on copies where it differs from miniverl's: a CPU with AVX512-BF16)",
@@ -313,6 +323,7 @@ def build_real_setup(student_path: str, teacher_path: str, device: torch.device)
     return Setup(
         "real", "real", device, dtype, tokenizer, prompt_ids, student, teacher, eos_id, tokenizer.pad_token_id,
         described, peer_student=as_shipped(student, device), peer_teacher=as_shipped(teacher, device),
+        lora_targets=lora.peft_targets(),
     )  # fmt: skip
 
 

@@ -149,9 +149,14 @@ PATH_TITLES = {
     "LoRA r16 on q/v, gradient checkpointing) and NF4 teacher, loaded by miniverl's own loaders",
     "float32": "Unquantized float32 models (bfloat16 on CUDA), the same shapes: extra rows",
     "real": "Your models (--student/--teacher), loaded as the recipe loads them: NF4 student (compute in the "
-    "checkpoint's dtype, prepare_model_for_kbit_training, LoRA r16 on q/v, gradient checkpointing) and NF4 teacher; "
+    "checkpoint's dtype, prepare_model_for_kbit_training, LoRA r16 on q/v or, in a family without them, all-linear, "
+    "gradient checkpointing) and NF4 teacher; "
     "`generate`, the plain forward and TRL on copies with bitsandbytes as shipped",
 }
+
+
+def lora_layers(targets: str | list[str]) -> str:
+    return "q/v" if targets == ["q_proj", "v_proj"] else targets if isinstance(targets, str) else ", ".join(targets)
 
 
 def markdown(result: dict) -> str:
@@ -160,7 +165,7 @@ def markdown(result: dict) -> str:
         (
             f"miniverl bench, scale `{result['scale']}` on {result['machine']['device_name']} "
             f"({result['machine']['torch_threads']} torch threads), batch {BATCH}, {NEW_TOKENS} new tokens, "
-            f"LoRA r{LORA['r']} on q/v; `{result['command']}`"
+            f"LoRA r{LORA['r']} on {lora_layers(s['lora']['target_modules'])}; `{result['command']}`"
         )
     ]
     for path in result["paths"]:

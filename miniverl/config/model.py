@@ -6,11 +6,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from miniverl.config.bounds import check_range
 
 QUANTIZATIONS = ("nf4", "none")
+# peft's and verl's name for every linear layer but the output layer, whatever the family calls them.
+ALL_LINEAR = "all-linear"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
@@ -100,8 +102,9 @@ class LoraSettings:
     alpha: int = 32
     # Dropout on the LoRA input while training (0: the rollout's and the actor's distributions stay one).
     dropout: float = 0.0
-    # The linear layers that get an adapter (verl: target_modules); all seven projections learn most.
-    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "v_proj"])
+    # The linear layers that get an adapter (verl: target_modules): a list of layer names, or the
+    # string all-linear, every linear layer but the output layer (verl's default; any family's names).
+    target_modules: Any = field(default_factory=lambda: ["q_proj", "v_proj"])  # Any: OmegaConf has no str | list
     # peft's LoRA bias setting: none trains no bias.
     bias: str = "none"
 
@@ -109,6 +112,22 @@ class LoraSettings:
         check_range("model.lora.r", self.r, at_least=1)
         check_range("model.lora.alpha", self.alpha, above=0, why="LoRA scales its update by alpha / r")
         check_range("model.lora.dropout", self.dropout, at_least=0, below=1)
+        targets = self.target_modules
+        names = targets if isinstance(targets, (list, tuple)) else None
+        if targets != ALL_LINEAR and not (names and all(isinstance(n, str) and n for n in names)):
+            raise ValueError(
+                f"model.lora.target_modules={targets!r}; give a list of layer names "
+                f"(model.lora.target_modules=[q_proj,v_proj]) or {ALL_LINEAR}"
+            )
+        if names is not None:
+            self.target_modules = list(names)
+
+    def peft_targets(self) -> str | list[str]:
+        """What peft's LoraConfig takes: the list, or the string all-linear."""
+        return self.target_modules if self.target_modules == ALL_LINEAR else list(self.target_modules)
+
+    def describe_targets(self) -> str:
+        return ALL_LINEAR if self.target_modules == ALL_LINEAR else ", ".join(self.target_modules)
 
 
 def check_common(where: str, quantization: str, dtype: str) -> None:

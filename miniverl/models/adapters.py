@@ -14,6 +14,7 @@ from contextlib import AbstractContextManager as ContextManager
 from contextlib import contextmanager
 from pathlib import Path
 
+import torch
 from peft import PeftModel
 from safetensors import safe_open
 from transformers import PreTrainedModel
@@ -38,6 +39,19 @@ def adapter_sha256(path: str | None) -> str | None:
     return sha256_file(Path(path) / WEIGHTS) if path else None
 
 
+def absent_targets(model: torch.nn.Module, targets: list[str]) -> list[str]:
+    """The target module names that match no module of `model` as peft matches them: the whole
+    name, or its last dotted parts (`q_proj`, `self_attn.q_proj`)."""
+    names = [name for name, _ in model.named_modules()]
+    return [t for t in targets if not any(name == t or name.endswith("." + t) for name in names)]
+
+
+def linear_layer_names(model: torch.nn.Module) -> list[str]:
+    """The distinct last names of `model`'s linear layers (4-bit ones included), in model order."""
+    found = (name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, torch.nn.Linear))
+    return list(dict.fromkeys(found))
+
+
 def check_fits(model: PreTrainedModel, folder: Path, where: str) -> None:
     """Refuse an adapter whose target modules or tensor shapes do not exist in `model`."""
     config = json.loads((folder / "adapter_config.json").read_text())
@@ -45,8 +59,7 @@ def check_fits(model: PreTrainedModel, folder: Path, where: str) -> None:
         raise MiniverlError(f"{where}={folder}: a {config.get('peft_type')} adapter; miniverl uses LoRA adapters")
     targets = config.get("target_modules") or []
     targets = [targets] if isinstance(targets, str) else targets
-    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-    missing = [t for t in targets if t not in names]
+    missing = absent_targets(model, targets)
     if missing:
         raise MiniverlError(
             f"{where}={folder}: targets modules {missing} that the base model "

@@ -25,7 +25,7 @@ import transformers
 from peft import LoraConfig, PeftModel, get_peft_model, prepare_model_for_kbit_training
 from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PreTrainedModel
 
-from miniverl.config.model import StudentConfig, real_model_path
+from miniverl.config.model import ALL_LINEAR, StudentConfig, real_model_path
 from miniverl.config.teacher import TeacherConfig
 from miniverl.models import adapters, toy
 from miniverl.utils.errors import MiniverlError
@@ -181,10 +181,22 @@ def load_causal_lm(
             )
     except (OSError, ValueError) as error:
         if isinstance(error, ValueError) and "attn_implementation" in str(error):
-            raise MiniverlError(f"{where}.attn_implementation={block.attn_implementation!r}: {error}") from None
+            # transformers' own text goes on to a generic example; its first sentence says what.
+            what = str(error).split(". ")[0].strip().rstrip(".")
+            fix = f"; set {where}.attn_implementation=eager" if block.attn_implementation != "eager" else ""
+            raise MiniverlError(f"{where}.attn_implementation={block.attn_implementation!r}: {what}{fix}") from None
         raise offline_error(where, source, error) from None
     disable_cpu_nf4_repack(model)
     return model
+
+
+def has_sdpa(block: StudentConfig | TeacherConfig, source: Source) -> bool:
+    """Whether transformers has SDPA attention for the block's architecture (Gemma-2: no)."""
+    config = transformers.AutoConfig.from_pretrained(
+        source.path, revision=source.revision, trust_remote_code=block.trust_remote_code
+    )
+    model_class = AutoModelForCausalLM._model_mapping.get(type(config), None)
+    return model_class is None or bool(getattr(model_class, "_supports_sdpa", True))
 
 
 def disable_cpu_nf4_repack(model: torch.nn.Module) -> int:
@@ -217,11 +229,19 @@ def wrap_student(model: PreTrainedModel, block: StudentConfig, device: torch.dev
         model.enable_input_require_grads()
     if block.adapter:
         return adapters.student_from_adapter(model, block.adapter).eval()
+    targets = block.lora.peft_targets()
+    # peft adapts whatever names match and says nothing of the rest (Phi-3 has qkv_proj, not q_proj).
+    if targets != ALL_LINEAR and (absent := adapters.absent_targets(model, targets)):
+        raise MiniverlError(
+            f"model.lora.target_modules: no layer of {type(model).__name__} is named {', '.join(absent)} "
+            f"(its linear layers: {', '.join(adapters.linear_layer_names(model))}); list those, "
+            f"or set model.lora.target_modules={ALL_LINEAR}"
+        )
     lora = LoraConfig(
         r=block.lora.r,
         lora_alpha=block.lora.alpha,
         lora_dropout=block.lora.dropout,
-        target_modules=list(block.lora.target_modules),
+        target_modules=targets,
         bias=block.lora.bias,
         task_type="CAUSAL_LM",
     )
@@ -230,7 +250,7 @@ def wrap_student(model: PreTrainedModel, block: StudentConfig, device: torch.dev
         try:
             peft_model = get_peft_model(model, lora)
         except ValueError as error:
-            raise MiniverlError(f"model.lora.target_modules={list(block.lora.target_modules)}: {error}") from None
+            raise MiniverlError(f"model.lora.target_modules={block.lora.describe_targets()}: {error}") from None
     # Gradient checkpointing is only active in train mode: rollout and log-prob passes run in eval.
     return peft_model.eval()
 

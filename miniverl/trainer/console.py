@@ -50,7 +50,7 @@ def start_lines(cfg: MiniverlConfig, run_dir: Path, *, sweep: bool = False, pend
     whether the resume check runs: not in a sweep job unless asked; alone for a finished run
     whose check was stopped)."""
     recipe, est, lora = cfg.recipe, cfg.estimator, cfg.model.lora
-    student = f"{_model_line(cfg.model)} + LoRA r={lora.r} on {', '.join(lora.target_modules)}"
+    student = f"{_model_line(cfg.model)} + LoRA r={lora.r} on {lora.describe_targets()}"
     if cfg.model.adapter:
         student = f"{_model_line(cfg.model)} + the adapter {cfg.model.adapter}"
     update = "policy gradient" if est.use_policy_gradient else "direct"

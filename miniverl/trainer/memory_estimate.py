@@ -4,9 +4,11 @@ memory check (trainer/preflight.py) compares it with the device's memory."""
 from __future__ import annotations
 
 from miniverl.config import MiniverlConfig
+from miniverl.config.model import ALL_LINEAR
 from miniverl.models import loading as models
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+LLAMA_LINEAR_LAYERS = 7  # q, k, v, o, gate, up, down: what all-linear adapts in a Llama or Qwen layer
 
 
 def architecture(block) -> dict:
@@ -69,6 +71,8 @@ def estimate_peak_bytes(cfg: MiniverlConfig) -> int:
     chunk = cfg.hardware.update_chunk
     total += chunk * tokens * s["hidden"] * 4 * (s["layers"] + 16)  # checkpointed inputs + one layer's activations
     total += cfg.hardware.logprob_chunk * s["vocab"] * 4 * 3  # logits, exp and gradient of one chunk
-    lora = 2 * cfg.model.lora.r * s["hidden"] * s["layers"] * len(cfg.model.lora.target_modules)
+    targets = cfg.model.lora.peft_targets()
+    adapted = LLAMA_LINEAR_LAYERS if targets == ALL_LINEAR else len(targets)
+    lora = 2 * cfg.model.lora.r * s["hidden"] * s["layers"] * adapted
     total += lora * 4 * 4  # weights, gradients, two AdamW moments
     return total

@@ -175,7 +175,7 @@ def to_miniverl(lines: list[str], version: str = EXPORT_DEFAULT) -> tuple[list[t
         path = None
     emit("reward.custom_reward_function.path", path, "reward.custom_reward_function.path")
     # LoRA: miniverl trains LoRA adapters only.
-    rank, targets = v(f"{MODEL}.lora_rank"), v(f"{MODEL}.target_modules")
+    rank = v(f"{MODEL}.lora_rank")
     if rank and rank > 0:
         emit("model.lora.r", rank, f"{MODEL}.lora_rank")
     else:
@@ -184,10 +184,6 @@ def to_miniverl(lines: list[str], version: str = EXPORT_DEFAULT) -> tuple[list[t
             unmapped.append(
                 (f"{MODEL}.lora_rank=0 (verl's default)", "full fine-tuning: miniverl trains LoRA adapters only")
             )
-    if isinstance(targets, list):
-        emit("model.lora.target_modules", list(targets), f"{MODEL}.target_modules")
-    else:
-        skip(f"{MODEL}.target_modules", f"{targets!r}: miniverl takes a list of module names")
     # Loggers: console, file (jsonl), tensorboard.
     back = {verl: ours for ours, verl in LOGGERS_TO_VERL.items()}
     loggers = v("trainer.logger")

@@ -163,7 +163,7 @@ def verl_overrides(config: MiniverlConfig, *, reward: LaunchReward, cwd: Path) -
     else:
         add("data.apply_chat_template_kwargs", {}, "data.apply_chat_template_kwargs")
     # LoRA: a starting adapter's own config decides r, alpha and targets (as in miniverl).
-    lora = (m.lora.r, m.lora.alpha, list(m.lora.target_modules))
+    lora = (m.lora.r, m.lora.alpha, m.lora.peft_targets())
     lora_src = (("model.lora.r",), ("model.lora.alpha",), ("model.lora.target_modules",))
     adapter = None if m.adapter is None else absolute_path(m.adapter, cwd)
     if adapter is not None and (own := adapter_lora(adapter)) is not None:

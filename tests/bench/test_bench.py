@@ -25,7 +25,7 @@ from miniverl.workers.rollout import RolloutWorker
 from miniverl.workers.rollout.lean_decode import layer_by_layer, lean_decode_modules
 from miniverl.workers.rollout.sampling import filter_logits
 
-from conftest import ROOT, toy_model_folders
+from conftest import ROOT, family_folder, toy_model_folders
 
 VOCAB, EOS, PAD = 61, 7, 0  # a vocabulary no chunk size divides
 
@@ -439,6 +439,27 @@ def test_bench_measures_a_users_own_model_folders(tmp_path):
     table = (out / "bench.md").read_text()
     assert "teacher scoring positions/s vs one plain forward" in table and "memory bandwidth" in table
     assert "not measured" not in table  # other paths' nulls stay in bench.json
+
+
+@pytest.mark.parametrize(
+    "family,targets,attention", [("phi3", "all-linear", "sdpa"), ("gemma2", "q_proj, v_proj", "eager")]
+)
+def test_the_bench_loads_a_family_without_q_v_or_sdpa_with_what_it_has_and_says_so(
+    tmp_path, family, targets, attention
+):
+    """Phi-3 has no q_proj/v_proj (the bench's LoRA takes all-linear there), Gemma-2 no SDPA
+    attention in transformers (eager on both sides); the setup says which it took."""
+    from miniverl.bench.setups import build_real_setup
+
+    student, teacher = (family_folder(family, tmp_path, seed) for seed in (0, 1))
+    setup = build_real_setup(str(student), str(teacher), torch.device("cpu"))
+    assert setup.lora_targets == (targets if targets == "all-linear" else targets.split(", "))
+    assert f"LoRA r16 on {targets}," in setup.description["student"]
+    assert (
+        f"{attention} attention" in setup.description["student"]
+        and f"{attention} attention" in setup.description["teacher"]
+    )
+    assert setup.student.get_base_model().config._attn_implementation == attention
 
 
 def test_bench_refuses_half_of_a_model_pair():

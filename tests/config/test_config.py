@@ -63,6 +63,14 @@ def test_recipe_holds_the_reference_values():
     assert config.teacher.revision == "70d244cc86ccca08cf5af4e1e306ecf908b1ad5e"
 
 
+def test_lora_targets_are_a_list_of_layer_names_or_verls_all_linear():
+    lora = to_config(compose_config(["+recipe=opd_k1", "model.lora.target_modules=all-linear"])).model.lora
+    assert lora.peft_targets() == "all-linear" and lora.describe_targets() == "all-linear"
+    lora = to_config(compose_config(["+recipe=opd_k1", "model.lora.target_modules=[q_proj,o_proj]"])).model.lora
+    assert lora.peft_targets() == ["q_proj", "o_proj"] and type(lora.target_modules) is list
+    assert lora.describe_targets() == "q_proj, o_proj"
+
+
 def test_command_line_choices_and_values_win_over_the_recipe():
     config = to_config(compose_config(["+recipe=opd_k1", "model=toy", "teacher=toy", "recipe.logical_batch=2"]))
     assert config.model.model_id == "toy" and config.teacher.model_id == "toy"
@@ -121,6 +129,8 @@ def test_a_wrong_type_fails_at_composition():
         ("model.quantization=int3", "model.quantization='int3'"),
         ("hardware.device=tpu", "hardware.device='tpu'"),
         ("recipe.interrupt_after_updates=0", "recipe.interrupt_after_updates=0 must be >= 1"),
+        ("model.lora.target_modules=all_linear", "model.lora.target_modules='all_linear'; give a list"),
+        ("model.lora.target_modules=[]", "model.lora.target_modules=[]; give a list of layer names"),
     ],
 )
 def test_a_refused_value_is_one_line_naming_the_key(override, message):

@@ -132,3 +132,21 @@ def test_the_stop_ids_before_loading_come_from_the_folders_own_files(tmp_path):
     from_config = AutoModelForCausalLM.from_pretrained(folder).config.eos_token_id
     expected = sorted({tokenizer.eos_token_id, *([from_config] if isinstance(from_config, int) else from_config)})
     assert models.configured_stop_ids(tokenizer, models.source_of(block, None)) == expected
+
+
+def test_all_linear_gives_a_qwen3_student_the_adapter_its_seven_projections_give(toy_dirs):
+    """The real recipes name all-linear where they named the seven projections: on a Llama or Qwen
+    layer the two are one adapter, to the last initial weight."""
+    from miniverl.config.model import LoraSettings
+
+    seven = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+    def initial_lora(targets):
+        block = StudentConfig(quantization="none", lora=LoraSettings(target_modules=targets))
+        source = models.source_of(block, toy_dirs["student"])
+        student = models.load_student(block, source, torch.device("cpu"), lora_seed=3)
+        return {name: p.detach() for name, p in student.named_parameters() if "lora_" in name}
+
+    named, all_linear = initial_lora(seven), initial_lora("all-linear")
+    assert len(named) == 2 * 7 * StudentConfig().toy.num_layers and named.keys() == all_linear.keys()
+    assert all(torch.equal(named[k], all_linear[k]) for k in named)

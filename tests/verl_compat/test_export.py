@@ -433,6 +433,16 @@ def test_teacher_modes_export_as_verl_can_serve_them(tmp_path, verl_root):
             )
 
 
+def test_all_linear_targets_carry_over_both_ways_and_are_what_a_launch_without_targets_imports(tmp_path, verl_root):
+    result = export(compose_config([*RECIPE, "model.lora.target_modules=all-linear"]), tmp_path / "verl", cwd=ROOT)
+    assert parsed(result.lines)["actor_rollout_ref.model.target_modules"] == "all-linear"
+    compose_verl(verl_root, result.lines)  # verl's own config takes it
+    assert parsed(imported(tmp_path / "verl" / "overrides.txt"))["model.lora.target_modules"] == "all-linear"
+    untargeted = tmp_path / "untargeted.txt"  # verl's default is all-linear: a launch that sets none means it
+    untargeted.write_text("\n".join(line for line in result.lines if ".target_modules=" not in line) + "\n")
+    assert parsed(imported(untargeted))["model.lora.target_modules"] == "all-linear"
+
+
 def test_a_student_adapter_exports_with_its_own_rank_alpha_and_targets(tmp_path, verl_root):
     adapter = tmp_path / "adapter"
     adapter.mkdir()

@@ -43,6 +43,7 @@ RULES_BY_FIELD = {rule.field: rule for rule in RULES}
 EXPORTED_BY_CODE = {
     "model.lora.r": "a starting adapter's own adapter_config.json decides the rank, alpha and targets",
     "model.lora.alpha": "a starting adapter's own adapter_config.json decides the rank, alpha and targets",
+    "model.lora.target_modules": "a starting adapter's own adapter_config.json decides the rank, alpha and targets",
     "hardware.update_chunk": "written only when export.ppo_micro_batch_size_per_gpu is null and batches are static",
     "data.apply_chat_template_kwargs": "one +data.apply_chat_template_kwargs.<name>=<value> per entry, as verl's "
     "examples write them",
@@ -54,10 +55,9 @@ EXPORTED_BY_CODE = {
 }
 # The import reads every `mapped` rule of these transforms from this table (`table_read`), except
 # the fields below, read by code (import_verl.to_miniverl), each for its reason.
-IMPORT_TRANSFORMS = ("identity", "absolute path", "list of module names")
+IMPORT_TRANSFORMS = ("identity", "absolute path")
 IMPORTED_BY_CODE = {
     "model.lora.r": "a rank of 0 is verl's full fine-tuning, which miniverl does not do: reported, not imported",
-    "model.lora.target_modules": "verl also takes a string (all-linear); miniverl takes a list of module names",
     "data.seed": "null (an unseeded shuffle) is not a miniverl value: reported, not imported",
     "hardware.update_chunk": "read only without dynamic batches; the rollout's micro-batch is another field",
     "export.teacher_replicas": "verl fills a single teacher's pool with as many replicas as fit",

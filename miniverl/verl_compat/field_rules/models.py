@@ -74,8 +74,7 @@ MODEL_RULES: tuple[Rule, ...] = (
     mapped(
         "model.lora.target_modules",
         f"{MODEL}.target_modules",
-        transform="list of module names",
-        note="verl's default is all-linear",
+        note="a list of layer names or all-linear, in both (verl's default is all-linear)",
     ),
     Rule("model.lora.bias", "fixed_in_verl", (), "", "verl's FSDP engine always uses bias='none'", "none"),
     mapped(

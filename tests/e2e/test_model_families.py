@@ -1,0 +1,95 @@
+"""A user's own model of another family than Llama and Qwen runs the recipe the first time: Phi-3
+(fused qkv_proj and gate_up_proj), GPT-NeoX (no *_proj names at all), Gemma-3 (scaled embeddings,
+sliding-window layers) and Gemma-2 (no SDPA attention in transformers: eager). Each is a small
+random model of its family with the toy tokenizer, written as a Hugging Face folder; the run
+adapts every linear layer with `model.lora.target_modules=all-linear`, samples and scores one
+distribution, and resumes byte for byte. A target list that names layers the family lacks, and
+an attention the family lacks, are refused in one line that says what to set."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from miniverl.config.model import StudentConfig
+from miniverl.models import loading as models
+from miniverl.models import precision
+from miniverl.utils.errors import MiniverlError
+
+from conftest import family_folder, main
+
+# Every linear layer but the output layer, by the family's own names: what all-linear must adapt.
+FAMILIES = {
+    "phi3": {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"},
+    "gpt_neox": {"query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"},
+    "gemma3_text": {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"},
+    "gemma2": {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"},
+}
+RUN = [
+    "+recipe=opd_k1",
+    "hardware=cpu",
+    "model.lora.target_modules=all-linear",
+    "recipe.optimizer_updates=2",
+    "recipe.interrupt_after_updates=1",  # the recipe's own exact-resume check: stop after 1, resume
+    "recipe.response_limit=8",
+    "trainer.progress_bar=false",
+]
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("families")
+    return {family: (family_folder(family, root, 0), family_folder(family, root, 1)) for family in FAMILIES}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_recipe_runs_adapts_every_linear_layer_and_resumes_exactly_on_another_family(family, folders, tmp_path):
+    student, teacher = folders[family]
+    attention = ["model.attn_implementation=eager", "teacher.attn_implementation=eager"] if family == "gemma2" else []
+    run_dir = tmp_path / "run"
+    done = main(
+        *RUN, *attention, f"model.model_id={student}", f"teacher.model_id={teacher}", f"hydra.run.dir={run_dir}"
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["status"] == "measured" and report["resume"]["status"] == "exact_match", report["resume"]
+    adapted = {
+        name.split(".lora_")[0].rsplit(".", 1)[-1]
+        for name in load_file(run_dir / "peft_adapter" / "adapter_model.safetensors")
+    }
+    assert adapted == FAMILIES[family]
+    worst_allowed, mean_allowed = precision.log_prob_tolerance(torch.bfloat16)
+    for update in (1, 2):  # the rollout samples the distribution the actor scores
+        t = load_file(run_dir / "trajectories" / f"update_{update:06d}.safetensors")
+        mask = t["response_mask"]
+        diff = (t["rollout_log_probs"] - t["old_log_probs"]).abs() * mask
+        assert float(diff.max()) <= worst_allowed and float(diff.sum() / mask.sum()) <= mean_allowed
+
+
+def test_a_target_list_naming_layers_the_family_lacks_is_refused_with_its_layer_names(folders):
+    """peft alone would adapt o_proj and say nothing of q_proj (Phi-3 fuses it into qkv_proj)."""
+    block = StudentConfig(model_id=str(folders["phi3"][0]), quantization="none")
+    block.lora.target_modules = ["q_proj", "o_proj"]
+    source = models.source_of(block, None)
+    with pytest.raises(MiniverlError) as refused:
+        models.load_student(block, source, torch.device("cpu"), lora_seed=0)
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith("model.lora.target_modules: no layer of Phi3ForCausalLM")
+    assert "named q_proj (" in message and "qkv_proj" in message and message.endswith("target_modules=all-linear")
+
+
+def test_an_attention_the_family_lacks_is_refused_with_the_setting_to_change(folders):
+    block = StudentConfig(model_id=str(folders["gemma2"][1]), quantization="none")
+    source = models.source_of(block, None)
+    assert not models.has_sdpa(block, source) and models.has_sdpa(block, models.source_of(
+        StudentConfig(model_id=str(folders["phi3"][0])), None
+    ))  # fmt: skip
+    with pytest.raises(MiniverlError) as refused:
+        models.load_causal_lm("teacher", block, source, torch.device("cpu"))
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith("teacher.attn_implementation='sdpa': Gemma2ForCausalLM")
+    assert message.endswith("; set teacher.attn_implementation=eager")
