@@ -141,8 +141,14 @@ def load_tokenizer(where: str, block: StudentConfig | TeacherConfig, source: Sou
         raise offline_error(where, Source(source.tokenizer_path, source.tokenizer_revision, "", None), error) from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    if tokenizer.eos_token_id is None or not tokenizer.chat_template:
-        raise MiniverlError(f"{where}: tokenizer of {source.tokenizer_path} needs an EOS token and a chat template")
+    missing = [what for what, absent in (("an EOS token", tokenizer.eos_token_id is None),
+                                         ("a chat template", not tokenizer.chat_template)) if absent]  # fmt: skip
+    if missing:  # a base model's tokenizer often has no template, and the prompts are chat messages
+        raise MiniverlError(
+            f"{where}: the tokenizer of {source.tokenizer_path} lacks {' and '.join(missing)}; set "
+            f"{where}.tokenizer_id to a folder whose tokenizer has it (the instruct model's), or add "
+            "chat_template.jinja to the folder"
+        )
     return tokenizer
 
 

@@ -150,3 +150,25 @@ def test_all_linear_gives_a_qwen3_student_the_adapter_its_seven_projections_give
     named, all_linear = initial_lora(seven), initial_lora("all-linear")
     assert len(named) == 2 * 7 * StudentConfig().toy.num_layers and named.keys() == all_linear.keys()
     assert all(torch.equal(named[k], all_linear[k]) for k in named)
+
+
+def test_a_tokenizer_without_a_chat_template_is_refused_with_the_setting_that_borrows_one(tmp_path):
+    """A base model's folder often has no chat template; the instruct model's tokenizer has one."""
+    import json
+
+    from conftest import family_folder
+
+    folder = family_folder("llama", tmp_path, seed=0)
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    block = StudentConfig(model_id=str(folder))
+    with pytest.raises(MiniverlError) as refused:
+        models.load_tokenizer("model", block, models.source_of(block, None))
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith(f"model: the tokenizer of {folder} lacks a chat template; ")
+    assert "set model.tokenizer_id to a folder whose tokenizer has it" in message
+    instruct = family_folder("llama", tmp_path / "instruct", seed=0)
+    block = StudentConfig(model_id=str(folder), tokenizer_id=str(instruct))
+    assert models.load_tokenizer("model", block, models.source_of(block, None)).chat_template
