@@ -27,6 +27,8 @@ error in the probe halves its rows as it would in an update (and the smaller siz
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from miniverl.config.reward import RewardConfig
@@ -100,7 +102,13 @@ class ValidationProbe:
         self.tokenizer_vocab = rollout.tokenizer_vocab  # the rows every role samples and scores
         vocab = student_model.get_output_embeddings().weight.shape[0]
         self.aligned = isinstance(teacher, TextAlignedTeacher)  # another vocabulary: no exact KL against it
-        self.exact = min(vocab, self.tokenizer_vocab or vocab) <= exact_kl_max_vocab and not self.aligned
+        scored_vocab = min(vocab, self.tokenizer_vocab or vocab)
+        self.exact = scored_vocab <= exact_kl_max_vocab and not self.aligned
+        if not self.exact and not self.aligned:  # else the report's null would be the only trace
+            logging.getLogger(__name__).warning(
+                f"held-out exact reverse KL not computed: the vocabulary ({scored_vocab:,}) is above eval."
+                f"exact_kl_max_vocab={exact_kl_max_vocab}; set eval.exact_kl_max_vocab={scored_vocab} to compute it"
+            )
 
     @torch.no_grad()
     def measure(self, shift: Downshift) -> dict[str, float | None]:

@@ -127,7 +127,7 @@ def test_progress_is_measured_before_training_and_every_n_updates(tmp_path):
     assert lines[3]["val/distillation/k1_mean"] == progress["k1_mean"][2]["value"]
 
 
-def test_exact_kl_is_null_above_the_vocabulary_limit(tmp_path):
+def test_exact_kl_is_null_above_the_vocabulary_limit_and_the_log_says_what_to_set(tmp_path, caplog):
     report = run(
         compose_config(
             [
@@ -144,6 +144,11 @@ def test_exact_kl_is_null_above_the_vocabulary_limit(tmp_path):
     )
     assert report["distillation_progress"]["exact_reverse_kl"] is None
     assert len(report["distillation_progress"]["k1_mean"]) == 2
+    said = [r.getMessage() for r in caplog.records if r.name == "miniverl.trainer.validation"]
+    assert said == [
+        "held-out exact reverse KL not computed: the vocabulary (259) is above eval.exact_kl_max_vocab=100; "
+        "set eval.exact_kl_max_vocab=259 to compute it"
+    ]
 
 
 def test_eval_without_held_out_prompts_is_refused():
