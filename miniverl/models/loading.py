@@ -141,13 +141,16 @@ def load_tokenizer(where: str, block: StudentConfig | TeacherConfig, source: Sou
         raise offline_error(where, Source(source.tokenizer_path, source.tokenizer_revision, "", None), error) from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    missing = [what for what, absent in (("an EOS token", tokenizer.eos_token_id is None),
-                                         ("a chat template", not tokenizer.chat_template)) if absent]  # fmt: skip
-    if missing:  # a base model's tokenizer often has no template, and the prompts are chat messages
+    missing = []
+    if tokenizer.eos_token_id is None:
+        missing.append("an EOS token")
+    if not tokenizer.chat_template:  # a base model's often has none, and the prompts are chat messages
+        missing.append("a chat template")
+    if missing:
         raise MiniverlError(
             f"{where}: the tokenizer of {source.tokenizer_path} lacks {' and '.join(missing)}; set "
-            f"{where}.tokenizer_id to a folder whose tokenizer has it (the instruct model's), or add "
-            "chat_template.jinja to the folder"
+            f"{where}.tokenizer_id to a folder whose tokenizer has {'them' if len(missing) > 1 else 'it'} "
+            "(the instruct model's), or add chat_template.jinja to the folder"
         )
     return tokenizer
 
