@@ -199,13 +199,18 @@ def load_causal_lm(
     return model
 
 
-def has_sdpa(block: StudentConfig | TeacherConfig, source: Source) -> bool:
-    """Whether transformers has SDPA attention for the block's architecture (Gemma-2: no)."""
-    config = transformers.AutoConfig.from_pretrained(
-        source.path, revision=source.revision, trust_remote_code=block.trust_remote_code
-    )
+def lacks_sdpa(block: StudentConfig | TeacherConfig, source: Source) -> str | None:
+    """The class name of the block's architecture when transformers has no SDPA attention for it
+    (Gemma-2), read from its config.json before any weights load; None otherwise, or when the
+    config cannot be read here (loading then says why)."""
+    try:
+        config = transformers.AutoConfig.from_pretrained(
+            source.path, revision=source.revision, trust_remote_code=block.trust_remote_code
+        )
+    except (OSError, ValueError):
+        return None
     model_class = AutoModelForCausalLM._model_mapping.get(type(config), None)
-    return model_class is None or bool(getattr(model_class, "_supports_sdpa", True))
+    return model_class.__name__ if model_class is not None and not model_class._supports_sdpa else None
 
 
 def disable_cpu_nf4_repack(model: torch.nn.Module) -> int:

@@ -31,6 +31,8 @@ import psutil
 import torch
 
 from miniverl.config import MiniverlConfig
+from miniverl.config.model import StudentConfig
+from miniverl.config.teacher import TeacherConfig
 from miniverl.models import cpu_gemm, precision
 from miniverl.models import loading as models
 from miniverl.trainer.memory_estimate import architecture, estimate_peak_bytes
@@ -237,11 +239,34 @@ def check_memory(cfg: MiniverlConfig, device: torch.device) -> Check:
     return Check("WARN" if estimate > 0.8 * limit else "PASS", "memory", line)
 
 
+def model_blocks(cfg: MiniverlConfig) -> list[tuple[str, StudentConfig | TeacherConfig]]:
+    """(config path, block) of every model the run loads from a folder or the hub (not the toys)."""
+    blocks = [("model", cfg.model)]
+    blocks += [(cfg.teacher_where(name), b) for name, b in cfg.teacher_blocks.items() if b.mode == "standard"]
+    return [(where, block) for where, block in blocks if block.model_id != "toy"]
+
+
+def check_attention(cfg: MiniverlConfig) -> Check:
+    """Every model whose family has no SDPA attention in transformers, in one line before any
+    loads (loading would refuse them one at a time)."""
+    lacking = {}
+    for where, block in model_blocks(cfg):
+        if block.attn_implementation == "sdpa" and (name := models.lacks_sdpa(block, models.source_of(block, None))):
+            lacking[where] = name
+    if lacking:
+        fix = " ".join(f"{where}.attn_implementation=eager" for where in lacking)
+        names = ", ".join(sorted(set(lacking.values())))
+        return Check("FAIL", "attention", f"transformers has no SDPA attention for {names}; set {fix}")
+    used = ", ".join(f"{where} {block.attn_implementation}" for where, block in model_blocks(cfg))
+    return Check("PASS", "attention", f"each family has the attention set for it: {used}")
+
+
 def cheap_checks(cfg: MiniverlConfig, device: torch.device) -> list[Check]:
     tokenizer = models.load_tokenizer("model", cfg.model, models.source_of(cfg.model, None))
     return [
         guarded("data", check_data, cfg, tokenizer),
         guarded("tokenizer", check_tokenizers, cfg, tokenizer),
+        *([guarded("attention", check_attention, cfg)] if model_blocks(cfg) else []),
         guarded("memory", check_memory, cfg, device),
         *([guarded("topk", check_topk, cfg, tokenizer)] if cfg.estimator.topk_loss else []),
         *([guarded("reward", check_reward, cfg)] if cfg.estimator.use_task_rewards else []),

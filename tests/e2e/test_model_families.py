@@ -85,11 +85,23 @@ def test_a_target_list_naming_layers_the_family_lacks_is_refused_with_its_layer_
 def test_an_attention_the_family_lacks_is_refused_with_the_setting_to_change(folders):
     block = StudentConfig(model_id=str(folders["gemma2"][1]), quantization="none")
     source = models.source_of(block, None)
-    assert not models.has_sdpa(block, source) and models.has_sdpa(block, models.source_of(
-        StudentConfig(model_id=str(folders["phi3"][0])), None
-    ))  # fmt: skip
+    phi3 = StudentConfig(model_id=str(folders["phi3"][0]))
+    assert models.lacks_sdpa(block, source) == "Gemma2ForCausalLM"
+    assert models.lacks_sdpa(phi3, models.source_of(phi3, None)) is None
     with pytest.raises(MiniverlError) as refused:
         models.load_causal_lm("teacher", block, source, torch.device("cpu"))
     message = str(refused.value)
     assert "\n" not in message and message.startswith("teacher.attn_implementation='sdpa': Gemma2ForCausalLM")
     assert message.endswith("; set teacher.attn_implementation=eager")
+
+
+def test_the_run_names_every_model_whose_family_lacks_sdpa_in_one_line_before_loading(folders, tmp_path):
+    """The student and the teacher of one family: both settings at once, not one per attempt."""
+    student, teacher = folders["gemma2"]
+    done = main(*RUN, f"model.model_id={student}", f"teacher.model_id={teacher}", f"hydra.run.dir={tmp_path / 'run'}")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == (
+        "miniverl: error: pre-flight check failed (python -m miniverl.doctor shows all): attention: transformers has "
+        "no SDPA attention for Gemma2ForCausalLM; set model.attn_implementation=eager teacher.attn_implementation=eager"
+    )
+    assert not (tmp_path / "run" / "checkpoints").exists()
