@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import yaml
 from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
 from peft.utils.constants import EMBEDDING_LAYER_NAMES
 from safetensors.torch import load_file, save_file
@@ -24,6 +25,8 @@ from miniverl import __version__
 from miniverl.config.trainer import TrainerConfig
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import canonical_json, sha256_file
+from miniverl.utils.overrides import hydra_value
+from miniverl.utils.tables import flatten
 
 TENSOR_FILES = ("adapter.safetensors", "optimizer.safetensors")
 STATE_FILE = "state.json"
@@ -166,7 +169,28 @@ class Checkpoint:
         return self.path.parent.parent
 
 
-def verify_checkpoint(path: str | Path, plan_digest: str) -> Checkpoint:
+# Keys that steer a run but not what it computes (plan.experiment_settings leaves them out).
+RUN_CONTROL = ("trainer.", "export.", "eval.", "hardware.name", "data.val_files")
+
+
+def earlier_overrides(run_dir: Path, resolved: dict) -> list[str]:
+    """`key=value` overrides that give a command resolved to `resolved` the settings of the run in
+    `run_dir` where they differ (run control aside, the seed kept): what a refused resume needs,
+    for instance after a recipe changed between versions."""
+    try:
+        before = flatten(yaml.safe_load((run_dir / "resolved_config.yaml").read_text(encoding="utf-8")))
+    except (OSError, yaml.YAMLError):
+        return []
+    now = flatten(resolved)
+    differing = sorted(
+        key
+        for key in before.keys() | now.keys()
+        if before.get(key) != now.get(key) and (key == "trainer.seed" or not key.startswith(RUN_CONTROL))
+    )
+    return [f"{key}={hydra_value(before[key])}" if key in before else f"~{key}" for key in differing]
+
+
+def verify_checkpoint(path: str | Path, plan_digest: str, resolved: dict | None = None) -> Checkpoint:
     """Every check a resume needs, reading only: files present, hashes right, same plan, and the
     earlier trajectory files of its run present and intact."""
     path = resolve_checkpoint(path)
@@ -188,9 +212,11 @@ def verify_checkpoint(path: str | Path, plan_digest: str) -> Checkpoint:
                 "resume from an earlier checkpoint"
             )
     if state.get("compiled_plan_sha256") != plan_digest:
+        overrides = earlier_overrides(path.parent.parent, resolved) if resolved is not None else []
+        how = f"add {' '.join(overrides)}" if overrides else "resume with the overrides of the run that wrote it"
         raise MiniverlError(
             f"{where} belongs to another plan (compiled_plan_sha256 {state.get('compiled_plan_sha256')}"
-            f" != {plan_digest}): resume with the overrides of the run that wrote it, or for a new run choose "
+            f" != {plan_digest}): {how}, or for a new run choose "
             "another hydra.run.dir (or replace that run with trainer.overwrite=true)"
         )
     checkpoint = Checkpoint(path, state)

@@ -24,6 +24,7 @@ from typing import Any
 
 from miniverl.config.algorithm import ADV_ESTIMATORS
 from miniverl.utils.errors import MiniverlError
+from miniverl.utils.overrides import hydra_value
 from miniverl.verl_compat.defaults import (
     ACTOR,
     FIXED,
@@ -38,7 +39,7 @@ from miniverl.verl_compat.field_rules import RULES, table_read
 from miniverl.verl_compat.launch_files import NO_TASK_REWARD_FILE, TASK_REWARD_FILE
 from miniverl.verl_compat.launch_reader import exported_for, read_overrides
 from miniverl.verl_compat.not_imported import ENGINE_WHY, NOT_IN_MINIVERL, why_not_imported
-from miniverl.verl_compat.overrides import get, hydra_value, virtual_verl_config
+from miniverl.verl_compat.overrides import get, virtual_verl_config
 from miniverl.verl_compat.versions import EXPORT_DEFAULT, PROFILE_VERSION, release
 
 # ---------------------------------------------------------------- verl -> miniverl

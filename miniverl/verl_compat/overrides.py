@@ -6,46 +6,11 @@ without verl installed.
 from __future__ import annotations
 
 import copy
-import re
 from collections.abc import Mapping
 from typing import Any
 
+from miniverl.utils.overrides import hydra_value
 from miniverl.verl_compat.defaults import verl_defaults
-
-# ---------------------------------------------------------------- Hydra override values
-
-_SAFE = re.compile(r"^[A-Za-z0-9_./\-+@%]+$")  # not ~: Hydra reads it as a deletion
-_RESERVED = {"true", "false", "null", "inf", "nan", "-inf", "+inf"}
-
-
-def hydra_value(value: Any) -> str:
-    """A value in Hydra's override grammar that parses back to exactly `value`."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "True" if value else "False"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        text = repr(value)
-        return text if ("." in text or "e" in text or "n" in text) else text + ".0"
-    if isinstance(value, str):
-        if _SAFE.match(value) and value.lower() not in _RESERVED and not _looks_numeric(value):
-            return value
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(hydra_value(v) for v in value) + "]"
-    if isinstance(value, Mapping):
-        return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
-    raise TypeError(f"cannot write {value!r} as a Hydra override value")
-
-
-def _looks_numeric(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 def override_line(key: str, value: Any) -> str:

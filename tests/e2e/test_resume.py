@@ -147,6 +147,18 @@ def test_a_broken_or_foreign_checkpoint_is_refused_without_touching_any_file(sto
     assert not target.exists()
 
 
+@pytest.mark.slow
+def test_a_checkpoint_of_other_settings_is_refused_with_the_overrides_that_resume_it(stopped_run, tmp_path, reference):
+    """A recipe that changed between versions (or a changed override): the refusal lists the
+    settings of the stopped run where they differ, and with them the resume goes on exactly."""
+    with pytest.raises(MiniverlError) as info:
+        run_in_process(tmp_path / "new", f"trainer.resume_from={stopped_run}", "recipe.logical_batch=2")
+    message = str(info.value)
+    assert "belongs to another plan" in message and ": add recipe.logical_batch=4, or for a new run" in message
+    report = run_in_process(tmp_path / "again", f"trainer.resume_from={stopped_run}", "recipe.logical_batch=4")
+    assert report["resume"]["status"] == "resumed" and first_difference(reference, tmp_path / "again")[1] is None
+
+
 def test_the_refusal_is_one_line_from_the_command(stopped_run, tmp_path, capfd):
     (checkpoint.checkpoints_in(stopped_run)[-1] / "state.json").unlink()
     source = checkpoint.checkpoints_in(stopped_run)[-1]

@@ -27,11 +27,11 @@ from miniverl import import_verl as import_command
 from miniverl.config import to_config
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import resolved_config, sha256_json
+from miniverl.utils.overrides import hydra_value
 from miniverl.verl_compat import import_verl, launch_reader
 from miniverl.verl_compat.defaults import DATACLASS_DEFAULTS_THAT_DIFFER, FIXED, LOSS, TEACHER, VERL_DEFAULTS
 from miniverl.verl_compat.field_rules import RULES, STATUSES, rule_for, rule_table, rules_for
 from miniverl.verl_compat.launch_writer import config_fields, export, field_rule_digest, field_rules
-from miniverl.verl_compat.overrides import hydra_value
 from miniverl.verl_compat.runtime_checks import runtime_violations
 
 from conftest import ROOT, compose_config
