@@ -294,7 +294,8 @@ def build_real_setup(student_path: str, teacher_path: str, device: torch.device)
     teacher_block = TeacherConfig(model_id=teacher_path, dtype="auto", quantization="nf4")
     sources = [models.source_of(block, None) for block in (student_block, teacher_block)]
     for block, source in zip((student_block, teacher_block), sources):  # SDPA where the family has it
-        block.attn_implementation = "eager" if models.lacks_sdpa(block, source) else "sdpa"
+        family = models.model_class(block, source)
+        block.attn_implementation = "eager" if family is not None and not family._supports_sdpa else "sdpa"
     tokenizer = models.load_tokenizer("--student", student_block, sources[0])
     base = models.load_causal_lm("--student", student_block, sources[0], device)
     if adapters.absent_targets(base, lora.target_modules):  # a family with other names (Phi-3: qkv_proj)

@@ -104,11 +104,11 @@ class LoraSettings:
     dropout: float = 0.0
     # The linear layers that get an adapter (verl: target_modules): a list of layer names, or the
     # string all-linear, every linear layer but the output layer (verl's default; any family's names).
-    target_modules: Any = field(default_factory=lambda: ["q_proj", "v_proj"])  # Any: OmegaConf has no str | list
+    target_modules: Any = field(default_factory=lambda: ["q_proj", "v_proj"])
     # peft's LoRA bias setting: none trains no bias.
     bias: str = "none"
 
-    def __post_init__(self) -> None:
+    def __post_init__(self) -> None:  # target_modules is typed Any: OmegaConf has no union of str and list
         check_range("model.lora.r", self.r, at_least=1)
         check_range("model.lora.alpha", self.alpha, above=0, why="LoRA scales its update by alpha / r")
         check_range("model.lora.dropout", self.dropout, at_least=0, below=1)

@@ -18,6 +18,7 @@ import torch
 from peft import PeftModel
 from safetensors import safe_open
 from transformers import PreTrainedModel
+from transformers.pytorch_utils import Conv1D
 
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import sha256_file
@@ -46,9 +47,15 @@ def absent_targets(model: torch.nn.Module, targets: list[str]) -> list[str]:
     return [t for t in targets if not any(name == t or name.endswith("." + t) for name in names)]
 
 
-def linear_layer_names(model: torch.nn.Module) -> list[str]:
-    """The distinct last names of `model`'s linear layers (4-bit ones included), in model order."""
-    found = (name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, torch.nn.Linear))
+def linear_layer_names(model: PreTrainedModel) -> list[str]:
+    """The distinct last names of the layers peft's all-linear adapts, in model order: linear ones
+    (4-bit ones included) and GPT-2's Conv1D, the output layer left out."""
+    output = model.get_output_embeddings()
+    found = (
+        name.rsplit(".", 1)[-1]
+        for name, module in model.named_modules()
+        if isinstance(module, (torch.nn.Linear, Conv1D)) and module is not output
+    )
     return list(dict.fromkeys(found))
 
 

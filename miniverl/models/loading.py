@@ -29,6 +29,7 @@ from miniverl.config.model import ALL_LINEAR, StudentConfig, real_model_path
 from miniverl.config.teacher import TeacherConfig
 from miniverl.models import adapters, toy
 from miniverl.utils.errors import MiniverlError
+from miniverl.utils.overrides import hydra_value
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PROBE_CONVERSATION = [
@@ -147,11 +148,13 @@ def load_tokenizer(where: str, block: StudentConfig | TeacherConfig, source: Sou
     if not tokenizer.chat_template:  # a base model's often has none, and the prompts are chat messages
         missing.append("a chat template")
     if missing:
-        raise MiniverlError(
-            f"{where}: the tokenizer of {source.tokenizer_path} lacks {' and '.join(missing)}; set "
-            f"{where}.tokenizer_id to a folder whose tokenizer has {'them' if len(missing) > 1 else 'it'} "
-            "(the instruct model's), or add chat_template.jinja to the folder"
-        )
+        fix = ""
+        if not where.startswith("--") and block.tokenizer_id is None:  # a config path: the user's to set
+            fix = f"; set {where}.tokenizer_id to a folder whose tokenizer has {'them' if len(missing) > 1 else 'it'}"
+            fix += " (the instruct model's)"
+            if missing == ["a chat template"]:
+                fix += ", or add chat_template.jinja to the folder"
+        raise MiniverlError(f"{where}: the tokenizer of {source.tokenizer_path} lacks {' and '.join(missing)}{fix}")
     return tokenizer
 
 
@@ -193,24 +196,23 @@ def load_causal_lm(
             # transformers' own text goes on to a generic example; its first sentence says what.
             what = str(error).split(". ")[0].strip().rstrip(".")
             fix = f"; set {where}.attn_implementation=eager" if block.attn_implementation != "eager" else ""
+            fix = "" if where.startswith("--") else fix  # a command-line flag: not a setting of the user's
             raise MiniverlError(f"{where}.attn_implementation={block.attn_implementation!r}: {what}{fix}") from None
         raise offline_error(where, source, error) from None
     disable_cpu_nf4_repack(model)
     return model
 
 
-def lacks_sdpa(block: StudentConfig | TeacherConfig, source: Source) -> str | None:
-    """The class name of the block's architecture when transformers has no SDPA attention for it
-    (Gemma-2), read from its config.json before any weights load; None otherwise, or when the
-    config cannot be read here (loading then says why)."""
+def model_class(block: StudentConfig | TeacherConfig, source: Source) -> type[PreTrainedModel] | None:
+    """The transformers class the block loads as, from its config.json alone (no weights); None
+    when the config cannot be read here or names no class transformers ships (loading decides)."""
     try:
         config = transformers.AutoConfig.from_pretrained(
             source.path, revision=source.revision, trust_remote_code=block.trust_remote_code
         )
     except (OSError, ValueError):
         return None
-    model_class = AutoModelForCausalLM._model_mapping.get(type(config), None)
-    return model_class.__name__ if model_class is not None and not model_class._supports_sdpa else None
+    return AutoModelForCausalLM._model_mapping.get(type(config), None)
 
 
 def disable_cpu_nf4_repack(model: torch.nn.Module) -> int:
@@ -264,7 +266,7 @@ def wrap_student(model: PreTrainedModel, block: StudentConfig, device: torch.dev
         try:
             peft_model = get_peft_model(model, lora)
         except ValueError as error:
-            raise MiniverlError(f"model.lora.target_modules={block.lora.describe_targets()}: {error}") from None
+            raise MiniverlError(f"model.lora.target_modules={hydra_value(targets)}: {error}") from None
     # Gradient checkpointing is only active in train mode: rollout and log-prob passes run in eval.
     return peft_model.eval()
 

@@ -25,7 +25,8 @@ def adapter_lora(folder: str) -> tuple[int, int, list[str]] | None:
     try:
         config = json.loads((Path(folder) / "adapter_config.json").read_text())
         targets = config["target_modules"]
-        return int(config["r"]), int(config["lora_alpha"]), [targets] if isinstance(targets, str) else list(targets)
+        # peft writes a set: sorted, so that the same adapter exports the same lines every time
+        return int(config["r"]), int(config["lora_alpha"]), [targets] if isinstance(targets, str) else sorted(targets)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

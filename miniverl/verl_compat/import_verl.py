@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from miniverl.config.algorithm import ADV_ESTIMATORS
+from miniverl.config.model import ALL_LINEAR
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.overrides import hydra_value
 from miniverl.verl_compat.defaults import (
@@ -185,6 +186,11 @@ def to_miniverl(lines: list[str], version: str = EXPORT_DEFAULT) -> tuple[list[t
             unmapped.append(
                 (f"{MODEL}.lora_rank=0 (verl's default)", "full fine-tuning: miniverl trains LoRA adapters only")
             )
+    targets = v(f"{MODEL}.target_modules")  # verl's default all-linear when the launch sets none
+    if isinstance(targets, list) or targets == ALL_LINEAR:
+        emit("model.lora.target_modules", targets, f"{MODEL}.target_modules")
+    else:
+        skip(f"{MODEL}.target_modules", f"{targets!r}: miniverl takes a list of layer names or {ALL_LINEAR}")
     # Loggers: console, file (jsonl), tensorboard.
     back = {verl: ours for ours, verl in LOGGERS_TO_VERL.items()}
     loggers = v("trainer.logger")

@@ -450,10 +450,12 @@ def test_the_bench_loads_a_family_without_q_v_or_sdpa_with_what_it_has_and_says_
     """Phi-3 has no q_proj/v_proj (the bench's LoRA takes all-linear there), Gemma-2 no SDPA
     attention in transformers (eager on both sides); the setup says which it took."""
     from miniverl.bench.setups import build_real_setup
+    from miniverl.bench.tables import lora_layers
 
     student, teacher = (family_folder(family, tmp_path, seed) for seed in (0, 1))
     setup = build_real_setup(str(student), str(teacher), torch.device("cpu"))
     assert setup.lora_targets == (targets if targets == "all-linear" else targets.split(", "))
+    assert lora_layers(setup.lora_targets) == ("all-linear" if family == "phi3" else "q/v")  # bench.md's headline
     assert f"LoRA r16 on {targets}," in setup.description["student"]
     assert (
         f"{attention} attention" in setup.description["student"]

@@ -14,12 +14,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from miniverl.config import to_config
 from miniverl.config.model import StudentConfig
 from miniverl.models import loading as models
 from miniverl.models import precision
+from miniverl.trainer.preflight import check_attention
 from miniverl.utils.errors import MiniverlError
 
-from conftest import family_folder, main
+from conftest import compose_config, family_folder, main
 
 # Every linear layer but the output layer, by the family's own names: what all-linear must adapt.
 FAMILIES = {
@@ -79,15 +81,24 @@ def test_a_target_list_naming_layers_the_family_lacks_is_refused_with_its_layer_
         models.load_student(block, source, torch.device("cpu"), lora_seed=0)
     message = str(refused.value)
     assert "\n" not in message and message.startswith("model.lora.target_modules: no layer of Phi3ForCausalLM")
-    assert "named q_proj (" in message and "qkv_proj" in message and message.endswith("target_modules=all-linear")
+    assert "named q_proj (its linear layers: o_proj, qkv_proj, gate_up_proj, down_proj); list those" in message
+    assert message.endswith("or set model.lora.target_modules=all-linear")
+
+
+def test_gpt2s_conv1d_layers_are_the_linear_layers_a_refusal_lists(tmp_path):
+    """GPT-2 builds its projections from transformers' Conv1D, which peft's all-linear adapts too."""
+    block = StudentConfig(model_id=str(family_folder("gpt2", tmp_path, 0)), quantization="none")
+    block.lora.target_modules = ["q_proj"]
+    with pytest.raises(MiniverlError, match=r"is named q_proj \(its linear layers: c_attn, c_proj, c_fc\)"):
+        models.load_student(block, models.source_of(block, None), torch.device("cpu"), lora_seed=0)
 
 
 def test_an_attention_the_family_lacks_is_refused_with_the_setting_to_change(folders):
     block = StudentConfig(model_id=str(folders["gemma2"][1]), quantization="none")
     source = models.source_of(block, None)
     phi3 = StudentConfig(model_id=str(folders["phi3"][0]))
-    assert models.lacks_sdpa(block, source) == "Gemma2ForCausalLM"
-    assert models.lacks_sdpa(phi3, models.source_of(phi3, None)) is None
+    assert not models.model_class(block, source)._supports_sdpa
+    assert models.model_class(phi3, models.source_of(phi3, None)).__name__ == "Phi3ForCausalLM"
     with pytest.raises(MiniverlError) as refused:
         models.load_causal_lm("teacher", block, source, torch.device("cpu"))
     message = str(refused.value)
@@ -105,3 +116,12 @@ def test_the_run_names_every_model_whose_family_lacks_sdpa_in_one_line_before_lo
         "no SDPA attention for Gemma2ForCausalLM; set model.attn_implementation=eager teacher.attn_implementation=eager"
     )
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_the_attention_check_names_each_models_class_and_says_what_it_could_not_read(folders, tmp_path):
+    models_ = [f"model.model_id={folders['phi3'][0]}", f"teacher.model_id={tmp_path / 'nowhere'}"]
+    check = check_attention(to_config(compose_config(["+recipe=opd_k1", *models_])))
+    assert (check.status, check.reason) == (
+        "PASS",
+        "model sdpa (Phi3ForCausalLM); teacher sdpa (not checked: no config.json read)",
+    )

@@ -441,6 +441,11 @@ def test_all_linear_targets_carry_over_both_ways_and_are_what_a_launch_without_t
     untargeted = tmp_path / "untargeted.txt"  # verl's default is all-linear: a launch that sets none means it
     untargeted.write_text("\n".join(line for line in result.lines if ".target_modules=" not in line) + "\n")
     assert parsed(imported(untargeted))["model.lora.target_modules"] == "all-linear"
+    regex = tmp_path / "regex.txt"  # peft also takes a regex string: miniverl does not, so it is reported
+    regex.write_text(untargeted.read_text() + "actor_rollout_ref.model.target_modules=.*q_proj\n")
+    text = import_verl.import_file(regex, env={"HOME": "/home/user"})
+    assert "model.lora.target_modules" not in parsed(imported(regex))
+    assert "actor_rollout_ref.model.target_modules=\".*q_proj\"  -- '.*q_proj': miniverl takes a list" in text
 
 
 def test_a_student_adapter_exports_with_its_own_rank_alpha_and_targets(tmp_path, verl_root):
