@@ -458,7 +458,7 @@ def test_a_student_adapter_exports_with_its_own_rank_alpha_and_targets(tmp_path,
     written = parsed(result.lines)
     assert written["actor_rollout_ref.model.lora_adapter_path"] == str(adapter)
     assert (written["actor_rollout_ref.model.lora_rank"], written["actor_rollout_ref.model.lora_alpha"]) == (8, 24)
-    assert written["actor_rollout_ref.model.target_modules"] == ["q_proj", "k_proj"]
+    assert written["actor_rollout_ref.model.target_modules"] == ["k_proj", "q_proj"]  # sorted: peft writes a set
     compose_verl(verl_root, result.lines)
     back = imported(tmp_path / "verl" / "overrides.txt")
     assert export(compose_config([*RECIPE, *back]), tmp_path / "verl", cwd=ROOT).lines == result.lines
