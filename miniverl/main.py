@@ -13,6 +13,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
+from safetensors import SafetensorError
 
 from miniverl.config import to_config
 from miniverl.trainer.console import closing_lines, start_lines
@@ -47,13 +48,16 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), sweep: bool =
         # A whole fresh run checks its own resume (not one stopped early, nor a resumed one).
         checking = k is not None and status == "measured" and trainer.resumed is None
         report = trainer.finish(status, resume_check=pending_block() if checking else None)
-    except OSError as error:
-        if error.errno not in WRITE_ERRORS:
+    except (OSError, SafetensorError) as error:
+        code = write_error_code(error)
+        if code is None:
             raise
+        where = getattr(error, "filename", None) or run_dir
         last = f"; the last complete checkpoint is {trainer.last_checkpoint}" if trainer.last_checkpoint else ""
+        resume = f"trainer.resume_from={run_dir}" if trainer.last_checkpoint else "the same command"
         raise MiniverlError(
-            f"cannot write {error.filename or run_dir}: {error.strerror}{last}; free space or choose "
-            "another hydra.run.dir, then resume with trainer.resume_from"
+            f"cannot write {where}: {os.strerror(code)}{last}; free space or choose another hydra.run.dir, "
+            f"then run again with {resume}"
         ) from None
     if trainer.stopped_by:
         raise RunStopped(stopped_line(trainer, run_dir, signal.Signals(trainer.stopped_by).name), trainer.stopped_by)
@@ -75,6 +79,14 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), sweep: bool =
         print(f"miniverl: {line}", flush=True)
         log_to_run_folder(line, logging.INFO)
     return report
+
+
+def write_error_code(error: Exception) -> int | None:
+    """The errno of a failed write that the user can fix (a full disk, a read-only folder), else
+    None. safetensors' writer reports it as text: "I/O error: No space left on device (os error 28)"."""
+    if isinstance(error, OSError):
+        return error.errno if error.errno in WRITE_ERRORS else None
+    return next((code for code in WRITE_ERRORS if f"(os error {code})" in str(error)), None)
 
 
 def stopped_line(trainer, run_dir: Path, by: str) -> str:

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from safetensors import SafetensorError
 
 from miniverl.config import to_config
 from miniverl.config.data import DataConfig
@@ -92,7 +93,18 @@ def test_a_read_only_output_folder_is_one_line(tmp_path, monkeypatch):
         run_toy(tmp_path / "run")
 
 
-def test_a_full_disk_keeps_the_last_checkpoint_whole(tmp_path, monkeypatch):
+# What a full disk raises: the OS's error, or safetensors' own (its Rust writer reports the OS's as
+# text; measured on a 1.2 MB tmpfs, where an unrecognised one used to end in a traceback).
+FULL_DISK = {
+    "os": lambda path: OSError(errno.ENOSPC, "No space left on device", path),
+    "safetensors": lambda path: SafetensorError(
+        "Error while serializing: I/O error: No space left on device (os error 28)"
+    ),
+}
+
+
+@pytest.mark.parametrize("raised", FULL_DISK)
+def test_a_full_disk_keeps_the_last_checkpoint_whole_and_says_how_to_resume(tmp_path, monkeypatch, raised):
     import miniverl.utils.checkpoint as ckpt_module
 
     real, calls = ckpt_module.save_file, {"n": 0}
@@ -100,12 +112,13 @@ def test_a_full_disk_keeps_the_last_checkpoint_whole(tmp_path, monkeypatch):
     def fills_up(*args, **kwargs):
         calls["n"] += 1
         if calls["n"] > 2:  # adapter + optimizer of update 1 fit; update 2 does not
-            raise OSError(errno.ENOSPC, "No space left on device", str(args[1]))
+            raise FULL_DISK[raised](str(args[1]))
         return real(*args, **kwargs)
 
     monkeypatch.setattr(ckpt_module, "save_file", fills_up)
-    with pytest.raises(MiniverlError, match="No space left on device; the last complete checkpoint is .*update_1"):
+    with pytest.raises(MiniverlError, match="No space left on device; the last complete checkpoint is .*update_1") as e:
         run_toy(tmp_path / "run")
+    assert str(e.value).endswith(f"then run again with trainer.resume_from={tmp_path / 'run'}")
     plan_digest = json.loads((tmp_path / "run" / "checkpoints" / "update_1" / "state.json").read_text())[
         "compiled_plan_sha256"
     ]
