@@ -86,7 +86,7 @@ class OPDTrainer:
         # Every resume check reads only; nothing is written before they all pass.
         source = checkpoint.resume_source(cfg.trainer, self.run_dir)
         if source is not None:
-            self.resumed = checkpoint.verify_checkpoint(source, self.plan.digest, self.resolved)
+            self.resumed = checkpoint.verify_checkpoint(source, self.plan.digest, self.plan.settings)
         self.out = RunFolder(
             self.run_dir,
             continuing=self.resumed is not None and self.in_place,

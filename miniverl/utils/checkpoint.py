@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import yaml
 from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
 from peft.utils.constants import EMBEDDING_LAYER_NAMES
 from safetensors.torch import load_file, save_file
@@ -169,28 +168,20 @@ class Checkpoint:
         return self.path.parent.parent
 
 
-# Keys that steer a run but not what it computes (plan.experiment_settings leaves them out).
-RUN_CONTROL = ("trainer.", "export.", "eval.", "hardware.name", "data.val_files")
-
-
-def earlier_overrides(run_dir: Path, resolved: dict) -> list[str]:
-    """`key=value` overrides that give a command resolved to `resolved` the settings of the run in
-    `run_dir` where they differ (run control aside, the seed kept): what a refused resume needs,
-    for instance after a recipe changed between versions."""
+def earlier_overrides(run_dir: Path, settings: dict) -> list[str]:
+    """`key=value` overrides that give a run whose plan holds `settings` (plan.json's "settings":
+    every config field that shapes the experiment) those of the run in `run_dir`, where they differ:
+    what a refused resume needs, for instance after a recipe changed between versions."""
     try:
-        before = flatten(yaml.safe_load((run_dir / "resolved_config.yaml").read_text(encoding="utf-8")))
-    except (OSError, yaml.YAMLError):
+        before = flatten(json.loads((run_dir / "plan.json").read_text(encoding="utf-8"))["settings"])
+    except (OSError, ValueError, KeyError, TypeError):
         return []
-    now = flatten(resolved)
-    differing = sorted(
-        key
-        for key in before.keys() | now.keys()
-        if before.get(key) != now.get(key) and (key == "trainer.seed" or not key.startswith(RUN_CONTROL))
-    )
+    now = flatten(settings)
+    differing = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k) and k != "miniverl_version")
     return [f"{key}={hydra_value(before[key])}" if key in before else f"~{key}" for key in differing]
 
 
-def verify_checkpoint(path: str | Path, plan_digest: str, resolved: dict | None = None) -> Checkpoint:
+def verify_checkpoint(path: str | Path, plan_digest: str, settings: dict | None = None) -> Checkpoint:
     """Every check a resume needs, reading only: files present, hashes right, same plan, and the
     earlier trajectory files of its run present and intact."""
     path = resolve_checkpoint(path)
@@ -211,15 +202,15 @@ def verify_checkpoint(path: str | Path, plan_digest: str, resolved: dict | None 
                 f"{where}: {name} does not match its sha256 in {STATE_FILE} (corrupted); "
                 "resume from an earlier checkpoint"
             )
+    checkpoint = Checkpoint(path, state)
     if state.get("compiled_plan_sha256") != plan_digest:
-        overrides = earlier_overrides(path.parent.parent, resolved) if resolved is not None else []
+        overrides = earlier_overrides(checkpoint.run_dir, settings) if settings is not None else []
         how = f"add {' '.join(overrides)}" if overrides else "resume with the overrides of the run that wrote it"
         raise MiniverlError(
             f"{where} belongs to another plan (compiled_plan_sha256 {state.get('compiled_plan_sha256')}"
             f" != {plan_digest}): {how}, or for a new run choose "
             "another hydra.run.dir (or replace that run with trainer.overwrite=true)"
         )
-    checkpoint = Checkpoint(path, state)
     if checkpoint.update >= len(state["history"]) and state.get("finished"):
         raise MiniverlError(
             f"{checkpoint.run_dir} already holds a finished run ({path.name} is its last update): "
