@@ -2,6 +2,7 @@
 
 import logging
 import time
+from pathlib import Path
 
 __version__ = "0.1.0.dev0"
 
@@ -9,6 +10,10 @@ __version__ = "0.1.0.dev0"
 # imports this package first, right after the interpreter's own start-up, whatever ran before the
 # interpreter in the same shell command (a pip install) or in the same process (bash's exec).
 STARTED_AT = time.time()
+
+# The folder that holds conf/ (the Hydra config tree) and data/ (the prompts miniverl ships): the clone
+# this package is installed from (`pip install -e .`).
+CHECKOUT = Path(__file__).resolve().parent.parent
 
 # The verl release whose semantics (config keys, metric names, losses) miniverl follows.
 VERL_TAG = "v0.8.0"

@@ -11,6 +11,7 @@ import sys
 
 import torch
 
+from miniverl.utils.errors import MiniverlError, exit_code_of
 from miniverl.verl_compat.conformance import (
     DEFAULT_RTOL,
     SCALE_FLOOR,
@@ -24,11 +25,14 @@ from miniverl.verl_compat.conformance import (
     rtol_kind,
 )
 
+PROG = "miniverl.conformance"
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m miniverl.conformance",
-        description="Compare miniverl.losses with golden vectors computed by verl (the release the file names).",
+        prog=f"python -m {PROG}",
+        description="miniverl's losses, task advantages and rewards (miniverl/workers/) against golden vectors "
+        "computed by verl's own functions, of the release the file names.",
     )
     parser.add_argument("file", help="golden JSON file, e.g. tests/data/verl-0.8.0-opd-loss.json")
     parser.add_argument("--dtype", choices=("float64", "float32"), default="float64", help="compute dtype")
@@ -45,11 +49,10 @@ def main(argv: list[str] | None = None) -> int:
             raise TypeError("'cases' is not a list")
         version = golden_version(data)
     except OSError as exc:
-        print(f"conformance: cannot read {args.file}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
+        return exit_code_of(MiniverlError(f"cannot read {args.file}: {exc.strerror or exc}"), PROG)
     except (ValueError, KeyError, TypeError) as exc:  # JSONDecodeError is a ValueError
-        print(f"conformance: {args.file} is not a golden-vector file: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
+        what = f"{args.file} is not a golden-vector file: {type(exc).__name__}: {exc}"
+        return exit_code_of(MiniverlError(what), PROG)
 
     dtype = getattr(torch, args.dtype)
     n_match = 0

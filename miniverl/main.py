@@ -1,4 +1,7 @@
-"""Entry point: `python -m miniverl.main +recipe=opd_k1 [overrides]` (a Hydra app; -m for sweeps)."""
+"""`python -m miniverl.main +recipe=opd_k1 [overrides]`: distil a frozen teacher into a LoRA student on
+its own samples, on one device (docs/usage.md); `-m` sweeps comma-separated overrides (Hydra multirun).
+Before a long run `python -m miniverl.doctor` checks the same command; `python -m miniverl.export`
+writes it as a verl launch."""
 
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from miniverl.config import to_config
 from miniverl.trainer.console import closing_lines, start_lines
 from miniverl.trainer.resume_state import check_is_pending, pending_block
 from miniverl.utils.errors import MiniverlError, RunStopped, exit_code_of
-from miniverl.utils.hydra_entry import one_line_hydra_errors, run_as_main
+from miniverl.utils.hydra_entry import log_line, one_line_hydra_errors, run_as_main
 from miniverl.utils.identity import resolved_config
 
 log = logging.getLogger("miniverl")
@@ -34,7 +37,7 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), sweep: bool =
     config = to_config(cfg)
     k = config.recipe.resume_check_in(sweep)
     pending = k is not None and check_is_pending(run_dir, resolved_config(cfg))
-    print(start_lines(config, run_dir, sweep=sweep, pending_check=pending), flush=True)  # at once: imports take seconds
+    show(start_lines(config, run_dir, sweep=sweep, pending_check=pending))  # at once: imports take seconds
     if pending:  # this very run, finished; a Ctrl-C stopped its resume check
         return finish_pending_check(run_dir, list(overrides), k)
     # Heavy imports (torch, transformers) after validation.
@@ -73,12 +76,19 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), sweep: bool =
         ) from trainer.failure_cause
     if checking:
         report = check_own_resume(trainer, run_dir, list(overrides), k)
-    print(closing_lines(report, trainer.history, run_dir), flush=True)
+    show(closing_lines(report, trainer.history, run_dir))
     if status == "interrupted":  # trainer.stop_after_updates, as a preemption would: exit 0
         line = stopped_line(trainer, run_dir, "trainer.stop_after_updates")
         print(f"miniverl: {line}", flush=True)
-        log_to_run_folder(line, logging.INFO)
+        log_line(log, line)
     return report
+
+
+def show(text: str) -> None:
+    """Lines for the user (the start and closing tables): on the console as printed, and in main.log."""
+    print(text, flush=True)
+    for line in text.splitlines():
+        log_line(log, line)
 
 
 def write_error_code(error: Exception) -> int | None:
@@ -130,7 +140,7 @@ def finish_pending_check(run_dir: Path, overrides: list[str], k: int) -> dict:
     log.info("%s holds this run, finished; its resume check did not finish: running the check only", run_dir)
     report = finish_resume_check(run_dir, overrides, k, lambda block: report_with_check(run_dir, block))
     report = resume_verdict(report, run_dir)
-    print(closing_lines(report, finished_history(run_dir), run_dir), flush=True)
+    show(closing_lines(report, finished_history(run_dir), run_dir))
     return report
 
 
@@ -163,18 +173,8 @@ def main(cfg: DictConfig) -> None:
         if not isinstance(error, MiniverlError):
             raise
         if hydra_cfg.output_subdir is not None:  # None: the folder is an earlier run's, left as it was
-            log_to_run_folder(str(error))
+            log_line(log, str(error), logging.ERROR)
         sys.exit(exit_code_of(error))
-
-
-def log_to_run_folder(message: str, level: int = logging.ERROR) -> None:
-    """A closing line as the last line of the run folder's main.log (Hydra's file handler), and
-    not a second time on the console, where it is printed already: a refused run's folder then
-    says why it holds nothing but `.hydra/` and its log."""
-    record = log.makeRecord(log.name, level, __file__, 0, message, None, None)
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.FileHandler):
-            handler.handle(record)
 
 
 def cli() -> None:

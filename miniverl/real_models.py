@@ -17,17 +17,26 @@ from miniverl.utils.errors import MiniverlError, exit_code_of
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m miniverl.real_models", description=__doc__.splitlines()[0])
+    description = " ".join(__doc__.split("\n\n")[0].split())  # the first paragraph, unwrapped
+    parser = argparse.ArgumentParser(prog="python -m miniverl.real_models", description=description)
     parser.add_argument(
-        "--keep-every", type=int, default=real_fixture.DEFAULT_KEEP_EVERY, help="student: keep every N-th layer"
+        "--keep-every",
+        type=int,
+        default=real_fixture.DEFAULT_KEEP_EVERY,
+        help=f"student: keep every N-th layer (default {real_fixture.DEFAULT_KEEP_EVERY})",
     )
-    parser.add_argument("--offset", type=int, default=0, help="student: the first layer kept")
+    parser.add_argument("--offset", type=int, default=0, help="student: the first layer kept (default 0)")
     parser.add_argument(
         "--cross-tokenizer",
         action="store_true",
         help="also the student of another tokenizer (Qwen2's), for +recipe=opd_k1_cross_tokenizer_cpu",
     )
     args = parser.parse_args(argv)
+    if args.keep_every < 1 or not 0 <= args.offset < args.keep_every:
+        parser.error(
+            f"--keep-every {args.keep_every} --offset {args.offset}: need --keep-every >= 1 and "
+            "0 <= --offset < --keep-every"
+        )
     try:
         teacher = real_fixture.build_teacher()
         student = real_fixture.build_student(keep_every=args.keep_every, offset=args.offset)

@@ -46,14 +46,15 @@ def compare(a: dict, b: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m miniverl.report")
+    parser = argparse.ArgumentParser(prog="python -m miniverl.report", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    cmp_parser = sub.add_parser("compare", help="two reports side by side")
-    cmp_parser.add_argument("a", type=Path)
-    cmp_parser.add_argument("b", type=Path)
+    cmp_parser = sub.add_parser("compare", help="two reports side by side", description=__doc__.split("\n\n")[0])
+    cmp_parser.add_argument("a", type=Path, metavar="A", help="a report.json, or the run folder that holds one")
+    cmp_parser.add_argument("b", type=Path, metavar="B", help="the report to compare with A (B/A in the table)")
     args = parser.parse_args(argv)
     reports = []
     for path in (args.a, args.b):
+        path = path / "report.json" if path.is_dir() else path  # a run folder: its report
         try:
             reports.append(json.loads(path.read_text(encoding="utf-8")))
         except (OSError, ValueError) as error:

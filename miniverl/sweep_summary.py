@@ -21,6 +21,7 @@ from pathlib import Path
 import yaml
 from hydra.experimental.callback import Callback
 
+from miniverl.utils.errors import MiniverlError, exit_code_of
 from miniverl.utils.tables import format_value
 
 # A job's report status when every update ran: "measured", as in the reference report
@@ -208,14 +209,16 @@ class SweepSummaryCallback(Callback):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m miniverl.sweep_summary", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m miniverl.sweep_summary", description=" ".join(__doc__.split("\n\n")[0].split())
+    )
     parser.add_argument("sweep_dir", type=Path, help="a Hydra sweep folder (hydra.sweep.dir)")
     args = parser.parse_args(argv)
+    if not args.sweep_dir.is_dir():
+        what = f"{args.sweep_dir}: no such folder (relative to {Path.cwd()}); give hydra.sweep.dir of the sweep"
+        return exit_code_of(MiniverlError(what))
     if not job_dirs(args.sweep_dir):
-        print(
-            f"miniverl: error: {args.sweep_dir} holds no Hydra job folders (<n>/.hydra/overrides.yaml)", file=sys.stderr
-        )
-        return 2
+        return exit_code_of(MiniverlError(f"{args.sweep_dir} holds no Hydra job folders (<n>/.hydra/overrides.yaml)"))
     rows = write_summary(args.sweep_dir)
     print(markdown(rows), end="")
     print(f"wrote {args.sweep_dir / 'sweep_summary.csv'}, .md and .png")

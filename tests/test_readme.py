@@ -313,3 +313,15 @@ def test_the_python_block_runs_as_written_quietly_and_writes_nothing_where_it_ru
     noise = [text for text in result.stderr.splitlines() if text.strip() and not PROGRESS_BAR.match(text)]
     assert noise == [], f"{where} printed what a user cannot act on: {noise[:5]}"
     assert list(where.iterdir()) == [], "the snippet wrote into the folder it runs in"
+
+
+def test_the_config_groups_table_of_usage_md_lists_every_option_of_each_group():
+    """A new option file under conf/<group>/ (an estimator, a model) shows in docs/usage.md's table."""
+    rows = {}
+    for line in (ROOT / "docs" / "usage.md").read_text().splitlines():
+        cells = [cell.strip() for cell in line.split("|")[1:-1]]
+        if len(cells) == 3 and re.fullmatch(r"`[a-z]+`", cells[0]):
+            rows[cells[0].strip("`")] = {o for o in re.findall(r"`([^`]+)`", cells[1]) if re.fullmatch(r"\w+", o)}
+    for group in ("model", "teacher", "estimator", "hardware", "data", "trainer", "export"):
+        shipped = {path.stem for path in (ROOT / "conf" / group).glob("*.yaml")}
+        assert rows[group] == shipped, f"docs/usage.md, row {group}: {sorted(rows[group] ^ shipped)}"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import matplotlib.image
 
 from miniverl import sweep_summary
@@ -30,3 +32,15 @@ def test_a_job_drawn_on_an_earlier_jobs_line_says_so_in_the_legend(tmp_path):
     ]
     sweep_summary.plot(jobs, tmp_path / "sweep_summary.png")
     assert matplotlib.image.imread(str(tmp_path / "sweep_summary.png")).shape[:2] == (450, 800)
+
+
+def test_a_missing_or_empty_sweep_folder_is_one_line_saying_which(tmp_path, capsys):
+    from miniverl.sweep_summary import main
+
+    assert main([str(tmp_path / "nope")]) == 2
+    assert capsys.readouterr().err == (
+        f"miniverl: error: {tmp_path / 'nope'}: no such folder (relative to {Path.cwd()}); "
+        "give hydra.sweep.dir of the sweep\n"
+    )
+    assert main([str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith(f"miniverl: error: {tmp_path} holds no Hydra job folders")

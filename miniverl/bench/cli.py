@@ -65,14 +65,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
     defaults = HardwareConfig()
     p = argparse.ArgumentParser(prog="python -m miniverl.bench", description=miniverl.bench.__doc__.split("\n\n")[0])
-    p.add_argument("--scale", choices=sorted(SCALES), default="bench")
+    p.add_argument(
+        "--scale",
+        choices=sorted(SCALES),
+        default="bench",
+        help="the random-weight models' size (bench/setups.py SCALES; default bench); not with --student",
+    )
     p.add_argument(
         "--path",
         choices=("both", *PATHS),
         default="both",
         help="recipe: NF4 + LoRA as +recipe=opd_k1 (keys recipe_*); float32: unquantized (today's keys)",
     )
-    p.add_argument("--student", default=None, help="your own student (a Hugging Face folder): the `real` path only")
+    p.add_argument(
+        "--student",
+        default=None,
+        help="your own student (a Hugging Face folder): the bench then measures it (the real path)",
+    )
     p.add_argument("--teacher", default=None, help="your own teacher, with --student")
     p.add_argument(
         "--quality",
@@ -105,7 +114,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=None,
         help="output folder (default outputs/bench/<scale>, outputs/bench/real, outputs/bench/losses with --losses)",
     )
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="auto: CUDA when torch sees a GPU, else the CPU",
+    )
     p.add_argument(
         "--repeats", type=int, default=None, help="timed rounds per measurement (default per scale and path)"
     )
@@ -152,7 +166,7 @@ def run(args: argparse.Namespace) -> dict:
     from miniverl.config.hardware import HardwareConfig
 
     if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: torch sees no GPU")
+        raise MiniverlError(f"--device cuda: torch sees no GPU (torch {torch.__version__}); use --device cpu")
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     hw = HardwareConfig(

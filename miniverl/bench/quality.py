@@ -40,6 +40,7 @@ from pathlib import Path
 
 import torch
 
+from miniverl import CHECKOUT
 from miniverl.utils.errors import MiniverlError
 
 
@@ -99,8 +100,7 @@ def compose(args, seed: int, *extra: str):
         *extra,
     ]
     register_configs()
-    conf = Path(__file__).resolve().parents[2] / "conf"
-    with initialize_config_dir(config_dir=str(conf), version_base=None):
+    with initialize_config_dir(config_dir=str(CHECKOUT / "conf"), version_base=None):
         return hydra_compose("config", overrides=overrides)
 
 

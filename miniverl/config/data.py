@@ -9,7 +9,7 @@ from typing import Any
 @dataclass
 class DataConfig:
     # One path or a list of paths (verl: data.train_files). Relative paths are taken from the
-    # directory the command runs in.
+    # directory the command runs in; the prompts miniverl ships (data/) are found from any directory.
     train_files: Any = "data/toy_prompts.parquet"
     # Held-out prompts for the distillation-progress measurement (verl: data.val_files); never trained on.
     val_files: Any = None

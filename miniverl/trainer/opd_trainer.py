@@ -5,8 +5,7 @@
     trainer.train()            # the fit loop over the plan's updates, checkpointing as it goes
     trainer.finish(status)     # PEFT adapter and report
 
-Each update is timed phase by phase under verl's `timing_s/*` names (no `timing_s/old_log_prob`:
-the update's own forward gives the old log-probs, see actor.py).
+Each update is timed phase by phase under verl's `timing_s/*` (no `timing_s/old_log_prob`: see actor.py).
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ from miniverl.utils import checkpoint
 from miniverl.utils.dataset import PromptSet, tokenize_prompts
 from miniverl.utils.device import resolve_device, set_determinism, timed
 from miniverl.utils.downshift import Downshift, OutOfMemoryAtOneRow
+from miniverl.utils.hydra_entry import log_line
 from miniverl.utils.identity import sha256_json
 from miniverl.utils.measure import release_memory, seconds_since_start
 from miniverl.utils.run_folder import RunFolder, TensorBoardLogger
@@ -194,8 +194,8 @@ class OPDTrainer:
             self.tensorboard.log(metrics, update)
         bar.set_postfix(loss=f"{metrics[LOSS_KEY]:.4f}", resp=f"{metrics['response_length/mean']:.1f}", refresh=False)
         bar.update(1)
-        if "console" in self.cfg.trainer.logger and not self.cfg.trainer.progress_bar:
-            log.info("update %d/%d %s", update, len(self.plan.updates), console_line(metrics))
+        line = f"update {update}/{len(self.plan.updates)} {console_line(metrics)}"  # in main.log in any case
+        log_line(log, line, console="console" in self.cfg.trainer.logger and not self.cfg.trainer.progress_bar)
 
     def fit_step(self, update: UpdatePlan) -> dict:
         cfg, timings, shift = self.cfg, {}, self.downshift

@@ -145,11 +145,17 @@ def resolve_checkpoint(path: str | Path) -> Path:
     path = Path(path)
     if (path / STATE_FILE).is_file():
         return path
+    if not path.exists():
+        raise MiniverlError(
+            f"trainer.resume_from={path}: no such folder (relative to {Path.cwd()}); give the run folder of the "
+            "stopped run (outputs/<date>/<time>) or one of its checkpoints/update_<k>/"
+        )
     found = checkpoints_in(path)
     if not found:
         raise MiniverlError(
             f"trainer.resume_from={path}: neither a checkpoint folder (no {STATE_FILE}) "
-            "nor a run folder with checkpoints/update_<k>/"
+            "nor a run folder with checkpoints/update_<k>/ (a run writes them every trainer.save_freq "
+            "updates, and when it stops)"
         )
     return found[-1]
 
@@ -203,6 +209,13 @@ def verify_checkpoint(path: str | Path, plan_digest: str, settings: dict | None 
                 "resume from an earlier checkpoint"
             )
     checkpoint = Checkpoint(path, state)
+    # First: a finished run cannot be resumed under any settings, so naming its plan's overrides would mislead.
+    if checkpoint.update >= len(state["history"]) and state.get("finished"):
+        raise MiniverlError(
+            f"{checkpoint.run_dir} already holds a finished run ({path.name} is its last update): "
+            "nothing is left to resume; choose another hydra.run.dir for a new run, or replace this one "
+            "with trainer.overwrite=true"
+        )
     if state.get("compiled_plan_sha256") != plan_digest:
         overrides = earlier_overrides(checkpoint.run_dir, settings) if settings is not None else []
         how = f"add {' '.join(overrides)}" if overrides else "resume with the overrides of the run that wrote it"
@@ -210,12 +223,6 @@ def verify_checkpoint(path: str | Path, plan_digest: str, settings: dict | None 
             f"{where} belongs to another plan (compiled_plan_sha256 {state.get('compiled_plan_sha256')}"
             f" != {plan_digest}): {how}, or for a new run choose "
             "another hydra.run.dir (or replace that run with trainer.overwrite=true)"
-        )
-    if checkpoint.update >= len(state["history"]) and state.get("finished"):
-        raise MiniverlError(
-            f"{checkpoint.run_dir} already holds a finished run ({path.name} is its last update): "
-            "nothing is left to resume; choose another hydra.run.dir for a new run, or replace this one "
-            "with trainer.overwrite=true"
         )
     for update, digest in enumerate(state["trajectory_digests"], start=1):
         source = trajectory_path(checkpoint.run_dir, update)

@@ -19,6 +19,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from miniverl import CHECKOUT
 from miniverl.config.data import DataConfig
 from miniverl.config.teacher import TeacherContext
 from miniverl.utils.errors import MiniverlError
@@ -73,6 +74,17 @@ class Conversations:
     records: list[dict] = field(default_factory=list)  # each row's every column, when asked (teacher contexts)
 
 
+def locate(name: str) -> Path:
+    """A data file as given, relative to the working directory; failing that, one of the files miniverl
+    ships (`data/toy_prompts.parquet`, the recipes' default) relative to its checkout, so that a recipe
+    runs from any directory. A user's file of the same relative name wins."""
+    path = Path(name)
+    if path.is_file() or path.is_absolute():
+        return path
+    shipped = CHECKOUT / path
+    return shipped if shipped.is_file() else path
+
+
 def read_conversations(
     data: DataConfig, key: str = "train_files", route_column: str | None = None, with_records: bool = False
 ) -> Conversations:
@@ -82,9 +94,12 @@ def read_conversations(
     conversations, answers, tasks, routes, records, digests = [], [], [], [], [], []
     where = f"data.{key}"
     for name in getattr(data, key):
-        path = Path(name)
+        path = locate(name)
         if not path.is_file():
-            raise MiniverlError(f"{where}: {name} does not exist (paths are relative to {Path.cwd()})")
+            raise MiniverlError(
+                f"{where}: {name} does not exist (paths are relative to {Path.cwd()}, or to {CHECKOUT} "
+                "for the prompts miniverl ships in data/)"
+            )
         try:
             table = pq.read_table(path)
         except (pa.ArrowException, OSError) as error:

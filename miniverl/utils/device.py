@@ -24,9 +24,10 @@ def wants_cuda(hardware: HardwareConfig) -> bool:
 def resolve_device(hardware: HardwareConfig) -> torch.device:
     if wants_cuda(hardware):
         if not torch.cuda.is_available():
+            # The preset named the device (hardware=rtx4080_16gb) or the command line did (hardware.device=cuda).
             raise MiniverlError(
-                f"hardware={hardware.name} needs CUDA, but torch sees no GPU "
-                f"(torch {torch.__version__}); use hardware=cpu or hardware=auto"
+                f"hardware.device=cuda (hardware={hardware.name}) needs CUDA, but torch sees no GPU "
+                f"(torch {torch.__version__}); run on the CPU with hardware=cpu and no hardware.device override"
             )
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")

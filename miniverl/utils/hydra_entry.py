@@ -1,8 +1,9 @@
-"""How miniverl's Hydra apps start and fail: Hydra's composition errors as one line, and the
-console scripts run as `python -m` runs them."""
+"""How miniverl's Hydra apps start and fail: Hydra's composition errors as one line, the console
+scripts run as `python -m` runs them, `--help`'s header, and lines for the run folder's main.log."""
 
 import difflib
 import functools
+import logging
 import os
 import runpy
 import sys
@@ -21,6 +22,28 @@ def run_as_main(module: str) -> None:
     module, but as a Python package for an imported one)."""
     sys.modules.pop(module, None)  # the console script imported it to call this; run it afresh
     runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+def log_line(logger: logging.Logger, message: str, level: int = logging.INFO, *, console: bool = False) -> None:
+    """A line for the run folder's main.log (Hydra's file handler); with `console` on the console too,
+    as any log line. Without it the console has the line already (printed) or shows the progress bar."""
+    if console:
+        logger.log(level, message)
+        return
+    record = logger.makeRecord(logger.name, level, __file__, 0, message, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
+
+
+def app_help() -> str:
+    """`--help`'s header (conf/config.yaml: hydra.help.header): the docstring of the module running as
+    __main__ (miniverl.main, miniverl.doctor, miniverl.export), which says what the command does."""
+    doc = getattr(sys.modules.get("__main__"), "__doc__", None) or ""
+    return doc.strip() + "\n"
+
+
+OmegaConf.register_new_resolver("app_help", app_help, replace=True)
 
 
 # Lines of Hydra's composition messages that say nothing a user acts on: OmegaConf's node types,

@@ -28,6 +28,7 @@ from miniverl.utils.identity import canonical_json, sha256_file, sha256_json
 log = logging.getLogger(__name__)
 FINISHED_MARKERS = ("metrics.jsonl", "report.json", "plan.json")
 ERROR_FILE = "error.txt"  # main.py's one-line error in the folder of a job that failed
+
 # What a run writes into its folder (Hydra's own .hydra/ and <job>.log are left alone).
 RUN_OUTPUTS = (
     *FINISHED_MARKERS,

@@ -478,3 +478,15 @@ def test_bench_refuses_a_folder_that_is_not_a_model_in_one_line(tmp_path, capsys
     err = capsys.readouterr().err.strip()
     assert status == 2 and "\n" not in err
     assert err.startswith(f"miniverl.bench: error: --student {tmp_path / 'nowhere'}: not a Hugging Face model folder")
+
+
+def test_bench_on_cuda_without_a_gpu_is_one_line(tmp_path, capsys, monkeypatch):
+    from miniverl.bench.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    status = main(["--device", "cuda", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and "\n" not in err
+    assert err.startswith("miniverl.bench: error: --device cuda: torch sees no GPU") and err.endswith(
+        "use --device cpu"
+    )

@@ -45,3 +45,12 @@ def test_a_field_without_a_comment_is_named_and_comments_are_read_from_either_pl
         "  above: x",
         "  silent: false",
     ]
+
+
+def test_help_says_what_the_command_does_before_composing_anything(capsys):
+    assert reference.main(["--help"]) == 0
+    assert capsys.readouterr().out.startswith("The configuration reference: every key of the composed default")
+    assert (
+        reference.main(["--write"]) == 2
+        and "usage: python -m miniverl.config.reference [--check]" in capsys.readouterr().err
+    )

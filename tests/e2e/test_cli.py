@@ -26,6 +26,17 @@ def test_the_toy_recipe_runs_from_the_command_line(toy_run):
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 3
 
 
+@pytest.mark.slow
+def test_main_log_holds_the_start_lines_every_update_and_the_closing_lines(toy_run):
+    """With the progress bar on the console (the default), main.log still has one line per update."""
+    _, run_dir = toy_run
+    lines = [line.split(" - ", 1)[1] for line in (run_dir / "main.log").read_text().splitlines()]
+    assert lines[0] == f"miniverl: run folder {run_dir}"
+    assert [line.split()[1] for line in lines if line.startswith("update ")] == ["1/3", "2/3", "3/3"]
+    assert any(line.startswith("  status") and "measured" in line for line in lines)
+    assert lines[-1].startswith("  adapter ")
+
+
 def test_the_toy_recipe_prints_no_warning_with_warnings_as_errors(toy_run):
     result, _ = toy_run
     assert result.returncode == 0, result.stderr[-2000:]
@@ -84,6 +95,14 @@ def test_a_finished_run_folder_is_never_overwritten(toy_run, capfd):
     assert "already holds a finished run" in err and "Traceback" not in err
     assert "trainer.overwrite=true" in err
     assert all(p.read_bytes() == data for p, data in before.items())
+
+
+def test_a_finished_run_of_other_settings_is_refused_as_finished_not_as_another_plan(toy_run, capfd):
+    """Its plan's overrides would not resume it: the line says it is finished and where a new run goes."""
+    _, run_dir = toy_run
+    assert run_as_command("main", *TOY, "recipe.logical_batch=2", f"hydra.run.dir={run_dir}") == 2
+    err = capfd.readouterr().err
+    assert "already holds a finished run" in err and "another plan" not in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize(

@@ -87,6 +87,23 @@ def test_weights_that_cannot_be_had_offline_give_one_clear_line():
     message = str(info.value)
     assert "Qwen/Qwen3-0.6B" in message and "c1899de289a04d12100db370d81485cdf75e47ca" in message
     assert "model=toy teacher=toy" in message and "\n" not in message
+    assert message.endswith("; model.revision pins a commit of one repository: set model.revision=null for another")
+
+
+def test_a_model_folder_that_is_missing_or_not_a_model_is_named_as_such(tmp_path):
+    missing = StudentConfig(model_id=str(tmp_path / "nope"), revision="c1899de289a04d12100db370d81485cdf75e47ca")
+    with pytest.raises(MiniverlError) as info:
+        models.load_tokenizer("model", missing, models.source_of(missing, None))
+    assert str(info.value).startswith(f"model.model_id={tmp_path / 'nope'}: no such folder (relative to ")
+    assert "hf download" not in str(info.value) and "\n" not in str(info.value)
+
+    (tmp_path / "empty").mkdir()
+    empty = TeacherConfig(model_id=str(tmp_path / "empty"))
+    with pytest.raises(MiniverlError) as info:
+        models.load_teacher(empty, models.source_of(empty, None), torch.device("cpu"))
+    line = str(info.value)
+    assert line.startswith(f"teacher.model_id={tmp_path / 'empty'} is a folder but not a loadable model (")
+    assert line.endswith("config.json, the weights (*.safetensors) and the tokenizer's files")
 
 
 def test_a_teacher_with_another_vocabulary_is_refused(toy_dirs, tmp_path):

@@ -88,3 +88,18 @@ def test_the_student_of_another_tokenizer_has_qwen2s_vocabulary_and_smollm2s_emb
     torch.testing.assert_close(new[ours.convert_tokens_to_ids("blade")], old[pieces].mean(0), atol=1e-2, rtol=0)
     the_layers = load_file(cross_tokenizer_student / "model.safetensors")["model.layers.3.mlp.down_proj.weight"]
     assert torch.equal(the_layers, load_file(student_dir / "model.safetensors")["model.layers.3.mlp.down_proj.weight"])
+
+
+def test_the_command_describes_itself_whole_and_refuses_a_bad_cut_by_its_flags(capsys):
+    from miniverl.real_models import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "once per machine, without a hub" in " ".join(capsys.readouterr().out.split())
+    with pytest.raises(SystemExit) as refused:
+        main(["--keep-every", "3", "--offset", "3"])
+    assert refused.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "python -m miniverl.real_models: error: --keep-every 3 --offset 3: need --keep-every >= 1 and "
+        "0 <= --offset < --keep-every"
+    )

@@ -47,6 +47,13 @@ def test_the_start_lines_say_whether_the_resume_check_will_run(tmp_path, extra, 
     assert ("note     resume check after update 1" in text) == (resume_line != "no resume check")
 
 
+def test_a_sweep_job_without_the_resume_check_has_no_note_on_where_it_would_run(tmp_path):
+    config = to_config(compose_config(["+recipe=opd_k1", "model=toy", "teacher=toy", "recipe.optimizer_updates=2"]))
+    text = start_lines(config, tmp_path / "run", sweep=True)
+    assert "no resume check (a sweep job: recipe.resume_check_in_sweeps=true runs it)" in text
+    assert "note" not in text
+
+
 def test_the_start_lines_name_the_samples_the_reward_and_the_coefficient(tmp_path):
     lines = start_lines(to_config(compose_config(["+recipe=opd_k1_grpo_toy"])), tmp_path)
     assert "100 updates x 8 prompts x 4 samples" in lines

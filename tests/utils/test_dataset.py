@@ -97,6 +97,26 @@ def test_several_train_files_are_read_in_order(tmp_path):
     assert conversations.answers[65] == "3000"
 
 
+def test_the_shipped_prompts_are_found_from_any_directory_and_a_users_file_of_that_name_wins(tmp_path, monkeypatch):
+    from miniverl.config.data import DataConfig
+
+    monkeypatch.chdir(tmp_path)  # outside the checkout: the recipes' default path is the shipped file
+    shipped = read_conversations(DataConfig())
+    assert len(shipped.messages) == 64
+    assert shipped.parquet_sha256 == read_conversations(DataConfig([f"{ROOT}/data/toy_prompts.parquet"])).parquet_sha256
+
+    (tmp_path / "data").mkdir()
+    write_user_parquet(tmp_path / "data" / "toy_prompts.parquet")
+    assert len(read_conversations(DataConfig()).messages) == len(USER_ROWS)
+
+    with pytest.raises(MiniverlError) as refused:
+        read_conversations(DataConfig("data/mine.parquet"))
+    assert str(refused.value) == (
+        f"data.train_files: data/mine.parquet does not exist (paths are relative to {tmp_path}, "
+        f"or to {ROOT} for the prompts miniverl ships in data/)"
+    )
+
+
 def test_an_overlong_prompt_is_an_error_naming_its_row():
     config = to_config(compose_config(["recipe.prompt_limit=50"]))
     with pytest.raises(MiniverlError, match=r"row \d+: prompt is \d+ tokens, over recipe.prompt_limit=50"):

@@ -132,3 +132,16 @@ def test_the_bf16_instructions_are_the_cpus_within_onednns_isa_cap(monkeypatch, 
         assert device_module.hardware_facts(torch.device("cpu"))["onednn_max_cpu_isa"] == (cap.upper() if cap else None)
     finally:
         device_module.cpu_bf16_instructions.cache_clear()  # the next caller sees this machine again
+
+
+@pytest.mark.parametrize("preset", ["auto", "rtx4080_16gb"])
+def test_cuda_without_a_gpu_names_the_device_setting_and_the_cpu_fix(monkeypatch, preset):
+    from miniverl.config.hardware import HardwareConfig
+    from miniverl.utils.errors import MiniverlError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(MiniverlError) as refused:
+        device_module.resolve_device(HardwareConfig(name=preset, device="cuda"))
+    line = str(refused.value)
+    assert line.startswith(f"hardware.device=cuda (hardware={preset}) needs CUDA, but torch sees no GPU")
+    assert line.endswith("run on the CPU with hardware=cpu and no hardware.device override")

@@ -51,3 +51,15 @@ def test_the_console_scripts_find_the_config_from_any_folder(module, tmp_path):
         "Available options in 'model': qwen3_0_6b, smollm2_135m_every2, smollm2_135m_every2_qwen2_tokenizer, "
         "toy, toy_qwen3"
     )
+
+
+@pytest.mark.parametrize("command", ["main", "doctor", "export"])
+def test_help_opens_with_what_the_command_does(command):
+    import importlib
+
+    shown = subprocess.run(
+        [sys.executable, "-m", f"miniverl.{command}", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    doc = importlib.import_module(f"miniverl.{command}").__doc__.strip()
+    assert shown.startswith(doc + "\n") and "powered by Hydra" not in shown
+    assert "== Configuration groups ==" in shown  # Hydra's own sections follow

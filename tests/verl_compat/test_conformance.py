@@ -69,6 +69,7 @@ def test_missing_or_invalid_file_exits_2_with_one_line_and_no_traceback(tmp_path
     captured = capsys.readouterr()
     assert len(captured.err.strip().splitlines()) == 1
     assert "Traceback" not in captured.err and str(path) in captured.err
+    assert captured.err.startswith("miniverl.conformance: error: ")  # every command's form (docs/troubleshooting.md)
 
 
 # What each refusal message must name, by the golden file's `refused` entries (in order).

@@ -1,0 +1,39 @@
+"""`python -m miniverl.report compare A B`: two reports side by side, from their files or run folders."""
+
+from __future__ import annotations
+
+import json
+
+from miniverl.report import main
+
+REPORT_A = {
+    "measurements": {"rollout": {"tokens_per_second": 100.0}},
+    "recipe": {"estimator": "k1"},
+    "measured_at": "2026-12-05T10:00:00",
+}
+REPORT_B = {
+    "measurements": {"rollout": {"tokens_per_second": 150.0}},
+    "recipe": {"estimator": "k3"},
+    "measured_at": "2026-12-05T11:00:00",
+}
+
+
+def test_compare_takes_report_files_or_run_folders_and_shows_b_over_a_and_what_differs(tmp_path, capsys):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "report.json").write_text(json.dumps(REPORT_A))
+    (tmp_path / "b.json").write_text(json.dumps(REPORT_B))
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b.json")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    row = next(line for line in lines if line.startswith("measurements.rollout.tokens_per_second"))
+    assert row.split()[-1] == "1.500"
+    assert "identity fields that differ: 1" in lines  # the clock is not an identity
+    assert lines[-1].split() == ["recipe.estimator:", "k1", "|", "k3"]
+
+
+def test_a_folder_without_a_report_is_one_line(tmp_path, capsys):
+    (tmp_path / "b.json").write_text(json.dumps(REPORT_B))
+    assert main(["compare", str(tmp_path), str(tmp_path / "b.json")]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.startswith(f"miniverl: error: {tmp_path / 'report.json'}: not a readable report") and err.count("\n") == 1
+    )
