@@ -37,7 +37,8 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), sweep: bool =
     config = to_config(cfg)
     k = config.recipe.resume_check_in(sweep)
     pending = k is not None and check_is_pending(run_dir, resolved_config(cfg))
-    show(start_lines(config, run_dir, sweep=sweep, pending_check=pending))  # at once: imports take seconds
+    starting = start_lines(config, run_dir, sweep=sweep, pending_check=pending)
+    print(starting, flush=True)  # at once: imports take seconds
     if pending:  # this very run, finished; a Ctrl-C stopped its resume check
         return finish_pending_check(run_dir, list(overrides), k)
     # Heavy imports (torch, transformers) after validation.
@@ -47,6 +48,7 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), sweep: bool =
     trainer = OPDTrainer(config, resolved_config(cfg), run_dir)
     try:
         trainer.setup()
+        to_main_log(starting)  # once the folder is this run's: a refused command leaves an earlier run's log alone
         status = trainer.train()
         # A whole fresh run checks its own resume (not one stopped early, nor a resumed one).
         checking = k is not None and status == "measured" and trainer.resumed is None
@@ -85,8 +87,12 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), sweep: bool =
 
 
 def show(text: str) -> None:
-    """Lines for the user (the start and closing tables): on the console as printed, and in main.log."""
+    """Lines for the user (the closing table): on the console as printed, and in main.log."""
     print(text, flush=True)
+    to_main_log(text)
+
+
+def to_main_log(text: str) -> None:
     for line in text.splitlines():
         log_line(log, line)
 

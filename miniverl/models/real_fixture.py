@@ -6,7 +6,9 @@ ships it (one GGUF file, Q4_1), turned into Hugging Face folders that any `model
   safetensors with its tokenizer, chat template and generation config;
 - the student: the same model with only every `keep_every`-th decoder layer kept (from `offset`),
   as DistilBERT initialised its student from every other layer of its teacher. It starts far from
-  its teacher (it is a broken copy of it), which is what a distillation run needs to show.
+  its teacher (it is a broken copy of it), which is what a distillation run needs to show. With
+  `drop_every` N instead, every N-th layer is removed (N = 3: 20 of 30 layers): a student near
+  enough to its teacher to write text, not only to collapse into a repetition (docs/learning.md).
 
 - a student of another tokenizer (`build_cross_tokenizer_student`, for a teacher with
   `tokenizer_alignment: text`): the every-2nd-layer cut with its vocabulary replaced by Qwen2's
@@ -25,6 +27,7 @@ its dependencies) and the `gguf` package (a dependency of miniverl; transformers
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -53,10 +56,36 @@ def teacher_dir(root: Path | None = None) -> Path:
     return (root or cache_root()) / "real" / TEACHER_FOLDER
 
 
-def student_dir(root: Path | None = None, keep_every: int = DEFAULT_KEEP_EVERY, offset: int = 0) -> Path:
-    """`smollm2-135m-instruct-every2` keeps layers 0, 2, 4, ...; `-every3-from1` keeps 1, 4, 7, ..."""
-    suffix = f"-every{keep_every}" + (f"-from{offset}" if offset else "")
+def student_dir(
+    root: Path | None = None, keep_every: int = DEFAULT_KEEP_EVERY, offset: int = 0, drop_every: int | None = None
+) -> Path:
+    """`smollm2-135m-instruct-every2` keeps layers 0, 2, 4, ...; `-every3-from1` keeps 1, 4, 7, ...;
+    `-drop3` (drop_every=3) removes layers 2, 5, 8, ..."""
+    suffix = f"-drop{drop_every}" if drop_every else f"-every{keep_every}" + (f"-from{offset}" if offset else "")
     return (root or cache_root()) / "real" / (TEACHER_FOLDER + suffix)
+
+
+def build_command(folder_name: str) -> str:
+    """The command that builds the real model of this cache folder name (its flags from the name)."""
+    flags = ""
+    if folder_name == CROSS_TOKENIZER_FOLDER:
+        flags = " --cross-tokenizer"
+    elif match := re.fullmatch(rf"{TEACHER_FOLDER}-drop(\d+)", folder_name):
+        flags = f" --drop-every {match[1]}"
+    elif match := re.fullmatch(rf"{TEACHER_FOLDER}-every(\d+)(?:-from(\d+))?", folder_name):
+        keep, offset = int(match[1]), int(match[2] or 0)
+        flags = (f" --keep-every {keep}" if keep != DEFAULT_KEEP_EVERY or offset else "") + (
+            f" --offset {offset}" if offset else ""
+        )
+    return f"python -m miniverl.real_models{flags}"
+
+
+def kept_layers(count: int, keep_every: int, offset: int, drop_every: int | None) -> list[int]:
+    """The teacher's layers a student keeps, in order: every keep_every-th from offset, or all but every
+    drop_every-th (the last of each group of drop_every)."""
+    if drop_every:
+        return [i for i in range(count) if i % drop_every != drop_every - 1]
+    return list(range(offset, count, keep_every))
 
 
 def fetch_gguf(root: Path) -> Path:
@@ -106,14 +135,19 @@ def build_teacher(root: Path | None = None) -> Path:
     return where
 
 
-def build_student(root: Path | None = None, keep_every: int = DEFAULT_KEEP_EVERY, offset: int = 0) -> Path:
-    """The teacher with only decoder layers offset, offset + keep_every, ... kept (built once)."""
+def build_student(
+    root: Path | None = None, keep_every: int = DEFAULT_KEEP_EVERY, offset: int = 0, drop_every: int | None = None
+) -> Path:
+    """The teacher with only decoder layers offset, offset + keep_every, ... kept, or with every
+    drop_every-th layer removed (built once)."""
     if keep_every < 1 or not 0 <= offset < keep_every:
         raise MiniverlError(
             f"keep_every={keep_every}, offset={offset}: need keep_every >= 1 and 0 <= offset < keep_every"
         )
+    if drop_every is not None and drop_every < 2:
+        raise MiniverlError(f"drop_every={drop_every}: need drop_every >= 2 (1 would remove every layer)")
     root = root or cache_root()
-    where = student_dir(root, keep_every, offset)
+    where = student_dir(root, keep_every, offset, drop_every)
     if (where / "config.json").exists():
         return where
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -123,13 +157,14 @@ def build_student(root: Path | None = None, keep_every: int = DEFAULT_KEEP_EVERY
         tokenizer = AutoTokenizer.from_pretrained(source)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16)
     layers = model.model.layers
-    kept = [layers[i] for i in range(offset, len(layers), keep_every)]
+    indices = kept_layers(len(layers), keep_every, offset, drop_every)
+    kept = [layers[i] for i in indices]
     for index, layer in enumerate(kept):
         layer.self_attn.layer_idx = index  # the KV cache slot of the layer in its new place
     model.model.layers = torch.nn.ModuleList(kept)
     model.config.num_hidden_layers = len(kept)
     if getattr(model.config, "layer_types", None):
-        model.config.layer_types = [model.config.layer_types[i] for i in range(offset, len(layers), keep_every)]
+        model.config.layer_types = [model.config.layer_types[i] for i in indices]
     _write_atomically(where, model, tokenizer)
     return where
 

