@@ -3,7 +3,7 @@ machine, without a hub (miniverl/models/real_fixture.py says what they are).
 
     python -m miniverl.real_models                       # the teacher and the every-2nd-layer student
     python -m miniverl.real_models --keep-every 3 --offset 1   # another student: layers 1, 4, 7, ...
-    python -m miniverl.real_models --drop-every 3        # a nearer student: all but layers 2, 5, 8, ... (20 of 30)
+    python -m miniverl.real_models --drop-every 5        # a nearer student: all but layers 4, 9, 14, ... (24 of 30)
     python -m miniverl.real_models --cross-tokenizer     # + the every-2nd-layer student with Qwen2's tokenizer
 
 Prints the folders; `model.model_id` / `teacher.model_id` accept them (or any Hugging Face folder).
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--offset", type=int, default=0, help="student: the first layer kept (default 0)")
     parser.add_argument(
-        "--drop-every", type=int, default=None, help="student: remove every N-th layer instead (N >= 2; 3: 20 of 30)"
+        "--drop-every", type=int, default=None, help="student: remove every N-th layer instead (N >= 2; 5: 24 of 30)"
     )
     parser.add_argument(
         "--cross-tokenizer",

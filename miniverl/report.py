@@ -1,5 +1,5 @@
-"""`python -m miniverl.report compare A.json B.json`: two run reports side by side — every
-measurement with both values and B/A, then every identity field that differs.
+"""`python -m miniverl.report compare A B` (report.json files or run folders): two run reports side
+by side — every measurement with both values and B/A, then every identity field that differs.
 
 Named after its command, `python -m miniverl.report`; report.json is built by
 miniverl/trainer/run_report.py and rendered as report.md by miniverl/trainer/report_page.py.

@@ -69,7 +69,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--scale",
         choices=sorted(SCALES),
         default="bench",
-        help="the random-weight models' size (bench/setups.py SCALES; default bench); not with --student",
+        help="the random-weight models' size (bench/setups.py SCALES; default bench); ignored with --student",
     )
     p.add_argument(
         "--path",

@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 
 from miniverl import CHECKOUT
+from miniverl.utils.dataset import locate
 from miniverl.utils.errors import MiniverlError
 
 
@@ -88,8 +89,8 @@ def compose(args, seed: int, *extra: str):
         f"+recipe={RECIPE}",
         f"model.model_id={Path(args.student).resolve()}",
         f"teacher.model_id={Path(args.teacher).resolve()}",
-        f"data.train_files=[{Path(args.train).resolve()}]",
-        f"data.val_files=[{Path(args.heldout).resolve()}]",
+        f"data.train_files=[{locate(args.train).resolve()}]",  # the shipped prompts from any directory
+        f"data.val_files=[{locate(args.heldout).resolve()}]",
         f"trainer.seed={seed}",
         f"recipe.optimizer_updates={args.updates}",
         f"eval.every={max(1, args.updates // 2)}",

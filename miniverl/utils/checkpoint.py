@@ -213,8 +213,8 @@ def verify_checkpoint(path: str | Path, plan_digest: str, settings: dict | None 
     if checkpoint.update >= len(state["history"]) and state.get("finished"):
         raise MiniverlError(
             f"{checkpoint.run_dir} already holds a finished run ({path.name} is its last update): "
-            "nothing is left to resume; choose another hydra.run.dir for a new run, or replace this one "
-            "with trainer.overwrite=true"
+            "nothing is left to resume; start a new run in another hydra.run.dir without trainer.resume_from, "
+            "or replace that run in its own folder with trainer.overwrite=true"
         )
     if state.get("compiled_plan_sha256") != plan_digest:
         overrides = earlier_overrides(checkpoint.run_dir, settings) if settings is not None else []

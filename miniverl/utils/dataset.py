@@ -75,11 +75,11 @@ class Conversations:
 
 
 def locate(name: str) -> Path:
-    """A data file as given, relative to the working directory; failing that, one of the files miniverl
-    ships (`data/toy_prompts.parquet`, the recipes' default) relative to its checkout, so that a recipe
-    runs from any directory. A user's file of the same relative name wins."""
+    """A data file as given, relative to the working directory; failing that, for a `data/...` name, the
+    file miniverl ships there (`data/toy_prompts.parquet`, the recipes' default) in its checkout, so that
+    a recipe runs from any directory. A user's file at the same relative path wins."""
     path = Path(name)
-    if path.is_file() or path.is_absolute():
+    if path.is_file() or path.is_absolute() or not name.startswith("data/"):
         return path
     shipped = CHECKOUT / path
     return shipped if shipped.is_file() else path

@@ -31,6 +31,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from miniverl.config import MiniverlConfig, to_config
+from miniverl.utils.dataset import locate
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import resolved_config, sha256_json
 from miniverl.utils.tables import flatten
@@ -144,8 +145,8 @@ def verl_overrides(config: MiniverlConfig, *, reward: LaunchReward, cwd: Path) -
         if not key.startswith(TEACHER_ENTRY):
             add(key, value)
     # Paths: absolute, so the launch runs from any folder; no held-out files: verl validates on the train files.
-    files = [absolute_path(p, cwd) for p in d.train_files]
-    val_files = [absolute_path(p, cwd) for p in getattr(d, "val_files", None) or []]
+    files = [absolute_path(str(locate(p)), cwd) for p in d.train_files]  # the shipped prompts: their checkout's
+    val_files = [absolute_path(str(locate(p)), cwd) for p in getattr(d, "val_files", None) or []]
     add("data.train_files", files, "data.train_files")
     add("data.val_files", val_files or files, "data.val_files")
     reward_src = ("reward.custom_reward_function.path", "estimator.use_task_rewards")

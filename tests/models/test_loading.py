@@ -102,8 +102,21 @@ def test_a_model_folder_that_is_missing_or_not_a_model_is_named_as_such(tmp_path
     with pytest.raises(MiniverlError) as info:
         models.load_teacher(empty, models.source_of(empty, None), torch.device("cpu"))
     line = str(info.value)
-    assert line.startswith(f"teacher.model_id={tmp_path / 'empty'} is a folder but not a loadable model (")
+    assert line.startswith(f"teacher.model_id={tmp_path / 'empty'} is a folder but not a model (")
     assert line.endswith("config.json, the weights (*.safetensors) and the tokenizer's files")
+
+
+def test_a_missing_tokenizer_folder_is_named_by_its_own_settings(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    block = StudentConfig(model_id="toy", tokenizer_id="outputs/a/tokenizer", tokenizer_revision="abc")
+    with pytest.raises(MiniverlError) as info:
+        models.load_tokenizer("model", block, models.source_of(block, tmp_path))
+    assert str(info.value).startswith("model.tokenizer_id=outputs/a/tokenizer: no such folder (relative to ")
+    hub = StudentConfig(model_id="toy", tokenizer_id="someone/tokenizer", tokenizer_revision="abc")
+    with pytest.raises(MiniverlError) as info:
+        models.load_tokenizer("model", hub, models.source_of(hub, tmp_path))
+    assert str(info.value).startswith("model.tokenizer_id=someone/tokenizer at revision abc cannot be loaded")
+    assert str(info.value).endswith("set model.tokenizer_revision=null for another")
 
 
 def test_a_teacher_with_another_vocabulary_is_refused(toy_dirs, tmp_path):

@@ -128,11 +128,12 @@ def test_drop_every_is_refused_below_two_or_beside_keep_every(flags, capsys):
 
 @pytest.mark.parametrize(
     "folder,flags",
-    [
-        ("smollm2-135m-instruct-every2", ""),
-        ("smollm2-135m-instruct-every3-from1", " --keep-every 3 --offset 1"),
-        ("smollm2-135m-instruct-drop3", " --drop-every 3"),
-        ("smollm2-135m-instruct-every2-qwen2-tokenizer", " --cross-tokenizer"),
+    [  # the names the builders write (student_dir), parsed back into the flags that build them
+        (real_fixture.student_dir().name, ""),
+        (real_fixture.student_dir(keep_every=3, offset=1).name, " --keep-every 3 --offset 1"),
+        (real_fixture.student_dir(keep_every=4).name, " --keep-every 4"),
+        (real_fixture.student_dir(drop_every=5).name, " --drop-every 5"),
+        (real_fixture.cross_tokenizer_student_dir().name, " --cross-tokenizer"),
     ],
 )
 def test_a_real_model_not_built_yet_names_the_command_that_builds_it(folder, flags, monkeypatch, tmp_path):

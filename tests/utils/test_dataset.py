@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -157,3 +158,12 @@ def test_a_file_without_the_teacher_key_column_is_an_error_naming_it(tmp_path):
     with pytest.raises(MiniverlError, match=r"has no column 'data_source', which teacher_key routes rows by"):
         read_conversations(config.data, route_column="data_source")
     assert read_conversations(config.data).routes == []  # one teacher reads no routing column
+
+
+def test_only_a_data_path_falls_back_to_the_checkout(tmp_path, monkeypatch):
+    from miniverl.utils.dataset import locate
+
+    monkeypatch.chdir(tmp_path)
+    assert locate("data/toy_prompts.parquet") == ROOT / "data" / "toy_prompts.parquet"
+    assert locate("./data/toy_prompts.parquet") == Path("./data/toy_prompts.parquet")  # a path of the user's
+    assert locate("conf/config.yaml") == Path("conf/config.yaml")

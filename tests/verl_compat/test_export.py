@@ -880,3 +880,10 @@ def test_importing_a_file_that_is_not_there_is_one_line_naming_where_a_launch_co
         "script or overrides file, such as the verl/run_opd.sh or verl/overrides.txt that `python -m "
         "miniverl.export +recipe=<name>` writes into its run folder"
     )
+
+
+def test_an_export_from_another_directory_points_at_the_shipped_prompts(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = export(compose_config([*RECIPE, "model=toy", "teacher=toy"]), tmp_path / "verl")
+    assert parsed(result.lines)["data.train_files"] == [str(ROOT / "data" / "toy_prompts.parquet")]
+    assert not any("does not exist here" in w for w in result.warnings)
