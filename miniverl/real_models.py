@@ -18,7 +18,7 @@ from miniverl.utils.errors import MiniverlError, exit_code_of
 
 
 def main(argv: list[str] | None = None) -> int:
-    description = " ".join(__doc__.split("\n\n")[0].split())  # the first paragraph, unwrapped
+    description = __doc__.split("\n\n")[0]  # the first paragraph (argparse rewraps it)
     parser = argparse.ArgumentParser(prog="python -m miniverl.real_models", description=description)
     parser.add_argument(
         "--keep-every",

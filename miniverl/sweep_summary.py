@@ -209,9 +209,7 @@ class SweepSummaryCallback(Callback):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m miniverl.sweep_summary", description=" ".join(__doc__.split("\n\n")[0].split())
-    )
+    parser = argparse.ArgumentParser(prog="python -m miniverl.sweep_summary", description=__doc__.split("\n\n")[0])
     parser.add_argument("sweep_dir", type=Path, help="a Hydra sweep folder (hydra.sweep.dir)")
     args = parser.parse_args(argv)
     if not args.sweep_dir.is_dir():
