@@ -102,6 +102,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--first-seed", type=int, default=1, help="--quality: the seeds are FIRST..FIRST+N-1")
     p.add_argument("--updates", type=int, default=16, help="--quality: optimizer updates per side")
     p.add_argument(
+        "--objective",
+        choices=("both", "k1", "full"),
+        default="both",
+        help="--quality: both pairs (default), or only the k1 pair (miniverl_k1, trl_iwopd) or the "
+        "full-vocabulary pair (miniverl_full, trl_distill): half the time; the other pair's ratios are null",
+    )
+    p.add_argument(
         "--override",
         action="append",
         default=[],

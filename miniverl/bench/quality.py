@@ -3,6 +3,7 @@ miniverl next to TRL on the same models, prompts and settings.
 
     python -m miniverl.bench --quality --student PATH --teacher PATH [--train FILE --heldout FILE]
                              [--seeds N] [--first-seed K] [--updates N] [--out DIR]
+                             [--objective both|k1|full]   # one pair only: half the time
                              [--override KEY=VALUE ...]   # miniverl's sides only: an ablation
 
 Four sides, each trained from the same LoRA initialisation (miniverl's, for the seed) for the same
@@ -33,6 +34,7 @@ It writes quality.json (`ratios`: medians over the seeds), quality.md and qualit
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -48,23 +50,25 @@ from miniverl.utils.errors import MiniverlError
 @dataclass(frozen=True)
 class Side:
     computes: str  # what it trains with, in words (quality.json's `computes`)
+    objective: str  # the pair it belongs to: "k1" or "full" (--objective)
     trl: bool = False  # trained by TRL (quality_trl.run_trl), else by miniverl's own run
     overrides: tuple[str, ...] = ()  # miniverl's sides: on top of the recipe's config
 
 
 SIDES = {
     "miniverl_k1": Side(
-        "miniverl +recipe=opd_k1_real_cpu: the k1 advantage less its batch mean, in verl's vanilla PPO loss"
+        "miniverl +recipe=opd_k1_real_cpu: the k1 advantage less its batch mean, in verl's vanilla PPO loss", "k1"
     ),
     # The full-vocabulary loss has no advantage, so no baseline (the recipe's k1 has one, docs/learning.md).
     "miniverl_full": Side(
         "miniverl estimator=reverse_kl_full: the exact full-vocabulary reverse KL",
+        "full",
         overrides=("estimator=reverse_kl_full", "estimator.advantage_baseline=none"),
     ),
     "trl_iwopd": Side(
-        "TRL IWOPDTrainer (experimental), iw_opd_gamma=0: the sampled-token k1 policy gradient", trl=True
+        "TRL IWOPDTrainer (experimental), iw_opd_gamma=0: the sampled-token k1 policy gradient", "k1", trl=True
     ),
-    "trl_distill": Side("TRL DistillationTrainer, beta=1: the exact full-vocabulary reverse KL", trl=True),
+    "trl_distill": Side("TRL DistillationTrainer, beta=1: the exact full-vocabulary reverse KL", "full", trl=True),
 }
 PAIRS = {"trl_iwopd": "miniverl_k1", "trl_distill": "miniverl_full"}  # the same objective on both sides
 RATIO_KEYS = (
@@ -197,10 +201,11 @@ def run(args) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
-    sides: dict[str, dict[int, dict]] = {name: {} for name in SIDES}
+    chosen = [name for name, side in SIDES.items() if args.objective in ("both", side.objective)]
+    sides: dict[str, dict[int, dict]] = {name: {} for name in chosen}
     missing = trl_missing()
-    miniverl_sides = [name for name, side in SIDES.items() if not side.trl]
-    trl_sides = [name for name, side in SIDES.items() if side.trl]
+    miniverl_sides = [name for name in chosen if not SIDES[name].trl]
+    trl_sides = [name for name in chosen if SIDES[name].trl]
     configs = {  # every side and seed composed and checked before the first one trains
         (name, seed): compose_miniverl_side(args, seed, *SIDES[name].overrides)
         for seed in seeds
@@ -231,6 +236,13 @@ def run(args) -> dict:
     return result
 
 
+def sign_test_p(lower: int, higher: int) -> float:
+    """Two-sided sign test: the chance of a split at least this uneven between seeds on which
+    miniverl ended lower and higher if either were equally likely (ties left out)."""
+    n, fewer = lower + higher, min(lower, higher)
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(fewer + 1)) / 2**n) if n else 1.0
+
+
 def summarise(args, seeds: list[int], sides: dict, missing: str | None) -> dict:
     """Per side: the held-out KL at each probed update and seconds per update, each a median over the
     seeds (every seed's values kept); the ratios of the same-objective pairs."""
@@ -249,10 +261,13 @@ def summarise(args, seeds: list[int], sides: dict, missing: str | None) -> dict:
         }
     ratios, null_reasons, per_seed = dict.fromkeys(RATIO_KEYS), {}, {}
     last = str(args.updates)
+    objective = getattr(args, "objective", "both")
     for peer, ours in PAIRS.items():
         kind = peer.removeprefix("trl_")
-        if peer not in summary:
-            null_reasons[f"heldout_kl_vs_trl_{kind}"] = null_reasons[f"seconds_per_update_vs_trl_{kind}"] = missing
+        if peer not in summary or ours not in summary:
+            left_out = ours not in sides  # --objective: this pair was not asked for
+            reason = f"not run: --objective {objective} trains the other pair" if left_out else missing
+            null_reasons[f"heldout_kl_vs_trl_{kind}"] = null_reasons[f"seconds_per_update_vs_trl_{kind}"] = reason
             continue
         ratios[f"heldout_kl_vs_trl_{kind}"] = summary[ours]["heldout_kl"][last] / summary[peer]["heldout_kl"][last]
         # Each seed's own ratio: a median of two seeds says little where one collapses (docs/learning.md).
@@ -264,9 +279,10 @@ def summarise(args, seeds: list[int], sides: dict, missing: str | None) -> dict:
         ratios[f"seconds_per_update_vs_trl_{kind}"] = (
             summary[ours]["seconds_per_update"] / summary[peer]["seconds_per_update"]
         )
-    pair_speeds = [ratios[f"seconds_per_update_vs_trl_{p.removeprefix('trl_')}"] for p in PAIRS]
-    if all(r is not None for r in pair_speeds):
-        ratios["seconds_per_update_vs_trl"] = max(pair_speeds)  # the slower of the two pairs
+    # The slower of the pairs that ran (--objective may leave one out).
+    pair_speeds = {p: ratios[f"seconds_per_update_vs_trl_{p.removeprefix('trl_')}"] for p in PAIRS if PAIRS[p] in sides}
+    if pair_speeds and all(r is not None for r in pair_speeds.values()):
+        ratios["seconds_per_update_vs_trl"] = max(pair_speeds.values())
     else:
         null_reasons["seconds_per_update_vs_trl"] = missing
     return {
@@ -276,6 +292,7 @@ def summarise(args, seeds: list[int], sides: dict, missing: str | None) -> dict:
         "prompts": {"train": str(args.train), "heldout": str(args.heldout)},
         "updates": args.updates,
         "seeds": seeds,
+        "objective": objective,  # --objective: both pairs, or the k1 or the full-vocabulary pair alone
         "miniverl_overrides": list(args.override),  # miniverl's sides only; TRL's keep the recipe's settings
         "ratios": {k: (round(v, 4) if v is not None else None) for k, v in ratios.items()},
         "heldout_kl_ratios_per_seed": per_seed,  # miniverl ÷ TRL at the last update, seed by seed
@@ -311,12 +328,19 @@ def markdown(result: dict) -> str:
     if result["heldout_kl_ratios_per_seed"]:
         seeds = result["seeds"]
         lines += ["", f"Seed by seed, at update {result['updates']}:", ""]
-        lines += ["| ratio | " + " | ".join(f"seed {s}" for s in seeds) + " | miniverl lower on |"]
-        lines += ["|---|" + "---|" * (len(seeds) + 1)]
+        lines += ["| ratio | " + " | ".join(f"seed {s}" for s in seeds) + " | miniverl lower on | sign test p |"]
+        lines += ["|---|" + "---|" * (len(seeds) + 2)]
         for key, by_seed in result["heldout_kl_ratios_per_seed"].items():
             shown = " | ".join(f"{by_seed[str(s)]:.3f}" if str(s) in by_seed else "—" for s in seeds)
-            lower = sum(r < 1.0 for r in by_seed.values())
-            lines.append(f"| {key} | {shown} | {lower} of {len(by_seed)} seeds |")
+            lower, higher = sum(r < 1.0 for r in by_seed.values()), sum(r > 1.0 for r in by_seed.values())
+            p = sign_test_p(lower, higher)
+            lines.append(f"| {key} | {shown} | {lower} of {len(by_seed)} seeds | {p:.2f} |")
+        lines += [
+            "",
+            "sign test p: two-sided, the chance of a split at least this uneven if either side were as likely to "
+            "end lower on a seed; two seeds give 0.50 at best, so only more seeds (--seeds) can tell a gap from "
+            "the seeds.",
+        ]
     lines += ["", f"TRL workaround: {result['trl_workaround']}.", ""]
     return "\n".join(lines)
 

@@ -84,14 +84,24 @@ def test_the_ratios_are_medians_over_seeds_of_the_same_objective_pairs_and_each_
         "heldout_kl_vs_trl_distill": {"1": 0.5, "2": 0.5},
     }
     table = markdown(result)
-    assert "| heldout_kl_vs_trl_iwopd | 0.500 | 1.500 | 1 of 2 seeds |" in table
-    assert "| heldout_kl_vs_trl_distill | 0.500 | 0.500 | 2 of 2 seeds |" in table
+    assert "| heldout_kl_vs_trl_iwopd | 0.500 | 1.500 | 1 of 2 seeds | 1.00 |" in table
+    assert "| heldout_kl_vs_trl_distill | 0.500 | 0.500 | 2 of 2 seeds | 0.50 |" in table  # two seeds' best
     assert ratios["heldout_kl_vs_trl_distill"] == 0.5
     assert ratios["seconds_per_update_vs_trl_iwopd"] == 0.625  # median(2, 3) / 4
     assert ratios["seconds_per_update_vs_trl_distill"] == 1.5
     assert ratios["seconds_per_update_vs_trl"] == 1.5  # the slower pair
     assert result["sides"]["trl_distill"]["adapter_dtype"] == "bfloat16"  # each side's own, in the table
     assert "| trl_distill | " + result["sides"]["trl_distill"]["computes"] + " | bfloat16 |" in table
+
+
+def test_the_sign_test_is_the_two_sided_binomial_of_the_seeds_split():
+    from miniverl.bench.quality import sign_test_p
+
+    # 2 * P(X <= min(k, n - k)) for X ~ Binomial(n, 1/2), at most 1; ties left out by the caller.
+    assert sign_test_p(2, 0) == 0.5 and sign_test_p(1, 1) == 1.0 and sign_test_p(0, 0) == 1.0
+    assert sign_test_p(6, 2) == 2 * (1 + 8 + 28) / 256  # 0.289: six of eight is not yet a gap
+    assert sign_test_p(1, 7) == sign_test_p(7, 1) == 2 * (1 + 8) / 256  # 0.070
+    assert sign_test_p(8, 0) == 2 / 256
 
 
 def test_without_trl_the_peer_ratios_are_null_with_the_reason():
@@ -103,6 +113,41 @@ def test_without_trl_the_peer_ratios_are_null_with_the_reason():
     assert all(v is None for v in result["ratios"].values())
     assert set(result["null_reasons"].values()) == {"TRL is not installed"}
     assert result["heldout_kl_ratios_per_seed"] == {}
+
+
+@pytest.mark.slow
+def test_one_objective_trains_its_pair_and_nothing_else(tmp_path):
+    pytest.importorskip("trl")
+    folders = toy_model_folders(tmp_path)
+    out = tmp_path / "quality"
+    command = [sys.executable, "-m", "miniverl.bench", "--quality", "--student", str(folders["student"])]
+    command += ["--teacher", str(folders["teacher"]), "--seeds", "1", "--updates", "2", "--out", str(out)]
+    done = subprocess.run(
+        [*command, "--objective", "full"], check=False, cwd=ROOT, capture_output=True, text=True, timeout=900
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((out / "quality.json").read_text())
+    assert set(result["sides"]) == {"miniverl_full", "trl_distill"}
+    assert sorted(p.name for p in (out / "runs").iterdir()) == ["miniverl_full_seed1", "trl_distill_seed1"]
+    assert result["ratios"]["heldout_kl_vs_trl_distill"] > 0 and result["ratios"]["heldout_kl_vs_trl_iwopd"] is None
+
+
+def test_one_objective_gives_its_pairs_ratios_and_says_why_the_others_are_null():
+    from miniverl.bench.quality import summarise
+
+    def runs(kl_end, seconds):
+        return {1: {"heldout_kl": {0: 5.0, 2: kl_end}, "update_seconds": [seconds], "adapter_dtype": "float32"}}
+
+    args = Namespace(
+        updates=2, argv=[], student="s", teacher="t", train="a", heldout="b", override=[], objective="k1"
+    )  # fmt: skip
+    result = summarise(args, [1], {"miniverl_k1": runs(1.0, 2.0), "trl_iwopd": runs(2.0, 4.0)}, None)
+    ratios = result["ratios"]
+    assert (ratios["heldout_kl_vs_trl_iwopd"], ratios["seconds_per_update_vs_trl_iwopd"]) == (0.5, 0.5)
+    assert ratios["seconds_per_update_vs_trl"] == 0.5  # the slower of the pairs that ran: the one
+    assert ratios["heldout_kl_vs_trl_distill"] is None and ratios["seconds_per_update_vs_trl_distill"] is None
+    assert result["null_reasons"]["heldout_kl_vs_trl_distill"] == "not run: --objective k1 trains the other pair"
+    assert result["objective"] == "k1" and set(result["sides"]) == {"miniverl_k1", "trl_iwopd"}
 
 
 def test_the_k1_side_keeps_the_recipes_baseline_and_the_full_vocabulary_side_has_none():
