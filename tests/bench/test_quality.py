@@ -8,21 +8,26 @@ import json
 import subprocess
 import sys
 from argparse import Namespace
+from pathlib import Path
 
 import pytest
 
 from conftest import ROOT, toy_model_folders
 
 
-@pytest.mark.slow
-def test_quality_trains_every_side_from_one_start_and_probes_them_alike(tmp_path):
-    pytest.importorskip("trl")
+def run_quality(tmp_path, *extra: str, timeout: int = 900) -> tuple[subprocess.CompletedProcess, Path]:
+    """`bench --quality` on the toy folders, one seed, two updates; returns the process and --out."""
     folders = toy_model_folders(tmp_path)
     out = tmp_path / "quality"
     command = [sys.executable, "-m", "miniverl.bench", "--quality", "--student", str(folders["student"])]
-    command += ["--teacher", str(folders["teacher"]), "--seeds", "1", "--updates", "2", "--out", str(out)]
-    command += ["--override", "data.shuffle=true"]  # an ablation of miniverl's sides
-    done = subprocess.run(command, check=False, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    command += ["--teacher", str(folders["teacher"]), "--seeds", "1", "--updates", "2", "--out", str(out), *extra]
+    return subprocess.run(command, check=False, cwd=ROOT, capture_output=True, text=True, timeout=timeout), out
+
+
+@pytest.mark.slow
+def test_quality_trains_every_side_from_one_start_and_probes_them_alike(tmp_path):
+    pytest.importorskip("trl")
+    done, out = run_quality(tmp_path, "--override", "data.shuffle=true")  # an ablation of miniverl's sides
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((out / "quality.json").read_text())
     sides = result["sides"]
@@ -118,13 +123,7 @@ def test_without_trl_the_peer_ratios_are_null_with_the_reason():
 @pytest.mark.slow
 def test_one_objective_trains_its_pair_and_nothing_else(tmp_path):
     pytest.importorskip("trl")
-    folders = toy_model_folders(tmp_path)
-    out = tmp_path / "quality"
-    command = [sys.executable, "-m", "miniverl.bench", "--quality", "--student", str(folders["student"])]
-    command += ["--teacher", str(folders["teacher"]), "--seeds", "1", "--updates", "2", "--out", str(out)]
-    done = subprocess.run(
-        [*command, "--objective", "full"], check=False, cwd=ROOT, capture_output=True, text=True, timeout=900
-    )
+    done, out = run_quality(tmp_path, "--objective", "full")
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((out / "quality.json").read_text())
     assert set(result["sides"]) == {"miniverl_full", "trl_distill"}
@@ -181,12 +180,7 @@ def test_quality_needs_the_users_models():
 )
 @pytest.mark.slow
 def test_a_mistaken_override_ends_in_one_line_before_anything_trains(tmp_path, override, said):
-    folders = toy_model_folders(tmp_path)
-    out = tmp_path / "quality"
-    command = [sys.executable, "-m", "miniverl.bench", "--quality", "--student", str(folders["student"])]
-    command += ["--teacher", str(folders["teacher"]), "--seeds", "1", "--updates", "2", "--out", str(out)]
-    command += ["--override", override]
-    done = subprocess.run(command, check=False, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done, out = run_quality(tmp_path, "--override", override, timeout=300)
     assert done.returncode == 2, done.stderr[-3000:]
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and said in lines[0] and "Traceback" not in done.stderr, done.stderr
