@@ -308,7 +308,9 @@ def markdown(result: dict) -> str:
     updates = sorted({int(u) for side in result["sides"].values() for u in side["heldout_kl"]})
     head = " | ".join(f"KL @ {u}" for u in updates)
     lines = [
-        f"# Learning per update: miniverl and TRL ({result['updates']} updates, seeds {result['seeds']})",
+        f"# Learning per update: miniverl and TRL ({result['updates']} updates, seeds {result['seeds']}"
+        + ("" if result.get("objective", "both") == "both" else f", the {result['objective']} pair only")
+        + ")",
         "",
         f"Held-out exact reverse KL (median over the seeds; lower is better), measured by miniverl's probe. "
         f"`{result['command']}`",

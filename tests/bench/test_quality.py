@@ -132,7 +132,7 @@ def test_one_objective_trains_its_pair_and_nothing_else(tmp_path):
 
 
 def test_one_objective_gives_its_pairs_ratios_and_says_why_the_others_are_null():
-    from miniverl.bench.quality import summarise
+    from miniverl.bench.quality import markdown, summarise
 
     def runs(kl_end, seconds):
         return {1: {"heldout_kl": {0: 5.0, 2: kl_end}, "update_seconds": [seconds], "adapter_dtype": "float32"}}
@@ -147,6 +147,18 @@ def test_one_objective_gives_its_pairs_ratios_and_says_why_the_others_are_null()
     assert ratios["heldout_kl_vs_trl_distill"] is None and ratios["seconds_per_update_vs_trl_distill"] is None
     assert result["null_reasons"]["heldout_kl_vs_trl_distill"] == "not run: --objective k1 trains the other pair"
     assert result["objective"] == "k1" and set(result["sides"]) == {"miniverl_k1", "trl_iwopd"}
+    assert set(result["heldout_kl_ratios_per_seed"]) == {"heldout_kl_vs_trl_iwopd"}
+    assert (
+        result["null_reasons"]["seconds_per_update_vs_trl_distill"] == "not run: --objective k1 trains the other pair"
+    )
+    assert markdown(result).startswith(
+        "# Learning per update: miniverl and TRL (2 updates, seeds [1], the k1 pair only)"
+    )
+    # Without TRL the pair that ran says why it has no ratios, the other that it was not run.
+    alone = summarise(args, [1], {"miniverl_k1": runs(1.0, 2.0)}, "TRL is not installed")
+    assert alone["null_reasons"]["heldout_kl_vs_trl_iwopd"] == "TRL is not installed"
+    assert alone["null_reasons"]["seconds_per_update_vs_trl"] == "TRL is not installed"
+    assert alone["null_reasons"]["heldout_kl_vs_trl_distill"].startswith("not run: --objective k1")
 
 
 def test_the_k1_side_keeps_the_recipes_baseline_and_the_full_vocabulary_side_has_none():
