@@ -261,12 +261,11 @@ def summarise(args, seeds: list[int], sides: dict, missing: str | None) -> dict:
         }
     ratios, null_reasons, per_seed = dict.fromkeys(RATIO_KEYS), {}, {}
     last = str(args.updates)
-    objective = getattr(args, "objective", "both")
     for peer, ours in PAIRS.items():
         kind = peer.removeprefix("trl_")
         if peer not in summary or ours not in summary:
-            left_out = ours not in sides  # --objective: this pair was not asked for
-            reason = f"not run: --objective {objective} trains the other pair" if left_out else missing
+            asked = ours in sides  # --objective may leave a pair out
+            reason = missing if asked else f"not run: --objective {args.objective} trains the other pair"
             null_reasons[f"heldout_kl_vs_trl_{kind}"] = null_reasons[f"seconds_per_update_vs_trl_{kind}"] = reason
             continue
         ratios[f"heldout_kl_vs_trl_{kind}"] = summary[ours]["heldout_kl"][last] / summary[peer]["heldout_kl"][last]
@@ -280,9 +279,11 @@ def summarise(args, seeds: list[int], sides: dict, missing: str | None) -> dict:
             summary[ours]["seconds_per_update"] / summary[peer]["seconds_per_update"]
         )
     # The slower of the pairs that ran (--objective may leave one out).
-    pair_speeds = {p: ratios[f"seconds_per_update_vs_trl_{p.removeprefix('trl_')}"] for p in PAIRS if PAIRS[p] in sides}
-    if pair_speeds and all(r is not None for r in pair_speeds.values()):
-        ratios["seconds_per_update_vs_trl"] = max(pair_speeds.values())
+    pair_speeds = [
+        ratios[f"seconds_per_update_vs_trl_{p.removeprefix('trl_')}"] for p, ours in PAIRS.items() if ours in sides
+    ]
+    if pair_speeds and all(r is not None for r in pair_speeds):
+        ratios["seconds_per_update_vs_trl"] = max(pair_speeds)
     else:
         null_reasons["seconds_per_update_vs_trl"] = missing
     return {
@@ -292,7 +293,7 @@ def summarise(args, seeds: list[int], sides: dict, missing: str | None) -> dict:
         "prompts": {"train": str(args.train), "heldout": str(args.heldout)},
         "updates": args.updates,
         "seeds": seeds,
-        "objective": objective,  # --objective: both pairs, or the k1 or the full-vocabulary pair alone
+        "objective": args.objective,  # --objective: both pairs, or the k1 or the full-vocabulary pair alone
         "miniverl_overrides": list(args.override),  # miniverl's sides only; TRL's keep the recipe's settings
         "ratios": {k: (round(v, 4) if v is not None else None) for k, v in ratios.items()},
         "heldout_kl_ratios_per_seed": per_seed,  # miniverl ÷ TRL at the last update, seed by seed
@@ -309,7 +310,7 @@ def markdown(result: dict) -> str:
     head = " | ".join(f"KL @ {u}" for u in updates)
     lines = [
         f"# Learning per update: miniverl and TRL ({result['updates']} updates, seeds {result['seeds']}"
-        + ("" if result.get("objective", "both") == "both" else f", the {result['objective']} pair only")
+        + ("" if result["objective"] == "both" else f", the {result['objective']} pair only")
         + ")",
         "",
         f"Held-out exact reverse KL (median over the seeds; lower is better), measured by miniverl's probe. "

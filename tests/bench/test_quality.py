@@ -79,7 +79,9 @@ def test_the_ratios_are_medians_over_seeds_of_the_same_objective_pairs_and_each_
         "trl_iwopd": {1: side(2.0, [4.0, 4.0]), 2: side(2.0, [4.0, 4.0])},
         "trl_distill": {1: side(1.0, [2.0, 2.0], "bfloat16"), 2: side(1.0, [2.0, 2.0], "bfloat16")},
     }
-    args = Namespace(updates=2, argv=["--quality"], student="s", teacher="t", train="a", heldout="b", override=[])
+    args = Namespace(
+        updates=2, argv=["--quality"], student="s", teacher="t", train="a", heldout="b", override=[], objective="both"
+    )
     result = summarise(args, [1, 2], sides, None)
     ratios = result["ratios"]
     assert ratios["heldout_kl_vs_trl_iwopd"] == 1.0  # median(1, 3) / median(2, 2)
@@ -113,7 +115,9 @@ def test_without_trl_the_peer_ratios_are_null_with_the_reason():
     from miniverl.bench.quality import summarise
 
     runs = {1: {"heldout_kl": {0: 5.0, 2: 1.0}, "update_seconds": [1.0], "adapter_dtype": "float32"}}
-    args = Namespace(updates=2, argv=[], student="s", teacher="t", train="a", heldout="b", override=[])
+    args = Namespace(
+        updates=2, argv=[], student="s", teacher="t", train="a", heldout="b", override=[], objective="both"
+    )
     result = summarise(args, [1], {"miniverl_k1": runs, "miniverl_full": runs}, "TRL is not installed")
     assert all(v is None for v in result["ratios"].values())
     assert set(result["null_reasons"].values()) == {"TRL is not installed"}
