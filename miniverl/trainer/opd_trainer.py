@@ -118,7 +118,7 @@ class OPDTrainer:
         self.teacher_weight_bytes, self.products = roles.teacher_weight_bytes, roles.products  # for the report
         if cfg.eval.every != -1:
             self.probe = ValidationProbe.from_config(cfg, self.tokenizer, self.rollout, self.teacher, self.student)
-        self.downshift = Downshift.for_hardware(self.device, cfg.hardware)
+        self.downshift = Downshift.for_hardware(self.device, cfg.hardware, self.resumed)  # a resumed run: its sizes
         if self.resumed is not None:
             self.load_checkpoint(self.resumed)
         self.cold_startup_seconds = seconds_since_start()
@@ -143,8 +143,7 @@ class OPDTrainer:
         self.history = list(ckpt.state["history"])
         self.progress = ckpt.state.get("distillation_progress", {})
         self.out.rewrite_metrics(self.history if "jsonl" in self.cfg.trainer.logger else [])
-        self.last_checkpoint = ckpt.path
-        self.resume_load_seconds = time.perf_counter() - start
+        self.last_checkpoint, self.resume_load_seconds = ckpt.path, time.perf_counter() - start
         log.info("resumed from %s after update %d", ckpt.path, ckpt.update)
 
     # ------------------------------------------------------------------ train
@@ -264,6 +263,7 @@ class OPDTrainer:
             "trajectory_sha256": self.out.trajectory_sha256,
             "history": self.history,
             "distillation_progress": self.progress,
+            "downshift": self.downshift.state(),  # a resumed run goes on at the sizes this run had halved to
             "finished": update == len(self.plan.updates),
         }
         self.last_checkpoint = checkpoint.save_checkpoint(

@@ -45,6 +45,7 @@ TRAINING_STATE_FIELDS = (
     "random_streams",
     "trajectory_digests",
     "trajectory_sha256",
+    "downshift",
     "files",
     "finished",
 )

@@ -2,8 +2,11 @@
 `torch.OutOfMemoryError` is retried at half the rows, until one row still fails.
 
 The smaller size sticks for the rest of the run (retrying the big size every update would pay
-the failure every time). Sampling streams are per sample, so a downshifted rollout samples the
-same tokens; only float rounding of the log-probs can differ.
+the failure every time), a resumed run's included: checkpoints keep it (`state`, `for_hardware`).
+Sampling streams are per sample, so a downshifted rollout draws the same uniforms; its tokens are
+the same where the products of fewer rows give the same bits (float32 products), but in half
+precision they round differently and a draw can flip (docs/resume.md). Hence the stickiness
+across a resume: the resumed run computes with the sizes the uninterrupted one would.
 
 For tests, `hardware.simulate_oom_above_rows=N` makes any forward of more than N rows raise
 `torch.OutOfMemoryError` as the device would.
@@ -52,14 +55,30 @@ class Downshift:
         self.simulate_above = simulate_above
 
     @classmethod
-    def for_hardware(cls, device: torch.device, hw) -> Downshift:
-        """The sizes of `hw` (a HardwareConfig) to start from."""
-        return cls(
+    def for_hardware(cls, device: torch.device, hw, resumed=None) -> Downshift:
+        """The sizes of `hw` (a HardwareConfig) to start from, or those the checkpoint a run resumes
+        from kept (`resumed`, a utils.checkpoint.Checkpoint: its state.json's `downshift`)."""
+        shift = cls(
             device,
             rollout_rows=hw.rollout_physical_batch,
             update_rows=hw.update_chunk,
             simulate_above=hw.simulate_oom_above_rows,
         )
+        kept = resumed.state.get("downshift") if resumed is not None else None
+        if kept:  # a checkpoint older than this field has none: the sizes of `hw`
+            shift.rows.update(kept["rows"])
+            shift.counts.update(kept["batch_downshifts"])
+            for kind, sizes in kept["observed_sizes"].items():
+                shift.observed[kind].update(sizes)
+        return shift
+
+    def state(self) -> dict:
+        """What a checkpoint keeps: the current sizes, the downshifts so far and the sizes used."""
+        return {
+            "rows": dict(self.rows),
+            "batch_downshifts": dict(self.counts),
+            "observed_sizes": {kind: sorted(sizes) for kind, sizes in self.observed.items()},
+        }
 
     def run(self, kind: str, planned: Sequence[int], work: Callable[[list[int]], T]) -> T:
         """work(sizes), sizes the row counts of each forward: the `planned` ones (plan.json's) while

@@ -30,6 +30,7 @@ from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import resolved_config, sha256_file
 from miniverl.utils.run_folder import RunFolder
 from miniverl.workers.logprobs import response_log_probs
+from miniverl.workers.rollout import RolloutWorker
 
 from conftest import ROOT, compose_config, main, run_as_command
 
@@ -94,6 +95,38 @@ def test_stopped_after_k_and_resumed_in_a_fresh_process_equals_the_uninterrupted
     )
     assert res_report["recipe"]["compiled_plan_sha256"] == ref_report["recipe"]["compiled_plan_sha256"]
     assert len((resumed / "metrics.jsonl").read_text().splitlines()) == N
+
+
+@pytest.mark.slow
+def test_a_resumed_run_goes_on_at_the_sizes_an_out_of_memory_error_halved(tmp_path, monkeypatch):
+    """A transient out-of-memory error halves the rollout's rows for the rest of the run; a run
+    resumed after it must go on at the halved size, as the uninterrupted run does: in half
+    precision, products of other row counts round differently and can sample other tokens."""
+    real_rollout = RolloutWorker.generate_sequences
+    failures_left, rows_seen = [0], []
+
+    def rollout(self, *args, physical_batches, **kwargs):
+        rows_seen.extend(physical_batches)
+        if failures_left[0] and max(physical_batches) > 2:
+            failures_left[0] -= 1
+            raise torch.OutOfMemoryError("transient, injected by the test")
+        return real_rollout(self, *args, physical_batches=physical_batches, **kwargs)
+
+    monkeypatch.setattr(RolloutWorker, "generate_sequences", rollout)
+    failures_left[0] = 1
+    reference = tmp_path / "reference"
+    assert run_in_process(reference)["measurements"]["batch_downshifts"]["rollout_oom"] == 1
+    failures_left[0] = 1
+    stopped = tmp_path / "stopped"
+    assert run_in_process(stopped, "trainer.stop_after_updates=1")["status"] == "interrupted"
+    rows_seen.clear()  # the resumed run meets no out-of-memory error: memory was only short before
+    resumed = tmp_path / "resumed"
+    report = run_in_process(resumed, "trainer.stop_after_updates=1", f"trainer.resume_from={stopped}")
+    assert set(rows_seen) == {2}  # the size the run had halved to, not the configured 4
+    verdicts, difference = first_difference(reference, resumed)
+    assert difference is None, difference  # the state's `downshift` included
+    assert report["measurements"]["batch_downshifts"] == {"rollout_oom": 1, "update_chunk_oom": 0}
+    assert report["measurements"]["observed_rollout_physical_batch_sizes"] == [2]
 
 
 @pytest.mark.slow

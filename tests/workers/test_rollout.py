@@ -1,5 +1,6 @@
 """The rollout: per-sample sampling streams make the tokens independent of the physical batch
-split; a failed resume check makes the command fail."""
+split where the products round alike (the toy computes in float32; in bf16 they need not:
+docs/resume.md); a failed resume check makes the command fail."""
 
 from __future__ import annotations
 
