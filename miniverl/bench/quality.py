@@ -354,16 +354,28 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    # Per update, and per second: each probed update at the training time its seed had spent by then
+    # (the sum of its updates' seconds; the probe's own time left out, as for every side).
+    fig, (by_update, by_second) = plt.subplots(1, 2, figsize=(11.0, 4.0), sharey=True)
     for name, side in result["sides"].items():
         for i, runs in enumerate(side["seeds"].values()):
             points = sorted((int(u), v) for u, v in runs["heldout_kl"].items())
-            ax.plot(*zip(*points), marker="o", alpha=0.8, color=f"C{list(SIDES).index(name)}",
-                    linestyle="-" if name.startswith("miniverl") else "--", label=name if i == 0 else None)  # fmt: skip
-    ax.set_xlabel("optimizer update")
-    ax.set_ylabel("held-out exact reverse KL")
-    ax.set_title("every seed; the same probe for every side")
-    ax.legend()
+            spent = [sum(runs["update_seconds"][:u]) for u, _ in points]
+            style = {
+                "marker": "o",
+                "alpha": 0.8,
+                "color": f"C{list(SIDES).index(name)}",
+                "linestyle": "-" if name.startswith("miniverl") else "--",
+                "label": name if i == 0 else None,
+            }
+            by_update.plot([u for u, _ in points], [v for _, v in points], **style)
+            by_second.plot(spent, [v for _, v in points], **style)
+    by_update.set_xlabel("optimizer update")
+    by_update.set_ylabel("held-out exact reverse KL")
+    by_update.set_title("per update: every seed, the same probe for every side")
+    by_second.set_xlabel("training seconds (rollout, scoring, update)")
+    by_second.set_title("per second: the same runs")
+    by_update.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

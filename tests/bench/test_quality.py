@@ -101,6 +101,27 @@ def test_the_ratios_are_medians_over_seeds_of_the_same_objective_pairs_and_each_
     assert "| trl_distill | " + result["sides"]["trl_distill"]["computes"] + " | bfloat16 |" in table
 
 
+def test_the_plot_shows_each_probe_per_update_and_at_the_training_seconds_its_run_had_spent(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    from miniverl.bench.quality import plot, summarise
+
+    def side(seconds):
+        return {1: {"heldout_kl": {0: 5.0, 2: 1.0}, "update_seconds": seconds, "adapter_dtype": "float32"}}
+
+    sides = {"miniverl_k1": side([1.5, 2.5]), "trl_iwopd": side([3.0, 5.0])}
+    args = Namespace(
+        updates=2, argv=["--quality"], student="s", teacher="t", train="a", heldout="b", override=[], objective="k1"
+    )
+    figures = []
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: figures.append(self))
+    plot(summarise(args, [1], sides, None), tmp_path / "quality.png")
+    by_update, by_second = figures[0].axes
+    assert [list(line.get_xdata()) for line in by_update.get_lines()] == [[0, 2], [0, 2]]
+    seconds = {line.get_label(): list(line.get_xdata()) for line in by_second.get_lines()}
+    assert seconds == {"miniverl_k1": [0, 4.0], "trl_iwopd": [0, 8.0]}  # the same KL, in half the time
+
+
 def test_the_sign_test_is_the_two_sided_binomial_of_the_seeds_split():
     from miniverl.bench.quality import sign_test_p
 
