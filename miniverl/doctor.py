@@ -71,6 +71,12 @@ def main() -> None:
             sys.exit(exit_code_of(MiniverlError("--out needs a folder: python -m miniverl.doctor --out DIR ...")))
         out = argv[at + 1]
         del argv[at : at + 2]
+    # The training command's own folder, copied along with its overrides: what the checks build
+    # (plan.json) would make that folder look like a run's and refuse the training that follows.
+    run_dirs = [a for a in argv if a.lstrip("+").startswith("hydra.run.dir=")]
+    if run_dirs:
+        print(f"doctor: {run_dirs[-1]} left out: the checks build in a temporary folder (--out DIR keeps them)")
+        argv = [a for a in argv if a not in run_dirs]
     with tempfile.TemporaryDirectory(prefix="miniverl-doctor-") as scratch:
         folder = ["hydra.run.dir=" + (out or scratch)]
         if out is None:  # nothing of Hydra's either: no .hydra/ and no doctor.log

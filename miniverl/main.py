@@ -20,7 +20,7 @@ from safetensors import SafetensorError
 
 from miniverl.config import to_config
 from miniverl.trainer.console import closing_lines, start_lines
-from miniverl.trainer.resume_state import check_is_pending, pending_block
+from miniverl.trainer.resume_state import TWIN_ENV, check_is_pending, pending_block
 from miniverl.utils.errors import MiniverlError, RunStopped, exit_code_of
 from miniverl.utils.hydra_entry import log_line, one_line_hydra_errors, run_as_main
 from miniverl.utils.identity import resolved_config
@@ -35,7 +35,7 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), sweep: bool =
     let the recipe's resume check run this same job again in fresh processes; in a sweep job
     (`sweep`) the check runs only with recipe.resume_check_in_sweeps=true."""
     config = to_config(cfg)
-    k = config.recipe.resume_check_in(sweep)
+    k = None if os.environ.get(TWIN_ENV) else config.recipe.resume_check_in(sweep)
     pending = k is not None and check_is_pending(run_dir, resolved_config(cfg))
     starting = start_lines(config, run_dir, sweep=sweep, pending_check=pending)
     print(starting, flush=True)  # at once: imports take seconds

@@ -84,9 +84,7 @@ class OPDTrainer:
         # Teacher contexts and, with task rewards, reward rules are checked on every row before any model loads.
         self.reward = RewardWorker(self.tokenizer, self.prompts, cfg.reward) if cfg.estimator.use_task_rewards else None
         # Every resume check reads only; nothing is written before they all pass.
-        source = checkpoint.resume_source(cfg.trainer, self.run_dir)
-        if source is not None:
-            self.resumed = checkpoint.verify_checkpoint(source, self.plan.digest, self.plan.settings)
+        self.resumed = checkpoint.checkpoint_to_resume(cfg.trainer, self.run_dir, self.plan.digest, self.plan.settings)
         self.out = RunFolder(
             self.run_dir,
             continuing=self.resumed is not None and self.in_place,

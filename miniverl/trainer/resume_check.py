@@ -27,7 +27,7 @@ import sys
 from collections import deque
 from pathlib import Path
 
-from miniverl.trainer.resume_state import INTERRUPTED, pending_block
+from miniverl.trainer.resume_state import INTERRUPTED, TWIN_ENV, pending_block
 from miniverl.utils.checkpoint import checkpoint_update, checkpoints_in
 from miniverl.utils.errors import RunStopped
 from miniverl.utils.measure import folder_bytes
@@ -71,7 +71,7 @@ def run_child(overrides: list[str], extra: list[str], run_dir: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,  # one pipe: two could fill and block each other
         text=True,
-        env=os.environ.copy(),
+        env={**os.environ, TWIN_ENV: "1"},  # it never checks its own resume
         start_new_session=True,  # not in the terminal's process group: a Ctrl-C is this process's to handle
     )
     try:

@@ -10,6 +10,9 @@ from pathlib import Path
 import yaml
 
 PENDING, INTERRUPTED = "pending", "interrupted"  # the report's resume status before a verdict
+# Set in the environment of the check's two runs (resume_check.run_child): a twin never checks its
+# own resume, so a twin that started afresh by mistake cannot start twins of its own without end.
+TWIN_ENV = "MINIVERL_RESUME_CHECK_TWIN"
 
 
 def pending_block(status: str = PENDING) -> dict:

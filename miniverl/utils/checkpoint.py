@@ -187,9 +187,12 @@ def earlier_overrides(run_dir: Path, settings: dict) -> list[str]:
     return [f"{key}={hydra_value(before[key])}" if key in before else f"~{key}" for key in differing]
 
 
-def verify_checkpoint(path: str | Path, plan_digest: str, settings: dict | None = None) -> Checkpoint:
+def verify_checkpoint(
+    path: str | Path, plan_digest: str, settings: dict | None = None, run_dir: Path | None = None
+) -> Checkpoint:
     """Every check a resume needs, reading only: files present, hashes right, same plan, and the
-    earlier trajectory files of its run present and intact."""
+    earlier trajectory files of its run present and intact. `run_dir`: the folder of the run that
+    resumes (a refusal then says how to start a new run there instead)."""
     path = resolve_checkpoint(path)
     where = f"checkpoint {path}"  # trainer.resume_from's, or this folder's own (trainer.resume_mode=auto)
     missing = [name for name in (*TENSOR_FILES, STATE_FILE) if not (path / name).is_file()]
@@ -218,11 +221,16 @@ def verify_checkpoint(path: str | Path, plan_digest: str, settings: dict | None 
         )
     if state.get("compiled_plan_sha256") != plan_digest:
         overrides = earlier_overrides(checkpoint.run_dir, settings) if settings is not None else []
-        how = f"add {' '.join(overrides)}" if overrides else "resume with the overrides of the run that wrote it"
+        how = (
+            f"resume with {' '.join(overrides)}" if overrides else "resume with the overrides of the run that wrote it"
+        )
+        if run_dir is None or checkpoint.run_dir.resolve() == Path(run_dir).resolve():
+            new_run = "another hydra.run.dir (or replace that run with trainer.overwrite=true)"
+        else:  # named by trainer.resume_from: the new run's folder is free of it
+            new_run = f"drop trainer.resume_from (the new run goes into {run_dir})"
         raise MiniverlError(
-            f"{where} belongs to another plan (compiled_plan_sha256 {state.get('compiled_plan_sha256')}"
-            f" != {plan_digest}): {how}, or for a new run choose "
-            "another hydra.run.dir (or replace that run with trainer.overwrite=true)"
+            f"{where} belongs to another plan (compiled_plan_sha256 {str(state.get('compiled_plan_sha256'))[:12]}"
+            f"... != {plan_digest[:12]}... of this command): {how}, or for a new run {new_run}"
         )
     for update, digest in enumerate(state["trajectory_digests"], start=1):
         source = trajectory_path(checkpoint.run_dir, update)
@@ -236,12 +244,29 @@ def verify_checkpoint(path: str | Path, plan_digest: str, settings: dict | None 
 
 def resume_source(trainer_config: TrainerConfig, run_dir: Path) -> Path | None:
     """Where a run resumes from: trainer.resume_from, or with resume_mode auto this folder's latest
-    checkpoint; None to start fresh."""
-    if trainer_config.resume_mode == "disable" or trainer_config.overwrite:
+    checkpoint; None to start fresh. trainer.overwrite replaces what this folder holds, so it stops
+    the auto mode from resuming it, but not a resume from another folder (the resume check's twin
+    resumes so, with the command's overrides: ignoring the checkpoint made it start afresh and
+    check its own resume, without end)."""
+    if trainer_config.resume_mode == "disable":
         return None
     if trainer_config.resume_from:
-        return Path(trainer_config.resume_from)
-    return run_dir if checkpoints_in(run_dir) else None
+        source = Path(trainer_config.resume_from)
+        if trainer_config.overwrite and source.resolve().is_relative_to(Path(run_dir).resolve()):
+            raise MiniverlError(
+                f"trainer.resume_from={source} is in the run folder that trainer.overwrite=true would empty "
+                f"({run_dir}); drop trainer.overwrite to resume that run, or trainer.resume_from to replace it"
+            )
+        return source
+    return None if trainer_config.overwrite or not checkpoints_in(run_dir) else run_dir
+
+
+def checkpoint_to_resume(
+    trainer_config: TrainerConfig, run_dir: Path, plan_digest: str, settings: dict
+) -> Checkpoint | None:
+    """The checkpoint this run resumes from, verified (`resume_source`, `verify_checkpoint`); None: a fresh start."""
+    source = resume_source(trainer_config, run_dir)
+    return None if source is None else verify_checkpoint(source, plan_digest, settings, run_dir)
 
 
 def trajectory_path(run_dir: Path, update: int) -> Path:

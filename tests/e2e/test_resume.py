@@ -187,9 +187,44 @@ def test_a_checkpoint_of_other_settings_is_refused_with_the_overrides_that_resum
     with pytest.raises(MiniverlError) as info:
         run_in_process(tmp_path / "new", f"trainer.resume_from={stopped_run}", "recipe.logical_batch=2")
     message = str(info.value)
-    assert "belongs to another plan" in message and ": add recipe.logical_batch=4, or for a new run" in message
+    assert "belongs to another plan" in message and ": resume with recipe.logical_batch=4, or for a new run" in message
+    assert message.endswith(f"drop trainer.resume_from (the new run goes into {tmp_path / 'new'})")
     report = run_in_process(tmp_path / "again", f"trainer.resume_from={stopped_run}", "recipe.logical_batch=4")
     assert report["resume"]["status"] == "resumed" and first_difference(reference, tmp_path / "again")[1] is None
+
+
+@pytest.mark.slow
+def test_overwrite_empties_the_run_folder_and_still_resumes_from_another_one(stopped_run, tmp_path, reference):
+    folder = tmp_path / "old"
+    run_in_process(folder, "trainer.stop_after_updates=1")  # a run of its own, to be replaced
+    report = run_in_process(folder, "trainer.overwrite=true", f"trainer.resume_from={stopped_run}")
+    assert report["resume"]["status"] == "resumed" and report["resume"]["resumed_after_update"] == 2
+    assert first_difference(reference, folder)[1] is None
+
+
+def test_overwrite_refuses_to_resume_from_the_folder_it_would_empty(stopped_run):
+    before = tree_digest(stopped_run)
+    with pytest.raises(MiniverlError, match="is in the run folder that trainer.overwrite=true would empty") as info:
+        run_in_process(stopped_run, "trainer.overwrite=true", f"trainer.resume_from={stopped_run}")
+    assert "\n" not in str(info.value) and tree_digest(stopped_run) == before
+
+
+@pytest.mark.slow
+def test_a_recipe_run_with_overwrite_checks_its_resume_once(tmp_path):
+    """trainer.overwrite=true reaches the check's twins with the other overrides: the resumed twin
+    must resume (it once started afresh, checked its own resume, and so on without end)."""
+    args = [*ARGS, "recipe.interrupt_after_updates=2", "trainer.overwrite=true"]
+    folder = tmp_path / "run"
+    run_in_process(folder)  # the folder holds a finished run, which overwrite replaces
+    report = run(compose_config(args), folder, overrides=args)
+    assert report["resume"]["status"] == "exact_match" and report["resume"]["resumed_after_update"] == 2
+    assert not (folder / "resume_check" / "resumed" / "resume_check").exists()  # no twin checked its own
+
+
+def test_a_twin_of_the_resume_check_never_checks_its_own_resume(tmp_path, monkeypatch):
+    monkeypatch.setenv(resume_check.TWIN_ENV, "1")
+    report = run_in_process(tmp_path / "twin", "recipe.interrupt_after_updates=2")
+    assert report["status"] == "measured" and report["resume"]["status"] == "not_checked"
 
 
 def test_the_refusal_is_one_line_from_the_command(stopped_run, tmp_path, capfd):

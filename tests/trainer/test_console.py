@@ -32,8 +32,8 @@ def test_the_bar_stops_where_the_run_stopped_and_a_resume_starts_there(tmp_path,
     "extra,resume_line",
     [
         ([], "resume check after update 1"),
-        (["trainer.stop_after_updates=2"], "no resume check"),
-        (["trainer.resume_from=/some/run"], "no resume check"),
+        (["trainer.stop_after_updates=2"], "no resume check (trainer.stop_after_updates stops the run first; it runs"),
+        (["trainer.resume_from=/some/run"], "no resume check (a resumed run; it runs after a whole fresh run)"),
     ],
 )
 def test_the_start_lines_say_whether_the_resume_check_will_run(tmp_path, extra, resume_line):
@@ -44,7 +44,7 @@ def test_the_start_lines_say_whether_the_resume_check_will_run(tmp_path, extra, 
     assert text.splitlines()[0] == f"miniverl: run folder {tmp_path / 'run'}"
     assert resume_line in text
     # The note on the moved check only where the check runs.
-    assert ("note     resume check after update 1" in text) == (resume_line != "no resume check")
+    assert ("note     resume check after update 1" in text) == (not resume_line.startswith("no resume check"))
 
 
 def test_a_sweep_job_without_the_resume_check_has_no_note_on_where_it_would_run(tmp_path):

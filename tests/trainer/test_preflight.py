@@ -178,6 +178,14 @@ def test_the_doctor_says_which_checks_a_cheap_fail_left_out(capfd):
     )
 
 
+def test_the_doctor_leaves_a_copied_run_folder_alone_so_the_training_command_can_use_it(tmp_path, capfd):
+    folder = tmp_path / "run"
+    assert run_as_command("doctor", *BASE, f"hydra.run.dir={folder}") == 0
+    out = capfd.readouterr().out
+    assert f"doctor: hydra.run.dir={folder} left out: the checks build in a temporary folder" in out
+    assert not folder.exists()  # else its plan.json would make the training command refuse the folder
+
+
 def test_with_task_rewards_the_doctor_checks_every_row_can_be_scored(tmp_path):
     cfg = to_config(compose_config(["+recipe=opd_k1_grpo_toy"]))
     assert str(preflight.check_reward(cfg)) == (
