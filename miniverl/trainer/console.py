@@ -116,6 +116,31 @@ def _seconds_and_rate(seconds: float | None, rate: float | None, unit: str) -> s
     )
 
 
+# The held-out measure the closing table shows, the first one a run has (a teacher of another
+# tokenizer has no exact KL): what says whether the student came closer to its teacher.
+HELDOUT_MEASURES = {
+    "exact_reverse_kl": "exact reverse KL, nats per position",
+    "k1_mean": "k1 mean, nats per token",
+    "teacher_loglik_per_char": "the teacher's log-likelihood per character",
+}
+
+
+def heldout_rows(progress: dict | None) -> list[tuple[str, str]]:
+    """("held-out", first -> last) of the run's held-out curve, when the probe ran."""
+    for key, what in HELDOUT_MEASURES.items():
+        points = (progress or {}).get(key) or []
+        if len(points) > 1 and points[0]["value"] is not None and points[-1]["value"] is not None:
+            first, last = points[0], points[-1]
+            return [
+                (
+                    "held-out",
+                    f"{first['value']:.4g} at update {first['update']} -> {last['value']:.4g} at update "
+                    f"{last['update']} ({what})",
+                )
+            ]
+    return []
+
+
 def closing_lines(report: dict, history: list[dict], run_dir: Path) -> str:
     """The closing table: status, final loss, phases, memory, downshifts, resume and where it all is."""
     m, resume = report["measurements"], report["resume"]
@@ -140,6 +165,7 @@ def closing_lines(report: dict, history: list[dict], run_dir: Path) -> str:
     rows = [
         ("status", f"{report['status']} ({len(history)} of {planned} updates)"),
         ("final loss", loss),
+        *heldout_rows(report.get("distillation_progress")),
         *[  # several teachers: each one's
             (f"  {name}", f"{value:.4g} {unit} ({LOSS_KEY}/{name})")
             for name, value in teacher_losses(history[-1] if history else {}).items()

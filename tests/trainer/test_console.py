@@ -81,3 +81,18 @@ def test_the_start_lines_name_each_teacher_with_the_key_it_scores(tmp_path):
     assert rows["teacher echo"] == "the student's base (teachers.echo.mode=ref) for data_source=miniverl/toy_echo"
     assert rows["routing"] == "a row of another data_source goes to echo"
     assert "teacher" not in rows  # the single teacher's block is not read
+
+
+def test_the_closing_table_shows_the_held_out_curve_from_first_to_last_when_the_probe_ran():
+    from miniverl.trainer.console import heldout_rows
+
+    def curve(*values):
+        return [{"update": 4 * i, "value": v} for i, v in enumerate(values)]
+
+    exact = {"exact_reverse_kl": curve(7.554, 3.98, 0.638), "k1_mean": curve(7.6, 4.1, 0.63)}
+    assert heldout_rows(exact) == [
+        ("held-out", "7.554 at update 0 -> 0.638 at update 8 (exact reverse KL, nats per position)")
+    ]
+    # Above eval.exact_kl_max_vocab the exact KL is null: the k1 mean instead.
+    assert heldout_rows({**exact, "exact_reverse_kl": None})[0][1].endswith("(k1 mean, nats per token)")
+    assert heldout_rows(None) == [] and heldout_rows({"k1_mean": curve(7.6)}) == []  # no probe, or no update yet
