@@ -1,5 +1,6 @@
 """`python -m miniverl.report compare A B` (report.json files or run folders): two run reports side
-by side — every measurement with both values and B/A, then every identity field that differs.
+by side — every measurement with both values and B/A, then every identity field that differs, and
+the settings that differ (plan.json's, beside each report: the config fields that shape a run).
 
 Named after its command, `python -m miniverl.report`; report.json is built by
 miniverl/trainer/run_report.py and rendered as report.md by miniverl/trainer/report_page.py.
@@ -27,9 +28,10 @@ def is_measurement(key: str) -> bool:
     )
 
 
-def compare(a: dict, b: dict) -> list[str]:
+def compare(a: dict, b: dict, settings: tuple[dict, dict] | None = None) -> list[str]:
     """Lines of the side-by-side comparison: every measurement with both values and b/a, then every
-    identity field that differs."""
+    identity field that differs; with `settings` (each run's plan.json settings) the ones that differ,
+    which say what the identity fields' digests do not: what was changed."""
     fa, fb = flatten(a), flatten(b)
     keys = sorted(set(fa) | set(fb))
     width = max((len(k) for k in keys), default=10)
@@ -42,7 +44,20 @@ def compare(a: dict, b: dict) -> list[str]:
     lines.append("")
     lines.append(f"identity fields that differ: {len(differing)}")
     lines += [f"  {k}: {format_value(fa.get(k))} | {format_value(fb.get(k))}" for k in differing]
+    if settings is not None:
+        sa, sb = (flatten(one) for one in settings)
+        changed = sorted(k for k in set(sa) | set(sb) if sa.get(k) != sb.get(k))
+        lines += ["", f"settings that differ (plan.json): {len(changed)}"]
+        lines += [f"  {k}: {format_value(sa.get(k))} | {format_value(sb.get(k))}" for k in changed]
     return lines
+
+
+def plan_settings(report_path: Path) -> dict | None:
+    """The settings of the plan.json beside a report (None: not there, e.g. a report copied alone)."""
+    try:
+        return json.loads((report_path.parent / "plan.json").read_text(encoding="utf-8"))["settings"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     cmp_parser.add_argument("a", type=Path, metavar="A", help="a report.json, or the run folder that holds one")
     cmp_parser.add_argument("b", type=Path, metavar="B", help="the report to compare with A (B/A in the table)")
     args = parser.parse_args(argv)
-    reports = []
+    reports, settings = [], []
     for path in (args.a, args.b):
         path = path / "report.json" if path.is_dir() else path  # a run folder: its report
         try:
@@ -60,8 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError) as error:
             print(f"miniverl: error: {path}: not a readable report ({error})", file=sys.stderr)
             return 2
+        settings.append(plan_settings(path))
     print(f"A: {args.a}\nB: {args.b}")
-    print("\n".join(compare(*reports)))
+    print("\n".join(compare(*reports, settings=None if None in settings else tuple(settings))))
     return 0
 
 
