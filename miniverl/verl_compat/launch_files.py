@@ -242,8 +242,8 @@ def readme(
         f"# verl {verl.tag} launch of the miniverl recipe `{r.name}`",
         "",
         f"Profile `{r.profile}`, exported by miniverl {__version__} for verl {verl.tag} ({verl.source}); field "
-        f"rule digest `{digest}` (of verl {verl.version}'s rule table). docs/verl-versions.md says what differs "
-        "between verl 0.8.0 and 0.9.1.",
+        f"rule digest `{digest}` (of verl {verl.version}'s rule table). miniverl's docs/verl-versions.md says what "
+        "differs between verl 0.8.0 and 0.9.1.",
         "",
         "```bash",
         f"bash run_opd.sh        # STUDENT_MODEL=DIR {' '.join(f'{t}=DIR' for t in teacher_variables(config))} "
@@ -287,7 +287,7 @@ def readme(
             [
                 f"- verl {verl.version} normalises the first micro-batch of each update with the previous update's "
                 "token and row counts (the ordering behind verl #7200); miniverl uses the current mini-batch's "
-                "for every chunk, as verl 0.9 does (docs/verl-versions.md)."
+                "for every chunk, as verl 0.9 does (miniverl's docs/verl-versions.md)."
             ]
             if verl.distillation_reads_previous_normalisers
             else []

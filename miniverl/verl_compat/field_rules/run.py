@@ -57,7 +57,7 @@ RUN_RULES: tuple[Rule, ...] = (
         f"{ACTOR}.loss_agg_mode",
         note="token-sum is new in verl 0.9.0. verl 0.8.0 normalises the first micro-batch of each update with "
         "the previous update's counts (the ordering behind #7200, fixed in 0.9.0 by #7225); miniverl and verl 0.9 "
-        "use the current mini-batch's for all (docs/verl-versions.md)",
+        "use the current mini-batch's for all (miniverl's docs/verl-versions.md)",
     ),
     mapped(
         "estimator.use_chunked_topk",
@@ -268,7 +268,7 @@ RUN_RULES: tuple[Rule, ...] = (
     not_applicable(
         "export.verl_version",
         "the verl release the launch is written for (its rules, defaults and run-time checks; "
-        "docs/verl-versions.md); recorded in run_opd.sh, README.md and field_rules.json, and written by the "
+        "miniverl's docs/verl-versions.md); recorded in run_opd.sh, README.md and field_rules.json, and written by the "
         "import as the release it read the launch for",
     ),
     mapped("export.nnodes", "trainer.nnodes"),
