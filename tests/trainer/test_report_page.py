@@ -1,11 +1,12 @@
-"""The report page's curves: panels wrap into rows of three, whatever their number."""
+"""The report page: its curves' panels wrap into rows of three, whatever their number; its model
+table leaves out the toy settings of a model that is not a toy."""
 
 from __future__ import annotations
 
 import matplotlib.image
 import pytest
 
-from miniverl.trainer.report_page import plot_curves
+from miniverl.trainer.report_page import markdown, plot_curves
 
 
 def history(updates: int, task_score: bool) -> list[dict]:
@@ -28,3 +29,20 @@ def test_the_curves_wrap_into_rows_of_three_panels(tmp_path, task_score, held_ou
     report = {"profile": "p", "status": "measured", "distillation_progress": progress}
     plot_curves(report, history(2, task_score), tmp_path / "curves.png")
     assert matplotlib.image.imread(str(tmp_path / "curves.png")).shape[:2] == size
+
+
+def test_the_model_table_shows_toy_settings_only_for_a_toy():
+    toy = {"hidden_size": 64}
+    report = {
+        "profile": "p",
+        "status": "measured",
+        "recipe": {"optimizer_updates": 2, "estimator": "k1"},
+        "resume": {"status": "not_checked"},
+        "models": {
+            "student": {"model_id": "/models/student", "toy": toy},
+            "teacher": {"model_id": "toy", "toy": toy},
+        },
+    }
+    page = markdown(report, [])
+    assert "`student.model_id` | /models/student" in page and "student.toy.hidden_size" not in page
+    assert "| `teacher.toy.hidden_size` | 64 |" in page
