@@ -244,10 +244,10 @@ def verify_checkpoint(
 
 def resume_source(trainer_config: TrainerConfig, run_dir: Path) -> Path | None:
     """Where a run resumes from: trainer.resume_from, or with resume_mode auto this folder's latest
-    checkpoint; None to start fresh. trainer.overwrite replaces what this folder holds, so it stops
-    the auto mode from resuming it, but not a resume from another folder (the resume check's twin
-    resumes so, with the command's overrides: ignoring the checkpoint made it start afresh and
-    check its own resume, without end)."""
+    checkpoint; None to start fresh. trainer.overwrite empties this folder, so the auto mode finds
+    nothing here to resume, but a trainer.resume_from naming another folder is still resumed: the
+    resume check's twin gets the command's overrides, overwrite included, and once started afresh
+    when its checkpoint was ignored."""
     if trainer_config.resume_mode == "disable":
         return None
     if trainer_config.resume_from:
