@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from miniverl.utils.errors import MiniverlError, exit_code_of
+from miniverl.utils.errors import MiniverlError, exit_code_of, unwritable
 from miniverl.verl_compat.import_verl import __doc__ as what
 from miniverl.verl_compat.import_verl import import_file
 from miniverl.verl_compat.versions import EXPORT_DEFAULT, RELEASES
@@ -30,7 +30,14 @@ def main(argv: list[str] | None = None) -> int:
     except MiniverlError as error:
         return exit_code_of(error)
     if args.output:
-        Path(args.output).write_text(text)
+        try:
+            Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.output).write_text(text)
+        except OSError as error:
+            line = unwritable(error, "choose another -o")
+            if line is None:
+                raise
+            return exit_code_of(line)
         print(f"miniverl overrides written to {args.output}")
     else:
         sys.stdout.write(text)

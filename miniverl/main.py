@@ -5,7 +5,6 @@ writes it as a verl launch."""
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import signal
@@ -20,14 +19,12 @@ from safetensors import SafetensorError
 
 from miniverl.config import to_config
 from miniverl.trainer.console import closing_lines, start_lines
-from miniverl.trainer.resume_state import TWIN_ENV, check_is_pending, pending_block
-from miniverl.utils.errors import MiniverlError, RunStopped, exit_code_of
+from miniverl.trainer.resume_state import INTERRUPTED, PENDING, TWIN_ENV, check_command, check_is_pending, pending_block
+from miniverl.utils.errors import WRITE_ERRNOS, MiniverlError, RunStopped, exit_code_of
 from miniverl.utils.hydra_entry import log_line, one_line_hydra_errors, run_as_main
 from miniverl.utils.identity import resolved_config
 
 log = logging.getLogger("miniverl")
-# A full disk, a read-only folder, no permission: the user's to fix, not a bug.
-WRITE_ERRORS = (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT)
 
 
 def run(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), sweep: bool = False) -> dict:
@@ -50,9 +47,12 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), sweep: bool =
         trainer.setup()
         to_main_log(starting)  # once the folder is this run's: a refused command leaves an earlier run's log alone
         status = trainer.train()
-        # A whole fresh run checks its own resume (not one stopped early, nor a resumed one).
+        # A whole fresh run checks its own resume (not one stopped early, nor a resumed one); one a
+        # signal stopped in its last update leaves the check to the same command, run again.
         checking = k is not None and status == "measured" and trainer.resumed is None
-        report = trainer.finish(status, resume_check=pending_block() if checking else None)
+        checking = checking and config.trainer.stop_after_updates is None
+        pending = pending_block(INTERRUPTED if trainer.stopped_by else PENDING)
+        report = trainer.finish(status, resume_check=pending if checking else None)
     except (OSError, SafetensorError) as error:
         code = write_error_code(error)
         if code is None:
@@ -65,7 +65,9 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), sweep: bool =
             f"then run again with {resume}"
         ) from None
     if trainer.stopped_by:
-        raise RunStopped(stopped_line(trainer, run_dir, signal.Signals(trainer.stopped_by).name), trainer.stopped_by)
+        by = signal.Signals(trainer.stopped_by).name
+        check = check_command(list(overrides), run_dir) if checking else None
+        raise RunStopped(stopped_line(trainer, run_dir, by, check), trainer.stopped_by)
     if status == "failed":
         kept = (
             f"the last complete update is checkpointed (resume with trainer.resume_from={run_dir})"
@@ -101,15 +103,22 @@ def write_error_code(error: Exception) -> int | None:
     """The errno of a failed write that the user can fix (a full disk, a read-only folder), else
     None. safetensors' writer reports it as text: "I/O error: No space left on device (os error 28)"."""
     if isinstance(error, OSError):
-        return error.errno if error.errno in WRITE_ERRORS else None
-    return next((code for code in WRITE_ERRORS if f"(os error {code})" in str(error)), None)
+        return error.errno if error.errno in WRITE_ERRNOS else None
+    return next((code for code in WRITE_ERRNOS if f"(os error {code})" in str(error)), None)
 
 
-def stopped_line(trainer, run_dir: Path, by: str) -> str:
+def stopped_line(trainer, run_dir: Path, by: str, check: str | None = None) -> str:
     """How a stopped run ends, by a signal or by trainer.stop_after_updates: where it stands and
-    the command that resumes it (the same one: a resumed run is past any stop_after_updates)."""
+    the command that resumes it (the same one: a resumed run is past any stop_after_updates); a
+    run a signal stopped in its last update is finished, and `check` runs its resume check alone."""
+    n = len(trainer.history)
+    if n == len(trainer.plan.updates):
+        done = f"stopped by {by} in the last update ({n} of {n}): the run is finished and kept (report.json, "
+        done += "peft_adapter/)"
+        later = f"; its resume check did not run: to run it alone, run the same command in that folder: {check}"
+        return done + (later if check else "")
     return (
-        f"stopped by {by} after update {len(trainer.history)}, nothing left half-done; the last complete "
+        f"stopped by {by} after update {n}, nothing left half-done; the last complete "
         f"checkpoint is {trainer.last_checkpoint}; resume with the same command and trainer.resume_from={run_dir}"
     )
 

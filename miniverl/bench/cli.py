@@ -37,7 +37,7 @@ from miniverl.bench.setups import (
 )
 from miniverl.bench.tables import machine_facts, markdown
 from miniverl.models import cpu_gemm
-from miniverl.utils.errors import MiniverlError, exit_code_of
+from miniverl.utils.errors import MiniverlError, exit_code_of, unwritable
 from miniverl.workers.rollout.lean_decode import few_row_gemv_enabled
 
 log = logging.getLogger("miniverl.bench")
@@ -292,4 +292,9 @@ def main(argv: list[str] | None = None) -> int:
             run(args)
     except MiniverlError as error:  # a folder that is not a model, a pair that cannot be distilled
         return exit_code_of(error, "miniverl.bench")
+    except OSError as error:
+        line = unwritable(error, "choose another --out")
+        if line is None:
+            raise
+        return exit_code_of(line, "miniverl.bench")
     return 0

@@ -177,10 +177,11 @@ class OPDTrainer:
                 self.log_update(update.update, metrics, bar)
                 if checkpoint.is_due(update.update, self.cfg.trainer, len(self.plan.updates)):
                     self.save_checkpoint(update.update)
-                if update.update == stop or stop_request.signum:
+                if update.update < len(self.plan.updates) and (update.update == stop or stop_request.signum):
                     self.ensure_checkpoint()
                     self.stopped_by = stop_request.signum  # main says how to resume
                     return "interrupted"
+        self.stopped_by = stop_request.signum  # in the last update: the run is whole, main stops before its check
         return "measured"
 
     def log_update(self, update: int, metrics: dict, bar) -> None:

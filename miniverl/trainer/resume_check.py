@@ -19,7 +19,6 @@ import json
 import logging
 import os
 import re
-import shlex
 import shutil
 import signal
 import subprocess
@@ -27,7 +26,7 @@ import sys
 from collections import deque
 from pathlib import Path
 
-from miniverl.trainer.resume_state import INTERRUPTED, TWIN_ENV, pending_block
+from miniverl.trainer.resume_state import INTERRUPTED, TWIN_ENV, check_command, pending_block
 from miniverl.utils.checkpoint import checkpoint_update, checkpoints_in
 from miniverl.utils.errors import RunStopped
 from miniverl.utils.measure import folder_bytes
@@ -208,7 +207,7 @@ def finish_resume_check(run_dir: Path, overrides: list[str], k: int, write_repor
             block = verify_resume(run_dir, overrides, k)
     except SignalReceived as stop:
         write_report(pending_block(INTERRUPTED))
-        command = shlex.join(["python", "-m", "miniverl.main", *overrides, f"hydra.run.dir={run_dir}"])
+        command = check_command(overrides, run_dir)
         raise RunStopped(
             f"stopped by {stop} during the resume check; the run itself is finished and kept (report.json, "
             f"peft_adapter/; the report's resume status is {INTERRUPTED}); to finish the check, run the same "

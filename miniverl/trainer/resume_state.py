@@ -5,6 +5,7 @@ still to do."""
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import yaml
@@ -13,6 +14,11 @@ PENDING, INTERRUPTED = "pending", "interrupted"  # the report's resume status be
 # Set in the environment of the check's two runs (resume_check.run_child): a twin never checks its
 # own resume, so a twin that started afresh by mistake cannot start twins of its own without end.
 TWIN_ENV = "MINIVERL_RESUME_CHECK_TWIN"
+
+
+def check_command(overrides: list[str], run_dir: Path) -> str:
+    """The command that, run again, finishes a finished run's resume check and nothing else."""
+    return shlex.join(["python", "-m", "miniverl.main", *overrides, f"hydra.run.dir={run_dir}"])
 
 
 def pending_block(status: str = PENDING) -> dict:

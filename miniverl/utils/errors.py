@@ -1,7 +1,11 @@
 """User-facing errors: one line that says what is wrong, where, and how to fix it."""
 
+import errno
 import os
 import sys
+
+# Write errors the user can fix (a full disk, a read-only folder, no permission): one line, not a bug.
+WRITE_ERRNOS = (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT)
 
 
 class MiniverlError(Exception):
@@ -24,3 +28,11 @@ def exit_code_of(error: MiniverlError, prefix: str = "miniverl") -> int:
         raise error
     print(f"{prefix}: error: {error}", file=sys.stderr)
     return getattr(error, "exit_code", 2)  # a RunStopped carries its own
+
+
+def unwritable(error: OSError, fix: str) -> MiniverlError | None:
+    """A write error the user can fix (`WRITE_ERRNOS`) as one line saying where and `fix`; None for
+    any other error, which is a bug to show in full."""
+    if error.errno not in WRITE_ERRNOS:
+        return None
+    return MiniverlError(f"cannot write {error.filename or 'the output'}: {error.strerror}; {fix}")

@@ -13,7 +13,7 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from miniverl.utils.errors import MiniverlError, exit_code_of
+from miniverl.utils.errors import MiniverlError, exit_code_of, unwritable
 
 
 def run_as_main(module: str) -> None:
@@ -104,6 +104,11 @@ def one_line_hydra_errors(entry: Callable) -> Callable:
                     if os.environ.get("HYDRA_FULL_ERROR") == "1":
                         raise
                     raise SystemExit(exit_code_of(MiniverlError(hydra_error_line(error)))) from None
+                except OSError as error:  # Hydra creates the run folder (and its log) before our code runs
+                    line = unwritable(error, "choose another hydra.run.dir (hydra.sweep.dir with -m)")
+                    if line is None:
+                        raise
+                    raise SystemExit(exit_code_of(line)) from None
 
             return original(guarded)
 

@@ -23,13 +23,14 @@ from safetensors import SafetensorError
 from miniverl.config import to_config
 from miniverl.config.data import DataConfig
 from miniverl.main import run
+from miniverl.trainer.opd_trainer import OPDTrainer
 from miniverl.trainer.resume_check import first_difference
 from miniverl.utils import checkpoint
 from miniverl.utils.dataset import read_conversations
-from miniverl.utils.errors import MiniverlError
+from miniverl.utils.errors import MiniverlError, RunStopped
 from miniverl.utils.identity import canonical_json, sha256_json
 
-from conftest import RECIPE_RUN, ROOT, SHORT, compose_config
+from conftest import RECIPE_RUN, ROOT, SHORT, compose_config, run_as_command
 
 BASE = ["+recipe=opd_k1", *SHORT]
 
@@ -91,6 +92,45 @@ def test_a_read_only_output_folder_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(Path, "mkdir", read_only)  # root ignores permission bits, so simulate it
     with pytest.raises(MiniverlError, match="cannot create the run folder .*: Read-only file system"):
         run_toy(tmp_path / "run")
+
+
+# Nobody can create a folder in Linux's /sys, root included (who ignores permission bits): what a
+# read-only or foreign location does to a command, before any of miniverl's own code runs.
+UNWRITABLE = Path("/sys/miniverl-unwritable")
+
+
+def write_to_unwritable(command: str, tmp_path: Path) -> int:
+    if command == "main":
+        return run_as_command("main", *BASE, f"hydra.run.dir={UNWRITABLE / 'run'}")
+    if command == "bench":
+        from miniverl.bench.cli import main as bench
+
+        return bench(["--losses", "--vocab", "1024", "--out", str(UNWRITABLE / "losses")])
+    from miniverl.import_verl import main as import_verl
+
+    launch = tmp_path / "overrides.txt"
+    launch.write_text(
+        "distillation.enabled=True\ndistillation.teacher_models.teacher_model.model_path=/models/teacher\n"
+        "actor_rollout_ref.model.path=/models/student\n"
+    )
+    return import_verl([str(launch), "-o", str(UNWRITABLE / "overrides.txt")])
+
+
+@pytest.mark.skipif(not Path("/sys").is_dir(), reason="needs Linux's /sys")
+@pytest.mark.parametrize(
+    "command,prefix,fix",
+    [
+        ("main", "miniverl", "choose another hydra.run.dir (hydra.sweep.dir with -m)"),
+        ("bench", "miniverl.bench", "choose another --out"),
+        ("import_verl", "miniverl", "choose another -o"),
+    ],
+)
+def test_an_output_folder_that_cannot_be_created_is_one_line_from_the_command(tmp_path, capfd, command, prefix, fix):
+    assert write_to_unwritable(command, tmp_path) == 2
+    err = capfd.readouterr().err
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"{prefix}: error: cannot write {UNWRITABLE}: ") and last.endswith(f"; {fix}")
 
 
 # What a full disk raises: the OS's error, or safetensors' own (its Rust writer reports the OS's as
@@ -239,6 +279,35 @@ def test_ctrl_c_during_the_resume_check_stops_in_one_line_and_the_same_command_f
     assert report["resume"]["status"] == "exact_match" and report["resume"]["resumed_after_update"] == 1
     assert all((run_dir / name).read_bytes() == data for name, data in kept.items())  # nothing trained again
     assert "| `status` | exact_match |" in (run_dir / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_a_signal_in_the_last_update_keeps_the_finished_run_and_the_same_command_runs_only_its_check(
+    tmp_path, monkeypatch
+):
+    """Stopped in its last update, a run has nothing left to resume: it is finished (its report
+    says so), and the line it ends with gives the command that runs the resume check alone."""
+    real_step = OPDTrainer.fit_step
+
+    def step(self, update):
+        metrics = real_step(self, update)
+        if update.update == len(self.plan.updates):
+            os.kill(os.getpid(), signal.SIGTERM)  # as from another terminal, during the last update
+        return metrics
+
+    monkeypatch.setattr(OPDTrainer, "fit_step", step)
+    run_dir = tmp_path / "run"
+    with pytest.raises(RunStopped) as info:
+        run(compose_config(RECIPE_RUN), run_dir, overrides=RECIPE_RUN)
+    line = str(info.value)
+    assert line.startswith("stopped by SIGTERM in the last update (3 of 3): the run is finished and kept")
+    assert line.endswith(f"python -m miniverl.main {' '.join(RECIPE_RUN)} hydra.run.dir={run_dir}")
+    assert info.value.exit_code == 128 + signal.SIGTERM
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["status"] == "measured" and report["resume"]["status"] == "interrupted"
+    monkeypatch.undo()
+    again = run(compose_config(RECIPE_RUN), run_dir, overrides=RECIPE_RUN)  # the command the line gives
+    assert again["resume"]["status"] == "exact_match"
 
 
 def test_ctrl_c_is_deferred_like_sigterm_and_a_second_one_stops_at_once():
