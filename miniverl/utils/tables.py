@@ -10,8 +10,8 @@ def format_value(value, *, null: str = "null", digits: int = 6) -> str:
     """A report value as text in a table cell."""
     if value is None:
         return null
-    if isinstance(value, float):
-        return f"{value:.{digits}g}"
+    if isinstance(value, float):  # whole digits past `digits` are kept: 55870, not 5.587e+04
+        return f"{value:.{digits}g}" if abs(value) < 10**digits else f"{value:.0f}"
     if isinstance(value, list):
         return json.dumps(value)
     return str(value)
