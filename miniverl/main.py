@@ -44,7 +44,7 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), sweep: bool =
     preflight(config)
     trainer = OPDTrainer(config, resolved_config(cfg), run_dir)
     try:
-        trainer.setup()
+        setup_or_discard(trainer)
         to_main_log(starting)  # once the folder is this run's: a refused command leaves an earlier run's log alone
         status = trainer.train()
         # A whole fresh run checks its own resume (not one stopped early, nor a resumed one); one a
@@ -86,6 +86,18 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), sweep: bool =
         print(f"miniverl: {line}", flush=True)
         log_line(log, line)
     return report
+
+
+def setup_or_discard(trainer) -> None:
+    """trainer.setup(); one that fails once the folder is this fresh run's (a model that does not
+    load) takes back what it wrote there: its plan.json would make the corrected command refuse the
+    folder as a run's, with nothing in it to resume."""
+    try:
+        trainer.setup()
+    except BaseException:
+        if trainer.out is not None and trainer.out.fresh:
+            trainer.out.discard()
+        raise
 
 
 def show(text: str) -> None:

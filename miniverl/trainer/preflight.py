@@ -35,6 +35,7 @@ from miniverl.config.model import StudentConfig
 from miniverl.config.teacher import TeacherConfig
 from miniverl.models import cpu_gemm, precision
 from miniverl.models import loading as models
+from miniverl.models.attention import attention_problem
 from miniverl.trainer.memory_estimate import architecture, estimate_peak_bytes
 from miniverl.trainer.plan import read_rows, route_column, teacher_contexts, teacher_routes, uses_context
 from miniverl.utils.dataset import read_conversations, tokenize_prompts
@@ -246,23 +247,26 @@ def model_blocks(cfg: MiniverlConfig) -> list[tuple[str, StudentConfig | Teacher
     return [(where, block) for where, block in blocks if block.model_id != "toy"]
 
 
-def check_attention(cfg: MiniverlConfig) -> Check:
-    """Every model whose family has no SDPA attention in transformers, in one line before any
-    loads (loading would refuse them one at a time)."""
-    lacking, facts = {}, []
+def check_attention(cfg: MiniverlConfig, device: torch.device) -> Check:
+    """Every model whose attention cannot run here (a family without SDPA in transformers, flash
+    attention without CUDA or its package, a name transformers does not know), in one line before
+    any loads (loading would refuse them one at a time, some with a traceback)."""
+    lacking, facts, problems = {}, [], []
     for where, block in model_blocks(cfg):
         family = models.model_class(block, models.source_of(block, None))
-        if family is None:  # its config.json not readable here: loading says what is wrong
-            facts.append(f"{where} {block.attn_implementation} (not checked: no config.json read)")
-        elif block.attn_implementation == "sdpa" and not family._supports_sdpa:
+        name, problem = block.attn_implementation, attention_problem(block, device, family)
+        if name == "sdpa" and problem is not None:
             lacking[where] = family.__name__
-        else:
-            facts.append(f"{where} {block.attn_implementation} ({family.__name__})")
+        elif problem is not None:
+            problems.append(
+                f"{where}.attn_implementation={name}: {problem}; set sdpa (where the family has it) or eager"
+            )
+        else:  # a config.json not readable here: loading says what is wrong
+            facts.append(f"{where} {name} ({family.__name__ if family else 'not checked: no config.json read'})")
     if lacking:
         fix = " ".join(f"{where}.attn_implementation=eager" for where in lacking)
-        names = ", ".join(sorted(set(lacking.values())))
-        return Check("FAIL", "attention", f"transformers has no SDPA attention for {names}; set {fix}")
-    return Check("PASS", "attention", "; ".join(facts))
+        problems.append(f"transformers has no SDPA attention for {', '.join(sorted(set(lacking.values())))}; set {fix}")
+    return Check("FAIL", "attention", "; ".join(problems)) if problems else Check("PASS", "attention", "; ".join(facts))
 
 
 def cheap_checks(cfg: MiniverlConfig, device: torch.device) -> list[Check]:
@@ -270,7 +274,7 @@ def cheap_checks(cfg: MiniverlConfig, device: torch.device) -> list[Check]:
     return [
         guarded("data", check_data, cfg, tokenizer),
         guarded("tokenizer", check_tokenizers, cfg, tokenizer),
-        *([guarded("attention", check_attention, cfg)] if model_blocks(cfg) else []),
+        *([guarded("attention", check_attention, cfg, device)] if model_blocks(cfg) else []),
         guarded("memory", check_memory, cfg, device),
         *([guarded("topk", check_topk, cfg, tokenizer)] if cfg.estimator.topk_loss else []),
         *([guarded("reward", check_reward, cfg)] if cfg.estimator.use_task_rewards else []),

@@ -85,9 +85,7 @@ class RunFolder:
             )
             overwrite = True
         if taken and overwrite and not continuing:
-            for name in RUN_OUTPUTS:
-                target = self.root / name
-                shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
+            self.discard()
             taken = []
         if taken and not continuing:
             try:
@@ -105,6 +103,14 @@ class RunFolder:
         except OSError as error:
             raise MiniverlError(f"cannot create the run folder {self.root}: {error.strerror}") from None
         self.trajectory_digests: list[str] = []
+        self.fresh = not continuing  # nothing of an earlier run here (none, or overwrite removed it)
+
+    def discard(self) -> None:
+        """Remove every run output (Hydra's .hydra/ and log stay): for trainer.overwrite, and for a
+        fresh run whose set-up failed, so that its plan.json alone does not make the folder a run's."""
+        for name in RUN_OUTPUTS:
+            target = self.root / name
+            shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
 
     def died_before_first_checkpoint(self, plan_digest: str | None) -> bool:
         plan = self.root / "plan.json"

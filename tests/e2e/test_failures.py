@@ -23,6 +23,7 @@ from safetensors import SafetensorError
 from miniverl.config import to_config
 from miniverl.config.data import DataConfig
 from miniverl.main import run
+from miniverl.models import loading as models_loading
 from miniverl.trainer.opd_trainer import OPDTrainer
 from miniverl.trainer.resume_check import first_difference
 from miniverl.utils import checkpoint
@@ -92,6 +93,21 @@ def test_a_read_only_output_folder_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(Path, "mkdir", read_only)  # root ignores permission bits, so simulate it
     with pytest.raises(MiniverlError, match="cannot create the run folder .*: Read-only file system"):
         run_toy(tmp_path / "run")
+
+
+def test_a_run_whose_model_fails_to_load_leaves_its_folder_free_for_the_corrected_command(tmp_path, monkeypatch):
+    """A plan.json alone (nothing trained, nothing to resume) once made the next command refuse the
+    folder as a run's, and its advice to resume failed too."""
+
+    def broken(*args, **kwargs):
+        raise MiniverlError("model.model_id=toy: cannot be loaded (simulated)")
+
+    monkeypatch.setattr(models_loading, "load_student", broken)
+    with pytest.raises(MiniverlError, match="simulated"):
+        run_toy(tmp_path / "run")
+    assert not (tmp_path / "run" / "plan.json").exists()
+    monkeypatch.undo()
+    assert run_toy(tmp_path / "run", "recipe.optimizer_updates=2")["status"] == "measured"  # another plan: the fix
 
 
 # Nobody can create a folder in Linux's /sys, root included (who ignores permission bits): what a

@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from miniverl.config import to_config
 from miniverl.config.model import StudentConfig
+from miniverl.main import run
 from miniverl.models import loading as models
 from miniverl.models import precision
 from miniverl.trainer.preflight import check_attention
@@ -118,9 +119,32 @@ def test_the_run_names_every_model_whose_family_lacks_sdpa_in_one_line_before_lo
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
+@pytest.mark.parametrize(
+    "name,problem",
+    [
+        ("flash_attention_2", "flash_attention_2 needs a CUDA GPU and the flash_attn package"),
+        ("sdpa2", "'sdpa2' is not one of sdpa, eager, flex_attention, flash_attention_2, flash_attention_3"),
+    ],
+)
+def test_an_attention_that_cannot_run_here_is_refused_in_one_line_before_the_folder_is_a_runs(
+    folders, tmp_path, name, problem
+):
+    """transformers would refuse flash attention on the CPU with a traceback, once the run folder
+    held a plan.json that made the corrected command refuse the folder."""
+    student, teacher = folders["phi3"]
+    args = [*RUN, f"model.model_id={student}", f"teacher.model_id={teacher}", f"model.attn_implementation={name}"]
+    with pytest.raises(MiniverlError) as refused:
+        run(compose_config(args), tmp_path / "run")
+    assert str(refused.value) == (
+        "pre-flight check failed (python -m miniverl.doctor shows all): attention: "
+        f"model.attn_implementation={name}: {problem}; set sdpa (where the family has it) or eager"
+    )
+    assert not (tmp_path / "run" / "plan.json").exists()
+
+
 def test_the_attention_check_names_each_models_class_and_says_what_it_could_not_read(folders, tmp_path):
     models_ = [f"model.model_id={folders['phi3'][0]}", f"teacher.model_id={tmp_path / 'nowhere'}"]
-    check = check_attention(to_config(compose_config(["+recipe=opd_k1", *models_])))
+    check = check_attention(to_config(compose_config(["+recipe=opd_k1", *models_])), torch.device("cpu"))
     assert (check.status, check.reason) == (
         "PASS",
         "model sdpa (Phi3ForCausalLM); teacher sdpa (not checked: no config.json read)",
