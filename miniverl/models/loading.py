@@ -29,6 +29,7 @@ from miniverl.config.model import ALL_LINEAR, StudentConfig, real_model_path
 from miniverl.config.teacher import TeacherConfig
 from miniverl.models import adapters, real_fixture, toy
 from miniverl.utils.errors import MiniverlError
+from miniverl.utils.measure import trim_heap
 from miniverl.utils.overrides import hydra_value
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -225,6 +226,7 @@ def load_causal_lm(
             raise MiniverlError(f"{where}.attn_implementation={block.attn_implementation!r}: {what}{fix}") from None
         raise offline_error(where, source, error) from None
     disable_cpu_nf4_repack(model)
+    trim_heap()  # the checkpoint's full-precision weights, freed once quantized
     return model
 
 

@@ -47,15 +47,21 @@ def architecture(block) -> dict:
 def weight_bytes(a: dict, quantization: str, other_bytes: int) -> int:
     """Linear layers (NF4: 4 bits and one float32 absmax per 64 weights) + the embedding, and
     the output layer unless tied, in `other_bytes` per value."""
-    linear = a["layers"] * (a["hidden"] * a["head_dim"] * (2 * a["heads"] + 2 * a["kv"]) + 3 * a["hidden"] * a["inter"])
+    linear = linear_weights(a)
     embeddings = a["vocab"] * a["hidden"] * (1 if a["tied"] else 2)
     per_linear = 0.5 + 4 / 64 if quantization == "nf4" else DTYPE_BYTES.get(a["dtype"], 4)
     return int(linear * per_linear + embeddings * other_bytes)
 
 
-def estimate_peak_bytes(cfg: MiniverlConfig) -> int:
-    """Weights + KV cache of the rollout + checkpointed activations of one update chunk + the
-    logits of one log-prob chunk + LoRA weights, gradients and AdamW state. An estimate."""
+def linear_weights(a: dict) -> int:
+    """The weights of every decoder layer's linear layers (attention and MLP), as weight_bytes counts them."""
+    return a["layers"] * (a["hidden"] * a["head_dim"] * (2 * a["heads"] + 2 * a["kv"]) + 3 * a["hidden"] * a["inter"])
+
+
+def estimate_peak_bytes(cfg: MiniverlConfig, device_type: str = "cpu") -> int:
+    """Weights + KV cache of the rollout (and on the CPU its bf16 copies of the 4-bit weights) +
+    checkpointed activations of one update chunk + the logits of one log-prob chunk + the held-out
+    probe's full-vocabulary blocks + LoRA weights, gradients and AdamW state. An estimate."""
     s = architecture(cfg.model)
     # prepare_model_for_kbit_training casts every unquantized weight of the student to float32:
     # the embedding (tied to the output layer: one copy) and the norms.
@@ -71,6 +77,11 @@ def estimate_peak_bytes(cfg: MiniverlConfig) -> int:
     chunk = cfg.hardware.update_chunk
     total += chunk * tokens * s["hidden"] * 4 * (s["layers"] + 16)  # checkpointed inputs + one layer's activations
     total += cfg.hardware.logprob_chunk * s["vocab"] * 4 * 3  # logits, exp and gradient of one chunk
+    if device_type == "cpu" and cfg.model.quantization == "nf4" and cfg.hardware.rollout_dequantize_4bit_once:
+        total += linear_weights(s) * DTYPE_BYTES.get(s["dtype"], 4)  # the rollout's dense copies of the 4-bit weights
+    if cfg.eval.every != -1 and s["vocab"] <= cfg.eval.exact_kl_max_vocab:
+        # the probe's exact KL: student and teacher log-probs, exp and product, (rows, R, V) float32 each
+        total += 4 * cfg.hardware.update_chunk * (cfg.eval.response_limit or cfg.recipe.response_limit) * s["vocab"] * 4
     targets = cfg.model.lora.peft_targets()
     adapted = LLAMA_LINEAR_LAYERS if targets == ALL_LINEAR else len(targets)
     lora = 2 * cfg.model.lora.r * s["hidden"] * s["layers"] * adapted

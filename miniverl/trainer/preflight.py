@@ -217,7 +217,7 @@ def check_memory(cfg: MiniverlConfig, device: torch.device) -> Check:
     """The estimate against the device's memory. On the CPU the report's peak is the process's
     resident memory, so what the process holds already (Python, torch, transformers: about 0.4 GiB)
     is added; on CUDA the report's peak is torch's reserved memory, which holds only the run's tensors."""
-    estimate = estimate_peak_bytes(cfg) / 2**30
+    estimate = estimate_peak_bytes(cfg, device.type) / 2**30
     runtime = psutil.Process().memory_info().rss / 2**30 if device.type == "cpu" else 0.0
     if cfg.hardware.peak_reserved_limit_gib is not None:
         limit, what = (

@@ -3,6 +3,8 @@ the identity of the code that drove the workload."""
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import gc
 import resource
 import subprocess
@@ -54,6 +56,26 @@ def free_device_cache(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+@functools.cache
+def _glibc():
+    """The C library's handle where it is glibc (Linux), else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+
+
+def trim_heap() -> None:
+    """Hand the C heap's free memory back to the OS (glibc's malloc_trim; elsewhere nothing). Loading
+    a model frees its full-precision weights once they are quantized, and glibc keeps that memory
+    for later allocations: on the real recipe ~0.6 GiB of resident memory nothing uses."""
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
 def release_memory(device: torch.device, *, compiled: bool = False) -> None:
     """Give back the memory of objects just dropped: collect reference cycles (models and their
     hooks form some), and on CUDA return the allocator's cached blocks to the driver, so that
@@ -63,6 +85,7 @@ def release_memory(device: torch.device, *, compiled: bool = False) -> None:
         torch._dynamo.reset()
     gc.collect()
     free_device_cache(device)
+    trim_heap()
 
 
 def _four_bit_layers(model: torch.nn.Module) -> list:

@@ -224,6 +224,18 @@ def test_the_memory_estimate_counts_the_tied_embedding_once_in_float32():
     assert weight_bytes(untied, "nf4", 4) - weight_bytes(student, "nf4", 4) == ROWS * 64 * 4
 
 
+def test_the_memory_estimate_counts_the_rollouts_dense_copies_on_the_cpu_and_the_probes_blocks():
+    cfg = to_config(compose_config(QWEN3))
+    estimate, student = memory_estimate.estimate_peak_bytes, memory_estimate.architecture(cfg.model)
+    # The CPU rollout decodes with bf16 copies of the 4-bit weights (hardware.rollout_dequantize_4bit_once).
+    assert estimate(cfg, "cpu") - estimate(cfg, "cuda") == memory_estimate.linear_weights(student) * 2
+    heldout = ["data.val_files=data/toy_prompts_heldout.parquet", "eval.every=2", f"eval.exact_kl_max_vocab={ROWS}"]
+    probed = to_config(compose_config([*QWEN3, *heldout]))
+    # Its exact KL holds four (rows, R, V) float32 blocks: two models' log-probs, exp, product.
+    blocks = 4 * probed.hardware.update_chunk * probed.recipe.response_limit * ROWS * 4
+    assert estimate(probed, "cuda") - estimate(cfg, "cuda") == blocks
+
+
 @pytest.mark.slow
 def test_the_recipe_on_qwen3s_layout_resumes_exactly_in_a_fresh_process(tmp_path):
     # NF4 with bf16 compute: stopped after update 1, resumed in a fresh process, byte-equal to the run
