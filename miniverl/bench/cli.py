@@ -98,9 +98,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--heldout", default="data/toy_prompts_heldout.parquet", help="--quality: the held-out prompts of the probe"
     )
-    p.add_argument("--seeds", type=int, default=2, help="--quality: N seeds for every side")
-    p.add_argument("--first-seed", type=int, default=1, help="--quality: the seeds are FIRST..FIRST+N-1")
-    p.add_argument("--updates", type=int, default=16, help="--quality: optimizer updates per side")
+    p.add_argument("--seeds", type=int, default=2, help="--quality: N seeds for every side (default 2)")
+    p.add_argument("--first-seed", type=int, default=1, help="--quality: the seeds are FIRST..FIRST+N-1 (default 1)")
+    p.add_argument(
+        "--updates", type=int, default=16, help="--quality: optimizer updates per side (default 16, at least 2)"
+    )
     p.add_argument(
         "--objective",
         choices=("both", "k1", "full"),

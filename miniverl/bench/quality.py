@@ -324,10 +324,11 @@ def markdown(result: dict) -> str:
         lines.append(
             f"| {name} | {side['computes']} | {side['adapter_dtype']} | {kls} | {side['seconds_per_update']:.2f} |"
         )
-    lines += ["", "| ratio | value | target |", "|---|---|---|"]
+    lines += ["", "| ratio | value | target | met |", "|---|---|---|---|"]
     for key, value in result["ratios"].items():
         shown = f"{value:.3f}" if value is not None else f"null ({result['null_reasons'].get(key)})"
-        lines.append(f"| {key} | {shown} | {result['targets'][key]} |")
+        met = "—" if value is None else ("yes" if value <= 1.0 else "**no**")  # every target is <= 1.0
+        lines.append(f"| {key} | {shown} | {result['targets'][key]} | {met} |")
     if result["heldout_kl_ratios_per_seed"]:
         seeds = result["seeds"]
         lines += ["", f"Seed by seed, at update {result['updates']}:", ""]
@@ -353,6 +354,7 @@ def plot(result: dict, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     # Per update, and per second: each probed update at the training time its seed had spent by then
     # (the sum of its updates' seconds; the probe's own time left out, as for every side).
@@ -375,6 +377,7 @@ def plot(result: dict, path: Path) -> None:
     by_update.set_title("per update: every seed, the same probe for every side")
     by_second.set_xlabel("training seconds (rollout, scoring, update)")
     by_second.set_title("per second: the same runs")
+    by_update.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))  # updates are whole
     by_update.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -97,6 +97,8 @@ def test_the_ratios_are_medians_over_seeds_of_the_same_objective_pairs_and_each_
     assert ratios["seconds_per_update_vs_trl_iwopd"] == 0.625  # median(2, 3) / 4
     assert ratios["seconds_per_update_vs_trl_distill"] == 1.5
     assert ratios["seconds_per_update_vs_trl"] == 1.5  # the slower pair
+    assert "| heldout_kl_vs_trl_iwopd | 1.000 | <= 1.0 | yes |" in table  # each target, met or not
+    assert "| seconds_per_update_vs_trl | 1.500 | <= 1.0 | **no** |" in table
     assert result["sides"]["trl_distill"]["adapter_dtype"] == "bfloat16"  # each side's own, in the table
     assert "| trl_distill | " + result["sides"]["trl_distill"]["computes"] + " | bfloat16 |" in table
 
