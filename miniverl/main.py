@@ -51,8 +51,8 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), sweep: bool =
         # signal stopped in its last update leaves the check to the same command, run again.
         checking = k is not None and status == "measured" and trainer.resumed is None
         checking = checking and config.trainer.stop_after_updates is None
-        pending = pending_block(INTERRUPTED if trainer.stopped_by else PENDING)
-        report = trainer.finish(status, resume_check=pending if checking else None)
+        unchecked = pending_block(INTERRUPTED if trainer.stopped_by else PENDING)  # until the check's verdict
+        report = trainer.finish(status, resume_check=unchecked if checking else None)
     except (OSError, SafetensorError) as error:
         code = write_error_code(error)
         if code is None:
@@ -95,8 +95,8 @@ def setup_or_discard(trainer) -> None:
     try:
         trainer.setup()
     except BaseException:
-        if trainer.out is not None and trainer.out.fresh:
-            trainer.out.discard()
+        if trainer.out is not None:
+            trainer.out.take_back()
         raise
 
 

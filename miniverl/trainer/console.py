@@ -66,7 +66,7 @@ def start_lines(cfg: MiniverlConfig, run_dir: Path, *, sweep: bool = False, pend
     if checked and not runs_here:
         resume += " (a sweep job: recipe.resume_check_in_sweeps=true runs it)"
     elif recipe.resume_check_after is not None and not checked:  # say why the recipe's check does not run
-        why = "a resumed run" if resuming else "trainer.stop_after_updates stops the run first"
+        why = "a resumed run" if resuming else "trainer.stop_after_updates is set"
         resume += f" ({why}; it runs after a whole fresh run)"
     if pending_check:
         resume = f"the finished run here: only its resume check (after update {recipe.resume_check_after}) runs"

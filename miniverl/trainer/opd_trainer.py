@@ -174,6 +174,7 @@ class OPDTrainer:
                     self.failure, self.failure_cause = {"update": update.update, "reason": str(error)}, error
                     self.ensure_checkpoint()  # of the last complete update
                     return "failed"
+                self.downshift.commit()  # the sizes this update ends with are its checkpoint's
                 self.log_update(update.update, metrics, bar)
                 if checkpoint.is_due(update.update, self.cfg.trainer, len(self.plan.updates)):
                     self.save_checkpoint(update.update)

@@ -116,8 +116,8 @@ def first_difference(reference: Path, resumed: Path) -> tuple[dict, str | None]:
     ref_state = json.loads((ref_ckpt / "state.json").read_text())
     res_state = json.loads((res_ckpt / "state.json").read_text())
     state_same = True
-    for field in TRAINING_STATE_FIELDS:
-        if ref_state.get(field) != res_state.get(field):
+    for field in TRAINING_STATE_FIELDS:  # a field newer than the reference's checkpoint is not compared
+        if field in ref_state and ref_state.get(field) != res_state.get(field):
             state_same = False
             differences.append(f"state.json field {field} differs")
     if without_timings(ref_state["history"]) != without_timings(res_state["history"]):

@@ -53,6 +53,7 @@ class Downshift:
         self.counts = {f"{kind}_oom": 0 for kind in KINDS}
         self.observed: dict[str, set[int]] = {kind: set() for kind in KINDS}
         self.simulate_above = simulate_above
+        self.committed = self.snapshot()  # as of the last complete update: what a checkpoint keeps
 
     @classmethod
     def for_hardware(cls, device: torch.device, hw, resumed=None) -> Downshift:
@@ -70,10 +71,20 @@ class Downshift:
             shift.counts.update(kept["batch_downshifts"])
             for kind, sizes in kept["observed_sizes"].items():
                 shift.observed[kind].update(sizes)
+            shift.commit()
         return shift
 
+    def commit(self) -> None:
+        """An update is complete: its sizes are the ones its checkpoint keeps (not those of an update
+        that fails afterwards, whose checkpoint is the update before it)."""
+        self.committed = self.snapshot()
+
     def state(self) -> dict:
-        """What a checkpoint keeps: the current sizes, the downshifts so far and the sizes used."""
+        """What a checkpoint keeps: the sizes, downshifts and sizes used as of the last complete update."""
+        return self.committed
+
+    def snapshot(self) -> dict:
+        """The current sizes, the downshifts so far and the sizes used."""
         return {
             "rows": dict(self.rows),
             "batch_downshifts": dict(self.counts),

@@ -97,20 +97,27 @@ class RunFolder:
                 "choose another hydra.run.dir, resume it with "
                 f"trainer.resume_from={self.root}, or replace it with trainer.overwrite=true"
             )
+        self.fresh = not continuing  # not resuming this folder's own run
+        # What the folder holds before this run writes anything (a foreign checkpoints/, say): take_back leaves it.
+        self.found = {name for name in RUN_OUTPUTS if (self.root / name).exists()}
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             (self.root / "trajectories").mkdir(exist_ok=True)
         except OSError as error:
             raise MiniverlError(f"cannot create the run folder {self.root}: {error.strerror}") from None
         self.trajectory_digests: list[str] = []
-        self.fresh = not continuing  # nothing of an earlier run here (none, or overwrite removed it)
 
-    def discard(self) -> None:
-        """Remove every run output (Hydra's .hydra/ and log stay): for trainer.overwrite, and for a
-        fresh run whose set-up failed, so that its plan.json alone does not make the folder a run's."""
-        for name in RUN_OUTPUTS:
+    def discard(self, names=RUN_OUTPUTS) -> None:
+        """Remove these run outputs (Hydra's .hydra/ and log stay): all of them for trainer.overwrite."""
+        for name in names:
             target = self.root / name
             shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
+
+    def take_back(self) -> None:
+        """What a fresh run whose set-up failed wrote here, and only that: its plan.json alone would
+        make the corrected command refuse the folder as a run's."""
+        if self.fresh:
+            self.discard([name for name in RUN_OUTPUTS if name not in self.found])
 
     def died_before_first_checkpoint(self, plan_digest: str | None) -> bool:
         plan = self.root / "plan.json"

@@ -11,7 +11,8 @@ def format_value(value, *, null: str = "null", digits: int = 6) -> str:
     if value is None:
         return null
     if isinstance(value, float):  # whole digits past `digits` are kept: 55870, not 5.587e+04
-        return f"{value:.{digits}g}" if abs(value) < 10**digits else f"{value:.0f}"
+        text = f"{value:.{digits}g}"
+        return f"{value:.0f}" if "e+" in text else text
     if isinstance(value, list):
         return json.dumps(value)
     return str(value)

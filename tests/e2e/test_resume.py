@@ -129,6 +129,29 @@ def test_a_resumed_run_goes_on_at_the_sizes_an_out_of_memory_error_halved(tmp_pa
     assert report["measurements"]["observed_rollout_physical_batch_sizes"] == [2]
 
 
+def test_a_failed_updates_halving_is_not_kept_by_the_checkpoint_of_the_update_before(tmp_path, monkeypatch):
+    """Out of memory at one row in update 2: the run fails and checkpoints update 1, with the sizes
+    update 1 ran at, so a resume on a device with more memory goes on at them, not at one row."""
+    real_rollout = RolloutWorker.generate_sequences
+
+    def rollout(self, *args, physical_batches, **kwargs):
+        if rollout.calls >= 1:  # every rollout after the first: out of memory at any size
+            raise torch.OutOfMemoryError("injected by the test")
+        rollout.calls += 1
+        return real_rollout(self, *args, physical_batches=physical_batches, **kwargs)
+
+    rollout.calls = 0
+    monkeypatch.setattr(RolloutWorker, "generate_sequences", rollout)
+    with pytest.raises(MiniverlError, match="update 2 failed: out of memory in a rollout of a single row"):
+        run_in_process(tmp_path / "run", "trainer.save_freq=-1")  # update 1 is saved only after the failure
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["status"] == "failed" and report["measurements"]["batch_downshifts"]["rollout_oom"] == 2
+    state = json.loads((checkpoint.checkpoints_in(tmp_path / "run")[-1] / "state.json").read_text())
+    assert state["global_optimizer_steps"] == 1
+    assert state["downshift"]["rows"] == {"rollout": 4, "update_chunk": 4}
+    assert state["downshift"]["batch_downshifts"] == {"rollout_oom": 0, "update_chunk_oom": 0}
+
+
 @pytest.mark.slow
 def test_resume_mode_auto_continues_a_stopped_run_in_its_own_folder(reference, tmp_path):
     folder = tmp_path / "run"

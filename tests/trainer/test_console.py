@@ -32,7 +32,7 @@ def test_the_bar_stops_where_the_run_stopped_and_a_resume_starts_there(tmp_path,
     "extra,resume_line",
     [
         ([], "resume check after update 1"),
-        (["trainer.stop_after_updates=2"], "no resume check (trainer.stop_after_updates stops the run first; it runs"),
+        (["trainer.stop_after_updates=2"], "no resume check (trainer.stop_after_updates is set; it runs after a whole"),
         (["trainer.resume_from=/some/run"], "no resume check (a resumed run; it runs after a whole fresh run)"),
     ],
 )

@@ -13,6 +13,7 @@ from miniverl.utils.tables import flatten, format_value
     [
         (55870.3, 4, "55870"),  # a throughput: not 5.587e+04
         (1234.5678, 4, "1235"),
+        (9999.7, 4, "10000"),  # rounds up past the digits: still written out
         (0.000123456, 4, "0.0001235"),
         (1.0, 6, "1"),
         (None, 6, "null"),
