@@ -44,13 +44,23 @@ def main(argv: list[str] | None = None) -> int:
             f"--keep-every {args.keep_every} --offset {args.offset}: need --keep-every >= 1 and "
             "0 <= --offset < --keep-every"
         )
+    folders = {
+        "teacher": real_fixture.teacher_dir(),
+        "student": real_fixture.student_dir(None, args.keep_every, args.offset, args.drop_every),
+        **(
+            {"student of another tokenizer": real_fixture.cross_tokenizer_student_dir()} if args.cross_tokenizer else {}
+        ),
+    }
+    built_before = {name: (folder / "config.json").exists() for name, folder in folders.items()}
     try:
-        teacher = real_fixture.build_teacher()
-        student = real_fixture.build_student(keep_every=args.keep_every, offset=args.offset, drop_every=args.drop_every)
-        other = real_fixture.build_cross_tokenizer_student() if args.cross_tokenizer else None
+        real_fixture.build_teacher()
+        real_fixture.build_student(keep_every=args.keep_every, offset=args.offset, drop_every=args.drop_every)
+        if args.cross_tokenizer:
+            real_fixture.build_cross_tokenizer_student()
     except MiniverlError as error:
         return exit_code_of(error, "miniverl.real_models")
-    print(f"teacher: {teacher}\nstudent: {student}" + (f"\nstudent of another tokenizer: {other}" if other else ""))
+    for name, folder in folders.items():
+        print(f"{name}: {folder} ({'there already' if built_before[name] else 'built now'})")
     return 0
 
 

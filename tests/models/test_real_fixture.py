@@ -107,6 +107,17 @@ def test_the_command_describes_itself_whole_and_refuses_a_bad_cut_by_its_flags(c
     )
 
 
+def test_the_command_says_which_folders_it_built_and_which_were_there(real_models, capsys):
+    from miniverl.real_models import main
+
+    assert main([]) == 0
+    teacher, student = real_models
+    assert capsys.readouterr().out.splitlines() == [
+        f"teacher: {teacher} (there already)",
+        f"student: {student} (there already)",
+    ]
+
+
 def test_a_drop_every_student_keeps_all_but_every_nth_layer_in_its_own_folder(tmp_path):
     assert real_fixture.kept_layers(30, 2, 0, None) == list(range(0, 30, 2))
     kept = real_fixture.kept_layers(30, 2, 0, 3)
