@@ -34,10 +34,7 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.output).parent.mkdir(parents=True, exist_ok=True)
             Path(args.output).write_text(text)
         except OSError as error:
-            line = unwritable(error, "choose another -o")
-            if line is None:
-                raise
-            return exit_code_of(line)
+            return exit_code_of(unwritable(error, "choose another -o"))
         print(f"miniverl overrides written to {args.output}")
     else:
         sys.stdout.write(text)

@@ -295,8 +295,5 @@ def main(argv: list[str] | None = None) -> int:
     except MiniverlError as error:  # a folder that is not a model, a pair that cannot be distilled
         return exit_code_of(error, "miniverl.bench")
     except OSError as error:
-        line = unwritable(error, "choose another --out")
-        if line is None:
-            raise
-        return exit_code_of(line, "miniverl.bench")
+        return exit_code_of(unwritable(error, "choose another --out"), "miniverl.bench")
     return 0

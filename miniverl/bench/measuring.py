@@ -3,7 +3,6 @@ synchronized), the peak memory a call adds, and the median and best of several t
 
 from __future__ import annotations
 
-import ctypes
 import os
 import re
 import statistics
@@ -15,7 +14,7 @@ from pathlib import Path
 import torch
 
 from miniverl.utils.device import synchronize
-from miniverl.utils.measure import free_device_cache
+from miniverl.utils.measure import free_device_cache, glibc
 
 
 # ---------------------------------------------------------------------------------------------- measuring
@@ -52,10 +51,9 @@ class PeakMemory:
         if not (sys.platform.startswith("linux") and os.path.exists("/proc/self/clear_refs")):
             self.reason = "peak memory on the CPU needs Linux (/proc/self/clear_refs)"
             return
-        try:
-            self.libc = ctypes.CDLL("libc.so.6")
-        except OSError as error:
-            self.reason = f"glibc not found ({error})"
+        self.libc = glibc()
+        if self.libc is None:
+            self.reason = "glibc not found"
         self.pinned = False
 
     @staticmethod

@@ -30,9 +30,9 @@ def exit_code_of(error: MiniverlError, prefix: str = "miniverl") -> int:
     return getattr(error, "exit_code", 2)  # a RunStopped carries its own
 
 
-def unwritable(error: OSError, fix: str) -> MiniverlError | None:
-    """A write error the user can fix (`WRITE_ERRNOS`) as one line saying where and `fix`; None for
-    any other error, which is a bug to show in full."""
+def unwritable(error: OSError, fix: str) -> MiniverlError:
+    """A write error the user can fix (`WRITE_ERRNOS`) as one line saying where and `fix`; any other
+    error is raised again as it is, a bug to show in full."""
     if error.errno not in WRITE_ERRNOS:
-        return None
+        raise error
     return MiniverlError(f"cannot write {error.filename or 'the output'}: {error.strerror}; {fix}")

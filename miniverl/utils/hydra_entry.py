@@ -106,8 +106,6 @@ def one_line_hydra_errors(entry: Callable) -> Callable:
                     raise SystemExit(exit_code_of(MiniverlError(hydra_error_line(error)))) from None
                 except OSError as error:  # Hydra creates the run folder (and its log) before our code runs
                     line = unwritable(error, "choose another hydra.run.dir (hydra.sweep.dir with -m)")
-                    if line is None:
-                        raise
                     raise SystemExit(exit_code_of(line)) from None
 
             return original(guarded)

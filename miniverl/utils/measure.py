@@ -57,7 +57,7 @@ def free_device_cache(device: torch.device) -> None:
 
 
 @functools.cache
-def _glibc():
+def glibc():
     """The C library's handle where it is glibc (Linux), else None."""
     if not sys.platform.startswith("linux"):
         return None
@@ -71,7 +71,7 @@ def trim_heap() -> None:
     """Hand the C heap's free memory back to the OS (glibc's malloc_trim; elsewhere nothing). Loading
     a model frees its full-precision weights once they are quantized, and glibc keeps that memory
     for later allocations: on the real recipe ~0.6 GiB of resident memory nothing uses."""
-    libc = _glibc()
+    libc = glibc()
     if libc is not None:
         libc.malloc_trim(0)
 
