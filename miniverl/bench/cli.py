@@ -38,7 +38,7 @@ from miniverl.bench.setups import (
 from miniverl.bench.tables import machine_facts, markdown
 from miniverl.models import cpu_gemm
 from miniverl.utils.errors import MiniverlError, exit_code_of, unwritable
-from miniverl.workers.rollout.lean_decode import few_row_gemv_enabled
+from miniverl.workers.rollout.lean_decode import by_bf16_instructions, few_row_gemv_enabled
 
 log = logging.getLogger("miniverl.bench")
 
@@ -139,6 +139,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         ("--static-cache", "rollout_static_cache", ""),
         ("--compile-decode", "rollout_compile", ""),
         ("--cpu-gemv", "rollout_cpu_gemv", " (default: by the CPU)"),
+        ("--cpu-prepack", "rollout_cpu_prepack", " (default: by the CPU)"),
+        ("--cpu-fp16-lm-head", "rollout_cpu_fp16_lm_head", " (default: by the CPU)"),
         (
             "--cpu-float32-gemm",
             "cpu_float32_gemm",
@@ -184,6 +186,8 @@ def run(args: argparse.Namespace) -> dict:
         rollout_static_cache=args.static_cache,
         rollout_compile=args.compile_decode,
         rollout_cpu_gemv=args.cpu_gemv,
+        rollout_cpu_prepack=args.cpu_prepack,
+        rollout_cpu_fp16_lm_head=args.cpu_fp16_lm_head,
         cpu_float32_gemm=args.cpu_float32_gemm,
     )
     real = args.student is not None
@@ -260,6 +264,8 @@ def run(args: argparse.Namespace) -> dict:
                 "rollout_compile": hw.rollout_compile,
                 "rollout_cpu_gemv": few_row_gemv_enabled(hw.rollout_cpu_gemv),  # as resolved here
                 "rollout_dequantize_4bit_once": hw.rollout_dequantize_4bit_once,
+                "rollout_cpu_prepack": by_bf16_instructions(hw.rollout_cpu_prepack),  # as resolved here
+                "rollout_cpu_fp16_lm_head": by_bf16_instructions(hw.rollout_cpu_fp16_lm_head),
                 "cpu_float32_gemm": float32_gemm,  # as resolved on this machine
                 "products": cpu_gemm.product_name(float32_gemm, device),
             },

@@ -70,6 +70,8 @@ def miniverl_workers(s: Setup, hw):
         compile_decode=hw.rollout_compile,
         cpu_gemv=hw.rollout_cpu_gemv,
         dequantize_4bit_once=hw.rollout_dequantize_4bit_once,
+        cpu_prepack=hw.rollout_cpu_prepack,
+        cpu_fp16_lm_head=hw.rollout_cpu_fp16_lm_head,
         float32_gemm=float32_gemm,
     )
     teacher_worker = TeacherWorker(s.teacher, logprob_chunk=hw.logprob_chunk, topk=None, float32_gemm=float32_gemm)
@@ -114,7 +116,7 @@ def bench_rollout(s: Setup, rollout, repeats: int) -> tuple[dict, dict, object]:
                     s.prompt_ids, list(range(BATCH)), seeds, response_limit=NEW_TOKENS, physical_batches=[BATCH]
                 )
             if name == "miniverl":
-                held.append(rollout.dequantized_bytes)
+                held.append(rollout.last_decode)
             batches[name].append(batch)
             return int(batch.response_mask.sum())
 
@@ -176,7 +178,11 @@ def bench_rollout(s: Setup, rollout, repeats: int) -> tuple[dict, dict, object]:
         prefix + "rollout_vs_hf_generate": speed["miniverl"] / speed["hf_generate"],
         prefix + "rollout_vs_one_row_generate": speed["miniverl"] / speed["one_row_generate"],
     }
-    result["miniverl"]["dequantized_bytes"] = max(held) if held else 0
+    result["miniverl"]["dequantized_bytes"] = max((d.dequantized_bytes for d in held), default=0)
+    # The decode's CPU fast paths as they ran (the last round): layers reordered for oneDNN, the
+    # bytes of the lm_head's float16 copy (0: the float32 head).
+    result["miniverl"]["reordered_layers"] = held[-1].reordered_layers if held else 0
+    result["miniverl"]["fp16_head_bytes"] = held[-1].fp16_head_bytes if held else 0
     result["miniverl"]["four_bit_storage_bytes"] = four_bit
     if s.path == "real":
         # The fastest timed round and its own batch (the warm-up round's batch comes first).
@@ -185,8 +191,8 @@ def bench_rollout(s: Setup, rollout, repeats: int) -> tuple[dict, dict, object]:
         batch_of_round = batches["miniverl"][len(batches["miniverl"]) - len(timed) + fastest]
         steps = int(batch_of_round.response_mask.sum(1).max())
         if s.device.type == "cpu":
-            held_bytes = result["miniverl"]["dequantized_bytes"]
-            result["miniverl"]["decode"] = decode_traffic(base, held_bytes, steps, timed[fastest][0])
+            held_bytes = result["miniverl"]["dequantized_bytes"], result["miniverl"]["fp16_head_bytes"]
+            result["miniverl"]["decode"] = decode_traffic(base, *held_bytes, steps, timed[fastest][0])
         else:  # the 4-bit weights stay packed and the bandwidth measure is the CPU's
             result["miniverl"]["decode"] = {"null_reason": "measured on the CPU only"}
     if "miniverl_per_call_dequantize" in speed:
@@ -199,28 +205,29 @@ def bench_rollout(s: Setup, rollout, repeats: int) -> tuple[dict, dict, object]:
     return {"measurements": result, "ratios": ratios, "null_reasons": null_reasons}, batches["miniverl"][-1]
 
 
-def decode_weight_bytes(model, dequantized_bytes: int) -> int:
-    """Bytes of weights one decode step reads: the dense copies of the 4-bit weights, and every
-    other parameter once (a tied lm_head is the embedding; an untied embedding is read one row a
-    token, so not counted)."""
-    embedding = model.get_input_embeddings().weight
-    tied = embedding is model.get_output_embeddings().weight
-    seen, total = set(), dequantized_bytes
+def decode_weight_bytes(model, dequantized_bytes: int, fp16_head_bytes: int = 0) -> int:
+    """Bytes of weights one decode step reads: the dense copies of the 4-bit weights, the lm_head
+    (its float16 copy where the decode read one), and every other parameter once (a tied lm_head
+    is the embedding; an untied embedding is read one row a token, so not counted)."""
+    embedding, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    tied = embedding is head
+    seen, total = set(), dequantized_bytes + fp16_head_bytes
     for param in model.parameters():
         if id(param) in seen or param.dtype == torch.uint8 or (param is embedding and not tied):
             continue  # uint8: packed 4-bit storage, counted as its dense copy
         seen.add(id(param))
-        total += param.numel() * param.element_size()
+        if not (param is head and fp16_head_bytes):  # counted as its copy
+            total += param.numel() * param.element_size()
     return total
 
 
-def decode_traffic(model, dequantized_bytes: int, steps: int, seconds: float) -> dict:
+def decode_traffic(model, dequantized_bytes: int, fp16_head_bytes: int, steps: int, seconds: float) -> dict:
     """The decode loop against the physical limit: weight bytes read per step and per second, and
     the fraction of this machine's memory bandwidth that is (a lower bound: the timed rollout
     includes the prompt's prefill)."""
     from miniverl.bench.measuring import memory_bandwidth_bytes_per_s
 
-    per_step = decode_weight_bytes(model, dequantized_bytes)
+    per_step = decode_weight_bytes(model, dequantized_bytes, fp16_head_bytes)
     bandwidth = memory_bandwidth_bytes_per_s()
     achieved = per_step * steps / seconds
     return {

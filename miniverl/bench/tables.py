@@ -112,13 +112,16 @@ def path_rows(result: dict, path: str) -> list[tuple[str, str, str, str | None, 
         )
     out = [(label, ours, other, key, r.get(key)) for label, ours, other, key in rows]
     decode = ro["miniverl"].get("decode")
+    fp16_head = "; the lm_head from its float16 copy" if ro["miniverl"].get("fp16_head_bytes") else ""
+    reordered = "; reordered for oneDNN" if ro["miniverl"].get("reordered_layers") else ""
     if decode and "fraction_of_bandwidth" in decode:
         out.insert(
             1,
             (
                 (
                     f"decode: weight bytes read per step ({decode['weight_bytes_per_token'] / 2**20:.0f} MiB per token "
-                    "of a row) and per second vs this machine's memory bandwidth (a copy's read + write)"
+                    f"of a row{fp16_head}) "
+                    "and per second vs this machine's memory bandwidth (a copy's read + write)"
                 ),
                 f"{decode['weight_bytes_per_s'] / 1e9:.1f} GB/s",
                 f"{decode['memory_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s",
@@ -132,8 +135,8 @@ def path_rows(result: dict, path: str) -> list[tuple[str, str, str, str | None, 
             2,
             (
                 (
-                    "rollout memory: dense copies of the student's 4-bit weights while decoding (freed after) vs "
-                    "their NF4 storage"
+                    "rollout memory: dense copies of the student's 4-bit weights while decoding (freed after"
+                    f"{reordered}) vs their NF4 storage"
                 ),
                 mib(held),
                 mib(stored),

@@ -39,6 +39,18 @@ class HardwareConfig:
     # instead of on every call (the same values, bitwise); the dense copies are held during the
     # rollout (bf16: about 3.6x the NF4 storage, ~0.9 GB for a Qwen3-0.6B student) and freed after.
     rollout_dequantize_4bit_once: bool = True
+    # CPU only, native bf16 products: while decoding, each dense copy above is reordered once per
+    # rollout into oneDNN's blocked layout for the decode step's rows, so that no product reorders
+    # it again per call (bitwise the same products, checked per layer on entry; else the plain
+    # copy). null: where the CPU has bf16 instructions (measured on an AMX Xeon: each small bf16
+    # product in half the time; docs/bench.md).
+    rollout_cpu_prepack: Optional[bool] = None
+    # CPU only: while decoding, a frozen float32 lm_head whose values are all exact float16 normals
+    # (a bf16 checkpoint's, upcast by prepare_model_for_kbit_training) is read from a float16 copy
+    # that fbgemm multiplies in float32: half the bytes of the step's largest read, the same values,
+    # another summation order (log-probs within 2e-5 nats); the copy (2 bytes a weight) is kept for
+    # the run. null: where the CPU has bf16 instructions (measured there, docs/bench.md).
+    rollout_cpu_fp16_lm_head: Optional[bool] = None
     # CPU only: how every role (rollout, teacher, actor, probe, doctor) multiplies frozen
     # half-precision layers (NF4 layers with bf16 compute, a bf16 lm_head). true: as float32 GEMMs of
     # the same bf16 operands, rounded to bf16 (miniverl/models/cpu_gemm.py); false: torch's native

@@ -6,6 +6,7 @@ from __future__ import annotations
 from miniverl.config import MiniverlConfig
 from miniverl.config.model import ALL_LINEAR
 from miniverl.models import loading as models
+from miniverl.workers.rollout.lean_decode import by_bf16_instructions
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 LLAMA_LINEAR_LAYERS = 7  # q, k, v, o, gate, up, down: what all-linear adapts in a Llama or Qwen layer
@@ -59,7 +60,8 @@ def linear_weights(a: dict) -> int:
 
 
 def estimate_peak_bytes(cfg: MiniverlConfig, device_type: str = "cpu") -> int:
-    """Weights + KV cache of the rollout (and on the CPU its bf16 copies of the 4-bit weights) +
+    """Weights + KV cache of the rollout (and on the CPU its bf16 copies of the 4-bit weights and
+    the lm_head's float16 copy) +
     checkpointed activations of one update chunk + the logits of one log-prob chunk + the held-out
     probe's full-vocabulary blocks + LoRA weights, gradients and AdamW state. An estimate."""
     s = architecture(cfg.model)
@@ -79,6 +81,8 @@ def estimate_peak_bytes(cfg: MiniverlConfig, device_type: str = "cpu") -> int:
     total += cfg.hardware.logprob_chunk * s["vocab"] * 4 * 3  # logits, exp and gradient of one chunk
     if device_type == "cpu" and cfg.model.quantization == "nf4" and cfg.hardware.rollout_dequantize_4bit_once:
         total += linear_weights(s) * DTYPE_BYTES.get(s["dtype"], 4)  # the rollout's dense copies of the 4-bit weights
+    if device_type == "cpu" and prepared and by_bf16_instructions(cfg.hardware.rollout_cpu_fp16_lm_head):
+        total += s["vocab"] * s["hidden"] * 2  # the float16 copy of the float32 lm_head (where its values allow)
     if cfg.eval.every != -1 and s["vocab"] <= cfg.eval.exact_kl_max_vocab:
         # the probe's exact KL: student and teacher log-probs, exp and product, (rows, R, V) float32 each
         total += 4 * cfg.hardware.update_chunk * (cfg.eval.response_limit or cfg.recipe.response_limit) * s["vocab"] * 4

@@ -57,6 +57,8 @@ def build_roles(
         compile_decode=hw.rollout_compile,
         cpu_gemv=hw.rollout_cpu_gemv,
         dequantize_4bit_once=hw.rollout_dequantize_4bit_once,
+        cpu_prepack=hw.rollout_cpu_prepack,
+        cpu_fp16_lm_head=hw.rollout_cpu_fp16_lm_head,
         float32_gemm=float32_gemm,
     )
     workers = {

@@ -274,11 +274,11 @@ def test_nf4_rollout_dequantized_once_samples_what_the_per_call_path_samples(nf4
     )
     limit = 24
     once = worker.generate_sequences(PROMPTS, [0, 1, 2, 3], SEEDS, response_limit=limit, physical_batches=[4])
-    assert worker.dequantized_bytes == sum(m.out_features * m.in_features * 2 for m in layers)
+    assert worker.last_decode.dequantized_bytes == sum(m.out_features * m.in_features * 2 for m in layers)
     assert not any("forward" in vars(m) for m in base.modules())  # every forward restored
     worker.dequantize_4bit_once = False  # hardware.rollout_dequantize_4bit_once=false
     per_call = worker.generate_sequences(PROMPTS, [0, 1, 2, 3], SEEDS, response_limit=limit, physical_batches=[4])
-    assert worker.dequantized_bytes == 0
+    assert worker.last_decode.dequantized_bytes == 0
     assert torch.equal(once.responses, per_call.responses)
     assert torch.equal(once.response_mask, per_call.response_mask)
     assert torch.equal(once.rollout_log_probs, per_call.rollout_log_probs)
@@ -490,3 +490,17 @@ def test_bench_on_cuda_without_a_gpu_is_one_line(tmp_path, capsys, monkeypatch):
     assert err.startswith("miniverl.bench: error: --device cuda: torch sees no GPU") and err.endswith(
         "use --device cpu"
     )
+
+
+def test_the_decode_reads_the_lm_heads_float16_copy_instead_of_its_float32_weight():
+    from miniverl.bench.pieces import decode_weight_bytes
+
+    config = LlamaConfig(
+        vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, tie_word_embeddings=True,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config)  # float32, the lm_head tied to the embedding: read once a step
+    every = sum(p.numel() * 4 for p in model.parameters())
+    assert decode_weight_bytes(model, 0) == every
+    head = 256 * 32
+    assert decode_weight_bytes(model, 0, fp16_head_bytes=head * 2) == every - head * 4 + head * 2

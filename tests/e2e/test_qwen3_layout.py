@@ -225,10 +225,14 @@ def test_the_memory_estimate_counts_the_tied_embedding_once_in_float32():
 
 
 def test_the_memory_estimate_counts_the_rollouts_dense_copies_on_the_cpu_and_the_probes_blocks():
-    cfg = to_config(compose_config(QWEN3))
+    cfg = to_config(compose_config([*QWEN3, "hardware.rollout_cpu_fp16_lm_head=false"]))
     estimate, student = memory_estimate.estimate_peak_bytes, memory_estimate.architecture(cfg.model)
     # The CPU rollout decodes with bf16 copies of the 4-bit weights (hardware.rollout_dequantize_4bit_once).
     assert estimate(cfg, "cpu") - estimate(cfg, "cuda") == memory_estimate.linear_weights(student) * 2
+    # ... and, where it reads one, with a float16 copy of the float32 lm_head (hardware.rollout_cpu_fp16_lm_head).
+    half_head = to_config(compose_config([*QWEN3, "hardware.rollout_cpu_fp16_lm_head=true"]))
+    assert estimate(half_head, "cpu") - estimate(cfg, "cpu") == ROWS * 64 * 2
+    assert estimate(half_head, "cuda") == estimate(cfg, "cuda")
     heldout = ["data.val_files=data/toy_prompts_heldout.parquet", "eval.every=2", f"eval.exact_kl_max_vocab={ROWS}"]
     probed = to_config(compose_config([*QWEN3, *heldout]))
     # Its exact KL holds four (rows, R, V) float32 blocks: two models' log-probs, exp, product.

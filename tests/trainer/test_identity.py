@@ -140,5 +140,6 @@ def test_the_plan_holds_the_products_this_cpu_resolves_so_another_cpu_kind_is_an
         monkeypatch.setattr(cpu_gemm, "cpu_bf16_instructions", lambda kind=kind: kind)
         monkeypatch.setattr(lean_decode, "cpu_bf16_instructions", lambda kind=kind: kind)
         hardware = experiment_settings(cfg)["hardware"]
-        seen[kind] = (hardware["cpu_float32_gemm"], hardware["rollout_cpu_gemv"])
-    assert seen == {None: (True, True), "amx": (False, False)}
+        keys = ("cpu_float32_gemm", "rollout_cpu_gemv", "rollout_cpu_prepack", "rollout_cpu_fp16_lm_head")
+        seen[kind] = tuple(hardware[key] for key in keys)
+    assert seen == {None: (True, True, False, False), "amx": (False, False, True, True)}

@@ -123,6 +123,12 @@ RUN_RULES: tuple[Rule, ...] = (
         "hardware.rollout_dequantize_4bit_once",
         "a CPU choice of miniverl's decode loop over NF4 layers; verl's rollout has no 4-bit student",
     ),
+    not_applicable(
+        "hardware.rollout_cpu_prepack", "a CPU kernel choice of miniverl's decode loop; verl rolls out on GPUs"
+    ),
+    not_applicable(
+        "hardware.rollout_cpu_fp16_lm_head", "a CPU kernel choice of miniverl's decode loop; verl rolls out on GPUs"
+    ),
     not_applicable("hardware.cpu_float32_gemm", "a CPU kernel choice of miniverl's roles; verl trains on GPUs"),
     # ---- data
     mapped(

@@ -1,6 +1,7 @@
 """The rollout's fast paths while decoding: peft's LoRA bookkeeping skipped (same arithmetic), few-row
-CPU linears as W @ x^T, NF4 weights dequantized once per rollout, and what the model must be for the
-decode step to call its layers directly (docs/bench.md measures each)."""
+CPU linears as W @ x^T, NF4 weights dequantized once per rollout (and reordered once for oneDNN),
+the float32 lm_head read from an exact float16 copy, and what the model must be for the decode
+step to call its layers directly (docs/bench.md measures each)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from transformers import PreTrainedModel
 
 from miniverl.models import cpu_gemm
 from miniverl.utils.device import cpu_bf16_instructions
+from miniverl.workers.rollout import cpu_products
 
 GEMV_MAX_ROWS = 8  # up to this many rows, W @ x^T beats F.linear's x @ W^T on the CPUs measured
 
@@ -21,6 +23,12 @@ def few_row_gemv_enabled(setting: bool | None) -> bool:
     """`hardware.rollout_cpu_gemv`; null: by the CPU. W @ x^T was measured faster on an AVX2 EPYC
     (MKL, 1.5-4x) and slower on an AMX Xeon (oneDNN, 1.3-3x at SmolLM2's shapes): off with AMX."""
     return setting if setting is not None else cpu_bf16_instructions() != "amx"
+
+
+def by_bf16_instructions(setting: bool | None) -> bool:
+    """`hardware.rollout_cpu_prepack` / `rollout_cpu_fp16_lm_head`; null: where the CPU has bf16
+    instructions (AMX or AVX512-BF16), the CPUs whose decode steps read bf16 weights natively."""
+    return setting if setting is not None else cpu_bf16_instructions() is not None
 
 
 def _few_row_linear(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -123,19 +131,32 @@ def _dense_4bit_forward(module: torch.nn.Module, weight: torch.Tensor, float32_g
     return forward
 
 
+def _dense_eligible(module: torch.nn.Module) -> bool:
+    return cpu_gemm.plain_cpu_4bit(module) and module.compute_type_is_set
+
+
 @dataclass
 class LeanDecode:
     """What `lean_decode_modules` did: modules given a lean forward, and the bytes of the dense
-    copies of 4-bit weights it held while decoding (freed on exit)."""
+    copies of 4-bit weights it held while decoding (freed on exit; `reordered_layers` of them in
+    oneDNN's layout), and of the lm_head's float16 copy it read (kept by its Float16Head)."""
 
     patched: int = 0
     dequantized_layers: int = 0
     dequantized_bytes: int = 0
+    reordered_layers: int = 0
+    fp16_head_bytes: int = 0
 
 
 @contextmanager
 def lean_decode_modules(
-    model: torch.nn.Module, few_row_gemv: bool, dequantize_4bit: bool = False, float32_gemm: bool = False
+    model: torch.nn.Module,
+    few_row_gemv: bool,
+    dequantize_4bit: bool = False,
+    float32_gemm: bool = False,
+    *,
+    reorder_rows: int | None = None,
+    fp16_head: cpu_products.Float16Head | None = None,
 ):
     """While decoding: plain LoRA layers skip peft's per-call bookkeeping (same arithmetic), and
     with `few_row_gemv` (the CPU) every plain float32 nn.Linear (the LoRA matrices and the lm_head
@@ -148,13 +169,25 @@ def lean_decode_modules(
     weight is dequantized once on entry, and the layer multiplies with that dense copy (the values
     bitsandbytes' own CPU path dequantizes on every call, bitwise; with `float32_gemm` multiplied as
     cpu_gemm does, else in the compute dtype); the copies are freed on exit, their bytes reported in
-    the yielded LeanDecode. Every other frozen half-precision layer multiplies as cpu_gemm's
-    `float32_products` says. Everything is restored on exit."""
+    the yielded LeanDecode. With `reorder_rows` (native bf16 products, `hardware.rollout_cpu_prepack`)
+    the copies are reordered for products of that many rows, the decode step's, and stacked where
+    layers share their input (cpu_products.reordered_forwards). With `fp16_head` the model's output
+    layer reads its float16 copy (cpu_products.Float16Head). Every other frozen half-precision
+    layer multiplies as cpu_gemm's `float32_products` says. Everything is restored on exit."""
     state, patched = LeanDecode(), []
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    reordered = {}
+    if dequantize_4bit and reorder_rows is not None and not float32_gemm:
+        reordered, state.dequantized_bytes = cpu_products.reordered_forwards(model, reorder_rows, _dense_eligible)
+        state.reordered_layers = len(reordered)
     for module in model.modules():
         if "forward" in vars(module):  # someone else's instance-level forward (hooks): leave it
             continue
-        if _plain_lora(module):
+        half_head = fp16_head.forward_for(module) if fp16_head is not None and module is head else None
+        if half_head is not None:
+            module.forward = half_head
+            state.fp16_head_bytes = fp16_head.held_bytes
+        elif _plain_lora(module):
             module.forward = types.MethodType(_lean_lora_forward, module)
         elif _plain_lora_4bit(module):
             module.forward = _lean_lora4bit_forward(module)
@@ -165,7 +198,10 @@ def lean_decode_modules(
             and module.weight.device.type == "cpu"
         ):
             module.forward = types.MethodType(_few_row_linear, module)
-        elif dequantize_4bit and cpu_gemm.plain_cpu_4bit(module) and module.compute_type_is_set:
+        elif module in reordered:
+            module.forward = reordered[module]
+            state.dequantized_layers += 1
+        elif dequantize_4bit and _dense_eligible(module):
             weight = cpu_gemm.dequantized_weight(module)
             module.forward = _dense_4bit_forward(module, weight, float32_gemm)
             state.dequantized_layers += 1

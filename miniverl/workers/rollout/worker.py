@@ -11,6 +11,9 @@ measurements that shaped it):
   (b, P + R) mask — no per-step mask rebuild, no per-step concatenation;
 - peft's LoRA bookkeeping skipped per call (same arithmetic), and on CPUs where it is the faster
   GEMM shape the few-row linears (lm_head included) computed as W @ x^T (`hardware.rollout_cpu_gemv`);
+- on CPUs with bf16 instructions, the dense copies of the 4-bit weights reordered once per rollout
+  for oneDNN (bitwise the same products, `hardware.rollout_cpu_prepack`) and the float32 lm_head
+  read from an exact float16 copy (`hardware.rollout_cpu_fp16_lm_head`);
 - the lm_head on the last hidden state only, then sampling and the sampled token's log-prob from
   one exp pass over the (b, V) float32 logits; the full logits are never kept;
 - rows stop at any EOS id (the tokenizer's and the generation config's: Qwen3 ends on
@@ -34,7 +37,10 @@ from transformers import DynamicCache, PreTrainedModel, StaticCache
 
 from miniverl.config.actor import RolloutConfig
 from miniverl.protocol import Batch, assemble, left_pad, pad_right
+from miniverl.workers.rollout.cpu_products import Float16Head
 from miniverl.workers.rollout.lean_decode import (
+    LeanDecode,
+    by_bf16_instructions,
     few_row_gemv_enabled,
     full_attention_only,
     layer_by_layer,
@@ -65,6 +71,8 @@ class RolloutWorker:
         cpu_gemv: bool | None = None,
         dequantize_4bit_once: bool = True,
         float32_gemm: bool = False,
+        cpu_prepack: bool | None = None,
+        cpu_fp16_lm_head: bool | None = None,
     ):
         self.model = model  # the student (LoRA active); shared with the actor
         self.config = config
@@ -78,7 +86,10 @@ class RolloutWorker:
         self.cpu_gemv = few_row_gemv_enabled(cpu_gemv)
         self.dequantize_4bit_once = dequantize_4bit_once  # CPU only: see lean_decode_modules
         self.float32_gemm = float32_gemm  # CPU only: see cpu_gemm
-        self.dequantized_bytes = 0  # the 4-bit weights' dense copies during the last decode (freed after)
+        self.cpu_prepack = by_bf16_instructions(cpu_prepack)  # CPU, native bf16 products only
+        # CPU only: the lm_head's float16 copy, kept across rollouts (Float16Head)
+        self.fp16_head = Float16Head() if by_bf16_instructions(cpu_fp16_lm_head) else None
+        self.last_decode = LeanDecode()  # what the last decode's fast paths held and did
         self._static_caches: dict[tuple[int, int], StaticCache] = {}
         self._compiled_step = None
         # A device sync per step costs a CUDA pipeline stall; check for "all rows done" less often there.
@@ -126,10 +137,12 @@ class RolloutWorker:
                 self.cpu_gemv and cpu,
                 dequantize_4bit=self.dequantize_4bit_once and cpu,
                 float32_gemm=self.float32_gemm and cpu,
+                reorder_rows=ids.shape[0] if self.cpu_prepack and cpu else None,  # each decode step's rows
+                fp16_head=self.fp16_head if cpu else None,
             ) as lean,
         ):
             tokens, alive, log_probs, steps = self._decode_inference(ids, mask, u, limit)
-        self.dequantized_bytes = lean.dequantized_bytes  # dense copies of 4-bit weights held while decoding
+        self.last_decode = lean
         # Plain (non-inference) tensors: the actor's autograd graph reads the responses.
         alive = alive[:, :steps].clone()
         return tokens[:, :steps].clone(), alive.long(), log_probs[:, :steps].clone() * alive

@@ -1,0 +1,183 @@
+"""The decode step's products on a CPU with bf16 instructions, prepared once per rollout
+(docs/bench.md measures each on an AMX Xeon):
+
+- reordered copies (`hardware.rollout_cpu_prepack`): the dense bf16 copies of the 4-bit weights
+  are reordered once into oneDNN's blocked layout for the decode step's rows, so that no product
+  reorders its weight again on every call; layers that read the same input (q/k/v, gate/up) are
+  stacked into one product, each taking its slice. Both are checked bitwise against the
+  per-layer F.linear on entry, layer by layer, and not used where they differ;
+- the lm_head's float16 copy (`hardware.rollout_cpu_fp16_lm_head`, Float16Head).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from miniverl.models import cpu_gemm
+
+# Attribute names of the layers of one block that read the same input, in the order stacked.
+SHARED_INPUT_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def _linear_pointwise(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+def _probe(rows: int, width: int, dtype: torch.dtype) -> torch.Tensor:
+    return torch.randn(rows, width, generator=torch.Generator().manual_seed(0)).to(dtype)
+
+
+def _reordered(weight: torch.Tensor, bias: torch.Tensor | None, rows: int) -> torch.Tensor | None:
+    """`weight` (out, in) reordered for products of `rows` rows, or None where oneDNN's ops are
+    missing or, on a probe, the product is not bitwise F.linear's."""
+    try:
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, rows)
+        probe = _probe(rows, weight.shape[1], weight.dtype)
+        same = torch.equal(_linear_pointwise(probe, packed, bias), torch.nn.functional.linear(probe, weight, bias))
+    except (AttributeError, NotImplementedError, RuntimeError):  # a torch without oneDNN's ops
+        return None
+    return packed if same else None
+
+
+def _bias(module: torch.nn.Module) -> torch.Tensor | None:
+    return None if module.bias is None else module.bias.to(module.compute_dtype)  # frozen while decoding
+
+
+class _Product:
+    """One reordered product for the decode step's rows, shared by the layers of `members` (one
+    layer, or layers stacked on their input), each taking its slice of the output. The last
+    input and its outputs are kept until every member has taken its slice."""
+
+    def __init__(self, members: list[torch.nn.Module], packed: torch.Tensor, bias: torch.Tensor | None):
+        self.members, self.packed, self.bias = members, packed, bias
+        self.widths = [m.out_features for m in members]
+        self.x, self.parts, self.taken = None, (), 0
+
+    def output(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        if x is not self.x or self.taken == len(self.members):
+            out = _linear_pointwise(x.to(self.members[0].compute_dtype), self.packed, self.bias)
+            self.x, self.parts, self.taken = x, out.split(self.widths, -1), 0
+        part = self.parts[index]
+        self.taken += 1
+        if self.taken == len(self.members):
+            self.x, self.parts = None, ()  # the outputs are the callers' now
+        return part.to(x.dtype)
+
+    def forward_of(self, index: int, rows: int):
+        """Linear4bit.forward of member `index`: the shared product for `rows` rows; any other row
+        count (the prompt's prefill) dequantizes per call, as bitsandbytes does."""
+        module = self.members[index]
+        compute_dtype, bias = module.compute_dtype, _bias(module)
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            if x.numel() // x.shape[-1] == rows:
+                return self.output(index, x)
+            weight = cpu_gemm.dequantized_weight(module)
+            return torch.nn.functional.linear(x.to(compute_dtype), weight, bias).to(x.dtype)
+
+        return forward
+
+
+def _stacked(members: list[torch.nn.Module], rows: int) -> _Product | None:
+    """One product for layers that read the same input, where bitwise each layer's own."""
+    weights = [cpu_gemm.dequantized_weight(m) for m in members]
+    biases = [_bias(m) for m in members]
+    if any(b is None for b in biases) and any(b is not None for b in biases):
+        return None
+    bias = None if biases[0] is None else torch.cat(biases)
+    packed = _reordered(torch.cat(weights), bias, rows)
+    if packed is None:
+        return None
+    probe = _probe(rows, weights[0].shape[1], weights[0].dtype)
+    parts = _linear_pointwise(probe, packed, bias).split([m.out_features for m in members], -1)
+    if not all(torch.equal(p, torch.nn.functional.linear(probe, w, b)) for p, w, b in zip(parts, weights, biases)):
+        return None
+    return _Product(members, packed, bias)
+
+
+def reordered_forwards(model: torch.nn.Module, rows: int, eligible) -> tuple[dict, int]:
+    """{4-bit layer: its decode forward} for the `eligible(module)` layers of `model` whose
+    reordered products are bitwise theirs (stacked where they share an input), and the bytes of
+    the reordered copies."""
+    forwards, held = {}, 0
+    for block in model.modules():
+        for names in SHARED_INPUT_GROUPS:
+            layers = [getattr(block, n, None) for n in names]
+            members = [getattr(m, "base_layer", m) for m in layers]  # under a LoRA wrapper: its base layer
+            if any(m is None or not eligible(m) for m in members) or len({m.in_features for m in members}) > 1:
+                continue
+            product = _stacked(members, rows)
+            if product is not None:
+                forwards.update({m: product.forward_of(i, rows) for i, m in enumerate(members)})
+                held += product.packed.numel() * product.packed.element_size()
+    for module in model.modules():
+        if module in forwards or not eligible(module):
+            continue
+        weight = cpu_gemm.dequantized_weight(module)
+        packed = _reordered(weight, _bias(module), rows)
+        if packed is not None:
+            forwards[module] = _Product([module], packed, _bias(module)).forward_of(0, rows)
+            held += packed.numel() * packed.element_size()
+    return forwards, held
+
+
+FP16_NORMAL_MIN, FP16_MAX = 2.0**-14, 65504.0
+
+
+class Float16Head:
+    """The rollout's lm_head on the CPU (`hardware.rollout_cpu_fp16_lm_head`): a frozen float32
+    output layer whose values are all exact float16 normals (those of a bf16 checkpoint upcast by
+    `prepare_model_for_kbit_training`, when their range allows) is read from a float16 copy packed
+    for fbgemm, which multiplies in float32 (`quantized::linear_dynamic_fp16`): half the bytes
+    of each decode step's largest read, the same values, another summation order (log-probs within
+    2e-5 nats of F.linear's, measured). Packing takes ~0.3 s for a 49,152-token vocabulary, so
+    the copy is kept across rollouts while the weight is unchanged (its bytes: `held_bytes`)."""
+
+    def __init__(self) -> None:
+        self._key: tuple | None = None
+        self._packed = None
+        self.held_bytes = 0
+
+    def forward_for(self, module: torch.nn.Module):
+        """A forward for `module` reading the float16 copy, or None where it does not apply."""
+        weight, bias = module.weight, module.bias
+        if (
+            type(module) is not torch.nn.Linear
+            or weight.dtype != torch.float32
+            or weight.device.type != "cpu"
+            or weight.requires_grad
+            or (bias is not None and bias.requires_grad)
+        ):
+            return None
+        key = (weight.data_ptr(), weight._version, None if bias is None else (bias.data_ptr(), bias._version))
+        if key != self._key:
+            self._key, self._packed = key, self._pack(weight.detach(), None if bias is None else bias.detach())
+            self.held_bytes = 0 if self._packed is None else weight.numel() * 2
+        packed, plain = self._packed, type(module).forward
+        if packed is None:
+            return None
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            if x.dtype != torch.float32:  # fbgemm multiplies float32 inputs only
+                return plain(module, x)
+            return torch.ops.quantized.linear_dynamic_fp16(x, packed)
+
+        return forward
+
+    @staticmethod
+    def _pack(weight: torch.Tensor, bias: torch.Tensor | None):
+        size = weight.abs()
+        if bool((((size < FP16_NORMAL_MIN) & (size != 0)) | ~(size <= FP16_MAX)).any()):
+            return None  # a float16 subnormal, a value beyond float16, a NaN
+        del size
+        if not torch.equal(weight.half().float(), weight):
+            return None  # a value float16 would round: not the same weights
+        try:
+            packed = torch.ops.quantized.linear_prepack_fp16(weight, bias)
+            probe = torch.randn(2, weight.shape[1], generator=torch.Generator().manual_seed(0))
+            got = torch.ops.quantized.linear_dynamic_fp16(probe, packed)
+        except (AttributeError, NotImplementedError, RuntimeError):  # no fbgemm (a CPU other than x86)
+            return None
+        want = torch.nn.functional.linear(probe.double(), weight.double(), None if bias is None else bias.double())
+        # float32 products of the same values: off by float32 rounding only (~1e-6 relative)
+        return packed if bool(((got.double() - want).abs() <= 1e-4 * (want.abs().max() + 1)).all()) else None
