@@ -102,7 +102,7 @@ def bench_rollout(s: Setup, rollout, repeats: int) -> tuple[dict, dict, object]:
     peer = s.peer_base()  # generate's model: the same weights, bitsandbytes as shipped
     round_of = {}  # method -> calls so far: the same seeds for the same round of every method
     batches = {"miniverl": [], "miniverl_per_call_dequantize": []}
-    held = []
+    decodes = []  # what each rollout's decode fast paths held and did (LeanDecode)
 
     def ours(name: str):
         def run():
@@ -116,7 +116,7 @@ def bench_rollout(s: Setup, rollout, repeats: int) -> tuple[dict, dict, object]:
                     s.prompt_ids, list(range(BATCH)), seeds, response_limit=NEW_TOKENS, physical_batches=[BATCH]
                 )
             if name == "miniverl":
-                held.append(rollout.last_decode)
+                decodes.append(rollout.last_decode)
             batches[name].append(batch)
             return int(batch.response_mask.sum())
 
@@ -178,11 +178,11 @@ def bench_rollout(s: Setup, rollout, repeats: int) -> tuple[dict, dict, object]:
         prefix + "rollout_vs_hf_generate": speed["miniverl"] / speed["hf_generate"],
         prefix + "rollout_vs_one_row_generate": speed["miniverl"] / speed["one_row_generate"],
     }
-    result["miniverl"]["dequantized_bytes"] = max((d.dequantized_bytes for d in held), default=0)
+    result["miniverl"]["dequantized_bytes"] = max((d.dequantized_bytes for d in decodes), default=0)
     # The decode's CPU fast paths as they ran (the last round): layers reordered for oneDNN, the
     # bytes of the lm_head's float16 copy (0: the float32 head).
-    result["miniverl"]["reordered_layers"] = held[-1].reordered_layers if held else 0
-    result["miniverl"]["fp16_head_bytes"] = held[-1].fp16_head_bytes if held else 0
+    result["miniverl"]["reordered_layers"] = decodes[-1].reordered_layers if decodes else 0
+    result["miniverl"]["fp16_head_bytes"] = decodes[-1].fp16_head_bytes if decodes else 0
     result["miniverl"]["four_bit_storage_bytes"] = four_bit
     if s.path == "real":
         # The fastest timed round and its own batch (the warm-up round's batch comes first).

@@ -35,15 +35,16 @@ class HardwareConfig:
     # null: by the CPU — W @ x^T except on CPUs with AMX, where F.linear is the faster form
     # (measured: 1.5-4x faster as W @ x^T on an AVX2 EPYC; 1.3-3x slower on an AMX Xeon; docs/bench.md).
     rollout_cpu_gemv: Optional[bool] = None
-    # CPU only: while decoding, each bitsandbytes 4-bit weight is dequantized once per rollout
-    # instead of on every call (the same values, bitwise); the dense copies are held during the
+    # CPU only: while decoding, each bitsandbytes 4-bit weight is dequantized once per physical
+    # batch instead of on every call (the same values, bitwise); the dense copies are held during the
     # rollout (bf16: about 3.6x the NF4 storage, ~0.9 GB for a Qwen3-0.6B student) and freed after.
     rollout_dequantize_4bit_once: bool = True
     # CPU only, native bf16 products: while decoding, each dense copy above is reordered once per
-    # rollout into oneDNN's blocked layout for the decode step's rows, so that no product reorders
-    # it again per call (bitwise the same products, checked per layer on entry; else the plain
-    # copy). null: where the CPU has bf16 instructions (measured on an AMX Xeon: each small bf16
-    # product in half the time; docs/bench.md).
+    # physical batch into oneDNN's blocked layout for the decode step's rows, and layers that read
+    # one input (q/k/v, gate/up) are stacked into one product, so that no product reorders its
+    # weight again per call (bitwise the same products, checked per layer on entry; else the plain
+    # copy). The prompt's prefill then dequantizes per call. Not with rollout_compile. null: where
+    # the CPU has bf16 instructions (measured on an AMX Xeon: docs/bench.md).
     rollout_cpu_prepack: Optional[bool] = None
     # CPU only: while decoding, a frozen float32 lm_head whose values are all exact float16 normals
     # (a bf16 checkpoint's, upcast by prepare_model_for_kbit_training) is read from a float16 copy

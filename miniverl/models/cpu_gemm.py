@@ -105,12 +105,16 @@ def dequantized_weight(module: torch.nn.Module) -> torch.Tensor:
     return bnb.functional.dequantize_4bit(module.weight.data, module.weight.quant_state)
 
 
+def compute_bias(module: torch.nn.Module) -> torch.Tensor | None:
+    """A Linear4bit's bias in its compute dtype, as its forward adds it."""
+    return None if module.bias is None else module.bias.to(module.compute_dtype)
+
+
 def _float32_4bit_forward(self, x: torch.Tensor) -> torch.Tensor:
     if not self.compute_type_is_set:  # the first call picks it from the input: bitsandbytes' own forward
         return type(self).forward(self, x)
-    compute = self.compute_dtype
-    bias = None if self.bias is None else self.bias.to(compute)
-    return _Float32Product.apply(x.to(compute), lambda: dequantized_weight(self), bias).to(x.dtype)
+    x_compute = x.to(self.compute_dtype)
+    return _Float32Product.apply(x_compute, lambda: dequantized_weight(self), compute_bias(self)).to(x.dtype)
 
 
 def _float32_linear_forward(self, x: torch.Tensor) -> torch.Tensor:

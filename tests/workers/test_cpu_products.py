@@ -57,6 +57,18 @@ class Block(torch.nn.Module):
         return [getattr(self, n)(x) for n in names] + [self.down_proj(x_inner)]
 
 
+def count_products(monkeypatch) -> list:
+    """The weight shapes of every reordered product computed from now on, in order."""
+    shapes, product = [], cpu_products._linear_pointwise
+
+    def counting(x, packed, bias):
+        shapes.append(packed.shape)
+        return product(x, packed, bias)
+
+    monkeypatch.setattr(cpu_products, "_linear_pointwise", counting)
+    return shapes
+
+
 def test_a_cpu_with_bf16_instructions_reorders_its_bf16_weights():
     if cpu_bf16_instructions() is None:
         pytest.skip("no bf16 instructions here: the decode multiplies in float32 and reorders nothing")
@@ -72,15 +84,8 @@ def test_reordered_products_are_bitwise_each_layers_own(monkeypatch, bias, rows)
     x_inner = torch.randn(rows, 1, INNER).bfloat16()
     with torch.inference_mode():
         per_call = block.outputs(x, x_inner)
-        products = []
-        counted = cpu_products._linear_pointwise
-
-        def counting(*args):
-            products.append(args[1].shape)
-            return counted(*args)
-
         with lean_decode_modules(block, few_row_gemv=False, dequantize_4bit=True, reorder_rows=ROWS) as lean:
-            monkeypatch.setattr(cpu_products, "_linear_pointwise", counting)
+            products = count_products(monkeypatch)  # from here: the probes on entry are not counted
             reordered = block.outputs(x, x_inner)
     assert lean.reordered_layers == lean.dequantized_layers == 7
     assert lean.dequantized_bytes == sum(m.out_features * m.in_features * 2 for m in block.children())
@@ -185,3 +190,34 @@ def test_the_rollouts_head_reads_the_float16_copy_and_gives_it_back_on_exit():
     assert patched and lean.fp16_head_bytes == head.weight.numel() * 2
     assert torch.equal(got, cache.forward_for(head)(x)) and (got - plain).abs().max() < 1e-5
     assert "forward" not in vars(head)
+
+
+@needs_reorder
+def test_a_layer_with_someone_elses_forward_is_left_alone_and_its_siblings_multiply_alone(monkeypatch):
+    block = Block()
+    hooked = block.k_proj.forward  # an instance-level forward, as a hook installs one
+    block.k_proj.forward = hooked
+    x, x_inner = torch.randn(ROWS, 1, HIDDEN).bfloat16(), torch.randn(ROWS, 1, INNER).bfloat16()
+    with torch.inference_mode():
+        want = block.outputs(x, x_inner)
+        with lean_decode_modules(block, few_row_gemv=False, dequantize_4bit=True, reorder_rows=ROWS) as lean:
+            products = count_products(monkeypatch)
+            got = block.outputs(x, x_inner)
+            still_hooked = vars(block.k_proj)["forward"] is hooked
+    assert still_hooked and lean.reordered_layers == lean.dequantized_layers == 6
+    # q and v each alone (k is not theirs to compute), o, gate/up stacked, down
+    assert products == [(HIDDEN, HIDDEN), (32, HIDDEN), (HIDDEN, HIDDEN), (2 * INNER, HIDDEN), (HIDDEN, INNER)]
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_the_float16_head_packs_again_for_another_tensor_at_a_freed_ones_address():
+    first, second = exact_head(seed=0), exact_head(seed=1)
+    cache = cpu_products.Float16Head()
+    cache.forward_for(first)
+    packed = cache._packed
+    # As if `first` were freed and `second` allocated where it was, at the same version count.
+    cache._key = (second.weight.data_ptr(), second.weight._version, None)
+    x = torch.randn(ROWS, HIDDEN)
+    got = cache.forward_for(second)(x)
+    assert cache._packed is not packed
+    assert (got.double() - torch.nn.functional.linear(x.double(), second.weight.double())).abs().max() < 1e-5

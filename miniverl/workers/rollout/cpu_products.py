@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from miniverl.models import cpu_gemm
@@ -39,14 +41,12 @@ def _reordered(weight: torch.Tensor, bias: torch.Tensor | None, rows: int) -> to
     return packed if same else None
 
 
-def _bias(module: torch.nn.Module) -> torch.Tensor | None:
-    return None if module.bias is None else module.bias.to(module.compute_dtype)  # frozen while decoding
-
-
 class _Product:
     """One reordered product for the decode step's rows, shared by the layers of `members` (one
     layer, or layers stacked on their input), each taking its slice of the output. The last
-    input and its outputs are kept until every member has taken its slice."""
+    input and its outputs are kept until every member has taken its slice. A member called with
+    the very tensor the product was computed from takes the stored slice: Llama/Qwen attention and
+    MLP hand one untouched tensor to q/k/v and to gate/up, and holding it keeps its id unique."""
 
     def __init__(self, members: list[torch.nn.Module], packed: torch.Tensor, bias: torch.Tensor | None):
         self.members, self.packed, self.bias = members, packed, bias
@@ -67,7 +67,7 @@ class _Product:
         """Linear4bit.forward of member `index`: the shared product for `rows` rows; any other row
         count (the prompt's prefill) dequantizes per call, as bitsandbytes does."""
         module = self.members[index]
-        compute_dtype, bias = module.compute_dtype, _bias(module)
+        compute_dtype, bias = module.compute_dtype, cpu_gemm.compute_bias(module)
 
         def forward(x: torch.Tensor) -> torch.Tensor:
             if x.numel() // x.shape[-1] == rows:
@@ -81,7 +81,7 @@ class _Product:
 def _stacked(members: list[torch.nn.Module], rows: int) -> _Product | None:
     """One product for layers that read the same input, where bitwise each layer's own."""
     weights = [cpu_gemm.dequantized_weight(m) for m in members]
-    biases = [_bias(m) for m in members]
+    biases = [cpu_gemm.compute_bias(m) for m in members]
     if any(b is None for b in biases) and any(b is not None for b in biases):
         return None
     bias = None if biases[0] is None else torch.cat(biases)
@@ -104,7 +104,10 @@ def reordered_forwards(model: torch.nn.Module, rows: int, eligible) -> tuple[dic
         for names in SHARED_INPUT_GROUPS:
             layers = [getattr(block, n, None) for n in names]
             members = [getattr(m, "base_layer", m) for m in layers]  # under a LoRA wrapper: its base layer
-            if any(m is None or not eligible(m) for m in members) or len({m.in_features for m in members}) > 1:
+            if (
+                any(m is None or not eligible(m) for m in members)
+                or len({(m.in_features, m.compute_dtype) for m in members}) > 1
+            ):
                 continue
             product = _stacked(members, rows)
             if product is not None:
@@ -114,14 +117,14 @@ def reordered_forwards(model: torch.nn.Module, rows: int, eligible) -> tuple[dic
         if module in forwards or not eligible(module):
             continue
         weight = cpu_gemm.dequantized_weight(module)
-        packed = _reordered(weight, _bias(module), rows)
+        packed = _reordered(weight, cpu_gemm.compute_bias(module), rows)
         if packed is not None:
-            forwards[module] = _Product([module], packed, _bias(module)).forward_of(0, rows)
+            forwards[module] = _Product([module], packed, cpu_gemm.compute_bias(module)).forward_of(0, rows)
             held += packed.numel() * packed.element_size()
     return forwards, held
 
 
-FP16_NORMAL_MIN, FP16_MAX = 2.0**-14, 65504.0
+FP16_NORMAL_MIN = 2.0**-14  # the smallest float16 normal
 
 
 class Float16Head:
@@ -135,6 +138,7 @@ class Float16Head:
 
     def __init__(self) -> None:
         self._key: tuple | None = None
+        self._weight = lambda: None  # a weak reference: the key's tensor, not another at its address
         self._packed = None
         self.held_bytes = 0
 
@@ -150,8 +154,9 @@ class Float16Head:
         ):
             return None
         key = (weight.data_ptr(), weight._version, None if bias is None else (bias.data_ptr(), bias._version))
-        if key != self._key:
-            self._key, self._packed = key, self._pack(weight.detach(), None if bias is None else bias.detach())
+        if key != self._key or self._weight() is not weight:
+            self._key, self._weight = key, weakref.ref(weight)
+            self._packed = self._pack(weight.detach(), None if bias is None else bias.detach())
             self.held_bytes = 0 if self._packed is None else weight.numel() * 2
         packed, plain = self._packed, type(module).forward
         if packed is None:
@@ -166,12 +171,12 @@ class Float16Head:
 
     @staticmethod
     def _pack(weight: torch.Tensor, bias: torch.Tensor | None):
-        size = weight.abs()
-        if bool((((size < FP16_NORMAL_MIN) & (size != 0)) | ~(size <= FP16_MAX)).any()):
-            return None  # a float16 subnormal, a value beyond float16, a NaN
-        del size
-        if not torch.equal(weight.half().float(), weight):
-            return None  # a value float16 would round: not the same weights
+        # Checked a block of rows at a time, so that the check adds little to the first rollout's peak.
+        for rows in weight.split(4096):
+            if not torch.equal(rows.half().float(), rows):
+                return None  # a value float16 would round, overflow (inf) or lose (NaN): not the same weights
+            if bool(((rows != 0) & (rows.abs() < FP16_NORMAL_MIN)).any()):
+                return None  # a float16 subnormal
         try:
             packed = torch.ops.quantized.linear_prepack_fp16(weight, bias)
             probe = torch.randn(2, weight.shape[1], generator=torch.Generator().manual_seed(0))
@@ -179,5 +184,5 @@ class Float16Head:
         except (AttributeError, NotImplementedError, RuntimeError):  # no fbgemm (a CPU other than x86)
             return None
         want = torch.nn.functional.linear(probe.double(), weight.double(), None if bias is None else bias.double())
-        # float32 products of the same values: off by float32 rounding only (~1e-6 relative)
+        # A guard against a kernel that computes something else, not a bound on its rounding (~1e-6).
         return packed if bool(((got.double() - want).abs() <= 1e-4 * (want.abs().max() + 1)).all()) else None

@@ -122,8 +122,7 @@ def _dense_4bit_forward(module: torch.nn.Module, weight: torch.Tensor, float32_g
     """Linear4bit.forward with its dequantized weight (bitsandbytes 0.50's CPU path: Linear4bit.forward
     -> matmul_4bit -> gemm_4bit's default kernel) without the per-call dequantization; the product
     as cpu_gemm's, like every other role's."""
-    compute_dtype = module.compute_dtype
-    bias = None if module.bias is None else module.bias.to(compute_dtype)  # frozen while decoding
+    compute_dtype, bias = module.compute_dtype, cpu_gemm.compute_bias(module)  # frozen while decoding
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         return cpu_gemm.linear(x.to(compute_dtype), weight, bias, float32_gemm=float32_gemm).to(x.dtype)
@@ -132,7 +131,9 @@ def _dense_4bit_forward(module: torch.nn.Module, weight: torch.Tensor, float32_g
 
 
 def _dense_eligible(module: torch.nn.Module) -> bool:
-    return cpu_gemm.plain_cpu_4bit(module) and module.compute_type_is_set
+    """A plain CPU 4-bit layer that has picked its compute dtype and has no instance forward of
+    someone else's (a hook), which decoding leaves alone."""
+    return "forward" not in vars(module) and cpu_gemm.plain_cpu_4bit(module) and module.compute_type_is_set
 
 
 @dataclass
@@ -179,7 +180,6 @@ def lean_decode_modules(
     reordered = {}
     if dequantize_4bit and reorder_rows is not None and not float32_gemm:
         reordered, state.dequantized_bytes = cpu_products.reordered_forwards(model, reorder_rows, _dense_eligible)
-        state.reordered_layers = len(reordered)
     for module in model.modules():
         if "forward" in vars(module):  # someone else's instance-level forward (hooks): leave it
             continue
@@ -201,6 +201,7 @@ def lean_decode_modules(
         elif module in reordered:
             module.forward = reordered[module]
             state.dequantized_layers += 1
+            state.reordered_layers += 1
         elif dequantize_4bit and _dense_eligible(module):
             weight = cpu_gemm.dequantized_weight(module)
             module.forward = _dense_4bit_forward(module, weight, float32_gemm)

@@ -89,7 +89,7 @@ class RolloutWorker:
         self.cpu_prepack = by_bf16_instructions(cpu_prepack)  # CPU, native bf16 products only
         # CPU only: the lm_head's float16 copy, kept across rollouts (Float16Head)
         self.fp16_head = Float16Head() if by_bf16_instructions(cpu_fp16_lm_head) else None
-        self.last_decode = LeanDecode()  # what the last decode's fast paths held and did
+        self.last_decode: LeanDecode | None = None  # what the last decode's fast paths held and did
         self._static_caches: dict[tuple[int, int], StaticCache] = {}
         self._compiled_step = None
         # A device sync per step costs a CUDA pipeline stall; check for "all rows done" less often there.
@@ -137,7 +137,8 @@ class RolloutWorker:
                 self.cpu_gemv and cpu,
                 dequantize_4bit=self.dequantize_4bit_once and cpu,
                 float32_gemm=self.float32_gemm and cpu,
-                reorder_rows=ids.shape[0] if self.cpu_prepack and cpu else None,  # each decode step's rows
+                # each decode step's rows; not under torch.compile, which would trace the shared products
+                reorder_rows=ids.shape[0] if self.cpu_prepack and cpu and not self.compile_decode else None,
                 fp16_head=self.fp16_head if cpu else None,
             ) as lean,
         ):
