@@ -68,7 +68,8 @@ class OPDTrainer:
         self.reward: RewardWorker | None = None  # with estimator.use_task_rewards
         self.rollout = self.teacher = self.actor = None  # the roles (workers/factory.py)
         self.downshift: Downshift | None = None
-        self.teacher_weight_bytes, self.products = {}, None  # for the report: bytes, the products every role computes
+        # For the report: the teachers' bytes, the products every role computes, the rollout's last LeanDecode.
+        self.teacher_weight_bytes, self.products, self.last_decode = {}, None, None
         self.cold_startup_seconds = self.resume_load_seconds = None  # setup's end; a resumed checkpoint's load
 
     # ------------------------------------------------------------------ setup
@@ -148,8 +149,7 @@ class OPDTrainer:
     def train(self) -> str:
         """Runs the remaining updates; returns the status: measured (all done), interrupted or failed."""
         progress = dict(disable=not self.cfg.trainer.progress_bar, dynamic_ncols=True, unit="update")
-        # Advanced after each update is logged, and closed before the closing table: a run that
-        # stops early or resumes shows where it stands.
+        # Advanced after each update is logged, closed before the closing table: an early stop shows where it stands.
         with tqdm(desc="opd", initial=len(self.history), total=len(self.plan.updates), **progress) as bar:
             return self.fit(bar)
 
@@ -287,11 +287,11 @@ class OPDTrainer:
         return report
 
     def release_models(self) -> None:
-        """Drop the models, workers and optimizer and give their memory back (the device's cache
-        included), saving the adapter first if finish has not: the recipe's resume check then runs
-        its two fresh processes with the device to themselves. finish() still writes the report."""
+        """Drop the models, workers and optimizer and free their memory (saving the adapter first): the
+        resume check's two fresh processes then have the device to themselves. finish() writes the report."""
         if not self.adapter_saved:
             self.save_adapter()
+        self.last_decode = getattr(self.rollout, "last_decode", self.last_decode)
         self.probe = self.actor = self.teacher = self.rollout = self.student = None
         release_memory(self.device, compiled=self.cfg.hardware.rollout_compile)
 

@@ -128,7 +128,7 @@ def teachers_block(cfg: MiniverlConfig, weight_bytes: dict[str, int]) -> dict:
 def trainer_facts(trainer, status: str, resume: dict) -> RunFacts:
     """The facts an OPDTrainer observed (its run so far), for the report."""
     return RunFacts(
-        **device_facts(trainer.device, trainer.products, getattr(trainer.rollout, "last_decode", None)),
+        **device_facts(trainer.device, trainer.products, getattr(trainer.rollout, "last_decode", trainer.last_decode)),
         status=status,
         history=trainer.history,
         run_dir=trainer.run_dir,
