@@ -1,8 +1,8 @@
-"""The decode step's products on a CPU with bf16 instructions, prepared once per rollout
-(docs/bench.md measures each on an AMX Xeon):
+"""The decode step's products on a CPU with bf16 instructions, prepared when a physical batch
+starts decoding (docs/bench.md measures each on an AMX Xeon):
 
 - reordered copies (`hardware.rollout_cpu_prepack`): the dense bf16 copies of the 4-bit weights
-  are reordered once into oneDNN's blocked layout for the decode step's rows, so that no product
+  are reordered into oneDNN's blocked layout for the decode step's rows, so that no product
   reorders its weight again on every call; layers that read the same input (q/k/v, gate/up) are
   stacked into one product, each taking its slice. Both are checked bitwise against the
   per-layer F.linear on entry, layer by layer, and not used where they differ;
