@@ -38,7 +38,7 @@ from miniverl.bench.setups import (
 from miniverl.bench.tables import machine_facts, markdown
 from miniverl.models import cpu_gemm
 from miniverl.utils.errors import MiniverlError, exit_code_of, unwritable
-from miniverl.workers.rollout.lean_decode import by_bf16_instructions, few_row_gemv_enabled
+from miniverl.workers.rollout.lean_decode import resolved_decode_settings
 
 log = logging.getLogger("miniverl.bench")
 
@@ -262,10 +262,8 @@ def run(args: argparse.Namespace) -> dict:
                 "logprob_chunk": hw.logprob_chunk,
                 "rollout_static_cache": hw.rollout_static_cache,
                 "rollout_compile": hw.rollout_compile,
-                "rollout_cpu_gemv": few_row_gemv_enabled(hw.rollout_cpu_gemv),  # as resolved here
+                **resolved_decode_settings(hw),  # as resolved here
                 "rollout_dequantize_4bit_once": hw.rollout_dequantize_4bit_once,
-                "rollout_cpu_prepack": by_bf16_instructions(hw.rollout_cpu_prepack),  # as resolved here
-                "rollout_cpu_fp16_lm_head": by_bf16_instructions(hw.rollout_cpu_fp16_lm_head),
                 "cpu_float32_gemm": float32_gemm,  # as resolved on this machine
                 "products": cpu_gemm.product_name(float32_gemm, device),
             },

@@ -32,7 +32,7 @@ from miniverl.utils.device import wants_cuda
 from miniverl.utils.downshift import split
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import sha256_file, sha256_json
-from miniverl.workers.rollout.lean_decode import by_bf16_instructions, few_row_gemv_enabled
+from miniverl.workers.rollout.lean_decode import resolved_decode_settings
 
 PLAN_VERSION = 1
 
@@ -92,9 +92,7 @@ def experiment_settings(cfg: MiniverlConfig) -> dict:
         # A null means "by the CPU": the plan holds what this CPU resolves it to, so that a resume on
         # a CPU of another kind (other products, other roundings) is refused as another plan.
         settings["hardware"]["cpu_float32_gemm"] = cpu_gemm.enabled_for(cfg.hardware, torch.device("cpu"))
-        settings["hardware"]["rollout_cpu_gemv"] = few_row_gemv_enabled(cfg.hardware.rollout_cpu_gemv)
-        for key in ("rollout_cpu_prepack", "rollout_cpu_fp16_lm_head"):
-            settings["hardware"][key] = by_bf16_instructions(getattr(cfg.hardware, key))
+        settings["hardware"].update(resolved_decode_settings(cfg.hardware))
     if cfg.teachers:  # the single `teacher` block is not read
         settings.pop("teacher")
     else:

@@ -15,6 +15,10 @@ from miniverl.workers.rollout.lean_decode import lean_decode_modules
 
 HIDDEN, INNER, ROWS = 64, 96, 4
 REORDERS = cpu_products._reordered(torch.zeros(8, 8, dtype=torch.bfloat16), None, ROWS) is not None
+needs_fbgemm = pytest.mark.skipif(
+    "fbgemm" not in torch.backends.quantized.supported_engines,
+    reason="torch has no fbgemm on this CPU (not x86): the lm_head stays float32",
+)
 needs_reorder = pytest.mark.skipif(
     not REORDERS, reason="oneDNN cannot reorder bf16 weights on this CPU (AVX2): the decode keeps plain dense copies"
 )
@@ -136,6 +140,7 @@ def exact_head(vocab: int = 512, hidden: int = HIDDEN, seed: int = 0) -> torch.n
     return head
 
 
+@needs_fbgemm
 def test_the_float16_head_multiplies_the_same_values_in_float32():
     head, cache = exact_head(), cpu_products.Float16Head()
     forward = cache.forward_for(head)
@@ -175,6 +180,7 @@ def test_the_float16_head_is_not_used_where_it_would_change_the_weights(change):
     assert cache.forward_for(head) is None and cache.held_bytes == 0
 
 
+@needs_fbgemm
 def test_the_rollouts_head_reads_the_float16_copy_and_gives_it_back_on_exit():
     head = exact_head()
     model = torch.nn.Module()
@@ -210,6 +216,7 @@ def test_a_layer_with_someone_elses_forward_is_left_alone_and_its_siblings_multi
     assert all(torch.equal(a, b) for a, b in zip(got, want))
 
 
+@needs_fbgemm
 def test_the_float16_head_packs_again_for_another_tensor_at_a_freed_ones_address():
     first, second = exact_head(seed=0), exact_head(seed=1)
     cache = cpu_products.Float16Head()

@@ -31,6 +31,16 @@ def by_bf16_instructions(setting: bool | None) -> bool:
     return setting if setting is not None else cpu_bf16_instructions() is not None
 
 
+def resolved_decode_settings(hardware) -> dict[str, bool]:
+    """The decode's CPU settings of a HardwareConfig as this CPU resolves their nulls (the plan and
+    the bench record these)."""
+    return {
+        "rollout_cpu_gemv": few_row_gemv_enabled(hardware.rollout_cpu_gemv),
+        "rollout_cpu_prepack": by_bf16_instructions(hardware.rollout_cpu_prepack),
+        "rollout_cpu_fp16_lm_head": by_bf16_instructions(hardware.rollout_cpu_fp16_lm_head),
+    }
+
+
 def _few_row_linear(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """nn.Linear.forward, computed as (W @ x^T)^T when x has at most GEMV_MAX_ROWS rows."""
     rows = x.numel() // x.shape[-1]
