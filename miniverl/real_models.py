@@ -1,9 +1,9 @@
 """`python -m miniverl.real_models`: build the real trained models the real recipes use, once per
 machine, without a hub (miniverl/models/real_fixture.py says what they are).
 
-    python -m miniverl.real_models                       # the teacher and the every-2nd-layer student
+    python -m miniverl.real_models                       # the teacher, the 15- and the 24-layer student
     python -m miniverl.real_models --keep-every 3 --offset 1   # another student: layers 1, 4, 7, ...
-    python -m miniverl.real_models --drop-every 5        # a nearer student: all but layers 4, 9, 14, ... (24 of 30)
+    python -m miniverl.real_models --drop-every 3        # another student: all but layers 2, 5, 8, ... (20 of 30)
     python -m miniverl.real_models --cross-tokenizer     # + the every-2nd-layer student with Qwen2's tokenizer
 
 Prints the folders; `model.model_id` / `teacher.model_id` accept them (or any Hugging Face folder).
@@ -38,29 +38,33 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.drop_every is not None and (args.drop_every < 2 or args.offset or args.keep_every is not None):
         parser.error(f"--drop-every {args.drop_every}: need N >= 2, without --keep-every or --offset")
+    cut_asked = args.keep_every is not None or args.drop_every is not None or args.offset
     args.keep_every = real_fixture.DEFAULT_KEEP_EVERY if args.keep_every is None else args.keep_every
     if args.keep_every < 1 or not 0 <= args.offset < args.keep_every:
         parser.error(
             f"--keep-every {args.keep_every} --offset {args.offset}: need --keep-every >= 1 and "
             "0 <= --offset < --keep-every"
         )
-    folders = {
-        "teacher": real_fixture.teacher_dir(),
-        "student": real_fixture.student_dir(None, args.keep_every, args.offset, args.drop_every),
-        **(
-            {"student of another tokenizer": real_fixture.cross_tokenizer_student_dir()} if args.cross_tokenizer else {}
-        ),
-    }
-    built_before = {name: (folder / "config.json").exists() for name, folder in folders.items()}
+    cuts = [(args.keep_every, args.offset, args.drop_every)]
+    if not cut_asked:  # the students the recipes and the bench use: the 15- and the 24-layer cut
+        cuts.append((real_fixture.DEFAULT_KEEP_EVERY, 0, real_fixture.RECIPE_DROP_EVERY))
+    folders = [
+        ("teacher", real_fixture.teacher_dir()),
+        *(("student", real_fixture.student_dir(None, *cut)) for cut in cuts),
+    ]
+    if args.cross_tokenizer:
+        folders.append(("student of another tokenizer", real_fixture.cross_tokenizer_student_dir()))
+    built_before = [(folder / "config.json").exists() for _, folder in folders]
     try:
         real_fixture.build_teacher()
-        real_fixture.build_student(keep_every=args.keep_every, offset=args.offset, drop_every=args.drop_every)
+        for keep_every, offset, drop_every in cuts:
+            real_fixture.build_student(keep_every=keep_every, offset=offset, drop_every=drop_every)
         if args.cross_tokenizer:
             real_fixture.build_cross_tokenizer_student()
     except MiniverlError as error:
         return exit_code_of(error, "miniverl.real_models")
-    for name, folder in folders.items():
-        print(f"{name}: {folder} ({'there already' if built_before[name] else 'built now'})")
+    for (name, folder), before in zip(folders, built_before, strict=True):
+        print(f"{name}: {folder} ({'there already' if before else 'built now'})")
     return 0
 
 

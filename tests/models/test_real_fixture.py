@@ -59,12 +59,11 @@ def test_the_recipes_model_ids_resolve_into_the_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("MINIVERL_CACHE", str(tmp_path))
     cfg = compose_config(["+recipe=opd_k1_real_cpu"])
     assert cache_root() == tmp_path
-    assert (
-        cfg.model.model_id == real_model_path("smollm2-135m-instruct-every2") == str(real_fixture.student_dir(tmp_path))
-    )
+    assert cfg.model.model_id == real_model_path("smollm2-135m-instruct-drop5")
+    assert cfg.model.model_id == str(real_fixture.student_dir(tmp_path, drop_every=real_fixture.RECIPE_DROP_EVERY))
     assert cfg.teacher.model_id == str(real_fixture.teacher_dir(tmp_path))
-    nearer = compose_config(["+recipe=opd_k1_real_cpu", "model=smollm2_135m_drop5"])
-    assert nearer.model.model_id == str(real_fixture.student_dir(tmp_path, drop_every=5))
+    further = compose_config(["+recipe=opd_k1_real_cpu", "model=smollm2_135m_every2"])
+    assert further.model.model_id == str(real_fixture.student_dir(tmp_path))
 
 
 def test_a_student_of_another_cut_is_refused_when_it_keeps_nothing():
@@ -115,7 +114,10 @@ def test_the_command_says_which_folders_it_built_and_which_were_there(real_model
     assert capsys.readouterr().out.splitlines() == [
         f"teacher: {teacher} (there already)",
         f"student: {student} (there already)",
+        f"student: {real_fixture.student_dir(drop_every=5)} (there already)",  # the real recipe's
     ]
+    assert main(["--keep-every", "2"]) == 0  # a cut asked for: that one alone
+    assert capsys.readouterr().out.splitlines()[1:] == [f"student: {student} (there already)"]
 
 
 def test_a_drop_every_student_keeps_all_but_every_nth_layer_in_its_own_folder(tmp_path):
@@ -143,7 +145,8 @@ def test_drop_every_is_refused_below_two_or_beside_keep_every(flags, capsys):
         (real_fixture.student_dir().name, ""),
         (real_fixture.student_dir(keep_every=3, offset=1).name, " --keep-every 3 --offset 1"),
         (real_fixture.student_dir(keep_every=4).name, " --keep-every 4"),
-        (real_fixture.student_dir(drop_every=5).name, " --drop-every 5"),
+        (real_fixture.student_dir(drop_every=3).name, " --drop-every 3"),
+        (real_fixture.student_dir(drop_every=5).name, ""),  # the real recipe's: the plain build makes it
         (real_fixture.cross_tokenizer_student_dir().name, " --cross-tokenizer"),
     ],
 )
