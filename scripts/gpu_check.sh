@@ -137,10 +137,11 @@ if wants real; then
         rm -rf "$REAL_RUN"
         REAL_HARDWARE="$HARDWARE"
         if [ "$HARDWARE" = rtx4080_16gb ]; then REAL_HARDWARE=auto; fi  # the real models are small
-        # 8 updates, not the recipe's 16: its 8 took 182 s on an H200 with the resume check (bench.md),
-        # and the whole check has 15 minutes of device time.
+        # 8 updates, not the recipe's 16, on the 15-layer cut, not the recipe's 24 layers: so it took
+        # 182 s on an H200 with the resume check (bench.md), and the whole check has 15 minutes of
+        # device time.
         step real_recipe 200 "$PYTHON" -m miniverl.main +recipe=opd_k1_real_cpu "hardware=$REAL_HARDWARE" \
-            recipe.optimizer_updates=8 recipe.interrupt_after_updates=4 eval.every=4 \
+            model=smollm2_135m_every2 recipe.optimizer_updates=8 recipe.interrupt_after_updates=4 eval.every=4 \
             trainer.progress_bar=false "hydra.run.dir=$REAL_RUN"
         if [ -f "$REAL_RUN/report.json" ]; then cp "$REAL_RUN/report.json" "$OUT_DIR/real_report.json"; fi
         REAL_DIR="$("$PYTHON" -c 'from miniverl.models import real_fixture as r; print(r.teacher_dir().parent)')"
