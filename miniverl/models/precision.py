@@ -11,8 +11,8 @@ AMX CPU): the rollout vs a full forward of the same weights differ by 0.032 nats
 0.20 at most, with the native or the float32 product alike; the same forward computed in bf16
 and in float32 differ by 0.064 and 0.38 — sampling and scoring agree within half of what bf16
 compute itself is off by. Over 16 updates of `+recipe=opd_k1_real_cpu` on that cut (profile v3) the
-rollout and the actor differed by at most 0.39, and by 0.06 on average in the worst update. A misaligned position, by
-contrast, is off by the log-prob itself (several nats) at most positions, and another model
+rollout and the actor differed by at most 0.39, and by 0.06 on average in the worst update. A
+misaligned position, by contrast, is off by the log-prob itself (several nats) at most positions, and another model
 (even a random toy teacher against its random student) by 0.8 or more at some position: hence
 0.5 at most (the doctor's self-test saw 0.39 over 192 tokens of the real recipe, where the earlier
 0.25 made it FAIL a sound setup) and 0.1 on average. For agreement to 1e-4, compute in float32

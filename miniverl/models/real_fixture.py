@@ -73,8 +73,8 @@ def build_command(folder_name: str) -> str:
     flags = ""
     if folder_name == CROSS_TOKENIZER_FOLDER:
         flags = " --cross-tokenizer"
-    elif (match := re.fullmatch(rf"{TEACHER_FOLDER}-drop(\d+)", folder_name)) and int(match[1]) != RECIPE_DROP_EVERY:
-        flags = f" --drop-every {match[1]}"
+    elif match := re.fullmatch(rf"{TEACHER_FOLDER}-drop(\d+)", folder_name):
+        flags = "" if int(match[1]) == RECIPE_DROP_EVERY else f" --drop-every {match[1]}"  # the plain build makes it
     elif match := re.fullmatch(rf"{TEACHER_FOLDER}-every(\d+)(?:-from(\d+))?", folder_name):
         keep, offset = int(match[1]), int(match[2] or 0)
         flags = (f" --keep-every {keep}" if keep != DEFAULT_KEEP_EVERY or offset else "") + (
