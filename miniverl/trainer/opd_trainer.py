@@ -67,7 +67,7 @@ class OPDTrainer:
         self.tensorboard: TensorBoardLogger | None = None  # with trainer.logger tensorboard
         self.reward: RewardWorker | None = None  # with estimator.use_task_rewards
         self.rollout = self.teacher = self.actor = None  # the roles (workers/factory.py)
-        self.downshift: Downshift | None = None
+        self.downshift = self.eval_downshift = None  # training's out-of-memory Downshift; the held-out probe's
         # For the report: the teachers' bytes, the products every role computes, the rollout's last LeanDecode.
         self.teacher_weight_bytes, self.products, self.last_decode = {}, None, None
         self.cold_startup_seconds = self.resume_load_seconds = None  # setup's end; a resumed checkpoint's load
@@ -118,13 +118,14 @@ class OPDTrainer:
         if cfg.eval.every != -1:
             self.probe = ValidationProbe.from_config(cfg, self.tokenizer, self.rollout, self.teacher, self.student)
         self.downshift = Downshift.for_hardware(self.device, cfg.hardware, self.resumed)  # a resumed run: its sizes
+        self.eval_downshift = Downshift.for_hardware(self.device, cfg.hardware)  # training's sizes never see it
         if self.resumed is not None:
             self.load_checkpoint(self.resumed)
         self.cold_startup_seconds = seconds_since_start()
 
     def evaluate(self, update: int) -> dict:
         """Held-out progress after `update` updates (0: before training), into self.progress."""
-        values = self.probe.measure(self.downshift)  # its rows halve on out-of-memory like an update's
+        values = self.probe.measure(self.eval_downshift)  # its rows halve on out-of-memory like an update's
         for key, value in values.items():
             self.progress.setdefault(key, []).append({"update": update, "value": value})
         return {PROGRESS_METRICS[k]: v for k, v in values.items()}
@@ -287,8 +288,7 @@ class OPDTrainer:
         return report
 
     def release_models(self) -> None:
-        """Drop the models, workers and optimizer and free their memory (saving the adapter first): the
-        resume check's two fresh processes then have the device to themselves. finish() writes the report."""
+        """Save the adapter, free the models, workers and optimizer: the resume check's runs get the device."""
         if not self.adapter_saved:
             self.save_adapter()
         self.last_decode = getattr(self.rollout, "last_decode", self.last_decode)

@@ -127,6 +127,7 @@ def teachers_block(cfg: MiniverlConfig, weight_bytes: dict[str, int]) -> dict:
 
 def trainer_facts(trainer, status: str, resume: dict) -> RunFacts:
     """The facts an OPDTrainer observed (its run so far), for the report."""
+    shifts = [trainer.downshift, trainer.eval_downshift]
     return RunFacts(
         **device_facts(trainer.device, trainer.products, getattr(trainer.rollout, "last_decode", trainer.last_decode)),
         status=status,
@@ -135,8 +136,9 @@ def trainer_facts(trainer, status: str, resume: dict) -> RunFacts:
         last_checkpoint=trainer.last_checkpoint,
         seconds_to_first=trainer.seconds_to_first,
         cold_startup_seconds=trainer.cold_startup_seconds,
-        batch_downshifts=dict(trainer.downshift.counts),
-        observed_rollout_physical_batch_sizes=sorted(trainer.downshift.observed["rollout"]),
+        # Training's and the held-out probe's downshifts (each has its own sizes) together.
+        batch_downshifts={kind: sum(shift.counts[kind] for shift in shifts) for kind in trainer.downshift.counts},
+        observed_rollout_physical_batch_sizes=sorted(set().union(*(shift.observed["rollout"] for shift in shifts))),
         trajectory_sha256=trainer.out.trajectory_sha256,
         resolved_config_digest=sha256_json(trainer.resolved),
         resume=resume,

@@ -47,6 +47,8 @@ def test_the_real_student_moves_toward_its_teacher(real_run):
     kl = {p["update"]: p["value"] for p in report["distillation_progress"]["exact_reverse_kl"]}
     assert kl[4] < 0.9 * kl[0]  # held-out exact reverse KL over all 49,152 tokens
     assert report["models"]["student"]["model_id"].endswith("smollm2-135m-instruct-drop5")
+    # Training decodes its 4 rows at once, the held-out probe its 16 prompts (the recipe's physical batch).
+    assert report["measurements"]["observed_rollout_physical_batch_sizes"] == [4, 16]
     float32_gemm = cpu_gemm.enabled_for(HardwareConfig(), torch.device("cpu"))
     assert report["hardware"]["products"] == cpu_gemm.product_name(float32_gemm, torch.device("cpu"))
     # The decode's CPU paths: on a CPU with bf16 instructions all 24 x 7 NF4 layers from reordered

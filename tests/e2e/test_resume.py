@@ -244,6 +244,33 @@ def test_a_recipe_run_with_overwrite_checks_its_resume_once(tmp_path):
     assert not (folder / "resume_check" / "resumed" / "resume_check").exists()  # no twin checked its own
 
 
+@pytest.mark.slow
+def test_the_resume_checks_twins_leave_out_the_held_out_probe_and_still_match(tmp_path):
+    """The probe measures and never trains: the twins skip it (a third of their time on the real
+    recipe) and still match. Its out-of-memory halvings are its own: here its 8-row rollouts fail
+    (training's 4-row ones fit), and training's sizes, which the checkpoints keep, stay untouched."""
+    heldout = ["data.val_files=data/toy_prompts_heldout.parquet", "eval.every=1"]  # 16 held-out prompts
+    oom = ["hardware.rollout_physical_batch=8", "hardware.simulate_oom_above_rows=4"]
+    args = [*ARGS, *heldout, *oom, "recipe.interrupt_after_updates=2"]
+    folder = tmp_path / "run"
+    report = run(compose_config(args), folder, overrides=args)
+    assert report["resume"]["status"] == "exact_match", report["resume"]
+    assert report["measurements"]["batch_downshifts"] == {"rollout_oom": 1, "update_chunk_oom": 0}  # the probe's
+
+    def last_state(run_dir):
+        return json.loads((checkpoint.checkpoints_in(run_dir)[-1] / "state.json").read_text())
+
+    def held_out_keys(run_dir):
+        return {k for metrics in last_state(run_dir)["history"] for k in metrics if k.startswith("val/")}
+
+    training_shift = last_state(folder)["downshift"]
+    assert training_shift["rows"] == {"rollout": 8, "update_chunk": 4}  # not the probe's halved 4
+    assert training_shift["batch_downshifts"] == {"rollout_oom": 0, "update_chunk_oom": 0}
+    assert "val/distillation/k1_mean" in held_out_keys(folder)  # the reference measured at every update
+    for twin in ("interrupted", "resumed"):
+        assert held_out_keys(folder / "resume_check" / twin) == set()
+
+
 def test_a_twin_of_the_resume_check_never_checks_its_own_resume(tmp_path, monkeypatch):
     monkeypatch.setenv(resume_check.TWIN_ENV, "1")
     report = run_in_process(tmp_path / "twin", "recipe.interrupt_after_updates=2")

@@ -229,8 +229,9 @@ def test_an_oom_in_the_held_out_probe_halves_its_rows_too(tmp_path, monkeypatch)
         "eval.every=2",
     )
     assert report["status"] == "measured"
-    # The probe runs first (update 0): it meets the out-of-memory errors, 4 -> 2 -> 1 rows ...
-    assert report["measurements"]["batch_downshifts"] == {"rollout_oom": 2, "update_chunk_oom": 2}
+    # The probe (update 0) halves its own rows 4 -> 2 -> 1, and training its own at update 1: the report
+    # counts both, and training's sizes stay untouched by the probe (tests/e2e/test_resume.py) ...
+    assert report["measurements"]["batch_downshifts"] == {"rollout_oom": 4, "update_chunk_oom": 4}
     # ... and no forward of the run, the probe's included, ever held more than one row.
     assert set(rollout_rows) == {1} and set(teacher_rows) == {1}
     assert [p["update"] for p in report["distillation_progress"]["k1_mean"]] == [0, 2]
