@@ -131,6 +131,7 @@ SHORT_CROSS = [
     "recipe.optimizer_updates=4",
     "recipe.interrupt_after_updates=null",
     "eval.every=4",
+    "hardware.rollout_physical_batch=16",  # the probe's 16 prompts in one decode (151,936 logits a row), not four
     "trainer.progress_bar=false",
 ]
 
