@@ -118,7 +118,7 @@ class OPDTrainer:
         if cfg.eval.every != -1:
             self.probe = ValidationProbe.from_config(cfg, self.tokenizer, self.rollout, self.teacher, self.student)
         self.downshift = Downshift.for_hardware(self.device, cfg.hardware, self.resumed)  # a resumed run: its sizes
-        self.eval_downshift = Downshift.for_hardware(self.device, cfg.hardware)  # training's sizes never see it
+        self.eval_downshift = Downshift.for_hardware(self.device, cfg.hardware, self.resumed, "eval_downshift")
         if self.resumed is not None:
             self.load_checkpoint(self.resumed)
         self.cold_startup_seconds = seconds_since_start()
@@ -258,13 +258,13 @@ class OPDTrainer:
             "compiled_plan_sha256": self.plan.digest,
             "resolved_config_digest": sha256_json(self.resolved),
             "run_seed": self.cfg.trainer.seed,
-            # Every random stream derives from the run seed and counters: no generator state to save.
-            "random_streams": "derived: plan.updates[k].sample_seeds",
+            "random_streams": "derived: plan.updates[k].sample_seeds",  # from the seed: no generator state
             "trajectory_digests": list(self.out.trajectory_digests),
             "trajectory_sha256": self.out.trajectory_sha256,
             "history": self.history,
             "distillation_progress": self.progress,
             "downshift": self.downshift.state(),  # a resumed run goes on at the sizes this run had halved to
+            "eval_downshift": self.eval_downshift.snapshot(),  # the probe's own; the resume check leaves it out
             "finished": update == len(self.plan.updates),
         }
         self.last_checkpoint = checkpoint.save_checkpoint(

@@ -23,8 +23,9 @@ with a privileged context (`teacher.context`), after its own prompt for that row
 Every forward goes through an out-of-memory downshift (`Downshift`; the run's `eval_downshift`): the
 rollout at the rollout physical batch, the teacher and the exact KL at the update chunk, so an
 out-of-memory error in the probe halves its rows as it would in an update (and the smaller size
-sticks). It is the probe's own, not training's: the probe changes no training bit, the sizes that
-training's checkpoints keep included, so the resume check's runs can leave it out.
+sticks, across a resume too: checkpoints keep it apart, as `eval_downshift`). It is the probe's
+own, not training's: the probe changes no training bit, the sizes that training's checkpoints keep
+included, so the resume check's runs can leave it out.
 """
 
 from __future__ import annotations

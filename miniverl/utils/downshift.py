@@ -3,6 +3,8 @@
 
 The smaller size sticks for the rest of the run (retrying the big size every update would pay
 the failure every time), a resumed run's included: checkpoints keep it (`state`, `for_hardware`).
+Training and the held-out probe each have their own (`OPDTrainer.downshift`, `eval_downshift`):
+the probe's halvings never change training's sizes, which the resume check compares.
 Sampling streams are per sample, so a downshifted rollout draws the same uniforms; its tokens are
 the same where the products of fewer rows give the same bits (float32 products), but in half
 precision they round differently and a draw can flip (docs/resume.md). Hence the stickiness
@@ -27,8 +29,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 # The rows of a rollout forward (hardware.rollout_physical_batch) and of every scoring forward
 # (hardware.update_chunk): the actor's chunks, the teacher's and the probe's forwards all take
-# update_chunk rows, so they halve together under one kind, named after that key and counted as the
-# reference report's `update_chunk_oom`.
+# update_chunk rows, so they halve together under one kind (the probe's in its own Downshift), named
+# after that key and counted as the reference report's `update_chunk_oom`.
 KINDS = ("rollout", "update_chunk")
 
 
@@ -56,16 +58,17 @@ class Downshift:
         self.committed = self.snapshot()  # as of the last complete update: what a checkpoint keeps
 
     @classmethod
-    def for_hardware(cls, device: torch.device, hw, resumed=None) -> Downshift:
+    def for_hardware(cls, device: torch.device, hw, resumed=None, field: str = "downshift") -> Downshift:
         """The sizes of `hw` (a HardwareConfig) to start from, or those the checkpoint a run resumes
-        from kept (`resumed`, a utils.checkpoint.Checkpoint: its state.json's `downshift`)."""
+        from kept (`resumed`, a utils.checkpoint.Checkpoint: its state.json's `field`; training's
+        `downshift`, or the held-out probe's own `eval_downshift`)."""
         shift = cls(
             device,
             rollout_rows=hw.rollout_physical_batch,
             update_rows=hw.update_chunk,
             simulate_above=hw.simulate_oom_above_rows,
         )
-        kept = resumed.state.get("downshift") if resumed is not None else None
+        kept = resumed.state.get(field) if resumed is not None else None
         if kept:  # a checkpoint older than this field has none: the sizes of `hw`
             shift.rows.update(kept["rows"])
             shift.counts.update(kept["batch_downshifts"])
@@ -115,8 +118,8 @@ class Downshift:
             # back (the collect breaks any frame cycles) before the retry needs it.
             gc.collect()
             free_device_cache(self.device)
-            if self.rows[kind] == 1:
+            if max(sizes) == 1:
                 raise OutOfMemoryAtOneRow(kind, failure)
-            self.rows[kind] = max(1, self.rows[kind] // 2)
+            self.rows[kind] = max(sizes) // 2  # from the size that failed, which a plan can keep below `rows`
             self.counts[f"{kind}_oom"] += 1
             log.warning("out of memory in a %s of %d rows: retrying at %d", kind, max(sizes), self.rows[kind])

@@ -129,6 +129,34 @@ def test_a_resumed_run_goes_on_at_the_sizes_an_out_of_memory_error_halved(tmp_pa
     assert report["measurements"]["observed_rollout_physical_batch_sizes"] == [2]
 
 
+@pytest.mark.slow
+def test_a_resumed_run_goes_on_at_the_sizes_the_held_out_probe_halved_its_own_rows_to(tmp_path, monkeypatch):
+    """The probe's downshift is its own, and checkpoints keep it apart from training's: a transient
+    out-of-memory error in the probe's 4-row rollouts halves them to 2 for the rest of the run, a
+    resumed run's included, while training goes on at its 4 rows."""
+    real_rollout = RolloutWorker.generate_sequences
+    failures_left, probe_rows, training_rows = [0], [], []
+
+    def rollout(self, prompts, *args, physical_batches, **kwargs):
+        (probe_rows if len(prompts) == 16 else training_rows).extend(physical_batches)  # 16 held-out prompts
+        if failures_left[0] and len(prompts) == 16 and max(physical_batches) > 2:
+            failures_left[0] -= 1
+            raise torch.OutOfMemoryError("transient, injected by the test")
+        return real_rollout(self, prompts, *args, physical_batches=physical_batches, **kwargs)
+
+    monkeypatch.setattr(RolloutWorker, "generate_sequences", rollout)
+    heldout = ["data.val_files=data/toy_prompts_heldout.parquet", "eval.every=1"]
+    failures_left[0] = 1
+    stopped = tmp_path / "stopped"
+    assert run_in_process(stopped, *heldout, "trainer.stop_after_updates=1")["status"] == "interrupted"
+    state = json.loads((checkpoint.checkpoints_in(stopped)[-1] / "state.json").read_text())
+    assert state["eval_downshift"]["rows"]["rollout"] == 2 and state["downshift"]["rows"]["rollout"] == 4
+    probe_rows.clear(), training_rows.clear()  # the resumed run meets no error: memory was only short before
+    report = run_in_process(tmp_path / "resumed", *heldout, f"trainer.resume_from={stopped}")
+    assert set(probe_rows) == {2} and set(training_rows) == {4}
+    assert report["measurements"]["batch_downshifts"] == {"rollout_oom": 1, "update_chunk_oom": 0}
+
+
 def test_a_failed_updates_halving_is_not_kept_by_the_checkpoint_of_the_update_before(tmp_path, monkeypatch):
     """Out of memory at one row in update 2: the run fails and checkpoints update 1, with the sizes
     update 1 ran at, so a resume on a device with more memory goes on at them, not at one row."""

@@ -204,6 +204,14 @@ def test_the_failed_attempt_is_released_before_the_cache_is_freed_and_the_rows_h
 
 
 @pytest.mark.slow
+def test_an_oom_halves_the_rows_that_failed_not_a_larger_configured_size(tmp_path):
+    """A plan of 4-row rollouts under hardware.rollout_physical_batch=16: the first out-of-memory
+    error halves to 2 at once, not 16 -> 8 -> 4 -> 2 through two retries of the same 4 rows."""
+    report = run_toy(tmp_path, "big", "hardware.rollout_physical_batch=16", "hardware.simulate_oom_above_rows=2")
+    assert report["measurements"]["batch_downshifts"]["rollout_oom"] == 1
+    assert report["measurements"]["observed_rollout_physical_batch_sizes"] == [2]
+
+
 def test_an_oom_in_the_held_out_probe_halves_its_rows_too(tmp_path, monkeypatch):
     from miniverl.workers.rollout import RolloutWorker
     from miniverl.workers.teacher import TeacherWorker
