@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -112,6 +113,19 @@ def compose_config(overrides: list[str] = ()):  # -> DictConfig
 def run_from_repo_root(monkeypatch):
     """Relative data paths in conf/ are taken from the repository root, where users run commands."""
     monkeypatch.chdir(ROOT)
+
+
+@pytest.fixture(autouse=True)
+def root_log_handlers_restored():
+    """A command's `logging.basicConfig` (bench's main) binds a root handler to the stderr of the test
+    that ran it, pytest's capture, closed after: a later test in that worker would log into a closed
+    stream ("--- Logging error ---" on its stderr). Plain stream handlers a test added go with it
+    (pytest's own capture handlers are subclasses, which pytest removes itself)."""
+    root = logging.getLogger()
+    before = list(root.handlers)
+    yield
+    for handler in [h for h in root.handlers if type(h) is logging.StreamHandler and h not in before]:
+        root.removeHandler(handler)
 
 
 @pytest.fixture
