@@ -125,7 +125,7 @@ class OPDTrainer:
 
     def evaluate(self, update: int) -> dict:
         """Held-out progress after `update` updates (0: before training), into self.progress."""
-        values = self.probe.measure(self.eval_downshift)  # its rows halve on out-of-memory like an update's
+        values = self.probe.measure(self.eval_downshift)  # out of memory halves its own rows, not training's
         for key, value in values.items():
             self.progress.setdefault(key, []).append({"update": update, "value": value})
         return {PROGRESS_METRICS[k]: v for k, v in values.items()}
