@@ -3,8 +3,11 @@ memory check (trainer/preflight.py) compares it with the device's memory."""
 
 from __future__ import annotations
 
+import torch
+
 from miniverl.config import MiniverlConfig
 from miniverl.config.model import ALL_LINEAR
+from miniverl.models import cpu_gemm
 from miniverl.models import loading as models
 from miniverl.workers.rollout.lean_decode import by_bf16_instructions
 
@@ -60,10 +63,10 @@ def linear_weights(a: dict) -> int:
 
 
 def estimate_peak_bytes(cfg: MiniverlConfig, device_type: str = "cpu") -> int:
-    """Weights + KV cache of the rollout (and on the CPU its bf16 copies of the 4-bit weights and
-    the lm_head's float16 copy) +
-    checkpointed activations of one update chunk + the logits of one log-prob chunk + the held-out
-    probe's full-vocabulary blocks + LoRA weights, gradients and AdamW state. An estimate."""
+    """Weights + KV cache of the rollout (and on the CPU its dense copies of the 4-bit weights and
+    the lm_head's float16 copy) + the activations of one update chunk (checkpointed or all) + the
+    logits of one log-prob chunk + the held-out probe's full-vocabulary blocks + LoRA weights,
+    gradients and AdamW state. An estimate."""
     s = architecture(cfg.model)
     # prepare_model_for_kbit_training casts every unquantized weight of the student to float32:
     # the embedding (tied to the output layer: one copy) and the norms.
@@ -76,11 +79,16 @@ def estimate_peak_bytes(cfg: MiniverlConfig, device_type: str = "cpu") -> int:
     tokens = cfg.recipe.prompt_limit + cfg.recipe.response_limit
     rows = cfg.hardware.rollout_physical_batch
     total += 2 * s["layers"] * rows * tokens * s["kv"] * s["head_dim"] * 4  # KV cache
-    chunk = cfg.hardware.update_chunk
-    total += chunk * tokens * s["hidden"] * 4 * (s["layers"] + 16)  # checkpointed inputs + one layer's activations
+    chunk, layer_activations = cfg.hardware.update_chunk, 16 * s["hidden"] * 4  # per position, float32
+    if cfg.model.gradient_checkpointing:  # every layer's input kept, one layer's activations recomputed at a time
+        total += chunk * tokens * (s["layers"] * s["hidden"] * 4 + layer_activations)
+    else:  # every layer's activations kept for the backward
+        total += chunk * tokens * s["layers"] * layer_activations
     total += cfg.hardware.logprob_chunk * s["vocab"] * 4 * 3  # logits, exp and gradient of one chunk
     if device_type == "cpu" and cfg.model.quantization == "nf4" and cfg.hardware.rollout_dequantize_4bit_once:
-        total += linear_weights(s) * DTYPE_BYTES.get(s["dtype"], 4)  # the rollout's dense copies of the 4-bit weights
+        # the rollout's dense copies of the 4-bit weights: float32 where the roles multiply in float32
+        float32 = cpu_gemm.enabled_for(cfg.hardware, torch.device("cpu"))
+        total += linear_weights(s) * (4 if float32 else DTYPE_BYTES.get(s["dtype"], 4))
     if device_type == "cpu" and prepared and by_bf16_instructions(cfg.hardware.rollout_cpu_fp16_lm_head):
         total += s["vocab"] * s["hidden"] * 2  # the float16 copy of the float32 lm_head (where its values allow)
     if cfg.eval.every != -1 and s["vocab"] <= cfg.eval.exact_kl_max_vocab:

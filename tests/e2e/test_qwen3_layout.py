@@ -225,10 +225,17 @@ def test_the_memory_estimate_counts_the_tied_embedding_once_in_float32():
 
 
 def test_the_memory_estimate_counts_the_rollouts_dense_copies_on_the_cpu_and_the_probes_blocks():
-    cfg = to_config(compose_config([*QWEN3, "hardware.rollout_cpu_fp16_lm_head=false"]))
+    cfg = to_config(
+        compose_config([*QWEN3, "hardware.rollout_cpu_fp16_lm_head=false", "hardware.cpu_float32_gemm=false"])
+    )
     estimate, student = memory_estimate.estimate_peak_bytes, memory_estimate.architecture(cfg.model)
-    # The CPU rollout decodes with bf16 copies of the 4-bit weights (hardware.rollout_dequantize_4bit_once).
+    # The CPU rollout decodes with bf16 copies of the 4-bit weights (hardware.rollout_dequantize_4bit_once) ...
     assert estimate(cfg, "cpu") - estimate(cfg, "cuda") == memory_estimate.linear_weights(student) * 2
+    # ... float32 ones where every role multiplies in float32 (hardware.cpu_float32_gemm).
+    float32 = to_config(
+        compose_config([*QWEN3, "hardware.rollout_cpu_fp16_lm_head=false", "hardware.cpu_float32_gemm=true"])
+    )
+    assert estimate(float32, "cpu") - estimate(float32, "cuda") == memory_estimate.linear_weights(student) * 4
     # ... and, where it reads one, with a float16 copy of the float32 lm_head (hardware.rollout_cpu_fp16_lm_head).
     half_head = to_config(compose_config([*QWEN3, "hardware.rollout_cpu_fp16_lm_head=true"]))
     assert estimate(half_head, "cpu") - estimate(cfg, "cpu") == ROWS * 64 * 2
@@ -238,6 +245,17 @@ def test_the_memory_estimate_counts_the_rollouts_dense_copies_on_the_cpu_and_the
     # Its exact KL holds four (rows, R, V) float32 blocks: two models' log-probs, exp, product.
     blocks = 4 * probed.hardware.update_chunk * probed.recipe.response_limit * ROWS * 4
     assert estimate(probed, "cuda") - estimate(cfg, "cuda") == blocks
+
+
+def test_the_memory_estimate_keeps_every_layers_activations_without_gradient_checkpointing():
+    checkpointed = to_config(compose_config([*QWEN3, "model.gradient_checkpointing=true"]))
+    kept = to_config(compose_config([*QWEN3, "model.gradient_checkpointing=false"]))
+    s, tokens = memory_estimate.architecture(kept.model), kept.recipe.prompt_limit + kept.recipe.response_limit
+    # 16 float32 hidden widths per position and layer; checkpointed: one layer's, plus every layer's input.
+    per_layer = kept.hardware.update_chunk * tokens * 16 * s["hidden"] * 4
+    inputs = kept.hardware.update_chunk * tokens * s["layers"] * s["hidden"] * 4
+    difference = memory_estimate.estimate_peak_bytes(kept) - memory_estimate.estimate_peak_bytes(checkpointed)
+    assert s["layers"] > 1 and difference == (s["layers"] - 1) * per_layer - inputs
 
 
 @pytest.mark.slow

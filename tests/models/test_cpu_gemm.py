@@ -130,4 +130,6 @@ def test_the_rollouts_dense_copies_multiply_as_the_per_call_layer_does(float32_g
         ) as lean:
             once = layer(x)
     assert lean.dequantized_layers == 1
+    # With float32 products the copy is held in float32: converted once, not at every token.
+    assert lean.dequantized_bytes == 64 * 96 * (4 if float32_gemm else 2)
     assert torch.equal(once, per_call)

@@ -25,6 +25,7 @@ def switches(monkeypatch):
         lambda mode, *, warn_only=False: calls.__setitem__("deterministic", (mode, warn_only)),
     )
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    monkeypatch.setattr(torch.utils.deterministic, "fill_uninitialized_memory", True)  # torch's default
     # torch.backends' flags are properties monkeypatch cannot undo: restored by hand.
     flags = [
         (torch.backends.cudnn, "benchmark"),
@@ -69,9 +70,16 @@ def test_on_the_cpu_determinism_is_strict_and_attention_backends_are_left_alone(
     assert "CUBLAS_WORKSPACE_CONFIG" not in device_module.os.environ
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_strict_determinism_does_not_fill_new_tensors_with_nan(switches, device):
+    set_determinism(torch.device(device), True)
+    assert torch.utils.deterministic.fill_uninitialized_memory is False
+
+
 def test_hardware_deterministic_false_changes_nothing(switches):
     set_determinism(torch.device("cuda", 0), False)
     assert switches == {} and "CUBLAS_WORKSPACE_CONFIG" not in device_module.os.environ
+    assert torch.utils.deterministic.fill_uninitialized_memory is True
 
 
 @pytest.mark.gpu

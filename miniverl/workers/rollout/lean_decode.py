@@ -128,14 +128,23 @@ def _plain_lora_4bit(module: torch.nn.Module) -> bool:
     )
 
 
-def _dense_4bit_forward(module: torch.nn.Module, weight: torch.Tensor, float32_gemm: bool):
+def _dense_4bit_forward(module: torch.nn.Module, weight: torch.Tensor):
     """Linear4bit.forward with its dequantized weight (bitsandbytes 0.50's CPU path: Linear4bit.forward
     -> matmul_4bit -> gemm_4bit's default kernel) without the per-call dequantization; the product
-    as cpu_gemm's, like every other role's."""
+    as cpu_gemm's, like every other role's. A float32 `weight` is cpu_gemm's float32 product: the
+    half-precision input is multiplied in float32 and the result rounded to the compute dtype."""
     compute_dtype, bias = module.compute_dtype, cpu_gemm.compute_bias(module)  # frozen while decoding
+    if weight.dtype == torch.float32 and compute_dtype in cpu_gemm.HALF:
+        bias = None if bias is None else bias.float()
+
+        def float32_forward(x: torch.Tensor) -> torch.Tensor:
+            y = torch.nn.functional.linear(x.to(compute_dtype).float(), weight, bias)  # (..., out) float32
+            return y.to(compute_dtype).to(x.dtype)
+
+        return float32_forward
 
     def forward(x: torch.Tensor) -> torch.Tensor:
-        return cpu_gemm.linear(x.to(compute_dtype), weight, bias, float32_gemm=float32_gemm).to(x.dtype)
+        return torch.nn.functional.linear(x.to(compute_dtype), weight, bias).to(x.dtype)
 
     return forward
 
@@ -178,11 +187,12 @@ def lean_decode_modules(
     bitsandbytes 4-bit layers on the CPU (`dequantize_4bit`, `hardware.rollout_dequantize_4bit_once`;
     bitsandbytes' CPU path dequantizes the whole weight on every call, i.e. every token): each
     weight is dequantized once on entry, and the layer multiplies with that dense copy (the values
-    bitsandbytes' own CPU path dequantizes on every call, bitwise; with `float32_gemm` multiplied as
-    cpu_gemm does, else in the compute dtype); the copies are freed on exit, their bytes reported in
-    the yielded LeanDecode. With `reorder_rows` (native bf16 products, `hardware.rollout_cpu_prepack`)
-    the copies are reordered for products of that many rows, the decode step's, and stacked where
-    layers share their input (cpu_products.reordered_forwards). With `fp16_head` the model's output
+    bitsandbytes' own CPU path dequantizes on every call, bitwise; with `float32_gemm` held in float32
+    and multiplied as cpu_gemm does, else held and multiplied in the compute dtype); the copies are
+    freed on exit, their bytes reported in the yielded LeanDecode. With `reorder_rows` (native bf16
+    products, `hardware.rollout_cpu_prepack`) the copies are reordered for products of that many
+    rows, the decode step's, and stacked where layers share their input
+    (cpu_products.reordered_forwards). With `fp16_head` the model's output
     layer reads its float16 copy (cpu_products.Float16Head). Every other frozen half-precision
     layer multiplies as cpu_gemm's `float32_products` says. Everything is restored on exit."""
     state, patched = LeanDecode(), []
@@ -214,7 +224,11 @@ def lean_decode_modules(
             state.reordered_layers += 1
         elif dequantize_4bit and _dense_eligible(module):
             weight = cpu_gemm.dequantized_weight(module)
-            module.forward = _dense_4bit_forward(module, weight, float32_gemm)
+            if float32_gemm and weight.dtype in cpu_gemm.HALF:
+                # Converted once here, not at every token: a fresh float32 copy of every weight per
+                # decode step took a third of the rollout as the AVX2 kind runs the real recipe.
+                weight = weight.float()
+            module.forward = _dense_4bit_forward(module, weight)
             state.dequantized_layers += 1
             state.dequantized_bytes += weight.numel() * weight.element_size()
             del weight
