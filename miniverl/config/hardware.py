@@ -37,7 +37,8 @@ class HardwareConfig:
     rollout_cpu_gemv: Optional[bool] = None
     # CPU only: while decoding, each bitsandbytes 4-bit weight is dequantized once per physical
     # batch instead of on every call (the same values, bitwise); the dense copies are held during the
-    # rollout (bf16: about 3.6x the NF4 storage, ~0.9 GB for a Qwen3-0.6B student) and freed after.
+    # rollout (bf16: about 3.6x the NF4 storage, ~0.9 GB for a Qwen3-0.6B student; twice that in
+    # float32 where every role multiplies in float32, cpu_float32_gemm) and freed after.
     rollout_dequantize_4bit_once: bool = True
     # CPU only, native bf16 products: while decoding, each dense copy above is reordered once per
     # physical batch into oneDNN's blocked layout for the decode step's rows, and layers that read

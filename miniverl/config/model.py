@@ -155,7 +155,8 @@ class StudentConfig:
     quantization: str = "nf4"
     # peft's prepare_model_for_kbit_training on a quantized student (float32 norms and embedding).
     prepare_kbit_training: bool = True
-    # Recompute activations in the backward pass (verl: enable_gradient_checkpointing): less memory, ~30% more time.
+    # Recompute activations in the backward pass (verl: enable_gradient_checkpointing): less memory, more time
+    # (the real CPU recipe's update: 1.5x, the same gradients bit for bit; recipes/opd_k1_real_cpu/README.md).
     gradient_checkpointing: bool = True
     # The adapter the run trains.
     lora: LoraSettings = field(default_factory=LoraSettings)

@@ -35,6 +35,8 @@ def resolve_device(hardware: HardwareConfig) -> torch.device:
 
 # cuBLAS is deterministic only with a fixed workspace; these are the two sizes torch accepts.
 CUBLAS_WORKSPACES = (":4096:8", ":16:8")
+# =1 puts torch's NaN fill of new tensors back (below): a read of memory nothing wrote then shows as NaN.
+FILL_UNINITIALIZED_ENV = "MINIVERL_FILL_UNINITIALIZED_MEMORY"
 
 
 def set_determinism(device: torch.device, deterministic: bool) -> None:
@@ -69,10 +71,10 @@ def set_determinism(device: torch.device, deterministic: bool) -> None:
         torch.backends.cuda.enable_math_sdp(True)
     torch.use_deterministic_algorithms(True, warn_only=False)
     # Strict mode also fills every new tensor with NaN (or an integer's maximum) in case an op reads
-    # memory nothing wrote; nothing here does (the exact-resume check and the exactness tests hold
-    # without it), and torch says such a program stays deterministic with the fill off. Its cost:
-    # 15 % of the real CPU recipe's time as the AVX2 kind runs it (recipes/opd_k1_real_cpu/README.md).
-    torch.utils.deterministic.fill_uninitialized_memory = False
+    # memory nothing wrote. Nothing here does: a run computes the same bits with and without the fill
+    # (tests/e2e/test_qwen3_layout.py), and torch says such a program stays deterministic with it off.
+    # Its cost: 15 % of the real CPU recipe's time as the AVX2 kind runs it (recipes/opd_k1_real_cpu/README.md).
+    torch.utils.deterministic.fill_uninitialized_memory = os.environ.get(FILL_UNINITIALIZED_ENV) == "1"
 
 
 def synchronize(device: torch.device) -> None:

@@ -1,9 +1,10 @@
 """Actor role (verl: `compute_log_prob`, `update_actor`): the student's LoRA update.
 
 `update_actor` runs one optimizer step over the whole logical batch (one mini-batch, one epoch):
-the rows are processed in update chunks (verl's micro-batches) in train mode with gradient
-checkpointing, each chunk's loss normalised by the token and sequence counts of the whole
-mini-batch, so the accumulated gradient does not depend on the chunking.
+the rows are processed in update chunks (verl's micro-batches) in train mode (with gradient
+checkpointing where `model.gradient_checkpointing` says), each chunk's loss normalised by the
+token and sequence counts of the whole mini-batch, so the accumulated gradient does not depend
+on the chunking.
 
 Old log-probs. One mini-batch and one epoch make the update on-policy: the weights being updated are
 the ones that sampled. So when the batch has no `old_log_probs`, the update's own forward gives them

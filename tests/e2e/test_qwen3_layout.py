@@ -19,6 +19,7 @@ from miniverl.models import loading as models
 from miniverl.trainer import memory_estimate, preflight
 from miniverl.trainer.opd_trainer import OPDTrainer
 from miniverl.trainer.resume_check import first_difference
+from miniverl.utils import device as device_module
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import resolved_config
 from miniverl.workers.teacher import TeacherWorker
@@ -225,9 +226,8 @@ def test_the_memory_estimate_counts_the_tied_embedding_once_in_float32():
 
 
 def test_the_memory_estimate_counts_the_rollouts_dense_copies_on_the_cpu_and_the_probes_blocks():
-    cfg = to_config(
-        compose_config([*QWEN3, "hardware.rollout_cpu_fp16_lm_head=false", "hardware.cpu_float32_gemm=false"])
-    )
+    bf16_products = "hardware.cpu_float32_gemm=false"  # the same figures on every CPU
+    cfg = to_config(compose_config([*QWEN3, "hardware.rollout_cpu_fp16_lm_head=false", bf16_products]))
     estimate, student = memory_estimate.estimate_peak_bytes, memory_estimate.architecture(cfg.model)
     # The CPU rollout decodes with bf16 copies of the 4-bit weights (hardware.rollout_dequantize_4bit_once) ...
     assert estimate(cfg, "cpu") - estimate(cfg, "cuda") == memory_estimate.linear_weights(student) * 2
@@ -237,7 +237,7 @@ def test_the_memory_estimate_counts_the_rollouts_dense_copies_on_the_cpu_and_the
     )
     assert estimate(float32, "cpu") - estimate(float32, "cuda") == memory_estimate.linear_weights(student) * 4
     # ... and, where it reads one, with a float16 copy of the float32 lm_head (hardware.rollout_cpu_fp16_lm_head).
-    half_head = to_config(compose_config([*QWEN3, "hardware.rollout_cpu_fp16_lm_head=true"]))
+    half_head = to_config(compose_config([*QWEN3, "hardware.rollout_cpu_fp16_lm_head=true", bf16_products]))
     assert estimate(half_head, "cpu") - estimate(cfg, "cpu") == ROWS * 64 * 2
     assert estimate(half_head, "cuda") == estimate(cfg, "cuda")
     heldout = ["data.val_files=data/toy_prompts_heldout.parquet", "eval.every=2", f"eval.exact_kl_max_vocab={ROWS}"]
@@ -256,6 +256,25 @@ def test_the_memory_estimate_keeps_every_layers_activations_without_gradient_che
     inputs = kept.hardware.update_chunk * tokens * s["layers"] * s["hidden"] * 4
     difference = memory_estimate.estimate_peak_bytes(kept) - memory_estimate.estimate_peak_bytes(checkpointed)
     assert s["layers"] > 1 and difference == (s["layers"] - 1) * per_layer - inputs
+
+
+@pytest.mark.parametrize("float32_gemm", ["true", "false"])
+def test_a_run_computes_the_same_bits_with_torchs_nan_fill_of_new_tensors(tmp_path, monkeypatch, float32_gemm):
+    # hardware.deterministic leaves torch's NaN fill of new tensors off (utils/device.py): safe only
+    # while no op reads memory nothing wrote, which the fill would turn into NaN here. Rollout (both
+    # kinds of dense copies), teacher, actor and the held-out probe, bf16 over NF4.
+    monkeypatch.setattr(torch.utils.deterministic, "fill_uninitialized_memory", False)  # restored after
+    heldout = ["data.val_files=data/toy_prompts_heldout.parquet", "eval.every=2", f"eval.exact_kl_max_vocab={ROWS}"]
+    overrides = [*QWEN3, *heldout, "recipe.optimizer_updates=2", f"hardware.cpu_float32_gemm={float32_gemm}"]
+    without = run(compose_config(overrides), tmp_path / "without")
+    monkeypatch.setenv(device_module.FILL_UNINITIALIZED_ENV, "1")
+    filled = run(compose_config(overrides), tmp_path / "filled")
+    assert torch.utils.deterministic.fill_uninitialized_memory is True  # the second run filled
+    assert filled["artifacts"]["trajectory_sha256"] == without["artifacts"]["trajectory_sha256"]
+    assert filled["distillation_progress"] == without["distillation_progress"]
+    assert len(filled["distillation_progress"]["exact_reverse_kl"]) == 2  # updates 0 and 2
+    adapter = "peft_adapter/adapter_model.safetensors"
+    assert (tmp_path / "filled" / adapter).read_bytes() == (tmp_path / "without" / adapter).read_bytes()
 
 
 @pytest.mark.slow

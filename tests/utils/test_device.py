@@ -71,9 +71,12 @@ def test_on_the_cpu_determinism_is_strict_and_attention_backends_are_left_alone(
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_strict_determinism_does_not_fill_new_tensors_with_nan(switches, device):
+def test_strict_determinism_does_not_fill_new_tensors_with_nan_unless_asked(switches, device, monkeypatch):
     set_determinism(torch.device(device), True)
     assert torch.utils.deterministic.fill_uninitialized_memory is False
+    monkeypatch.setenv(device_module.FILL_UNINITIALIZED_ENV, "1")
+    set_determinism(torch.device(device), True)
+    assert torch.utils.deterministic.fill_uninitialized_memory is True
 
 
 def test_hardware_deterministic_false_changes_nothing(switches):

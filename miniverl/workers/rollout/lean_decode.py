@@ -226,7 +226,7 @@ def lean_decode_modules(
             weight = cpu_gemm.dequantized_weight(module)
             if float32_gemm and weight.dtype in cpu_gemm.HALF:
                 # Converted once here, not at every token: a fresh float32 copy of every weight per
-                # decode step took a third of the rollout as the AVX2 kind runs the real recipe.
+                # decode step took a quarter of the real recipe's rollout as the AVX2 kind runs it.
                 weight = weight.float()
             module.forward = _dense_4bit_forward(module, weight)
             state.dequantized_layers += 1
