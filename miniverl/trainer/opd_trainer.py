@@ -51,8 +51,8 @@ class OPDTrainer:
         self.history: list[dict] = []  # metrics of every update done so far (resumed ones included)
         self.resumed: checkpoint.Checkpoint | None = None
         self.last_checkpoint: Path | None = None
-        self.failure: dict | None = None
-        self.failure_cause: BaseException | None = None  # its exception: HYDRA_FULL_ERROR=1 shows the chain
+        # A failed run's {update, reason} and its exception (HYDRA_FULL_ERROR=1 shows the chain).
+        self.failure, self.failure_cause = None, None
         self.stopped_by: int | None = None  # the signal that stopped the run, if one did
         self.seconds_to_first: dict[str, float | None] = {"rollout": None, "teacher_targets": None, "update": None}
         self.progress: dict[str, list[dict]] = {}  # held-out k1_mean / exact_reverse_kl per evaluated update
@@ -88,7 +88,7 @@ class OPDTrainer:
         self.resumed = checkpoint.checkpoint_to_resume(cfg.trainer, self.run_dir, self.plan.digest, self.plan.settings)
         self.out = RunFolder(
             self.run_dir,
-            continuing=self.resumed is not None and self.in_place,
+            continuing=self.resumed is not None and self.resumed.run_dir.resolve() == self.run_dir.resolve(),
             overwrite=cfg.trainer.overwrite,
             plan_digest=self.plan.digest,
         )
@@ -123,21 +123,23 @@ class OPDTrainer:
             self.load_checkpoint(self.resumed)
         self.cold_startup_seconds = seconds_since_start()
 
-    def evaluate(self, update: int) -> dict:
-        """Held-out progress after `update` updates (0: before training), into self.progress."""
-        values = self.probe.measure(self.eval_downshift)  # out of memory halves its own rows, not training's
+    def evaluate(self, update: int, metrics: dict) -> OutOfMemoryAtOneRow | None:
+        """Held-out progress after `update` updates (0: before training) where eval.every says, into self.progress
+        and `metrics`; out of memory at one row is returned: fit logs (and checkpoints) the update first."""
+        if self.probe is None or (update % self.cfg.eval.every and update != len(self.plan.updates)):
+            return None
+        try:
+            values = self.probe.measure(self.eval_downshift)  # out of memory halves its own rows, not training's
+        except OutOfMemoryAtOneRow as error:
+            return error
         for key, value in values.items():
             self.progress.setdefault(key, []).append({"update": update, "value": value})
-        return {PROGRESS_METRICS[k]: v for k, v in values.items()}
-
-    @property
-    def in_place(self) -> bool:
-        return self.resumed.run_dir.resolve() == self.run_dir.resolve()
+        metrics.update({PROGRESS_METRICS[k]: v for k, v in values.items()})
 
     def load_checkpoint(self, ckpt: checkpoint.Checkpoint) -> None:
         start = time.perf_counter()
         checkpoint.restore(ckpt, self.student, self.actor.optimizer, self.actor.param_names)
-        if not self.in_place:  # the resumed run's trajectory log covers every update
+        if ckpt.run_dir.resolve() != self.run_dir.resolve():  # the resumed run's trajectory log covers every update
             self.out.copy_trajectories(ckpt.run_dir, ckpt.update)
         self.out.trajectory_digests = list(ckpt.state["trajectory_digests"])
         self.history = list(ckpt.state["history"])
@@ -156,27 +158,19 @@ class OPDTrainer:
 
     def fit(self, bar) -> str:
         stop = self.cfg.trainer.stop_after_updates
-        todo = self.plan.updates[len(self.history) :]
-        if self.probe is not None and not self.history:
-            try:
-                self.evaluate(0)
-            except OutOfMemoryAtOneRow as error:  # before any update: nothing to checkpoint
-                self.failure = {"update": 0, "reason": f"held-out probe before training: {error}"}
-                return "failed"
+        if not self.history and (error := self.evaluate(0, {})) is not None:  # nothing to checkpoint yet
+            return self.fail(0, f"held-out probe before training: {error}", error)
         with deferred_signals() as stop_request:
-            for update in todo:
+            for update in self.plan.updates[len(self.history) :]:  # the updates not done yet
                 try:
                     metrics = self.fit_step(update)
-                    if self.probe is not None and (
-                        update.update % self.cfg.eval.every == 0 or update.update == len(self.plan.updates)
-                    ):
-                        metrics.update(self.evaluate(update.update))
                 except (OutOfMemoryAtOneRow, NonFiniteLoss, RewardFailed) as error:
-                    self.failure, self.failure_cause = {"update": update.update, "reason": str(error)}, error
-                    self.ensure_checkpoint()  # of the last complete update
-                    return "failed"
+                    return self.fail(update.update, str(error), error)
                 self.downshift.commit()  # the sizes this update ends with are its checkpoint's
+                error = self.evaluate(update.update, metrics)
                 self.log_update(update.update, metrics, bar)
+                if error is not None:  # this update is complete (weights, trajectory): its checkpoint is its own
+                    return self.fail(update.update, f"held-out probe after update {update.update}: {error}", error)
                 if checkpoint.is_due(update.update, self.cfg.trainer, len(self.plan.updates)):
                     self.save_checkpoint(update.update)
                 if update.update < len(self.plan.updates) and (update.update == stop or stop_request.signum):
@@ -185,6 +179,11 @@ class OPDTrainer:
                     return "interrupted"
         self.stopped_by = stop_request.signum  # in the last update: the run is whole, main stops before its check
         return "measured"
+
+    def fail(self, update: int, reason: str, cause: BaseException) -> str:
+        self.failure, self.failure_cause = {"update": update, "reason": reason}, cause
+        self.ensure_checkpoint()  # of the last complete update
+        return "failed"
 
     def log_update(self, update: int, metrics: dict, bar) -> None:
         self.history.append(metrics)

@@ -180,6 +180,36 @@ def test_a_failed_updates_halving_is_not_kept_by_the_checkpoint_of_the_update_be
     assert state["downshift"]["batch_downshifts"] == {"rollout_oom": 0, "update_chunk_oom": 0}
 
 
+def test_a_probe_out_of_memory_after_an_update_checkpoints_that_update_under_its_own_number(
+    reference, tmp_path, monkeypatch
+):
+    """The held-out probe runs out of memory at one row after update 2, whose optimizer step and
+    trajectory are done: the run fails with update 2 checkpointed as update 2 (the reference's update-2
+    weights and optimizer), not its weights under update 1's number."""
+    real_rollout = RolloutWorker.generate_sequences
+    probes = []
+
+    def rollout(self, prompts, *args, physical_batches, **kwargs):
+        if len(prompts) == 16:  # the 16 held-out prompts: the probe before training passes, the next does not
+            probes.append(physical_batches)
+            if len(probes) > 1:
+                raise torch.OutOfMemoryError("injected by the test")
+        return real_rollout(self, prompts, *args, physical_batches=physical_batches, **kwargs)
+
+    monkeypatch.setattr(RolloutWorker, "generate_sequences", rollout)
+    heldout = ["data.val_files=data/toy_prompts_heldout.parquet", "eval.every=2", "trainer.save_freq=-1"]
+    with pytest.raises(MiniverlError, match="update 2 failed: held-out probe after update 2: out of memory"):
+        run_in_process(tmp_path / "run", *heldout)
+    (saved,) = checkpoint.checkpoints_in(tmp_path / "run")
+    state = json.loads((saved / "state.json").read_text())
+    assert checkpoint.checkpoint_update(saved) == state["global_optimizer_steps"] == 2
+    assert len(state["history"]) == len(state["trajectory_digests"]) == 2
+    same_update = reference / "checkpoints" / "update_2"
+    files = sorted(p.name for p in saved.iterdir() if p.name != "state.json")
+    assert files and files == sorted(p.name for p in same_update.iterdir() if p.name != "state.json")
+    assert all((saved / name).read_bytes() == (same_update / name).read_bytes() for name in files)
+
+
 @pytest.mark.slow
 def test_resume_mode_auto_continues_a_stopped_run_in_its_own_folder(reference, tmp_path):
     folder = tmp_path / "run"
