@@ -51,8 +51,7 @@ class OPDTrainer:
         self.history: list[dict] = []  # metrics of every update done so far (resumed ones included)
         self.resumed: checkpoint.Checkpoint | None = None
         self.last_checkpoint: Path | None = None
-        # A failed run's {update, reason} and its exception (HYDRA_FULL_ERROR=1 shows the chain).
-        self.failure, self.failure_cause = None, None
+        self.failure, self.failure_cause = None, None  # a failed run's {update, reason}; its exception
         self.stopped_by: int | None = None  # the signal that stopped the run, if one did
         self.seconds_to_first: dict[str, float | None] = {"rollout": None, "teacher_targets": None, "update": None}
         self.progress: dict[str, list[dict]] = {}  # held-out k1_mean / exact_reverse_kl per evaluated update
@@ -123,14 +122,14 @@ class OPDTrainer:
             self.load_checkpoint(self.resumed)
         self.cold_startup_seconds = seconds_since_start()
 
-    def evaluate(self, update: int, metrics: dict) -> OutOfMemoryAtOneRow | None:
+    def evaluate(self, update: int, metrics: dict) -> Exception | None:
         """Held-out progress after `update` updates (0: before training) where eval.every says, into self.progress
-        and `metrics`; out of memory at one row is returned: fit logs (and checkpoints) the update first."""
+        and `metrics`; out of memory at one row or a failed task reward is returned, for fit to decide."""
         if self.probe is None or (update % self.cfg.eval.every and update != len(self.plan.updates)):
             return None
         try:
             values = self.probe.measure(self.eval_downshift)  # out of memory halves its own rows, not training's
-        except OutOfMemoryAtOneRow as error:
+        except (OutOfMemoryAtOneRow, RewardFailed) as error:
             return error
         for key, value in values.items():
             self.progress.setdefault(key, []).append({"update": update, "value": value})
@@ -168,8 +167,10 @@ class OPDTrainer:
                     return self.fail(update.update, str(error), error)
                 self.downshift.commit()  # the sizes this update ends with are its checkpoint's
                 error = self.evaluate(update.update, metrics)
-                self.log_update(update.update, metrics, bar)
-                if error is not None:  # this update is complete (weights, trajectory): its checkpoint is its own
+                redo = self.last_checkpoint and checkpoint.checkpoint_update(self.last_checkpoint) == update.update - 1
+                if error is None or not redo:  # else a resume from update u-1 redoes update u, and its probe
+                    self.log_update(update.update, metrics, bar)  # complete: checkpointed as update u on failure
+                if error is not None:
                     return self.fail(update.update, f"held-out probe after update {update.update}: {error}", error)
                 if checkpoint.is_due(update.update, self.cfg.trainer, len(self.plan.updates)):
                     self.save_checkpoint(update.update)

@@ -264,6 +264,7 @@ def test_a_run_computes_the_same_bits_with_torchs_nan_fill_of_new_tensors(tmp_pa
     # while no op reads memory nothing wrote, which the fill would turn into NaN here. Rollout (both
     # kinds of dense copies), teacher, actor and the held-out probe, bf16 over NF4.
     monkeypatch.setattr(torch.utils.deterministic, "fill_uninitialized_memory", False)  # restored after
+    monkeypatch.delenv(device_module.FILL_UNINITIALIZED_ENV, raising=False)  # the first run without the fill
     heldout = ["data.val_files=data/toy_prompts_heldout.parquet", "eval.every=1", f"eval.exact_kl_max_vocab={ROWS}"]
     overrides = [*QWEN3, *heldout, "recipe.optimizer_updates=1", f"hardware.cpu_float32_gemm={float32_gemm}"]
     without = run(compose_config(overrides), tmp_path / "without")

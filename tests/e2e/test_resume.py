@@ -180,12 +180,14 @@ def test_a_failed_updates_halving_is_not_kept_by_the_checkpoint_of_the_update_be
     assert state["downshift"]["batch_downshifts"] == {"rollout_oom": 0, "update_chunk_oom": 0}
 
 
-def test_a_probe_out_of_memory_after_an_update_checkpoints_that_update_under_its_own_number(
-    reference, tmp_path, monkeypatch
+@pytest.mark.parametrize("save_freq", [-1, 1])
+def test_a_probe_out_of_memory_after_an_update_keeps_a_checkpoint_under_its_own_number(
+    reference, tmp_path, monkeypatch, save_freq
 ):
     """The held-out probe runs out of memory at one row after update 2, whose optimizer step and
-    trajectory are done: the run fails with update 2 checkpointed as update 2 (the reference's update-2
-    weights and optimizer), not its weights under update 1's number."""
+    trajectory are done. With update 1 checkpointed (save_freq 1) the run keeps that checkpoint, so a
+    resume redoes update 2 and its probe; without one (save_freq -1) it checkpoints update 2 as update 2
+    (before: update 2's weights under update 1's number). Either way the reference's bytes."""
     real_rollout = RolloutWorker.generate_sequences
     probes = []
 
@@ -197,14 +199,15 @@ def test_a_probe_out_of_memory_after_an_update_checkpoints_that_update_under_its
         return real_rollout(self, prompts, *args, physical_batches=physical_batches, **kwargs)
 
     monkeypatch.setattr(RolloutWorker, "generate_sequences", rollout)
-    heldout = ["data.val_files=data/toy_prompts_heldout.parquet", "eval.every=2", "trainer.save_freq=-1"]
+    heldout = ["data.val_files=data/toy_prompts_heldout.parquet", "eval.every=2", f"trainer.save_freq={save_freq}"]
     with pytest.raises(MiniverlError, match="update 2 failed: held-out probe after update 2: out of memory"):
         run_in_process(tmp_path / "run", *heldout)
-    (saved,) = checkpoint.checkpoints_in(tmp_path / "run")
+    kept = 1 if save_freq == 1 else 2
+    saved = checkpoint.checkpoints_in(tmp_path / "run")[-1]
     state = json.loads((saved / "state.json").read_text())
-    assert checkpoint.checkpoint_update(saved) == state["global_optimizer_steps"] == 2
-    assert len(state["history"]) == len(state["trajectory_digests"]) == 2
-    same_update = reference / "checkpoints" / "update_2"
+    assert checkpoint.checkpoint_update(saved) == state["global_optimizer_steps"] == kept
+    assert len(state["history"]) == kept and len(state["trajectory_digests"]) == kept
+    same_update = reference / "checkpoints" / f"update_{kept}"
     files = sorted(p.name for p in saved.iterdir() if p.name != "state.json")
     assert files and files == sorted(p.name for p in same_update.iterdir() if p.name != "state.json")
     assert all((saved / name).read_bytes() == (same_update / name).read_bytes() for name in files)

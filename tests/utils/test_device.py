@@ -26,6 +26,7 @@ def switches(monkeypatch):
     )
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     monkeypatch.setattr(torch.utils.deterministic, "fill_uninitialized_memory", True)  # torch's default
+    monkeypatch.delenv(device_module.FILL_UNINITIALIZED_ENV, raising=False)
     # torch.backends' flags are properties monkeypatch cannot undo: restored by hand.
     flags = [
         (torch.backends.cudnn, "benchmark"),
