@@ -14,6 +14,7 @@ import torch
 from transformers import AutoTokenizer
 
 from miniverl.main import run
+from miniverl.utils.checkpoint import checkpoint_update, checkpoints_in
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import sha256_file
 from miniverl.utils.reward_score import default_compute_score
@@ -185,6 +186,27 @@ def test_a_reward_function_that_raises_mid_run_fails_the_update_with_a_report(tm
     assert json.loads((run_dir / "report.json").read_text())["status"] == "failed"
     cause = error.value.__cause__.__cause__  # MiniverlError <- RewardFailed <- the user's own exception
     assert isinstance(cause, RuntimeError) and cause.__traceback__.tb_next is not None  # HYDRA_FULL_ERROR shows it
+
+
+def test_a_reward_function_that_raises_in_the_held_out_probe_fails_the_run_in_one_line(tmp_path):
+    fn = tmp_path / "late_reward.py"
+    fn.write_text(
+        "calls = []\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    calls.append(1)\n"
+        "    if len(calls) > 16 + 8:  # the probe's 16 held-out rows before training, update 1's 8 samples\n"
+        "        raise RuntimeError('boom')\n"
+        "    return 0.0\n"
+    )
+    run_dir = tmp_path / "run"
+    heldout = ["data.val_files=data/toy_digit_sums_heldout.parquet", "eval.every=1"]
+    with pytest.raises(MiniverlError) as error:
+        task_run(run_dir, *heldout, f"reward.custom_reward_function.path={fn}")
+    message = str(error.value)
+    assert message.startswith("update 1 failed: held-out probe after update 1: the task reward (compute_score of ")
+    assert json.loads((run_dir / "report.json").read_text())["status"] == "failed"
+    # Update 1 is complete and no earlier checkpoint exists: it is kept under its own number.
+    assert [checkpoint_update(c) for c in checkpoints_in(run_dir)] == [1]
 
 
 def test_task_rewards_compose_with_the_full_vocabulary_kl(tmp_path):
