@@ -53,8 +53,9 @@ def linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, float32_gemm: bool
 ) -> torch.Tensor:
     """F.linear(x, weight, bias); with `float32_gemm`, half-precision CPU operands multiply in
-    float32 and the result is rounded to their dtype."""
-    if float32_gemm and x.device.type == "cpu" and x.dtype in HALF and weight.dtype == x.dtype:
+    float32 and the result is rounded to their dtype (the weight may be held in float32 already:
+    the rollout's dense copies)."""
+    if float32_gemm and x.device.type == "cpu" and x.dtype in HALF and weight.dtype in (x.dtype, torch.float32):
         return torch.nn.functional.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(x.dtype)
     return torch.nn.functional.linear(x, weight, bias)
 

@@ -128,23 +128,14 @@ def _plain_lora_4bit(module: torch.nn.Module) -> bool:
     )
 
 
-def _dense_4bit_forward(module: torch.nn.Module, weight: torch.Tensor):
+def _dense_4bit_forward(module: torch.nn.Module, weight: torch.Tensor, float32_gemm: bool):
     """Linear4bit.forward with its dequantized weight (bitsandbytes 0.50's CPU path: Linear4bit.forward
     -> matmul_4bit -> gemm_4bit's default kernel) without the per-call dequantization; the product
-    as cpu_gemm's, like every other role's. A float32 `weight` is cpu_gemm's float32 product: the
-    half-precision input is multiplied in float32 and the result rounded to the compute dtype."""
+    as cpu_gemm's, like every other role's (with `float32_gemm` the weight is held in float32)."""
     compute_dtype, bias = module.compute_dtype, cpu_gemm.compute_bias(module)  # frozen while decoding
-    if weight.dtype == torch.float32 and compute_dtype in cpu_gemm.HALF:
-        bias = None if bias is None else bias.float()
-
-        def float32_forward(x: torch.Tensor) -> torch.Tensor:
-            y = torch.nn.functional.linear(x.to(compute_dtype).float(), weight, bias)  # (..., out) float32
-            return y.to(compute_dtype).to(x.dtype)
-
-        return float32_forward
 
     def forward(x: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.linear(x.to(compute_dtype), weight, bias).to(x.dtype)
+        return cpu_gemm.linear(x.to(compute_dtype), weight, bias, float32_gemm=float32_gemm).to(x.dtype)
 
     return forward
 
@@ -228,7 +219,7 @@ def lean_decode_modules(
                 # Converted once here, not at every token: a fresh float32 copy of every weight per
                 # decode step took a quarter of the real recipe's rollout as the AVX2 kind runs it.
                 weight = weight.float()
-            module.forward = _dense_4bit_forward(module, weight)
+            module.forward = _dense_4bit_forward(module, weight, float32_gemm)
             state.dequantized_layers += 1
             state.dequantized_bytes += weight.numel() * weight.element_size()
             del weight
