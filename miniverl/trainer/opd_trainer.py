@@ -20,18 +20,18 @@ from tqdm import tqdm
 from miniverl.config import MiniverlConfig
 from miniverl.models import loading as models
 from miniverl.trainer import plan as planning
+from miniverl.trainer.checkpoint_state import checkpoint_state
 from miniverl.trainer.console import LOSS_KEY
 from miniverl.trainer.metrics import batch_metrics, console_line
 from miniverl.trainer.plan import Plan, UpdatePlan, compile_plan, derive_seed
 from miniverl.trainer.report_page import write_report_page
 from miniverl.trainer.run_report import build_report, resume_block, trainer_facts
-from miniverl.trainer.validation import PROGRESS_METRICS, ValidationProbe
+from miniverl.trainer.validation import PROGRESS_METRICS, ValidationProbe, probe_owed
 from miniverl.utils import checkpoint
 from miniverl.utils.dataset import PromptSet, tokenize_prompts
 from miniverl.utils.device import resolve_device, set_determinism, timed
 from miniverl.utils.downshift import Downshift, OutOfMemoryAtOneRow
 from miniverl.utils.hydra_entry import log_line
-from miniverl.utils.identity import sha256_json
 from miniverl.utils.measure import release_memory, seconds_since_start
 from miniverl.utils.run_folder import RunFolder, TensorBoardLogger
 from miniverl.utils.signals import deferred_signals
@@ -123,14 +123,15 @@ class OPDTrainer:
         self.cold_startup_seconds = seconds_since_start()
 
     def evaluate(self, update: int, metrics: dict) -> Exception | None:
-        """Held-out progress after `update` updates (0: before training) where eval.every says, into self.progress
-        and `metrics`; out of memory at one row or a failed task reward is returned, for fit to decide."""
-        if self.probe is None or (update % self.cfg.eval.every and update != len(self.plan.updates)):
+        """Held-out progress after `update` updates where it is owed, into self.progress and `metrics`; out
+        of memory at one row or a failed task reward is returned, for fit to decide."""
+        if self.probe is None or not probe_owed(self.progress, update, self.cfg.eval.every, len(self.plan.updates)):
             return None
         try:
             values = self.probe.measure(self.eval_downshift)  # out of memory halves its own rows, not training's
         except (OutOfMemoryAtOneRow, RewardFailed) as error:
-            return error
+            return error  # its checkpoint keeps the probe's sizes as of its last measure: these halvings did not help
+        self.eval_downshift.commit()
         for key, value in values.items():
             self.progress.setdefault(key, []).append({"update": update, "value": value})
         metrics.update({PROGRESS_METRICS[k]: v for k, v in values.items()})
@@ -156,20 +157,19 @@ class OPDTrainer:
             return self.fit(bar)
 
     def fit(self, bar) -> str:
-        stop = self.cfg.trainer.stop_after_updates
-        if not self.history and (error := self.evaluate(0, {})) is not None:  # nothing to checkpoint yet
-            return self.fail(0, f"held-out probe before training: {error}", error)
+        stop, done = self.cfg.trainer.stop_after_updates, len(self.history)
+        if (error := self.evaluate_owed(done)) is not None:  # before training, or after a resumed update
+            when = f"after update {done}" if done else "before training"
+            return self.fail(done, f"held-out probe {when}: {error}", error)
         with deferred_signals() as stop_request:
-            for update in self.plan.updates[len(self.history) :]:  # the updates not done yet
+            for update in self.plan.updates[done:]:  # the updates not done yet
                 try:
                     metrics = self.fit_step(update)
                 except (OutOfMemoryAtOneRow, NonFiniteLoss, RewardFailed) as error:
                     return self.fail(update.update, str(error), error)
                 self.downshift.commit()  # the sizes this update ends with are its checkpoint's
                 error = self.evaluate(update.update, metrics)
-                redo = self.last_checkpoint and checkpoint.checkpoint_update(self.last_checkpoint) == update.update - 1
-                if error is None or not redo:  # else a resume from update u-1 redoes update u, and its probe
-                    self.log_update(update.update, metrics, bar)  # complete: checkpointed as update u on failure
+                self.log_update(update.update, metrics, bar)  # complete: a failed probe is owed to the resume
                 if error is not None:
                     return self.fail(update.update, f"held-out probe after update {update.update}: {error}", error)
                 if checkpoint.is_due(update.update, self.cfg.trainer, len(self.plan.updates)):
@@ -180,6 +180,20 @@ class OPDTrainer:
                     return "interrupted"
         self.stopped_by = stop_request.signum  # in the last update: the run is whole, main stops before its check
         return "measured"
+
+    def evaluate_owed(self, done: int) -> Exception | None:
+        """The probe owed before the first update (0 done), or after a resumed update whose probe failed in the
+        run that checkpointed it: that update's metrics, logged without the probe's, are logged again with them."""
+        held_out = {}
+        if (error := self.evaluate(done, held_out)) is None and done and held_out:
+            self.history[-1].update(held_out)
+            self.out.rewrite_metrics(self.history if "jsonl" in self.cfg.trainer.logger else [])
+            if self.tensorboard is not None:
+                self.tensorboard.log(held_out, done)
+            log.info("held-out probe after update %d, which the checkpoint owed: %s", done, held_out)
+            if checkpoint.is_due(done, self.cfg.trainer, len(self.plan.updates)):  # as the uninterrupted run's
+                self.save_checkpoint(done)
+        return error
 
     def fail(self, update: int, reason: str, cause: BaseException) -> str:
         self.failure, self.failure_cause = {"update": update, "reason": reason}, cause
@@ -252,21 +266,7 @@ class OPDTrainer:
             self.save_checkpoint(done)
 
     def save_checkpoint(self, update: int) -> Path:
-        state = {
-            "global_optimizer_steps": update,
-            "task_cursor": self.plan.task_cursor(update),
-            "compiled_plan_sha256": self.plan.digest,
-            "resolved_config_digest": sha256_json(self.resolved),
-            "run_seed": self.cfg.trainer.seed,
-            "random_streams": "derived: plan.updates[k].sample_seeds",  # from the seed: no generator state
-            "trajectory_digests": list(self.out.trajectory_digests),
-            "trajectory_sha256": self.out.trajectory_sha256,
-            "history": self.history,
-            "distillation_progress": self.progress,
-            "downshift": self.downshift.state(),  # a resumed run goes on at the sizes this run had halved to
-            "eval_downshift": self.eval_downshift.snapshot(),  # the probe's own; the resume check leaves it out
-            "finished": update == len(self.plan.updates),
-        }
+        state = checkpoint_state(self, update)  # state.json: what a resume needs beside the tensors
         self.last_checkpoint = checkpoint.save_checkpoint(
             self.out.path("checkpoints"), update, self.student, self.actor.optimizer, self.actor.param_names, state
         )

@@ -23,7 +23,8 @@ with a privileged context (`teacher.context`), after its own prompt for that row
 Every forward goes through an out-of-memory downshift (`Downshift`; the run's `eval_downshift`): the
 rollout at the rollout physical batch, the teacher and the exact KL at the update chunk, so an
 out-of-memory error in the probe halves its rows as it would in an update (and the smaller size
-sticks, across a resume too: checkpoints keep it apart, as `eval_downshift`). It is the probe's
+sticks, across a resume too: checkpoints keep it apart, as `eval_downshift`, as of the last probe that
+succeeded: halvings that still failed at one row are not kept). It is the probe's
 own, not training's: the probe changes no training bit, the sizes that training's checkpoints keep
 included, so the resume check's runs can leave it out.
 """
@@ -55,6 +56,14 @@ PROGRESS_METRICS = {
     "teacher_loglik_per_char": "val/distillation/teacher_loglik_per_char",
     "task_score": "val/task_score/mean",
 }
+
+
+def probe_owed(progress: dict[str, list[dict]], update: int, every: int, last: int) -> bool:
+    """Whether `eval.every` (-1: never) puts the held-out probe after `update` updates (0: before
+    training; `last`: the plan's final update, probed in any case) and `progress` has no value there
+    yet. A run whose probe fails checkpoints the update it followed; its resume measures it first."""
+    due = every != -1 and (update % every == 0 or update == last)
+    return due and all(point["update"] != update for point in next(iter(progress.values()), []))
 
 
 class ValidationProbe:

@@ -180,37 +180,66 @@ def test_a_failed_updates_halving_is_not_kept_by_the_checkpoint_of_the_update_be
     assert state["downshift"]["batch_downshifts"] == {"rollout_oom": 0, "update_chunk_oom": 0}
 
 
-@pytest.mark.parametrize("save_freq", [-1, 1])
-def test_a_probe_out_of_memory_after_an_update_keeps_a_checkpoint_under_its_own_number(
-    reference, tmp_path, monkeypatch, save_freq
+HELD_OUT = ["data.val_files=data/toy_prompts_heldout.parquet", "eval.every=2"]  # probes after 0, 2 and 4 updates
+
+
+@pytest.fixture(scope="module")
+def probed_reference(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("probed") / "run"
+    assert run_in_process(run_dir, *HELD_OUT)["status"] == "measured"
+    return run_dir
+
+
+def without_timings(metrics_file):
+    lines = [json.loads(line) for line in metrics_file.read_text().splitlines()]
+    return [{k: v for k, v in m.items() if not k.startswith("timing_s/")} for m in lines]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("failed_after,save_freq", [(2, 1), (2, -1), (N, 1), (N, -1)])
+def test_a_probe_out_of_memory_after_an_update_is_measured_by_the_resume_which_ends_as_the_uninterrupted_run(
+    probed_reference, tmp_path, monkeypatch, failed_after, save_freq
 ):
-    """The held-out probe runs out of memory at one row after update 2, whose optimizer step and
-    trajectory are done. With update 1 checkpointed (save_freq 1) the run keeps that checkpoint, so a
-    resume redoes update 2 and its probe; without one (save_freq -1) it checkpoints update 2 as update 2
-    (before: update 2's weights under update 1's number). Either way the reference's bytes."""
+    """The held-out probe runs out of memory at one row after update u (2, or the final one), whose
+    optimizer step and trajectory are done: the run checkpoints update u under its own number, not
+    finished, whatever trainer.save_freq (before: update u's weights under u-1's number with
+    save_freq -1; a final checkpoint marked finished, which no resume would take). The resume
+    measures the probe it owes first, at the sizes the last probe that succeeded used, and ends byte
+    for byte as the uninterrupted run, held-out points and metrics.jsonl included."""
     real_rollout = RolloutWorker.generate_sequences
     probes = []
 
     def rollout(self, prompts, *args, physical_batches, **kwargs):
-        if len(prompts) == 16:  # the 16 held-out prompts: the probe before training passes, the next does not
+        if len(prompts) == 16:  # the 16 held-out prompts
             probes.append(physical_batches)
-            if len(probes) > 1:
+            if len(probes) > failed_after // 2:  # the probe after update `failed_after`, at every size it halves to
                 raise torch.OutOfMemoryError("injected by the test")
         return real_rollout(self, prompts, *args, physical_batches=physical_batches, **kwargs)
 
-    monkeypatch.setattr(RolloutWorker, "generate_sequences", rollout)
-    heldout = ["data.val_files=data/toy_prompts_heldout.parquet", "eval.every=2", f"trainer.save_freq={save_freq}"]
-    with pytest.raises(MiniverlError, match="update 2 failed: held-out probe after update 2: out of memory"):
-        run_in_process(tmp_path / "run", *heldout)
-    kept = 1 if save_freq == 1 else 2
-    saved = checkpoint.checkpoints_in(tmp_path / "run")[-1]
+    folder = tmp_path / "run"
+    settings = [*HELD_OUT, f"trainer.save_freq={save_freq}"]
+    with monkeypatch.context() as patch:
+        patch.setattr(RolloutWorker, "generate_sequences", rollout)
+        match = f"update {failed_after} failed: held-out probe after update {failed_after}: out of memory"
+        with pytest.raises(MiniverlError, match=match):
+            run_in_process(folder, *settings)
+    saved = checkpoint.checkpoints_in(folder)[-1]
     state = json.loads((saved / "state.json").read_text())
-    assert checkpoint.checkpoint_update(saved) == state["global_optimizer_steps"] == kept
-    assert len(state["history"]) == kept and len(state["trajectory_digests"]) == kept
-    same_update = reference / "checkpoints" / f"update_{kept}"
+    assert checkpoint.checkpoint_update(saved) == state["global_optimizer_steps"] == failed_after
+    assert len(state["history"]) == len(state["trajectory_digests"]) == failed_after and not state["finished"]
+    assert [p["update"] for p in state["distillation_progress"]["exact_reverse_kl"]] == list(range(0, failed_after, 2))
+    assert state["eval_downshift"]["rows"]["rollout"] == 4  # the failed probe's halvings to 2 and 1 are not kept
+    same_update = probed_reference / "checkpoints" / f"update_{failed_after}"
     files = sorted(p.name for p in saved.iterdir() if p.name != "state.json")
     assert files and files == sorted(p.name for p in same_update.iterdir() if p.name != "state.json")
     assert all((saved / name).read_bytes() == (same_update / name).read_bytes() for name in files)
+
+    report = run_in_process(folder, *settings)  # the probe's sizes as before it failed: its halvings did not help
+    assert report["status"] == "measured" and report["resume"]["resumed_after_update"] == failed_after
+    assert first_difference(probed_reference, folder)[1] is None
+    expected = json.loads((probed_reference / "report.json").read_text())["distillation_progress"]
+    assert report["distillation_progress"] == expected and len(expected["exact_reverse_kl"]) == 3
+    assert without_timings(folder / "metrics.jsonl") == without_timings(probed_reference / "metrics.jsonl")
 
 
 @pytest.mark.slow

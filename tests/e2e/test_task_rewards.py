@@ -205,7 +205,7 @@ def test_a_reward_function_that_raises_in_the_held_out_probe_fails_the_run_in_on
     message = str(error.value)
     assert message.startswith("update 1 failed: held-out probe after update 1: the task reward (compute_score of ")
     assert json.loads((run_dir / "report.json").read_text())["status"] == "failed"
-    # Update 1 is complete and no earlier checkpoint exists: it is kept under its own number.
+    # Update 1 is complete: it is kept under its own number, and its resume measures the probe first.
     assert [checkpoint_update(c) for c in checkpoints_in(run_dir)] == [1]
 
 
