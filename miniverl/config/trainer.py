@@ -23,8 +23,10 @@ class TrainerConfig:
     progress_bar: bool = True
     # verl's trainer.save_freq: a checkpoint every N updates (-1: only at a stop and at the end).
     save_freq: int = 1
-    # verl's trainer.max_actor_ckpt_to_keep: keep only the newest N checkpoints (null: keep all).
-    max_actor_ckpt_to_keep: Optional[int] = None
+    # verl's trainer.max_actor_ckpt_to_keep: keep only the newest N checkpoints (null: keep all). verl
+    # keeps all by default, having saved one at the end (its save_freq -1); miniverl saves after every
+    # update, so it keeps 2: the newest, and the one before in case the newest is damaged.
+    max_actor_ckpt_to_keep: Optional[int] = 2
     # Stop after this update as a preemption would: checkpoint, report status `interrupted`, exit 0.
     stop_after_updates: Optional[int] = None
     # verl's trainer.resume_mode: auto resumes from trainer.resume_from, or else from the latest

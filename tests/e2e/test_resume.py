@@ -186,7 +186,7 @@ HELD_OUT = ["data.val_files=data/toy_prompts_heldout.parquet", "eval.every=2"]  
 @pytest.fixture(scope="module")
 def probed_reference(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("probed") / "run"
-    assert run_in_process(run_dir, *HELD_OUT)["status"] == "measured"
+    assert run_in_process(run_dir, *HELD_OUT, "trainer.max_actor_ckpt_to_keep=null")["status"] == "measured"
     return run_dir
 
 
@@ -444,13 +444,19 @@ def test_the_peft_adapter_reproduces_the_trained_students_log_probs(tmp_path):
 
 
 @pytest.mark.slow
-def test_only_the_newest_checkpoints_are_kept_when_asked_and_resume_still_works(reference, tmp_path):
+@pytest.mark.parametrize(
+    "keep,kept,kept_at_the_end", [(None, [2, 3], [3, 4]), ("null", [1, 2, 3], [1, 2, 3, 4]), (1, [3], [4])]
+)
+def test_a_run_keeps_its_newest_checkpoints_two_by_default_and_resume_still_works(
+    reference, tmp_path, keep, kept, kept_at_the_end
+):
     folder = tmp_path / "run"
-    run_in_process(folder, "trainer.stop_after_updates=3", "trainer.max_actor_ckpt_to_keep=2")
-    assert [p.name for p in checkpoint.checkpoints_in(folder)] == ["update_2", "update_3"]
-    report = run_in_process(folder, "trainer.max_actor_ckpt_to_keep=2")  # auto-resume from update_3
+    setting = [] if keep is None else [f"trainer.max_actor_ckpt_to_keep={keep}"]
+    run_in_process(folder, "trainer.stop_after_updates=3", *setting)
+    assert [p.name for p in checkpoint.checkpoints_in(folder)] == [f"update_{u}" for u in kept]
+    report = run_in_process(folder, *setting)  # auto-resume from update_3
     assert report["resume"]["resumed_from"].endswith("update_3")
-    assert [p.name for p in checkpoint.checkpoints_in(folder)] == ["update_3", "update_4"]
+    assert [p.name for p in checkpoint.checkpoints_in(folder)] == [f"update_{u}" for u in kept_at_the_end]
     assert first_difference(reference, folder)[1] is None
 
 
