@@ -49,8 +49,7 @@ class OPDTrainer:
         self.resolved = resolved  # the composed config as written to resolved_config.yaml
         self.run_dir = Path(run_dir)
         self.history: list[dict] = []  # metrics of every update done so far (resumed ones included)
-        self.resumed: checkpoint.Checkpoint | None = None
-        self.last_checkpoint: Path | None = None
+        self.resumed, self.last_checkpoint = None, None  # the Checkpoint resumed from; the last one written (a Path)
         self.failure, self.failure_cause = None, None  # a failed run's {update, reason}; its exception
         self.stopped_by: int | None = None  # the signal that stopped the run, if one did
         self.seconds_to_first: dict[str, float | None] = {"rollout": None, "teacher_targets": None, "update": None}
@@ -184,16 +183,18 @@ class OPDTrainer:
     def evaluate_owed(self, done: int) -> Exception | None:
         """The probe owed before the first update (0 done), or after a resumed update whose probe failed in the
         run that checkpointed it: that update's metrics, logged without the probe's, are logged again with them."""
-        held_out = {}
-        if (error := self.evaluate(done, held_out)) is None and done and held_out:
+        held_out, total = {}, len(self.plan.updates)
+        if (error := self.evaluate(done, held_out)) is not None or not done:
+            return error
+        if held_out:
             self.history[-1].update(held_out)
             self.out.rewrite_metrics(self.history if "jsonl" in self.cfg.trainer.logger else [])
             if self.tensorboard is not None:
                 self.tensorboard.log(held_out, done)
             log.info("held-out probe after update %d, which the checkpoint owed: %s", done, held_out)
-            if checkpoint.is_due(done, self.cfg.trainer, len(self.plan.updates)):  # as the uninterrupted run's
-                self.save_checkpoint(done)
-        return error
+        if checkpoint.is_due(done, self.cfg.trainer, total) and (held_out or done == total):
+            self.save_checkpoint(done)  # with the probe's point, as the uninterrupted run's; at the end, finished
+        return None
 
     def fail(self, update: int, reason: str, cause: BaseException) -> str:
         self.failure, self.failure_cause = {"update": update, "reason": reason}, cause
@@ -261,8 +262,8 @@ class OPDTrainer:
     # ------------------------------------------------------------------ checkpoints
     def ensure_checkpoint(self) -> None:
         """Checkpoint the last complete update unless that is already done."""
-        done = len(self.history)
-        if done and (self.last_checkpoint is None or checkpoint.checkpoint_update(self.last_checkpoint) < done):
+        done, last = len(self.history), self.last_checkpoint  # last: maybe another run's, resumed from
+        if done and (last is None or checkpoint.checkpoint_update(last) < done or last.parent.parent != self.out.root):
             self.save_checkpoint(done)
 
     def save_checkpoint(self, update: int) -> Path:
@@ -275,9 +276,8 @@ class OPDTrainer:
 
     # ------------------------------------------------------------------ finish
     def finish(self, status: str = "measured", resume_check: dict | None = None) -> dict:
-        """Save the PEFT adapter (once: after release_models it is on disk already) and write
-        report.json; `resume_check` is the recipe's exact-resume verdict when it ran (it then
-        becomes the report's `resume` block)."""
+        """Save the PEFT adapter (once: after release_models it is on disk already) and write report.json;
+        `resume_check`, the recipe's exact-resume verdict where it ran, becomes the report's `resume` block."""
         if not self.adapter_saved:
             self.save_adapter()
         resume = resume_check or resume_block(self.resumed, self.resume_load_seconds, len(self.history), self.plan)

@@ -102,7 +102,8 @@ def experiment_settings(cfg: MiniverlConfig) -> dict:
             settings.pop(unread)
     custom = cfg.reward.custom_reward_function
     if cfg.estimator.use_task_rewards and custom.path and Path(custom.path).is_file():
-        # The function's code is part of the experiment, like the data: an edited file is another plan.
+        # The function's code is part of the experiment, like the data: an edited file is another plan
+        # (checkpoint.REWARD_FUNCTION_DIGEST: a refused resume names the file).
         settings["reward"]["custom_reward_function"]["sha256"] = sha256_file(Path(custom.path))
     return settings
 

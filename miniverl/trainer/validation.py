@@ -1,6 +1,6 @@
 """Distillation progress on held-out prompts (`data.val_files`, never trained on).
 
-At update 0 (before training) and every `eval.every` updates, the student samples one response
+At update 0 (before training), every `eval.every` updates and after the last, the student samples one response
 per held-out prompt — with the same sampling streams each time, so the curve is not noise from
 new samples — and the teacher scores it:
 

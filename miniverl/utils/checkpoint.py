@@ -87,11 +87,24 @@ def save_checkpoint(
     for name in (*TENSOR_FILES, STATE_FILE):
         _fsync_file(tmp / name)
     _fsync_dir(tmp)
-    if final.exists():  # re-saving the same update (e.g. a rerun into this folder): replace whole
+    if final.exists() and _files_of(final) == files:  # the same tensors, a new state (a probe a resume owed)
+        os.replace(tmp / STATE_FILE, final / STATE_FILE)  # atomic: the checkpoint stays whole throughout
+        _fsync_dir(final)
+        shutil.rmtree(tmp)
+        return final
+    if final.exists():  # re-saving the same update with other tensors (a rerun into this folder): replace whole
         shutil.rmtree(final)
     os.replace(tmp, final)
     _fsync_dir(root)
     return final
+
+
+def _files_of(path: Path) -> dict | None:
+    """The sha256 of each tensor file a checkpoint's state.json records, or None where it has none."""
+    try:
+        return json.loads((path / STATE_FILE).read_text(encoding="utf-8"))["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def is_due(update: int, trainer_config: TrainerConfig, total_updates: int) -> bool:
@@ -174,6 +187,11 @@ class Checkpoint:
         return self.path.parent.parent
 
 
+# The plan's digest of a custom reward function's file (trainer/plan.py experiment_settings): in the
+# plan's settings as if a config key, which it is not, so a refused resume names the file instead.
+REWARD_FUNCTION_DIGEST = "reward.custom_reward_function.sha256"
+
+
 def earlier_overrides(run_dir: Path, settings: dict) -> list[str]:
     """`key=value` overrides that give a run whose plan holds `settings` (plan.json's "settings":
     every config field that shapes the experiment) those of the run in `run_dir`, where they differ:
@@ -221,9 +239,15 @@ def verify_checkpoint(
         )
     if state.get("compiled_plan_sha256") != plan_digest:
         overrides = earlier_overrides(checkpoint.run_dir, settings) if settings is not None else []
+        edited = [o for o in overrides if o.startswith(f"{REWARD_FUNCTION_DIGEST}=")]  # no config key: the file's
+        overrides = [o for o in overrides if o not in edited]
         how = (
             f"resume with {' '.join(overrides)}" if overrides else "resume with the overrides of the run that wrote it"
         )
+        if edited:
+            how = "the file of reward.custom_reward_function.path changed since that run: resume with it as it was" + (
+                f" and {' '.join(overrides)}" if overrides else ""
+            )
         if run_dir is None or checkpoint.run_dir.resolve() == Path(run_dir).resolve():
             new_run = "another hydra.run.dir (or replace that run with trainer.overwrite=true)"
         else:  # named by trainer.resume_from: the new run's folder is free of it

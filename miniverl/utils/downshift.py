@@ -78,12 +78,12 @@ class Downshift:
         return shift
 
     def commit(self) -> None:
-        """An update is complete: its sizes are the ones its checkpoint keeps (not those of an update
-        that fails afterwards, whose checkpoint is the update before it)."""
+        """An update is complete (or, for the probe's own, a measurement): its sizes are the ones a
+        checkpoint keeps, not those of an update or a probe that fails afterwards."""
         self.committed = self.snapshot()
 
     def state(self) -> dict:
-        """What a checkpoint keeps: the sizes, downshifts and sizes used as of the last complete update."""
+        """What a checkpoint keeps: the sizes, downshifts and sizes used as of the last commit."""
         return self.committed
 
     def snapshot(self) -> dict:

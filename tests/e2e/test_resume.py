@@ -196,16 +196,21 @@ def without_timings(metrics_file):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("failed_after,save_freq", [(2, 1), (2, -1), (N, 1), (N, -1)])
+@pytest.mark.parametrize(
+    "failed_after,save_freq,into",
+    [(2, 1, "its folder"), (2, -1, "its folder"), (N, 1, "its folder"), (N, -1, "another")],
+)
 def test_a_probe_out_of_memory_after_an_update_is_measured_by_the_resume_which_ends_as_the_uninterrupted_run(
-    probed_reference, tmp_path, monkeypatch, failed_after, save_freq
+    probed_reference, tmp_path, monkeypatch, failed_after, save_freq, into
 ):
     """The held-out probe runs out of memory at one row after update u (2, or the final one), whose
     optimizer step and trajectory are done: the run checkpoints update u under its own number, not
     finished, whatever trainer.save_freq (before: update u's weights under u-1's number with
     save_freq -1; a final checkpoint marked finished, which no resume would take). The resume
     measures the probe it owes first, at the sizes the last probe that succeeded used, and ends byte
-    for byte as the uninterrupted run, held-out points and metrics.jsonl included."""
+    for byte as the uninterrupted run, held-out points and metrics.jsonl included. Where update u's
+    checkpoint is due, the resume saves it again with the probe's point: in its own folder only its
+    state.json is replaced (atomically; the tensor files stay in place), in another as a new one."""
     real_rollout = RolloutWorker.generate_sequences
     probes = []
 
@@ -217,7 +222,7 @@ def test_a_probe_out_of_memory_after_an_update_is_measured_by_the_resume_which_e
         return real_rollout(self, prompts, *args, physical_batches=physical_batches, **kwargs)
 
     folder = tmp_path / "run"
-    settings = [*HELD_OUT, f"trainer.save_freq={save_freq}"]
+    settings = [*HELD_OUT, f"trainer.save_freq={save_freq}", "trainer.max_actor_ckpt_to_keep=null"]
     with monkeypatch.context() as patch:
         patch.setattr(RolloutWorker, "generate_sequences", rollout)
         match = f"update {failed_after} failed: held-out probe after update {failed_after}: out of memory"
@@ -234,12 +239,29 @@ def test_a_probe_out_of_memory_after_an_update_is_measured_by_the_resume_which_e
     assert files and files == sorted(p.name for p in same_update.iterdir() if p.name != "state.json")
     assert all((saved / name).read_bytes() == (same_update / name).read_bytes() for name in files)
 
-    report = run_in_process(folder, *settings)  # the probe's sizes as before it failed: its halvings did not help
+    inode = (saved / "adapter.safetensors").stat().st_ino
+
+    resumed = folder if into == "its folder" else tmp_path / "resumed"
+    if resumed != folder:  # the owed probe fails again in the new folder, which then holds update u's checkpoint
+        with monkeypatch.context() as patch:
+            patch.setattr(RolloutWorker, "generate_sequences", rollout)
+            with pytest.raises(MiniverlError, match=f"resume with trainer.resume_from={resumed}"):
+                run_in_process(resumed, *settings, f"trainer.resume_from={folder}")
+        assert [checkpoint.checkpoint_update(c) for c in checkpoint.checkpoints_in(resumed)] == [failed_after]
+    report = run_in_process(resumed, *settings)  # the probe's sizes as before: its halvings did not help
     assert report["status"] == "measured" and report["resume"]["resumed_after_update"] == failed_after
-    assert first_difference(probed_reference, folder)[1] is None
+    assert report["resume"]["resumed_from"] == str(resumed / "checkpoints" / f"update_{failed_after}")
+    assert first_difference(probed_reference, resumed)[1] is None
     expected = json.loads((probed_reference / "report.json").read_text())["distillation_progress"]
     assert report["distillation_progress"] == expected and len(expected["exact_reverse_kl"]) == 3
-    assert without_timings(folder / "metrics.jsonl") == without_timings(probed_reference / "metrics.jsonl")
+    assert without_timings(resumed / "metrics.jsonl") == without_timings(probed_reference / "metrics.jsonl")
+    if checkpoint.is_due(failed_after, to_config(compose_config([*ARGS, *settings])).trainer, N):
+        again = resumed / "checkpoints" / f"update_{failed_after}"
+        state = json.loads((again / "state.json").read_text())
+        assert state["distillation_progress"]["exact_reverse_kl"][-1]["update"] == failed_after
+        assert any(key.startswith("val/") for key in state["history"][-1])
+        assert state["finished"] == (failed_after == N)
+        assert resumed != folder or (again / "adapter.safetensors").stat().st_ino == inode
 
 
 @pytest.mark.slow

@@ -207,6 +207,13 @@ def test_a_reward_function_that_raises_in_the_held_out_probe_fails_the_run_in_on
     assert json.loads((run_dir / "report.json").read_text())["status"] == "failed"
     # Update 1 is complete: it is kept under its own number, and its resume measures the probe first.
     assert [checkpoint_update(c) for c in checkpoints_in(run_dir)] == [1]
+    # The function is part of the plan: fixed, it is another experiment, which the refusal says in one
+    # line (before: it proposed an override of the file's sha256, which is no config key).
+    fn.write_text(fn.read_text().replace("raise RuntimeError('boom')", "return 1.0"))
+    with pytest.raises(MiniverlError) as refused:
+        task_run(run_dir, *heldout, f"reward.custom_reward_function.path={fn}")
+    assert "\n" not in str(refused.value) and "sha256=" not in str(refused.value)
+    assert "the file of reward.custom_reward_function.path changed since that run" in str(refused.value)
 
 
 def test_task_rewards_compose_with_the_full_vocabulary_kl(tmp_path):
