@@ -131,7 +131,6 @@ SHORT_CROSS = [
     "recipe.optimizer_updates=4",
     "recipe.interrupt_after_updates=null",
     "eval.every=4",
-    "hardware.rollout_physical_batch=16",  # the probe's 16 prompts in one decode (151,936 logits a row), not four
     "trainer.progress_bar=false",
 ]
 
@@ -147,6 +146,7 @@ def test_a_student_of_another_tokenizer_distils_from_the_real_teacher(cross_toke
     k1 = {p["update"]: p["value"] for p in report["distillation_progress"]["k1_mean"]}
     assert k1[4] < 0.95 * k1[0]  # the held-out span k1 falls
     assert len(report["distillation_progress"]["teacher_loglik_per_char"]) == 2
+    assert report["measurements"]["observed_rollout_physical_batch_sizes"] == [4, 16]  # the probe's one decode
 
 
 @pytest.mark.slow
