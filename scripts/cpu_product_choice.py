@@ -3,15 +3,16 @@ GEMM of the same bf16 operands rounded back to bf16 (`hardware.cpu_float32_gemm=
 miniverl/models/cpu_gemm.py). The run chooses by the CPU's instructions (native where it has AMX or
 AVX512-BF16); this measures the choice where it is a matter of speed.
 
-    python scripts/cpu_product_choice.py ~/.cache/miniverl/real/smollm2-135m-instruct-drop5
-    ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 python scripts/cpu_product_choice.py PATH   # as a CPU without AMX decides
+    python scripts/cpu_product_choice.py ~/.cache/miniverl/real/smollm2-135m-instruct-drop5 --held32
+    ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 python scripts/cpu_product_choice.py PATH --held32   # as without AMX
 
 Every linear layer of the model's decoder (its config.json: random bf16 weights of those shapes, one
 per layer, so each pass reads them from memory as a real one does) multiplies, for each row count:
 the forward x @ W^T (the float32 form converting W per call, as bitsandbytes' per-call layers do, and
 with W held in float32, as the rollout's dense copies are) and the backward's grad @ W. Configurations
-are interleaved and each time is the median of --repeats passes. The output layer is left out: the
-student's is float32 in every case (prepare_model_for_kbit_training)."""
+are interleaved and each time is the median of --repeats passes. The output layer is left out (the
+student's is float32 either way, prepare_model_for_kbit_training; an NF4 teacher's bf16 lm_head takes
+the chosen product too, and is not timed here)."""
 
 from __future__ import annotations
 

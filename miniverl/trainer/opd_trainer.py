@@ -59,8 +59,7 @@ class OPDTrainer:
         # Set by setup() (a run that fails there ends with its one-line error, and no report).
         self.device: torch.device | None = None
         self.tokenizer = self.student = None  # the student's tokenizer; the PeftModel the actor trains
-        self.prompts: PromptSet | None = None
-        self.plan: Plan | None = None
+        self.prompts, self.plan = None, None  # the PromptSet; the Plan compiled from the config and the prompts
         self.out: RunFolder | None = None
         self.tensorboard: TensorBoardLogger | None = None  # with trainer.logger tensorboard
         self.reward: RewardWorker | None = None  # with estimator.use_task_rewards
@@ -261,9 +260,10 @@ class OPDTrainer:
 
     # ------------------------------------------------------------------ checkpoints
     def ensure_checkpoint(self) -> None:
-        """Checkpoint the last complete update unless that is already done."""
-        done, last = len(self.history), self.last_checkpoint  # last: maybe another run's, resumed from
-        if done and (last is None or checkpoint.checkpoint_update(last) < done or last.parent.parent != self.out.root):
+        """Checkpoint the last complete update unless this run's folder holds it (a resumed one may be another's)."""
+        done, last = len(self.history), self.last_checkpoint
+        mine = last is not None and last.resolve().is_relative_to(self.run_dir.resolve())
+        if done and not (mine and checkpoint.checkpoint_update(last) >= done):
             self.save_checkpoint(done)
 
     def save_checkpoint(self, update: int) -> Path:

@@ -87,7 +87,7 @@ def save_checkpoint(
     for name in (*TENSOR_FILES, STATE_FILE):
         _fsync_file(tmp / name)
     _fsync_dir(tmp)
-    if final.exists() and _files_of(final) == files:  # the same tensors, a new state (a probe a resume owed)
+    if _holds(final, files):  # the same tensors on disk, a new state (a probe a resume owed)
         os.replace(tmp / STATE_FILE, final / STATE_FILE)  # atomic: the checkpoint stays whole throughout
         _fsync_dir(final)
         shutil.rmtree(tmp)
@@ -99,12 +99,10 @@ def save_checkpoint(
     return final
 
 
-def _files_of(path: Path) -> dict | None:
-    """The sha256 of each tensor file a checkpoint's state.json records, or None where it has none."""
-    try:
-        return json.loads((path / STATE_FILE).read_text(encoding="utf-8"))["files"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+def _holds(path: Path, files: dict[str, str]) -> bool:
+    """Whether the checkpoint folder `path` holds tensor files of exactly these sha256 (hashed on
+    disk, not read from its state.json: a damaged file is replaced, not kept)."""
+    return all((path / name).is_file() and sha256_file(path / name) == digest for name, digest in files.items())
 
 
 def is_due(update: int, trainer_config: TrainerConfig, total_updates: int) -> bool:

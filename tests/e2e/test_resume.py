@@ -265,6 +265,22 @@ def test_a_probe_out_of_memory_after_an_update_is_measured_by_the_resume_which_e
 
 
 @pytest.mark.slow
+def test_a_damaged_checkpoint_is_replaced_whole_when_a_resume_from_the_one_before_saves_its_update_again(tmp_path):
+    """The refusal of a damaged checkpoint says to resume from an earlier one: that resume saves the
+    damaged update again with the same bytes, which replace the damaged files (a re-save of unchanged
+    tensors replaces only state.json, so the files on disk are hashed, not their recorded sha256)."""
+    folder = tmp_path / "run"
+    run_in_process(folder, "trainer.stop_after_updates=2")
+    damaged = folder / "checkpoints" / "update_2" / "adapter.safetensors"
+    damaged.write_bytes(damaged.read_bytes()[:-1] + bytes([damaged.read_bytes()[-1] ^ 1]))
+    with pytest.raises(MiniverlError, match="does not match its sha256"):
+        run_in_process(folder)
+    run_in_process(folder, f"trainer.resume_from={folder / 'checkpoints' / 'update_1'}", "trainer.stop_after_updates=3")
+    state = json.loads((folder / "checkpoints" / "update_2" / "state.json").read_text())
+    assert sha256_file(damaged) == state["files"]["adapter.safetensors"]
+
+
+@pytest.mark.slow
 def test_resume_mode_auto_continues_a_stopped_run_in_its_own_folder(reference, tmp_path):
     folder = tmp_path / "run"
     run_in_process(folder, "trainer.stop_after_updates=2")
