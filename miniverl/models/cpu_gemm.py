@@ -8,9 +8,9 @@ time of a float32 GEMM of the same values. On a CPU with AMX it is the fast path
 2-core Sapphire Rapids at SmolLM2-135M's shapes, the float32 product of the same bf16 operands
 takes 6-7x the time of the native one for 360 rows and 2x for 4 (docs/bench.md). With AVX512-BF16
 and no AMX the native one wins few rows and loses full sequences (1.5x): ~4% slower over the real
-recipe in one run, kept (scripts/cpu_product_choice.py times both on any CPU). So the product is chosen by the CPU
-(`enabled_for`): float32 without bf16 instructions, native with them; one choice per run, taken by
-every role. While `float32_products` is active, every frozen half-precision product on
+recipe in one run, kept (scripts/cpu_product_choice.py times both on any CPU). So the product is
+chosen by the CPU (`enabled_for`): float32 without bf16 instructions, native with them; one choice
+per run, taken by every role. While `float32_products` is active, every frozen half-precision product on
 the CPU — bitsandbytes' 4-bit layers (dequantized per call, as bitsandbytes does) and frozen
 bf16/fp16 nn.Linear layers such as an NF4 teacher's lm_head — multiplies the same half-precision
 operands in float32 and rounds the result to their dtype, forward and backward. The values are
