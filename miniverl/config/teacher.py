@@ -97,6 +97,10 @@ class TeacherConfig:
     # With tokenizer_alignment=text: last (a span's estimate on its last student token) or even (split
     # over its student tokens). last keeps every estimator a function of the span's log-ratio.
     alignment_credit: str = "last"
+    # With tokenizer_alignment=text, a byte the teacher's vocabulary has no token for (SmolLM2's lacks 21
+    # of the 256; its tokenizer drops them): null leaves the span holding it out of the loss; a number
+    # (nats, < 0) is the teacher's log-probability of each such byte, so the student pays for writing it.
+    unwritable_byte_log_prob: Optional[float] = None
 
     @property
     def text_aligned(self) -> bool:
@@ -124,6 +128,11 @@ class TeacherConfig:
             raise ValueError(
                 f"{where}.tokenizer_alignment={self.tokenizer_alignment!r}; "
                 f"choose one of {', '.join(TOKENIZER_ALIGNMENTS)}"
+            )
+        if self.unwritable_byte_log_prob is not None and not self.unwritable_byte_log_prob < 0:
+            raise ValueError(
+                f"{where}.unwritable_byte_log_prob={self.unwritable_byte_log_prob}: a log-probability below 0 "
+                "(nats per byte), or null to leave such bytes out of the loss"
             )
         if self.alignment_credit not in ALIGNMENT_CREDITS:
             raise ValueError(

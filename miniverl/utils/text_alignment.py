@@ -17,6 +17,8 @@ GPT-2), the text is the student's exact bytes, a byte that is no character kept 
 UTF-8 sequence cut by the length limit, or a student that writes raw bytes), and the teacher scores
 such bytes with its own byte tokens: every byte the student writes is scored. Otherwise the text is
 the student's decode, and a span holding U+FFFD (bytes the decode could not keep) is unaligned. A
+character the teacher's vocabulary cannot write (a hole) makes its span unaligned too, unless the
+caller scores holes at a floor (`score_holes`: teacher.unwritable_byte_log_prob). A
 span is unaligned, never scored, also where either side has a special token in it (a special token
 means something to its own model only) or where the teacher's tokens do not give back the student's
 text (a tokenizer that normalises spaces or Unicode): `span` is -1 there. Why the bytes matter: a
@@ -46,6 +48,7 @@ class Alignment:
     teacher_span: list[int]  # per teacher token: its span, or -1 (unaligned)
     num_spans: int  # unaligned spans keep their numbers (their sums are 0): see `aligned`
     aligned: list[bool]  # per span: scored; a mean over spans must count only these
+    hole_bytes: list[int]  # per span: bytes the teacher cannot write (scored at a floor with `score_holes`)
 
     @property
     def unaligned_student_tokens(self) -> int:
@@ -215,11 +218,19 @@ def assign_spans(ends: list[int | None], bounds: list[int], aligned: list[bool])
 
 
 def align_response(
-    student_tokenizer, response_ids: list[int], teacher_tokenizer, *, stopped: bool, teacher_stop_id: int | None
+    student_tokenizer,
+    response_ids: list[int],
+    teacher_tokenizer,
+    *,
+    stopped: bool,
+    teacher_stop_id: int | None,
+    score_holes: bool = False,
 ) -> Alignment:
     """Align one response. `response_ids`: the student's sampled tokens, its stop token last when
     `stopped`; the teacher's own stop token (`teacher_stop_id`) then scores as one span of its own
-    against the student's."""
+    against the student's. `score_holes`: characters the teacher cannot write stay in aligned spans,
+    each counted in `hole_bytes` (the caller scores them at a floor), and a hole's end is a boundary
+    on the teacher's side (it starts its next run clean); else such spans are unaligned."""
     text_ids = response_ids[:-1] if stopped else list(response_ids)
     student_bytes, teacher_bytes = ByteTokens.of(student_tokenizer), ByteTokens.of(teacher_tokenizer)
     byte_level = student_bytes is not None and teacher_bytes is not None
@@ -234,14 +245,18 @@ def align_response(
         student_ends = clean_ends(student_tokenizer, text_ids, text)
         teacher_ends = clean_ends(teacher_tokenizer, teacher_ids, text)
 
-    bounds = sorted({e for e in student_ends if e} & {e for e in teacher_ends if e})
+    teacher_clean = {e for e in teacher_ends if e} | ({b for _, b in holes} if score_holes else set())
+    bounds = sorted({e for e in student_ends if e} & teacher_clean)
     blocked = special_ranges(student_tokenizer, text_ids, student_ends)
-    blocked += special_ranges(teacher_tokenizer, teacher_ids, teacher_ends) + holes
-    aligned, start = [], 0
+    blocked += special_ranges(teacher_tokenizer, teacher_ids, teacher_ends) + ([] if score_holes else holes)
+    aligned, hole_bytes, start = [], [], 0
     for end in bounds:
         piece = text[start:end]
         cut = not byte_level and REPLACEMENT in piece  # bytes the decode could not keep
         aligned.append(not cut and not any(a < end and start < b for a, b in blocked))
+        hole_bytes.append(
+            sum(len(_bytes_of(text[max(a, start) : min(b, end)])) for a, b in holes if a < end and start < b)
+        )
         start = end
 
     student_span = assign_spans(student_ends, bounds, aligned)
@@ -255,8 +270,8 @@ def align_response(
             teacher_span.append(num_spans)
             teacher_ids = [*teacher_ids, teacher_stop_id]
             num_spans += 1
-            aligned = [*aligned, True]
-    return Alignment(text, teacher_ids, student_span, teacher_span, num_spans, aligned)
+            aligned, hole_bytes = [*aligned, True], [*hole_bytes, 0]
+    return Alignment(text, teacher_ids, student_span, teacher_span, num_spans, aligned, hole_bytes)
 
 
 def span_sums(values: torch.Tensor, span, num_spans: int) -> torch.Tensor:

@@ -126,7 +126,14 @@ def build_teacher(
                 **{**common, "tokenizer_vocab": len(own), "pad_id": own.pad_token_id},
             )
             stops = models.stop_token_ids(tokenizer, student.get_base_model())
-            return TextAlignedTeacher(worker, tokenizer, own, stop_ids=stops, credit=block.alignment_credit)
+            return TextAlignedTeacher(
+                worker,
+                tokenizer,
+                own,
+                stop_ids=stops,
+                credit=block.alignment_credit,
+                unwritable_byte_log_prob=block.unwritable_byte_log_prob,
+            )
         models.check_tokenizers_compatible(tokenizer, own, student.get_base_model(), teacher, where)
         return TeacherWorker(teacher, weight_bytes=stored_weight_bytes(teacher), **common)
     # ref / shared_base: the teacher runs on the student's own base weights, no second copy.

@@ -25,10 +25,22 @@ from miniverl.workers.teacher import TeacherWorker
 
 
 class TextAlignedTeacher:
-    def __init__(self, worker: TeacherWorker, student_tokenizer, teacher_tokenizer, *, stop_ids, credit: str):
+    def __init__(
+        self,
+        worker: TeacherWorker,
+        student_tokenizer,
+        teacher_tokenizer,
+        *,
+        stop_ids,
+        credit: str,
+        unwritable_byte_log_prob: float | None = None,
+    ):
         """`worker`: the teacher model's own worker (its vocabulary, pad id, and `context_prompts`: every
-        row's prompt in the teacher's chat template); `stop_ids`: the ids that end a student response."""
+        row's prompt in the teacher's chat template); `stop_ids`: the ids that end a student response;
+        `unwritable_byte_log_prob`: the teacher's log-prob of a byte its vocabulary cannot write (None:
+        such spans are unaligned)."""
         self.worker = worker
+        self.unwritable_byte_log_prob = unwritable_byte_log_prob
         self.student_tokenizer, self.teacher_tokenizer = student_tokenizer, teacher_tokenizer
         self.stop_ids = set(stop_ids)
         self.teacher_stop_id = turn_end_id(teacher_tokenizer)  # scored against the student's stop token
@@ -54,6 +66,7 @@ class TextAlignedTeacher:
                     self.teacher_tokenizer,
                     stopped=stopped,
                     teacher_stop_id=self.teacher_stop_id,
+                    score_holes=self.unwritable_byte_log_prob is not None,
                 )
             )
         return alignments
@@ -86,11 +99,15 @@ class TextAlignedTeacher:
         student_span = torch.full_like(batch.responses, -1)  # (B, R)
         teacher_span = torch.full_like(theirs.responses, -1)  # (B, R')
         aligned = torch.zeros((len(batch), spans), dtype=torch.bool)  # (B, S)
+        hole_bytes = torch.zeros((len(batch), spans), dtype=token_log_probs.dtype)  # (B, S) bytes it cannot write
         for i, a in enumerate(alignments):
             student_span[i, : len(a.student_span)] = torch.tensor(a.student_span)
             teacher_span[i, : len(a.teacher_span)] = torch.tensor(a.teacher_span)
             aligned[i, : a.num_spans] = torch.tensor(a.aligned, dtype=torch.bool)
+            hole_bytes[i, : a.num_spans] = torch.tensor(a.hole_bytes, dtype=hole_bytes.dtype)
         span_log_probs = span_sums(token_log_probs, teacher_span, spans)  # (B, S)
+        if self.unwritable_byte_log_prob is not None:  # those bytes at the configured floor, each
+            span_log_probs = span_log_probs + self.unwritable_byte_log_prob * hole_bytes.to(span_log_probs.device)
         batch.student_span = student_span
         batch.teacher_span_logprobs = span_log_probs * aligned.to(span_log_probs.device)
         batch.teacher_logprobs = credit_to_tokens(batch.teacher_span_logprobs, student_span, self.credit)

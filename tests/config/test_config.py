@@ -86,7 +86,7 @@ def test_model_and_teacher_fields_are_the_reference_report_fields(reference_repo
     # Plus the routing key of several teachers (verl's teacher_models.<name>.key), which the single
     # teacher does not read and the report's models.teacher block leaves out, the privileged
     # context and the alignment of a teacher with another tokenizer (miniverl's).
-    added = {"key", "context", "tokenizer_alignment", "alignment_credit"}
+    added = {"key", "context", "tokenizer_alignment", "alignment_credit", "unwritable_byte_log_prob"}
     assert set(dataclasses.asdict(config.teacher)) == set(reference_report["models"]["teacher"]) | added
 
 

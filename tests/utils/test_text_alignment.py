@@ -161,6 +161,15 @@ def test_a_character_the_teachers_vocabulary_cannot_write_is_a_hole_and_the_rest
     # the text before and after it aligns.
     assert a.student_span[at : at + 4] == [-1] * 4
     assert -1 not in a.student_span[:at] and -1 not in a.student_span[at + 4 :]
+    assert sum(a.hole_bytes) == 1 and not any(ok and n for ok, n in zip(a.aligned, a.hole_bytes))
+    # Scored at a floor (teacher.unwritable_byte_log_prob): the character is a span of its own, with
+    # no teacher token and one byte to score; every student token is aligned.
+    scored = align_response(toy, ids, teacher, stopped=False, teacher_stop_id=None, score_holes=True)
+    assert -1 not in scored.student_span and all(scored.aligned)
+    hole = scored.student_span[at]
+    assert scored.hole_bytes[hole] == 1 and sum(scored.hole_bytes) == 1
+    assert hole not in scored.teacher_span and scored.teacher_ids == a.teacher_ids
+    assert toy.decode([t for t, s in zip(ids, scored.student_span) if s == hole]).strip() == "\x16"
 
 
 @pytest.mark.parametrize("kind", ["sentencepiece-like", "lowercasing", "bytes"])

@@ -19,6 +19,7 @@ from miniverl.trainer import preflight
 from miniverl.trainer.metrics import alignment_metrics
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import sha256_file
+from miniverl.utils.text_alignment import ByteTokens
 from miniverl.verl_compat.launch_writer import export
 from miniverl.workers.losses import Spans, kl_estimate, span_kl_estimate
 from miniverl.workers.teacher import TeacherWorker
@@ -56,7 +57,7 @@ def student_batch(student_tok, responses: list[list[int]]):
     return assemble(ids, mask, out, response_mask, torch.zeros(len(responses), width), rows)
 
 
-def aligned_teacher(pair) -> TextAlignedTeacher:
+def aligned_teacher(pair, unwritable_byte_log_prob: float | None = None) -> TextAlignedTeacher:
     student_tok, teacher_tok, teacher = pair
     worker = TeacherWorker(
         teacher,
@@ -66,7 +67,14 @@ def aligned_teacher(pair) -> TextAlignedTeacher:
         pad_id=teacher_tok.pad_token_id,
         context_prompts={0: prompt_of(teacher_tok)},
     )
-    return TextAlignedTeacher(worker, student_tok, teacher_tok, stop_ids=[student_tok.eos_token_id], credit="last")
+    return TextAlignedTeacher(
+        worker,
+        student_tok,
+        teacher_tok,
+        stop_ids=[student_tok.eos_token_id],
+        credit="last",
+        unwritable_byte_log_prob=unwritable_byte_log_prob,
+    )
 
 
 def encode(tokenizer, text: str) -> list[int]:
@@ -129,6 +137,24 @@ def test_a_cut_character_is_scored_by_its_byte_and_a_special_token_is_left_out_a
     assert (batch.teacher_logprobs * unscored).abs().sum() == 0  # never scored
     fraction = alignment_metrics(batch)["distillation/unaligned_fraction"]
     assert fraction == pytest.approx(float(unscored.sum() / batch.response_mask.sum()))
+
+
+def test_bytes_the_teacher_cannot_write_cost_the_floor_per_byte_where_one_is_set(pair, monkeypatch):
+    """SmolLM2's vocabulary lacks 21 bytes (0x16 among them): left out, a student that writes them
+    escapes the loss (recipes/opd_k1_cross_tokenizer_cpu/README.md); teacher.unwritable_byte_log_prob
+    scores each at that log-probability instead, and everything else as before."""
+    student_tok, _, _ = pair
+    writes = ByteTokens.writes
+    monkeypatch.setattr(ByteTokens, "writes", lambda self, char: char != "\x16" and writes(self, char))
+    ids = encode(student_tok, "the sea \x16\x16 is blue")
+    left_out = aligned_teacher(pair).compute_teacher_log_prob(student_batch(student_tok, [ids]), 1)
+    floored = aligned_teacher(pair, -20.0).compute_teacher_log_prob(student_batch(student_tok, [ids]), 1)
+    assert (left_out.response_mask - left_out.scored_mask).sum() >= 2  # the two bytes' span, unscored
+    assert torch.equal(floored.scored_mask, floored.response_mask)  # every token scored
+    torch.testing.assert_close(floored.teacher_text_logprobs, left_out.teacher_text_logprobs)  # the same teacher pass
+    expected = floored.teacher_text_logprobs.sum() + 2 * -20.0  # its tokens' log-probs and two bytes at the floor
+    torch.testing.assert_close(floored.teacher_span_logprobs.sum(), expected, atol=1e-4, rtol=0)
+    torch.testing.assert_close(floored.teacher_logprobs.sum(), expected, atol=1e-4, rtol=0)  # credited to tokens
 
 
 @pytest.mark.parametrize("mode", ["k1", "k3"])
@@ -216,6 +242,7 @@ def test_the_doctor_measures_how_much_of_the_datas_text_aligns():
         (["estimator=reverse_kl_full"], "teacher.tokenizer_alignment=text scores sampled tokens only"),
         (["teacher.mode=ref"], "teacher.tokenizer_alignment=text needs a separate teacher model"),
         (["teacher.alignment_credit=first"], "teacher.alignment_credit='first'; choose one of last, even"),
+        (["teacher.unwritable_byte_log_prob=0"], "teacher.unwritable_byte_log_prob=0.0: a log-probability below 0"),
         (
             ["+teacher@teachers.a=toy", "teachers.a.key=x", "teachers.a.tokenizer_alignment=text"],
             "teachers.a.tokenizer_alignment=text works with the single `teacher`",

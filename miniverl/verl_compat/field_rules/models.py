@@ -152,6 +152,9 @@ MODEL_RULES: tuple[Rule, ...] = (
         "refuses tokenizer_alignment=text",
     ),
     no_equivalent("teacher.alignment_credit", "read only with teacher.tokenizer_alignment=text, which verl has not"),
+    no_equivalent(
+        "teacher.unwritable_byte_log_prob", "read only with teacher.tokenizer_alignment=text, which verl has not"
+    ),
 )
 
 # ---- several teachers: `teachers.<name>` (verl: distillation.teacher_models.<name>, a `+` entry each)
