@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -129,9 +130,10 @@ class TeacherConfig:
                 f"{where}.tokenizer_alignment={self.tokenizer_alignment!r}; "
                 f"choose one of {', '.join(TOKENIZER_ALIGNMENTS)}"
             )
-        if self.unwritable_byte_log_prob is not None and not self.unwritable_byte_log_prob < 0:
+        floor = self.unwritable_byte_log_prob
+        if floor is not None and not (math.isfinite(floor) and -1e4 < floor < 0):
             raise ValueError(
-                f"{where}.unwritable_byte_log_prob={self.unwritable_byte_log_prob}: a log-probability below 0 "
+                f"{where}.unwritable_byte_log_prob={floor}: a finite log-probability between -10000 and 0 "
                 "(nats per byte), or null to leave such bytes out of the loss"
             )
         if self.alignment_credit not in ALIGNMENT_CREDITS:

@@ -97,6 +97,9 @@ def experiment_settings(cfg: MiniverlConfig) -> dict:
         settings.pop("teacher")
     else:
         settings.pop("teachers")
+    for block in [settings.get("teacher"), *settings.get("teachers", {}).values()]:
+        if block is not None and block["unwritable_byte_log_prob"] is None:  # unset: the plans made before it
+            block.pop("unwritable_byte_log_prob")
     if not cfg.routed:  # one teacher scores every row: nothing routes
         for unread in ("teacher_key", "default_teacher"):
             settings.pop(unread)

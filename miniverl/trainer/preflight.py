@@ -159,11 +159,11 @@ def check_alignment(cfg: MiniverlConfig, student_tok, teacher_tok) -> Check:
     tokens; a token that cannot is never trained on (distillation/unaligned_fraction)."""
     conversations = read_conversations(cfg.data)
     texts = [m[-1]["content"] for m in conversations.messages] + [a for a in conversations.answers if a]
-    tokens = aligned = 0
+    tokens, aligned, floor = 0, 0, cfg.teacher.unwritable_byte_log_prob is not None  # a floor scores holes
     for text in texts:
         ids = student_tok(text, add_special_tokens=False)["input_ids"]
-        alignment = align_response(student_tok, ids, teacher_tok, stopped=False, teacher_stop_id=None)
-        tokens, aligned = tokens + len(ids), aligned + len(ids) - alignment.unaligned_student_tokens
+        kept = align_response(student_tok, ids, teacher_tok, stopped=False, teacher_stop_id=None, score_holes=floor)
+        tokens, aligned = tokens + len(ids), aligned + len(ids) - kept.unaligned_student_tokens
     rate = aligned / tokens if tokens else 1.0
     line = (
         f"teacher.tokenizer_alignment=text: the student's {len(student_tok)}-token vocabulary and the teacher's "

@@ -245,7 +245,9 @@ def align_response(
         student_ends = clean_ends(student_tokenizer, text_ids, text)
         teacher_ends = clean_ends(teacher_tokenizer, teacher_ids, text)
 
-    teacher_clean = {e for e in teacher_ends if e} | ({b for _, b in holes} if score_holes else set())
+    teacher_clean = {e for e in teacher_ends if e}
+    # A scored hole ends a span where the teacher's text before it ends clean (a normaliser's run does not).
+    teacher_clean |= {b for a, b in holes if score_holes and (a == 0 or a in teacher_clean)}
     bounds = sorted({e for e in student_ends if e} & teacher_clean)
     blocked = special_ranges(student_tokenizer, text_ids, student_ends)
     blocked += special_ranges(teacher_tokenizer, teacher_ids, teacher_ends) + ([] if score_holes else holes)

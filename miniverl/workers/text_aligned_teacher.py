@@ -107,7 +107,8 @@ class TextAlignedTeacher:
             hole_bytes[i, : a.num_spans] = torch.tensor(a.hole_bytes, dtype=hole_bytes.dtype)
         span_log_probs = span_sums(token_log_probs, teacher_span, spans)  # (B, S)
         if self.unwritable_byte_log_prob is not None:  # those bytes at the configured floor, each
-            span_log_probs = span_log_probs + self.unwritable_byte_log_prob * hole_bytes.to(span_log_probs.device)
+            floors = self.unwritable_byte_log_prob * hole_bytes.to(span_log_probs.device)
+            span_log_probs = span_log_probs + torch.where(hole_bytes.to(floors.device) > 0, floors, 0.0)
         batch.student_span = student_span
         batch.teacher_span_logprobs = span_log_probs * aligned.to(span_log_probs.device)
         batch.teacher_logprobs = credit_to_tokens(batch.teacher_span_logprobs, student_span, self.credit)

@@ -143,3 +143,14 @@ def test_the_plan_holds_the_products_this_cpu_resolves_so_another_cpu_kind_is_an
         keys = ("cpu_float32_gemm", "rollout_cpu_gemv", "rollout_cpu_prepack", "rollout_cpu_fp16_lm_head")
         seen[kind] = tuple(hardware[key] for key in keys)
     assert seen == {None: (True, True, False, False), "amx": (False, False, True, True)}
+
+
+def test_the_unwritable_byte_floor_enters_the_plan_only_where_set_so_older_runs_still_resume():
+    """teacher.unwritable_byte_log_prob (null by default) is newer than most checkpoints: a plan
+    without it set holds no such field, so their digests, and their resumes, are unchanged."""
+    from miniverl.trainer.plan import experiment_settings
+
+    unset = experiment_settings(to_config(compose_config(["+recipe=opd_k1", *SHORT])))
+    assert "unwritable_byte_log_prob" not in unset["teacher"]
+    floored = to_config(compose_config(["+recipe=opd_k1", *SHORT, "teacher.unwritable_byte_log_prob=-20"]))
+    assert experiment_settings(floored)["teacher"]["unwritable_byte_log_prob"] == -20.0

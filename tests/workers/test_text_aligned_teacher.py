@@ -242,7 +242,8 @@ def test_the_doctor_measures_how_much_of_the_datas_text_aligns():
         (["estimator=reverse_kl_full"], "teacher.tokenizer_alignment=text scores sampled tokens only"),
         (["teacher.mode=ref"], "teacher.tokenizer_alignment=text needs a separate teacher model"),
         (["teacher.alignment_credit=first"], "teacher.alignment_credit='first'; choose one of last, even"),
-        (["teacher.unwritable_byte_log_prob=0"], "teacher.unwritable_byte_log_prob=0.0: a log-probability below 0"),
+        (["teacher.unwritable_byte_log_prob=0"], "teacher.unwritable_byte_log_prob=0.0: a finite log-probability"),
+        (["teacher.unwritable_byte_log_prob=-inf"], "teacher.unwritable_byte_log_prob=-inf: a finite log-probability"),
         (
             ["+teacher@teachers.a=toy", "teachers.a.key=x", "teachers.a.tokenizer_alignment=text"],
             "teachers.a.tokenizer_alignment=text works with the single `teacher`",
