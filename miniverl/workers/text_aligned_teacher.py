@@ -99,16 +99,16 @@ class TextAlignedTeacher:
         student_span = torch.full_like(batch.responses, -1)  # (B, R)
         teacher_span = torch.full_like(theirs.responses, -1)  # (B, R')
         aligned = torch.zeros((len(batch), spans), dtype=torch.bool)  # (B, S)
-        hole_bytes = torch.zeros((len(batch), spans), dtype=token_log_probs.dtype)  # (B, S) bytes it cannot write
+        # (B, S) bytes the teacher cannot write
+        hole_bytes = torch.zeros((len(batch), spans), dtype=token_log_probs.dtype, device=token_log_probs.device)
         for i, a in enumerate(alignments):
             student_span[i, : len(a.student_span)] = torch.tensor(a.student_span)
             teacher_span[i, : len(a.teacher_span)] = torch.tensor(a.teacher_span)
             aligned[i, : a.num_spans] = torch.tensor(a.aligned, dtype=torch.bool)
             hole_bytes[i, : a.num_spans] = torch.tensor(a.hole_bytes, dtype=hole_bytes.dtype)
         span_log_probs = span_sums(token_log_probs, teacher_span, spans)  # (B, S)
-        if self.unwritable_byte_log_prob is not None:  # those bytes at the configured floor, each
-            floors = self.unwritable_byte_log_prob * hole_bytes.to(span_log_probs.device)
-            span_log_probs = span_log_probs + torch.where(hole_bytes.to(floors.device) > 0, floors, 0.0)
+        if self.unwritable_byte_log_prob is not None:  # those bytes at the floor, each (finite: the config checks)
+            span_log_probs = span_log_probs + self.unwritable_byte_log_prob * hole_bytes
         batch.student_span = student_span
         batch.teacher_span_logprobs = span_log_probs * aligned.to(span_log_probs.device)
         batch.teacher_logprobs = credit_to_tokens(batch.teacher_span_logprobs, student_span, self.credit)
