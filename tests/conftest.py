@@ -91,10 +91,54 @@ def pytest_configure(config):
     torch.set_num_threads(int(threads))
 
 
+# Files that share a session fixture's whole command (the toy recipe run, the README's sweep): one
+# worker takes them together, so that the command runs once, not once on each worker (30 s each).
+SHARED_FIXTURE_FILES = (
+    "tests/test_readme.py",
+    "tests/e2e/test_cli.py",
+    "tests/trainer/test_run_report.py",
+    "tests/e2e/test_sweep.py",
+)
+# Where the suite's minutes are: whole runs in fresh processes (~10 s of imports each). Handed out
+# first, so that each worker ends on short files and both end together (docs/testing.md).
+HEAVY_FILES = ("tests/e2e/", "tests/test_readme.py", "tests/bench/")
+
+
+def work_unit(nodeid: str) -> str:
+    """The file a test is in, or the first of the files it shares a session fixture with."""
+    path = nodeid.split("::", 1)[0]
+    return SHARED_FIXTURE_FILES[0] if path in SHARED_FIXTURE_FILES else path
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile` (pyproject.toml) with the work units above, in the order collection left."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedFixtureScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    config.option.loadscopereorder = False  # the order of pytest_collection_modifyitems below
+    return SharedFixtureScheduling(config, log)
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         if any(name in getattr(item, "fixturenames", ()) for name in SLOW_FIXTURES):
             item.add_marker(pytest.mark.slow)
+    # The heavy work units first, then the rest, each by its number of tests (largest first); a
+    # file's own tests keep their order (the sort is stable).
+    sizes: dict[str, int] = {}
+    for item in items:
+        sizes[work_unit(item.nodeid)] = sizes.get(work_unit(item.nodeid), 0) + 1
+
+    def order(item) -> tuple[bool, int, str]:
+        unit = work_unit(item.nodeid)
+        return not unit.startswith(HEAVY_FILES), -sizes[unit], unit
+
+    items.sort(key=order)
 
 
 def trajectory(run_dir: Path, update: int) -> dict:
@@ -160,6 +204,24 @@ def recipe_run(tmp_path_factory):
     quick start with short settings, its warnings as errors (the resume check's children too)."""
     run_dir = tmp_path_factory.mktemp("cli") / "run"
     return main(*RECIPE_RUN, f"hydra.run.dir={run_dir}", env={"PYTHONWARNINGS": "error"}), run_dir
+
+
+def resumed_in_this_process(overrides: list[str], root: Path, after: int) -> tuple[dict, str | None]:
+    """The exact-resume check of the recipe in this process: the whole run, one stopped after update
+    `after`, and that one resumed. Returns the whole run's report and the first difference of the
+    resumed run from it (None: byte-equal, resumed from the stop). The recipe's own check runs the
+    last two in fresh processes (~10 s of imports each): the tests of a family or objective use this,
+    tests/e2e/test_resume.py and the command line's tests the fresh processes."""
+    from miniverl.main import run
+    from miniverl.trainer.resume_check import first_difference, resumed_from_difference
+    from miniverl.utils.checkpoint import checkpoints_in
+
+    overrides = [*overrides, "recipe.interrupt_after_updates=null"]
+    whole = run(compose_config(overrides), root / "whole")
+    run(compose_config([*overrides, f"trainer.stop_after_updates={after}"]), root / "stopped")
+    resumed = run(compose_config([*overrides, f"trainer.resume_from={root / 'stopped'}"]), root / "resumed")
+    _, difference = first_difference(root / "whole", root / "resumed")
+    return whole, difference or resumed_from_difference(resumed["resume"], checkpoints_in(root / "stopped")[-1], after)
 
 
 def run_as_command(module: str, *args: str) -> int:

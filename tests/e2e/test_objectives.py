@@ -1,6 +1,6 @@
-"""The objectives beyond verl (docs/objectives.md) run the toy recipe from its command's entry point,
-compose with several teachers and task rewards, and stay byte-exact resumable: the recipe's own
-resume check (stopped after update 1, resumed in a fresh process) reports exact_match."""
+"""The objectives beyond verl (docs/objectives.md) run the toy recipe, compose with several teachers
+and task rewards, and stay byte-exact resumable: stopped after update 1 and resumed, a run ends
+byte for byte as the whole one (the recipe's own check, in this process)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from miniverl.main import run
 
-from conftest import ROOT, compose_config, run_as_command
+from conftest import ROOT, compose_config, resumed_in_this_process
 
 TOY = [
     "+recipe=opd_k1",
@@ -20,7 +20,7 @@ TOY = [
     "teacher=toy",
     "hardware=cpu",
     "recipe.optimizer_updates=2",
-    "recipe.interrupt_after_updates=1",
+    "recipe.interrupt_after_updates=null",
     "recipe.response_limit=8",
     "trainer.progress_bar=false",
 ]
@@ -45,11 +45,8 @@ OBJECTIVES = {
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(OBJECTIVES))
 def test_each_objective_trains_the_toy_recipe_and_resumes_byte_exactly(tmp_path, name):
-    """From the command (the resume check re-runs the command's overrides in fresh processes)."""
-    assert run_as_command("main", *TOY, *OBJECTIVES[name], f"hydra.run.dir={tmp_path / 'run'}") == 0
-    report = json.loads((tmp_path / "run" / "report.json").read_text())
-    assert report["status"] == "measured"
-    assert report["resume"]["status"] == "exact_match", report["resume"]
+    report, difference = resumed_in_this_process([*TOY, *OBJECTIVES[name]], tmp_path, after=1)
+    assert report["status"] == "measured" and difference is None, difference
     settings = dict(override.split("=", 1) for override in OBJECTIVES[name])
     recipe = report["recipe"]  # the report names the objective's settings beyond verl
     assert recipe["estimator"] == settings["estimator"]
@@ -73,7 +70,7 @@ def test_each_objective_composes_with_two_teachers_task_rewards_a_teacher_contex
                "recipe.response_limit=8", "eval.every=-1", "teacher.toy_pretrain_steps=2",
                "trainer.progress_bar=false"]  # fmt: skip
     assert run(compose_config([*context, *OBJECTIVES[name]]), tmp_path / "context")["status"] == "measured"
-    short = [*TOY, "recipe.optimizer_updates=1", "recipe.interrupt_after_updates=null", "teacher.mode=ref"]
+    short = [*TOY, "recipe.optimizer_updates=1", "teacher.mode=ref"]
     assert run(compose_config([*short, *OBJECTIVES[name]]), tmp_path / "ref")["status"] == "measured"
 
 

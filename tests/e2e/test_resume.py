@@ -361,28 +361,21 @@ def test_overwrite_refuses_to_resume_from_the_folder_it_would_empty(stopped_run)
 
 
 @pytest.mark.slow
-def test_a_recipe_run_with_overwrite_checks_its_resume_once(tmp_path):
-    """trainer.overwrite=true reaches the check's twins with the other overrides: the resumed twin
-    must resume (it once started afresh, checked its own resume, and so on without end)."""
-    args = [*ARGS, "recipe.interrupt_after_updates=2", "trainer.overwrite=true"]
+def test_the_resume_checks_twins_get_the_commands_overrides_leave_out_the_held_out_probe_and_still_match(tmp_path):
+    """trainer.overwrite=true reaches the twins with the other overrides: the resumed twin must
+    resume (it once started afresh, checked its own resume, and so on without end). The probe
+    measures and never trains: the twins skip it (a third of their time on the real recipe) and
+    still match. Its out-of-memory halvings are its own: here its 8-row rollouts fail (training's
+    4-row ones fit), and training's sizes, which the checkpoints keep, stay untouched."""
+    heldout = ["data.val_files=data/toy_prompts_heldout.parquet", "eval.every=1"]  # 16 held-out prompts
+    oom = ["hardware.rollout_physical_batch=8", "hardware.simulate_oom_above_rows=4"]
+    args = [*ARGS, *heldout, *oom, "recipe.interrupt_after_updates=2", "trainer.overwrite=true"]
     folder = tmp_path / "run"
     run_in_process(folder)  # the folder holds a finished run, which overwrite replaces
     report = run(compose_config(args), folder, overrides=args)
-    assert report["resume"]["status"] == "exact_match" and report["resume"]["resumed_after_update"] == 2
-    assert not (folder / "resume_check" / "resumed" / "resume_check").exists()  # no twin checked its own
-
-
-@pytest.mark.slow
-def test_the_resume_checks_twins_leave_out_the_held_out_probe_and_still_match(tmp_path):
-    """The probe measures and never trains: the twins skip it (a third of their time on the real
-    recipe) and still match. Its out-of-memory halvings are its own: here its 8-row rollouts fail
-    (training's 4-row ones fit), and training's sizes, which the checkpoints keep, stay untouched."""
-    heldout = ["data.val_files=data/toy_prompts_heldout.parquet", "eval.every=1"]  # 16 held-out prompts
-    oom = ["hardware.rollout_physical_batch=8", "hardware.simulate_oom_above_rows=4"]
-    args = [*ARGS, *heldout, *oom, "recipe.interrupt_after_updates=2"]
-    folder = tmp_path / "run"
-    report = run(compose_config(args), folder, overrides=args)
     assert report["resume"]["status"] == "exact_match", report["resume"]
+    assert report["resume"]["resumed_after_update"] == 2
+    assert not (folder / "resume_check" / "resumed" / "resume_check").exists()  # no twin checked its own
     assert report["measurements"]["batch_downshifts"] == {"rollout_oom": 1, "update_chunk_oom": 0}  # the probe's
 
     def last_state(run_dir):
