@@ -38,6 +38,9 @@ text (miniverl/utils/text_alignment.py) and fills, instead of per-token values:
     teacher_text_logprobs (B,) float32  the teacher's log-likelihood of the whole response text (its stop
                                       token included when the student stopped)
     response_chars     (B,)    long   characters of the response text
+    response_bytes     (B,)    long   bytes of the response text            [with teacher.unwritable_byte_log_prob]
+    unwritable_bytes   (B,)    long   of those, the bytes the teacher's vocabulary cannot write that the
+                                      loss scored at that floor (in aligned spans) [the same]
 
 verl's batch carries the teacher's output as `teacher_logprobs`/`teacher_ids` with a last
 dimension of k (1 for the single-sample estimators); miniverl keeps the sampled token's
@@ -81,6 +84,8 @@ class Batch:
     teacher_span_logprobs: torch.Tensor | None = None
     teacher_text_logprobs: torch.Tensor | None = None
     response_chars: torch.Tensor | None = None
+    response_bytes: torch.Tensor | None = None
+    unwritable_bytes: torch.Tensor | None = None
 
     @property
     def scored_mask(self) -> torch.Tensor:

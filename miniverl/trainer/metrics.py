@@ -26,13 +26,20 @@ def batch_metrics(batch: Batch, response_limit: int) -> dict:
 
 
 def alignment_metrics(batch: Batch) -> dict:
-    """A teacher with another tokenizer: the fraction of response tokens left out as unaligned, and
-    the teacher's log-likelihood of the responses' text per character (miniverl's names)."""
+    """A teacher with another tokenizer: the fraction of response tokens left out as unaligned, the
+    teacher's log-likelihood of the responses' text per character, and with a floor for the bytes
+    the teacher cannot write the fraction of the text's bytes scored at it (miniverl's names)."""
     tokens, chars = float(batch.response_mask.sum()), float(batch.response_chars.sum())
-    return {
+    out = {
         "distillation/unaligned_fraction": 1.0 - float(batch.scored_mask.sum()) / tokens if tokens else 0.0,
         "distillation/teacher_loglik_per_char": float(batch.teacher_text_logprobs.sum()) / chars if chars else 0.0,
     }
+    if batch.unwritable_bytes is not None:
+        text_bytes = float(batch.response_bytes.sum())
+        out["distillation/unwritable_byte_fraction"] = (
+            float(batch.unwritable_bytes.sum()) / text_bytes if text_bytes else 0.0
+        )
+    return out
 
 
 def task_metrics(batch: Batch) -> dict:

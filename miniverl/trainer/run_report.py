@@ -153,20 +153,30 @@ def trainer_facts(trainer, status: str, resume: dict) -> RunFacts:
 def alignment_block(trainer) -> dict | None:
     """With teacher.tokenizer_alignment=text: both tokenizers, whether the alignment ran (it does
     not where the tokenizers are the same), and over the updates the fraction of response tokens
-    left unaligned; None without it."""
+    left unaligned and the fraction of the text's bytes scored at teacher.unwritable_byte_log_prob;
+    None without it."""
     if not trainer.cfg.teacher.text_aligned or trainer.cfg.teachers:
         return None
     own = aligned_teacher_tokenizer(trainer.cfg.teacher, "teacher", trainer.tokenizer)  # None: the student's
-    key = "distillation/unaligned_fraction"
-    fractions = [m[key] for m in trainer.history if key in m]
+    unaligned = over_updates(trainer.history, "distillation/unaligned_fraction")
+    floored = over_updates(trainer.history, "distillation/unwritable_byte_fraction")  # only with the floor set
     return {
         "applied": "none: the teacher's tokenizer is the student's" if own is None else "text",
         "credit": trainer.cfg.teacher.alignment_credit,
         "student_tokenizer": tokenizer_facts(trainer.tokenizer),
         "teacher_tokenizer": None if own is None else tokenizer_facts(own),
-        "unaligned_fraction_mean": sum(fractions) / len(fractions) if fractions else None,
-        "unaligned_fraction_max": max(fractions) if fractions else None,
+        "unaligned_fraction_mean": unaligned["mean"],
+        "unaligned_fraction_max": unaligned["max"],
+        "unwritable_byte_log_prob": trainer.cfg.teacher.unwritable_byte_log_prob,
+        "unwritable_byte_fraction_mean": floored["mean"],
+        "unwritable_byte_fraction_max": floored["max"],
     }
+
+
+def over_updates(history: list[dict], key: str) -> dict:
+    """The mean and the largest of one metric over the updates that logged it (None where none did)."""
+    values = [m[key] for m in history if key in m]
+    return {"mean": sum(values) / len(values) if values else None, "max": max(values) if values else None}
 
 
 def tokenizer_facts(tokenizer) -> dict:

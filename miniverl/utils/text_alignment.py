@@ -54,6 +54,16 @@ class Alignment:
     def unaligned_student_tokens(self) -> int:
         return sum(1 for s in self.student_span if s < 0)
 
+    @property
+    def text_bytes(self) -> int:
+        """The response text's bytes (a byte kept as itself counts one)."""
+        return len(_bytes_of(self.text))
+
+    @property
+    def floored_bytes(self) -> int:
+        """The bytes the teacher cannot write inside aligned spans: those a floor scores."""
+        return sum(n for n, kept in zip(self.hole_bytes, self.aligned) if kept)
+
 
 def clean_ends(tokenizer, ids: list[int], text: str) -> list[int | None]:
     """Per token, the length of the text decoded up to and including it, where that decode is a

@@ -87,7 +87,8 @@ class TextAlignedTeacher:
     @torch.no_grad()
     def compute_teacher_log_prob(self, batch: Batch, rows_per_forward: int) -> Batch:
         """Fills student_span (B, R), teacher_span_logprobs (B, S), teacher_logprobs (B, R) (the
-        spans' log-probs credited to their student tokens), teacher_text_logprobs and response_chars (B,)."""
+        spans' log-probs credited to their student tokens), teacher_text_logprobs and response_chars (B,);
+        with a floor for the bytes the teacher cannot write, response_bytes and unwritable_bytes (B,)."""
         alignments = self.align(batch)
         theirs = self.teacher_batch(batch, alignments)
         worker = self.worker
@@ -114,6 +115,9 @@ class TextAlignedTeacher:
         batch.teacher_logprobs = credit_to_tokens(batch.teacher_span_logprobs, student_span, self.credit)
         batch.teacher_text_logprobs = token_log_probs.sum(-1)  # (B,)
         batch.response_chars = torch.tensor([len(a.text) for a in alignments], device=batch.prompts.device)
+        if self.unwritable_byte_log_prob is not None:  # how much of the text the floor scored
+            batch.response_bytes = torch.tensor([a.text_bytes for a in alignments], device=batch.prompts.device)
+            batch.unwritable_bytes = torch.tensor([a.floored_bytes for a in alignments], device=batch.prompts.device)
         return batch
 
 

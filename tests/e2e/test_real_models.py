@@ -142,6 +142,8 @@ def test_a_student_of_another_tokenizer_distils_from_the_real_teacher(cross_toke
     report = json.loads((run_dir / "report.json").read_text())
     block = report["tokenizer_alignment"]
     assert block["applied"] == "text" and block["unaligned_fraction_mean"] < 0.1
+    # The recipe scores the bytes SmolLM2 cannot write at its floor, and says how many it scored.
+    assert block["unwritable_byte_log_prob"] == -20.0 and 0 <= block["unwritable_byte_fraction_mean"] < 0.1
     assert (block["student_tokenizer"]["vocabulary"], block["teacher_tokenizer"]["vocabulary"]) == (151936, 49152)
     k1 = {p["update"]: p["value"] for p in report["distillation_progress"]["k1_mean"]}
     assert k1[4] < 0.95 * k1[0]  # the held-out span k1 falls

@@ -170,6 +170,13 @@ def test_a_character_the_teachers_vocabulary_cannot_write_is_a_hole_and_the_rest
     assert scored.hole_bytes[hole] == 1 and sum(scored.hole_bytes) == 1
     assert hole not in scored.teacher_span and scored.teacher_ids == a.teacher_ids
     assert toy.decode([t for t, s in zip(ids, scored.student_span) if s == hole]).strip() == "\x16"
+    assert (scored.floored_bytes, a.floored_bytes) == (1, 0)  # scored at the floor only with score_holes
+    # At the response's first and last characters too: every token aligned, both bytes counted.
+    for text in ("\x16the sea is blue\x16", "\x16\x16"):
+        ids = encode(toy, text)
+        scored = align_response(toy, ids, teacher, stopped=False, teacher_stop_id=None, score_holes=True)
+        assert -1 not in scored.student_span and all(scored.aligned), text
+        assert scored.floored_bytes == 2 and scored.text_bytes == len(text.encode()), text
 
 
 @pytest.mark.parametrize("kind", ["sentencepiece-like", "lowercasing", "bytes"])

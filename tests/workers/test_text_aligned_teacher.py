@@ -146,7 +146,8 @@ def test_bytes_the_teacher_cannot_write_cost_the_floor_per_byte_where_one_is_set
     student_tok, _, _ = pair
     writes = ByteTokens.writes
     monkeypatch.setattr(ByteTokens, "writes", lambda self, char: char != "\x16" and writes(self, char))
-    ids = encode(student_tok, "the sea \x16\x16 is blue")
+    text = "the sea \x16\x16 is blue"
+    ids = encode(student_tok, text)
     left_out = aligned_teacher(pair).compute_teacher_log_prob(student_batch(student_tok, [ids]), 1)
     floored = aligned_teacher(pair, -20.0).compute_teacher_log_prob(student_batch(student_tok, [ids]), 1)
     assert (left_out.response_mask - left_out.scored_mask).sum() >= 2  # the two bytes' span, unscored
@@ -155,6 +156,13 @@ def test_bytes_the_teacher_cannot_write_cost_the_floor_per_byte_where_one_is_set
     expected = floored.teacher_text_logprobs.sum() + 2 * -20.0  # its tokens' log-probs and two bytes at the floor
     torch.testing.assert_close(floored.teacher_span_logprobs.sum(), expected, atol=1e-4, rtol=0)
     torch.testing.assert_close(floored.teacher_logprobs.sum(), expected, atol=1e-4, rtol=0)  # credited to tokens
+    # The share of the text's bytes scored at the floor, logged with the floor only.
+    text_bytes = len(text.encode())
+    assert (int(floored.unwritable_bytes[0]), int(floored.response_bytes[0])) == (2, text_bytes)
+    assert alignment_metrics(floored)["distillation/unwritable_byte_fraction"] == pytest.approx(2 / text_bytes)
+    assert left_out.unwritable_bytes is None and "distillation/unwritable_byte_fraction" not in alignment_metrics(
+        left_out
+    )
 
 
 @pytest.mark.parametrize("mode", ["k1", "k3"])
