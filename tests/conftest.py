@@ -66,6 +66,7 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+@pytest.hookimpl(optionalhook=True)  # -p no:xdist: no such hook
 def pytest_xdist_auto_num_workers(config):
     """`-n auto` (pyproject.toml): one worker per core, but no more than the memory holds."""
     cores = usable_cores()
@@ -91,6 +92,7 @@ def pytest_configure(config):
     torch.set_num_threads(int(threads))
 
 
+SHARED_COMMANDS = ("recipe_run", "sweep_2x2")
 # Files that share a session fixture's whole command (the toy recipe run, the README's sweep): one
 # worker takes them together, so that the command runs once, not once on each worker (30 s each).
 SHARED_FIXTURE_FILES = (
@@ -110,6 +112,7 @@ def work_unit(nodeid: str) -> str:
     return SHARED_FIXTURE_FILES[0] if path in SHARED_FIXTURE_FILES else path
 
 
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadfile` (pyproject.toml) with the work units above, in the order collection left."""
     if config.getvalue("dist") != "loadfile":
@@ -126,8 +129,11 @@ def pytest_xdist_make_scheduler(config, log):
 
 def pytest_collection_modifyitems(items):
     for item in items:
-        if any(name in getattr(item, "fixturenames", ()) for name in SLOW_FIXTURES):
+        fixtures = getattr(item, "fixturenames", ())
+        if any(name in fixtures for name in SLOW_FIXTURES):
             item.add_marker(pytest.mark.slow)
+        if any(name in fixtures for name in SHARED_COMMANDS) and item.nodeid.split("::")[0] not in SHARED_FIXTURE_FILES:
+            raise pytest.UsageError(f"{item.nodeid} uses {SHARED_COMMANDS}: add its file to SHARED_FIXTURE_FILES")
     # The heavy work units first, then the rest, each by its number of tests (largest first); a
     # file's own tests keep their order (the sort is stable).
     sizes: dict[str, int] = {}
@@ -207,8 +213,8 @@ def recipe_run(tmp_path_factory):
 
 
 def resumed_in_this_process(overrides: list[str], root: Path, after: int) -> tuple[dict, str | None]:
-    """The exact-resume check of the recipe in this process: the whole run, one stopped after update
-    `after`, and that one resumed. Returns the whole run's report and the first difference of the
+    """The recipe's exact-resume check, in this process: a run stopped after update `after`, the whole
+    run, and the stopped one resumed. Returns the whole run's report and the first difference of the
     resumed run from it (None: byte-equal, resumed from the stop). The recipe's own check runs the
     last two in fresh processes (~10 s of imports each): the tests of a family or objective use this,
     tests/e2e/test_resume.py and the command line's tests the fresh processes."""
@@ -217,8 +223,10 @@ def resumed_in_this_process(overrides: list[str], root: Path, after: int) -> tup
     from miniverl.utils.checkpoint import checkpoints_in
 
     overrides = [*overrides, "recipe.interrupt_after_updates=null"]
-    whole = run(compose_config(overrides), root / "whole")
+    # The stop first: the resume then starts where the whole run left this process's globals, not
+    # where the stop did, so that nothing the checkpoint lacks can pass for restored.
     run(compose_config([*overrides, f"trainer.stop_after_updates={after}"]), root / "stopped")
+    whole = run(compose_config(overrides), root / "whole")
     resumed = run(compose_config([*overrides, f"trainer.resume_from={root / 'stopped'}"]), root / "resumed")
     _, difference = first_difference(root / "whole", root / "resumed")
     return whole, difference or resumed_from_difference(resumed["resume"], checkpoints_in(root / "stopped")[-1], after)

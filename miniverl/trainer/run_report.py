@@ -167,7 +167,7 @@ def alignment_block(trainer) -> dict | None:
         "teacher_tokenizer": None if own is None else tokenizer_facts(own),
         "unaligned_fraction_mean": unaligned["mean"],
         "unaligned_fraction_max": unaligned["max"],
-        "unwritable_byte_log_prob": trainer.cfg.teacher.unwritable_byte_log_prob,
+        "unwritable_byte_log_prob": None if own is None else trainer.cfg.teacher.unwritable_byte_log_prob,
         "unwritable_byte_fraction_mean": floored["mean"],
         "unwritable_byte_fraction_max": floored["max"],
     }

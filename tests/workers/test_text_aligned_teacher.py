@@ -198,22 +198,26 @@ RUN += ["trainer.progress_bar=false"]
 
 @pytest.mark.slow
 def test_with_the_same_tokenizer_the_run_is_byte_identical_to_the_one_without_alignment(tmp_path):
-    for name, extra in (("plain", []), ("aligned", ["teacher.tokenizer_alignment=text"])):
+    aligned = ["teacher.tokenizer_alignment=text", "teacher.unwritable_byte_log_prob=-20"]  # no floor to apply
+    for name, extra in (("plain", []), ("aligned", aligned)):
         assert run(compose_config([*RUN, *extra]), tmp_path / name)["status"] == "measured"
     for file in ("trajectories/update_000001.safetensors", "trajectories/update_000002.safetensors",
                  "peft_adapter/adapter_model.safetensors"):  # fmt: skip
         assert sha256_file(tmp_path / "aligned" / file) == sha256_file(tmp_path / "plain" / file)
     block = json.loads((tmp_path / "aligned" / "report.json").read_text())["tokenizer_alignment"]
     assert block["applied"].startswith("none") and block["teacher_tokenizer"] is None
+    assert block["unwritable_byte_log_prob"] is None and block["unwritable_byte_fraction_mean"] is None
 
 
 CROSS = [*RUN, "teacher.toy.tokenizer=bpe", "teacher.tokenizer_alignment=text"]
 
 
 @pytest.mark.slow
-def test_a_teacher_of_another_tokenizer_trains_and_resumes_exactly(tmp_path):
+@pytest.mark.parametrize("floor", [None, -20.0])
+def test_a_teacher_of_another_tokenizer_trains_and_resumes_exactly(tmp_path, floor):
     whole, stopped = tmp_path / "whole", tmp_path / "stopped"
     args = [*CROSS, "eval.every=2", "data.val_files=[data/toy_prompts_heldout.parquet]"]
+    args += [] if floor is None else [f"teacher.unwritable_byte_log_prob={floor}"]
     report = run(compose_config(args), whole)
     assert report["status"] == "measured"
     block = report["tokenizer_alignment"]
@@ -224,6 +228,12 @@ def test_a_teacher_of_another_tokenizer_trains_and_resumes_exactly(tmp_path):
     assert progress["exact_reverse_kl"] is None and len(progress["teacher_loglik_per_char"]) == 2
     t = trajectory(whole, 1)
     assert t["student_span"].shape == t["responses"].shape and t["teacher_span_logprobs"].dim() == 2
+    # With a floor, how much of the text it scored: per row in the trajectory log, over the updates in the report.
+    assert block["unwritable_byte_log_prob"] == floor
+    assert (block["unwritable_byte_fraction_mean"] is None) == (floor is None) == ("unwritable_bytes" not in t)
+    if floor is not None:
+        assert t["response_bytes"].shape == t["unwritable_bytes"].shape == t["prompt_rows"].shape
+        assert int(t["response_bytes"].sum()) > 0 and bool((t["unwritable_bytes"] <= t["response_bytes"]).all())
     assert run(compose_config([*args, "trainer.stop_after_updates=1"]), stopped)["status"] == "interrupted"
     assert run(compose_config(args), stopped)["status"] == "measured"
     for file in ("trajectories/update_000002.safetensors", "peft_adapter/adapter_model.safetensors"):
