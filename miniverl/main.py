@@ -5,6 +5,7 @@ writes it as a verl launch."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -135,6 +136,22 @@ def stopped_line(trainer, run_dir: Path, by: str, check: str | None = None) -> s
     )
 
 
+def interrupted_line(run_dir: Path) -> str:
+    """How a Ctrl-C ends a run outside the updates (imports, loading, a held-out probe, the report),
+    or a second one during an update: every file is written atomically, so its last checkpoint is whole."""
+    from miniverl.utils.checkpoint import checkpoints_in
+
+    kept = checkpoints_in(run_dir)
+    if not kept:
+        return "stopped by SIGINT before any update was checkpointed; nothing to resume: run the same command again"
+    if json.loads((kept[-1] / "state.json").read_text()).get("finished"):
+        return f"stopped by SIGINT after the last update but before the run's report was written; checkpoint {kept[-1]}"
+    return (
+        f"stopped by SIGINT; the last complete checkpoint is {kept[-1]}; resume with the same command and "
+        f"trainer.resume_from={run_dir}"
+    )
+
+
 def preflight(config) -> None:
     """The doctor's cheap checks (data, tokenizers, memory) before any model is loaded."""
     from miniverl.trainer.preflight import cheap_checks
@@ -187,6 +204,11 @@ def main(cfg: DictConfig) -> None:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     try:
         run(cfg, run_dir, list(hydra_cfg.overrides.task), sweep=hydra_cfg.mode == RunMode.MULTIRUN)
+    except KeyboardInterrupt:  # Ctrl-C where no update is in flight to finish first, or a second one in one
+        stop = RunStopped(interrupted_line(run_dir), signal.SIGINT)  # in a sweep too: it ends the command
+        if hydra_cfg.output_subdir is not None:
+            log_line(log, str(stop), logging.ERROR)
+        sys.exit(exit_code_of(stop))
     except Exception as error:
         if hydra_cfg.mode == RunMode.MULTIRUN and os.environ.get("HYDRA_FULL_ERROR") != "1":
             # Record why this job failed and let the sweep go on; the sweep-summary callback lists

@@ -331,6 +331,46 @@ def test_a_signal_in_the_last_update_keeps_the_finished_run_and_the_same_command
     assert again["resume"]["status"] == "exact_match"
 
 
+@pytest.mark.parametrize("when", ["while the models load", "a second one in update 2"])
+def test_a_ctrl_c_with_no_update_to_finish_ends_in_one_line_saying_what_to_run(tmp_path, monkeypatch, capfd, when):
+    """Ctrl-C during imports, loading or a held-out probe has no update in flight to finish, and a
+    second one stops at once: either way one line, exit 130, no traceback, and what it says to run runs."""
+    run_dir = tmp_path / "run"
+    if when == "while the models load":
+
+        def setup(self):
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(OPDTrainer, "setup", setup)
+        expected = "stopped by SIGINT before any update was checkpointed; nothing to resume: run the same command again"
+        again = []
+    else:
+        real_step = OPDTrainer.fit_step
+
+        def step(self, update):
+            if update.update == 2:
+                raise KeyboardInterrupt  # what the second Ctrl-C raises (the test below)
+            return real_step(self, update)
+
+        monkeypatch.setattr(OPDTrainer, "fit_step", step)
+        expected = (
+            f"stopped by SIGINT; the last complete checkpoint is {run_dir / 'checkpoints' / 'update_1'}; "
+            f"resume with the same command and trainer.resume_from={run_dir}"
+        )
+        again = [f"trainer.resume_from={run_dir}"]
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    try:
+        status = run_as_command("main", *BASE, f"hydra.run.dir={run_dir}")
+    except KeyboardInterrupt:  # uncaught, it would stop the whole test session
+        pytest.fail("the Ctrl-C left the command as a traceback")
+    assert status == 130
+    err = capfd.readouterr().err
+    assert [line for line in err.splitlines() if line.strip()] == [f"miniverl: error: {expected}"]
+    assert expected in (run_dir / "main.log").read_text()
+    monkeypatch.undo()
+    assert run_as_command("main", *BASE, *again, f"hydra.run.dir={run_dir}") == 0  # as the line says
+
+
 def test_ctrl_c_is_deferred_like_sigterm_and_a_second_one_stops_at_once():
     # The end-to-end test above sends SIGTERM; Ctrl-C takes the same handler.
     from miniverl.utils.signals import deferred_signals
