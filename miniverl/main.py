@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -68,7 +69,7 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), sweep: bool =
     if trainer.stopped_by:
         by = signal.Signals(trainer.stopped_by).name
         check = check_command(list(overrides), run_dir) if checking else None
-        raise RunStopped(stopped_line(trainer, run_dir, by, check), trainer.stopped_by)
+        raise RunStopped(stopped_line(trainer, run_dir, by, check, same_command(overrides, sweep)), trainer.stopped_by)
     if status == "failed":
         kept = (
             f"the last complete update is checkpointed (resume with trainer.resume_from={run_dir})"
@@ -120,7 +121,12 @@ def write_error_code(error: Exception) -> int | None:
     return next((code for code in WRITE_ERRNOS if f"(os error {code})" in str(error)), None)
 
 
-def stopped_line(trainer, run_dir: Path, by: str, check: str | None = None) -> str:
+def same_command(overrides: list[str], sweep: bool) -> str:
+    """What runs this run again: in a sweep, its job alone (the sweep's command runs every job)."""
+    return shlex.join(["python", "-m", "miniverl.main", *overrides]) if sweep else "the same command"
+
+
+def stopped_line(trainer, run_dir: Path, by: str, check: str | None = None, command: str = "the same command") -> str:
     """How a stopped run ends, by a signal or by trainer.stop_after_updates: where it stands and
     the command that resumes it (the same one: a resumed run is past any stop_after_updates); a
     run a signal stopped in its last update is finished, and `check` runs its resume check alone."""
@@ -132,22 +138,22 @@ def stopped_line(trainer, run_dir: Path, by: str, check: str | None = None) -> s
         return done + (later if check else "")
     return (
         f"stopped by {by} after update {n}, nothing left half-done; the last complete "
-        f"checkpoint is {trainer.last_checkpoint}; resume with the same command and trainer.resume_from={run_dir}"
+        f"checkpoint is {trainer.last_checkpoint}; resume with {command} and trainer.resume_from={run_dir}"
     )
 
 
-def interrupted_line(run_dir: Path) -> str:
+def interrupted_line(run_dir: Path, command: str) -> str:
     """How a Ctrl-C ends a run outside the updates (imports, loading, a held-out probe, the report),
     or a second one during an update: every file is written atomically, so its last checkpoint is whole."""
     from miniverl.utils.checkpoint import checkpoints_in
 
     kept = checkpoints_in(run_dir)
     if not kept:
-        return "stopped by SIGINT before any update was checkpointed; nothing to resume: run the same command again"
+        return f"stopped by SIGINT before any update was checkpointed; nothing to resume: run {command} again"
     if json.loads((kept[-1] / "state.json").read_text()).get("finished"):
         return f"stopped by SIGINT after the last update but before the run's report was written; checkpoint {kept[-1]}"
     return (
-        f"stopped by SIGINT; the last complete checkpoint is {kept[-1]}; resume with the same command and "
+        f"stopped by SIGINT; the last complete checkpoint is {kept[-1]}; resume with {command} and "
         f"trainer.resume_from={run_dir}"
     )
 
@@ -201,24 +207,32 @@ def resume_verdict(report: dict, run_dir: Path) -> dict:
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
-    run_dir = Path(hydra_cfg.runtime.output_dir)
+    run_dir, overrides = Path(hydra_cfg.runtime.output_dir), list(hydra_cfg.overrides.task)
+    sweep = hydra_cfg.mode == RunMode.MULTIRUN
     try:
-        run(cfg, run_dir, list(hydra_cfg.overrides.task), sweep=hydra_cfg.mode == RunMode.MULTIRUN)
-    except KeyboardInterrupt:  # Ctrl-C where no update is in flight to finish first, or a second one in one
-        stop = RunStopped(interrupted_line(run_dir), signal.SIGINT)  # in a sweep too: it ends the command
-        if hydra_cfg.output_subdir is not None:
-            log_line(log, str(stop), logging.ERROR)
-        sys.exit(exit_code_of(stop))
+        try:
+            run(cfg, run_dir, overrides, sweep=sweep)
+        except KeyboardInterrupt:  # Ctrl-C where no update is in flight to finish first, or a second one in one
+            raise RunStopped(interrupted_line(run_dir, same_command(overrides, sweep)), signal.SIGINT) from None
     except Exception as error:
-        if hydra_cfg.mode == RunMode.MULTIRUN and os.environ.get("HYDRA_FULL_ERROR") != "1":
-            # Record why this job failed and let the sweep go on; the sweep-summary callback lists
-            # it and makes the command exit non-zero at the end.
+        if sweep and os.environ.get("HYDRA_FULL_ERROR") != "1":
+            # Record why this job failed; the sweep-summary callback lists it and makes the command
+            # exit non-zero at the end. A failed job lets the sweep go on; a signal stops the sweep.
+            from miniverl.sweep_summary import write_summary
             from miniverl.utils.run_folder import ERROR_FILE
 
             message = str(error) if isinstance(error, MiniverlError) else f"{type(error).__name__}: {error}"
             (run_dir / ERROR_FILE).write_text(message + "\n")
             log.error("job failed: %s", message)
-            return
+            if not isinstance(error, RunStopped):
+                return
+            sweep_dir = Path(hydra_cfg.sweep.dir)
+            write_summary(sweep_dir)  # Hydra calls no callback for a job that ends the command
+            error = RunStopped(
+                f"{error}; the sweep stopped at job {hydra_cfg.job.num}, the jobs after it did not run "
+                f"({sweep_dir / 'sweep_summary.md'})",
+                error.exit_code - 128,
+            )
         if not isinstance(error, MiniverlError):
             raise
         if hydra_cfg.output_subdir is not None:  # None: the folder is an earlier run's, left as it was

@@ -78,8 +78,9 @@ def summarize_job(job: Path) -> tuple[dict, list[float]]:
         )
         if report.get("failure"):
             row["error"] = report["failure"]["reason"]
-    if (job / ERROR_FILE).is_file():
-        row.update(status="failed", error=(job / ERROR_FILE).read_text().strip())
+    if (job / ERROR_FILE).is_file():  # a job a signal stopped keeps its report's status: interrupted
+        row.update(status=row["status"] if row["status"] == "interrupted" else "failed")
+        row.update(error=(job / ERROR_FILE).read_text().strip())
     if row["status"] is None:
         row["status"] = "running or crashed"
     return row, losses

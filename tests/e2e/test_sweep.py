@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import shlex
+import signal
 
 import pytest
 from hydra import compose, initialize_config_dir
 
 from miniverl import sweep_summary
+from miniverl.trainer.opd_trainer import OPDTrainer
 
-from conftest import CONF, multirun, run_as_command
+from conftest import CONF, SHORT_SWEEP, multirun, run_as_command
 
 
 def read_csv(path):
@@ -120,3 +124,39 @@ def test_launcher_configs_compose(launcher, target):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=[f"hydra/launcher={launcher}"], return_hydra_config=True)
     assert cfg.hydra.launcher._target_.endswith(target)
+
+
+@pytest.mark.slow
+def test_a_signal_stops_the_whole_sweep_and_its_line_gives_the_jobs_own_resume_command(tmp_path, capfd, monkeypatch):
+    """Ctrl-C or SIGTERM in a sweep stops the sweep, not only the job in progress (which would leave
+    the next job to start, and one signal per job to stop them all): the job stops after its update,
+    the summary lists it, and its line resumes that job alone, not the whole sweep again."""
+    real_step = OPDTrainer.fit_step
+
+    def step(self, update):
+        metrics = real_step(self, update)
+        if update.update == 1:
+            os.kill(os.getpid(), signal.SIGTERM)  # as from another terminal, in job 0's first update
+        return metrics
+
+    monkeypatch.setattr(OPDTrainer, "fit_step", step)
+    sweep_dir, job = tmp_path / "s", tmp_path / "s" / "0"
+    swept = ["+recipe=opd_k1", "model=toy", "teacher=toy", "estimator=k1,k3"]
+    assert multirun(sweep_dir, *swept) == 128 + signal.SIGTERM
+    errors = [line for line in capfd.readouterr().err.splitlines() if line.startswith("miniverl: error:")]
+    command = shlex.join(["python", "-m", "miniverl.main", *swept[:3], "estimator=k1", *SHORT_SWEEP])
+    assert errors == [
+        f"miniverl: error: stopped by SIGTERM after update 1, nothing left half-done; the last complete checkpoint "
+        f"is {job}/checkpoints/update_1; resume with {command} and trainer.resume_from={job}; the sweep stopped at "
+        f"job 0, the jobs after it did not run ({sweep_dir}/sweep_summary.md)"
+    ]
+    assert not (sweep_dir / "1").exists()
+    rows = read_csv(sweep_dir / "sweep_summary.csv")
+    assert [row["status"] for row in rows] == ["interrupted"] and rows[0]["error"].startswith("stopped by SIGTERM")
+    monkeypatch.undo()
+    resumed = tmp_path / "resumed"  # the line's command
+    assert (
+        run_as_command("main", *shlex.split(command)[3:], f"trainer.resume_from={job}", f"hydra.run.dir={resumed}") == 0
+    )
+    report = json.loads((resumed / "report.json").read_text())
+    assert report["status"] == "measured" and report["resume"]["resumed_after_update"] == 1
