@@ -5,7 +5,6 @@ writes it as a verl launch."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shlex
@@ -61,11 +60,15 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), sweep: bool =
             raise
         where = getattr(error, "filename", None) or run_dir
         last = f"; the last complete checkpoint is {trainer.last_checkpoint}" if trainer.last_checkpoint else ""
-        resume = f"trainer.resume_from={run_dir}" if trainer.last_checkpoint else "the same command"
+        resume = f"trainer.resume_from={run_dir}" if trainer.last_checkpoint else same_command(overrides, sweep)
         raise MiniverlError(
             f"cannot write {where}: {os.strerror(code)}{last}; free space or choose another hydra.run.dir, "
             f"then run again with {resume}"
         ) from None
+    except KeyboardInterrupt:  # Ctrl-C with no update in flight to finish (loading, a probe, the report), or a 2nd one
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        raise RunStopped(interrupted_line(trainer, same_command(overrides, sweep)), signal.SIGINT) from None
     if trainer.stopped_by:
         by = signal.Signals(trainer.stopped_by).name
         check = check_command(list(overrides), run_dir) if checking else None
@@ -84,7 +87,7 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), sweep: bool =
         report = check_own_resume(trainer, run_dir, list(overrides), k)
     show(closing_lines(report, trainer.history, run_dir))
     if status == "interrupted":  # trainer.stop_after_updates, as a preemption would: exit 0
-        line = stopped_line(trainer, run_dir, "trainer.stop_after_updates")
+        line = stopped_line(trainer, run_dir, "trainer.stop_after_updates", command=same_command(overrides, sweep))
         print(f"miniverl: {line}", flush=True)
         log_line(log, line)
     return report
@@ -142,19 +145,18 @@ def stopped_line(trainer, run_dir: Path, by: str, check: str | None = None, comm
     )
 
 
-def interrupted_line(run_dir: Path, command: str) -> str:
-    """How a Ctrl-C ends a run outside the updates (imports, loading, a held-out probe, the report),
-    or a second one during an update: every file is written atomically, so its last checkpoint is whole."""
-    from miniverl.utils.checkpoint import checkpoints_in
-
-    kept = checkpoints_in(run_dir)
-    if not kept:
+def interrupted_line(trainer, command: str) -> str:
+    """How a Ctrl-C ends a run with no update in flight to finish (loading, a held-out probe, the
+    report), or a second one during an update: every file is written atomically, so the last
+    checkpoint is whole (it can be another run's: the one this run resumes)."""
+    last = trainer.last_checkpoint
+    if last is None:
         return f"stopped by SIGINT before any update was checkpointed; nothing to resume: run {command} again"
-    if json.loads((kept[-1] / "state.json").read_text()).get("finished"):
-        return f"stopped by SIGINT after the last update but before the run's report was written; checkpoint {kept[-1]}"
+    if trainer.plan is not None and len(trainer.history) == len(trainer.plan.updates):
+        return f"stopped by SIGINT after the last update, before the run's report was written; its checkpoint is {last}"
     return (
-        f"stopped by SIGINT; the last complete checkpoint is {kept[-1]}; resume with {command} and "
-        f"trainer.resume_from={run_dir}"
+        f"stopped by SIGINT; the last complete checkpoint is {last}; resume with {command} and "
+        f"trainer.resume_from={last.parent.parent}"
     )
 
 
@@ -212,8 +214,12 @@ def main(cfg: DictConfig) -> None:
     try:
         try:
             run(cfg, run_dir, overrides, sweep=sweep)
-        except KeyboardInterrupt:  # Ctrl-C where no update is in flight to finish first, or a second one in one
-            raise RunStopped(interrupted_line(run_dir, same_command(overrides, sweep)), signal.SIGINT) from None
+        except KeyboardInterrupt:  # before the run (imports, the pre-flight checks) or after it (its resume check)
+            if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                raise
+            raise RunStopped(
+                f"stopped by SIGINT; run {same_command(overrides, sweep)} again to go on", signal.SIGINT
+            ) from None
     except Exception as error:
         if sweep and os.environ.get("HYDRA_FULL_ERROR") != "1":
             # Record why this job failed; the sweep-summary callback lists it and makes the command
@@ -223,14 +229,16 @@ def main(cfg: DictConfig) -> None:
 
             message = str(error) if isinstance(error, MiniverlError) else f"{type(error).__name__}: {error}"
             (run_dir / ERROR_FILE).write_text(message + "\n")
-            log.error("job failed: %s", message)
+            log.error("job %s: %s", "stopped" if isinstance(error, RunStopped) else "failed", message)
             if not isinstance(error, RunStopped):
                 return
             sweep_dir = Path(hydra_cfg.sweep.dir)
-            write_summary(sweep_dir)  # Hydra calls no callback for a job that ends the command
+            try:
+                write_summary(sweep_dir)  # Hydra calls no callback for a job that ends the command
+            except Exception as unwritten:  # the stop's line matters more; the summary can be rebuilt
+                log.warning("sweep summary not written (python -m miniverl.sweep_summary rebuilds it): %s", unwritten)
             error = RunStopped(
-                f"{error}; the sweep stopped at job {hydra_cfg.job.num}, the jobs after it did not run "
-                f"({sweep_dir / 'sweep_summary.md'})",
+                f"{error}; the sweep stopped in job {hydra_cfg.job.num} (what ran: {sweep_dir / 'sweep_summary.md'})",
                 error.exit_code - 128,
             )
         if not isinstance(error, MiniverlError):

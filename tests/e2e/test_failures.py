@@ -331,6 +331,7 @@ def test_a_signal_in_the_last_update_keeps_the_finished_run_and_the_same_command
     assert again["resume"]["status"] == "exact_match"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("when", ["while the models load", "a second one in update 2"])
 def test_a_ctrl_c_with_no_update_to_finish_ends_in_one_line_saying_what_to_run(tmp_path, monkeypatch, capfd, when):
     """Ctrl-C during imports, loading or a held-out probe has no update in flight to finish, and a

@@ -147,8 +147,8 @@ def test_a_signal_stops_the_whole_sweep_and_its_line_gives_the_jobs_own_resume_c
     command = shlex.join(["python", "-m", "miniverl.main", *swept[:3], "estimator=k1", *SHORT_SWEEP])
     assert errors == [
         f"miniverl: error: stopped by SIGTERM after update 1, nothing left half-done; the last complete checkpoint "
-        f"is {job}/checkpoints/update_1; resume with {command} and trainer.resume_from={job}; the sweep stopped at "
-        f"job 0, the jobs after it did not run ({sweep_dir}/sweep_summary.md)"
+        f"is {job}/checkpoints/update_1; resume with {command} and trainer.resume_from={job}; the sweep stopped in "
+        f"job 0 (what ran: {sweep_dir}/sweep_summary.md)"
     ]
     assert not (sweep_dir / "1").exists()
     rows = read_csv(sweep_dir / "sweep_summary.csv")
