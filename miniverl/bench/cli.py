@@ -7,6 +7,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -37,7 +38,7 @@ from miniverl.bench.setups import (
 )
 from miniverl.bench.tables import machine_facts, markdown
 from miniverl.models import cpu_gemm
-from miniverl.utils.errors import MiniverlError, exit_code_of, unwritable
+from miniverl.utils.errors import MiniverlError, RunStopped, exit_code_of, unwritable
 from miniverl.workers.rollout.lean_decode import resolved_decode_settings
 
 log = logging.getLogger("miniverl.bench")
@@ -296,6 +297,11 @@ def main(argv: list[str] | None = None) -> int:
             loss_memory.run(args)
         else:
             run(args)
+    except KeyboardInterrupt:  # the results are written once every measurement is done
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        stop = RunStopped("stopped by SIGINT before the last measurement: nothing was written", signal.SIGINT)
+        return exit_code_of(stop, "miniverl.bench")
     except MiniverlError as error:  # a folder that is not a model, a pair that cannot be distilled
         return exit_code_of(error, "miniverl.bench")
     except OSError as error:

@@ -480,6 +480,22 @@ def test_bench_refuses_a_folder_that_is_not_a_model_in_one_line(tmp_path, capsys
     assert err.startswith(f"miniverl.bench: error: --student {tmp_path / 'nowhere'}: not a Hugging Face model folder")
 
 
+def test_a_ctrl_c_during_the_bench_is_one_line_and_exit_130(tmp_path, capsys, monkeypatch):
+    from miniverl.bench import cli
+
+    def measured(args):
+        raise KeyboardInterrupt  # as Ctrl-C raises it, mid-measurement
+
+    monkeypatch.setattr(cli, "run", measured)
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    status = cli.main(["--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert (
+        status == 130
+        and err == "miniverl.bench: error: stopped by SIGINT before the last measurement: nothing was written"
+    )
+
+
 def test_bench_on_cuda_without_a_gpu_is_one_line(tmp_path, capsys, monkeypatch):
     from miniverl.bench.cli import main
 

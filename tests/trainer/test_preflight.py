@@ -178,6 +178,19 @@ def test_the_doctor_says_which_checks_a_cheap_fail_left_out(capfd):
     )
 
 
+def test_a_ctrl_c_during_the_doctors_checks_is_one_line_and_exit_130(capfd, monkeypatch):
+    from miniverl.trainer import preflight
+
+    def checking(cfg, device):
+        raise KeyboardInterrupt  # as Ctrl-C raises it, mid-check
+
+    monkeypatch.setattr(preflight, "cheap_checks", checking)  # the command's module runs afresh: patch what it calls
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    assert run_as_command("doctor", *BASE) == 130
+    lines = [line for line in capfd.readouterr().err.splitlines() if line.strip()]
+    assert lines == ["miniverl: error: stopped by SIGINT before the last check"]
+
+
 def test_the_doctor_leaves_a_copied_run_folder_alone_so_the_training_command_can_use_it(tmp_path, capfd):
     folder = tmp_path / "run"
     assert run_as_command("doctor", *BASE, f"hydra.run.dir={folder}") == 0
