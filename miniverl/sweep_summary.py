@@ -136,7 +136,7 @@ def legend_labels(jobs: list[tuple[dict, list[float]]]) -> list[str]:
     tolerance = ONE_LINE_SHARE * (max(values) - min(values)) if values else 0.0
     labels = []
     for index, (row, losses) in enumerate(jobs):
-        label = f"#{row['job']} {row['swept']}"[:80] + ("" if row["status"] in DONE else " (failed)")
+        label = f"#{row['job']} {row['swept']}"[:80] + ("" if row["status"] in DONE else f" ({row['status']})")
         under = next(
             (
                 earlier["job"]

@@ -34,6 +34,12 @@ def test_a_job_drawn_on_an_earlier_jobs_line_says_so_in_the_legend(tmp_path):
     assert matplotlib.image.imread(str(tmp_path / "sweep_summary.png")).shape[:2] == (450, 800)
 
 
+def test_a_job_not_measured_to_its_end_says_its_status_in_the_legend():
+    jobs = [job(0, "estimator=k1", [0.1, 0.2]), job(1, "estimator=k3", [0.3])]
+    jobs[1][0]["status"] = "interrupted"  # a signal stopped it (the sweep stopped with it)
+    assert sweep_summary.legend_labels(jobs) == ["#0 estimator=k1", "#1 estimator=k3 (interrupted)"]
+
+
 def test_a_missing_or_empty_sweep_folder_is_one_line_saying_which(tmp_path, capsys):
     from miniverl.sweep_summary import main
 
