@@ -84,7 +84,16 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), sweep: bool =
             f"{run_dir / 'report.json'}"
         ) from trainer.failure_cause
     if checking:
-        report = check_own_resume(trainer, run_dir, list(overrides), k)
+        try:
+            report = check_own_resume(trainer, run_dir, list(overrides), k)
+        except KeyboardInterrupt:  # before the check's children start (they run under its own handler)
+            if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                raise
+            rerun = check_command(list(overrides), run_dir)
+            line = (
+                f"stopped by SIGINT before the resume check; the run itself is finished and kept; to check it: {rerun}"
+            )
+            raise RunStopped(line, signal.SIGINT) from None
     show(closing_lines(report, trainer.history, run_dir))
     if status == "interrupted":  # trainer.stop_after_updates, as a preemption would: exit 0
         line = stopped_line(trainer, run_dir, "trainer.stop_after_updates", command=same_command(overrides, sweep))
@@ -149,14 +158,19 @@ def interrupted_line(trainer, command: str) -> str:
     """How a Ctrl-C ends a run with no update in flight to finish (loading, a held-out probe, the
     report), or a second one during an update: every file is written atomically, so the last
     checkpoint is whole (it can be another run's: the one this run resumes)."""
-    last = trainer.last_checkpoint
+    from miniverl.utils.checkpoint import checkpoint_update
+
+    last = trainer.last_checkpoint or (trainer.resumed.path if trainer.resumed is not None else None)
     if last is None:
         return f"stopped by SIGINT before any update was checkpointed; nothing to resume: run {command} again"
-    if trainer.plan is not None and len(trainer.history) == len(trainer.plan.updates):
-        return f"stopped by SIGINT after the last update, before the run's report was written; its checkpoint is {last}"
+    if trainer.plan is not None and checkpoint_update(last) == len(trainer.plan.updates):
+        return (
+            f"stopped by SIGINT after the last update, before the run's report was complete; the trained run is "
+            f"checkpointed in {last} (adapter.safetensors)"
+        )
     return (
         f"stopped by SIGINT; the last complete checkpoint is {last}; resume with {command} and "
-        f"trainer.resume_from={last.parent.parent}"
+        f"trainer.resume_from={last}"
     )
 
 

@@ -300,7 +300,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # the results are written once every measurement is done
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
-        stop = RunStopped("stopped by SIGINT before the last measurement: nothing was written", signal.SIGINT)
+        stop = RunStopped(
+            "stopped by SIGINT before the bench finished (its results are written at the end): run it again",
+            signal.SIGINT,
+        )
         return exit_code_of(stop, "miniverl.bench")
     except MiniverlError as error:  # a folder that is not a model, a pair that cannot be distilled
         return exit_code_of(error, "miniverl.bench")

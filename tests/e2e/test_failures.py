@@ -356,9 +356,9 @@ def test_a_ctrl_c_with_no_update_to_finish_ends_in_one_line_saying_what_to_run(t
         monkeypatch.setattr(OPDTrainer, "fit_step", step)
         expected = (
             f"stopped by SIGINT; the last complete checkpoint is {run_dir / 'checkpoints' / 'update_1'}; "
-            f"resume with the same command and trainer.resume_from={run_dir}"
+            f"resume with the same command and trainer.resume_from={run_dir / 'checkpoints' / 'update_1'}"
         )
-        again = [f"trainer.resume_from={run_dir}"]
+        again = [f"trainer.resume_from={run_dir / 'checkpoints' / 'update_1'}"]
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
     try:
         status = run_as_command("main", *BASE, f"hydra.run.dir={run_dir}")
@@ -370,6 +370,33 @@ def test_a_ctrl_c_with_no_update_to_finish_ends_in_one_line_saying_what_to_run(t
     assert expected in (run_dir / "main.log").read_text()
     monkeypatch.undo()
     assert run_as_command("main", *BASE, *again, f"hydra.run.dir={run_dir}") == 0  # as the line says
+
+
+@pytest.mark.slow
+def test_a_ctrl_c_before_the_resume_check_says_the_command_that_runs_only_the_check(tmp_path, monkeypatch, capfd):
+    def release(self):
+        raise KeyboardInterrupt  # in the moment between the run and the check's children
+
+    monkeypatch.setattr(OPDTrainer, "release_models", release)
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    run_dir = tmp_path / "run"
+    try:
+        status = run_as_command("main", *RECIPE_RUN, f"hydra.run.dir={run_dir}")
+    except KeyboardInterrupt:
+        pytest.fail("the Ctrl-C left the command as a traceback")
+    err = capfd.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("miniverl: error:")]
+    assert (
+        status == 130
+        and "Traceback" not in err
+        and errors
+        == [
+            "miniverl: error: stopped by SIGINT before the resume check; the run itself is finished and kept; to check "
+            f"it: python -m miniverl.main {' '.join(RECIPE_RUN)} hydra.run.dir={run_dir}"
+        ]
+    )
+    report = json.loads((run_dir / "report.json").read_text())  # the check that command runs alone
+    assert report["status"] == "measured" and report["resume"]["status"] == "pending"
 
 
 def test_ctrl_c_is_deferred_like_sigterm_and_a_second_one_stops_at_once():
