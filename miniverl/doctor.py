@@ -9,8 +9,6 @@ goes to a temporary folder, or with `--out DIR` to DIR.
 
 from __future__ import annotations
 
-import os
-import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -20,7 +18,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from miniverl.config import MiniverlConfig, to_config
-from miniverl.utils.errors import MiniverlError, RunStopped, exit_code_of
+from miniverl.utils.errors import MiniverlError, ctrl_c_stop, exit_code_of
 from miniverl.utils.hydra_entry import one_line_hydra_errors, run_as_main
 
 MODEL_CHECKS = ("self-test", "nf4-gradients")  # after the three cheap ones, with the models loaded
@@ -53,9 +51,7 @@ def doctor_app(cfg: DictConfig) -> None:
         try:
             checks = run_checks(to_config(cfg), Path(HydraConfig.get().runtime.output_dir))
         except KeyboardInterrupt:
-            if os.environ.get("HYDRA_FULL_ERROR") == "1":
-                raise
-            raise RunStopped("stopped by SIGINT before the last check", signal.SIGINT) from None
+            raise ctrl_c_stop("stopped by SIGINT before the last check") from None
     except MiniverlError as error:
         sys.exit(exit_code_of(error))
     for check in checks:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shlex
 import signal
 import sys
 from pathlib import Path
@@ -20,8 +19,16 @@ from safetensors import SafetensorError
 
 from miniverl.config import to_config
 from miniverl.trainer.console import closing_lines, start_lines
-from miniverl.trainer.resume_state import INTERRUPTED, PENDING, TWIN_ENV, check_command, check_is_pending, pending_block
-from miniverl.utils.errors import WRITE_ERRNOS, MiniverlError, RunStopped, exit_code_of
+from miniverl.trainer.resume_state import (
+    INTERRUPTED,
+    PENDING,
+    TWIN_ENV,
+    check_command,
+    check_is_pending,
+    command_line,
+    pending_block,
+)
+from miniverl.utils.errors import WRITE_ERRNOS, MiniverlError, RunStopped, ctrl_c_stop, exit_code_of
 from miniverl.utils.hydra_entry import log_line, one_line_hydra_errors, run_as_main
 from miniverl.utils.identity import resolved_config
 
@@ -66,9 +73,7 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), sweep: bool =
             f"then run again with {resume}"
         ) from None
     except KeyboardInterrupt:  # Ctrl-C with no update in flight to finish (loading, a probe, the report), or a 2nd one
-        if os.environ.get("HYDRA_FULL_ERROR") == "1":
-            raise
-        raise RunStopped(interrupted_line(trainer, same_command(overrides, sweep)), signal.SIGINT) from None
+        raise ctrl_c_stop(interrupted_line(trainer, same_command(overrides, sweep))) from None
     if trainer.stopped_by:
         by = signal.Signals(trainer.stopped_by).name
         check = check_command(list(overrides), run_dir) if checking else None
@@ -87,13 +92,11 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), sweep: bool =
         try:
             report = check_own_resume(trainer, run_dir, list(overrides), k)
         except KeyboardInterrupt:  # before the check's children start (they run under its own handler)
-            if os.environ.get("HYDRA_FULL_ERROR") == "1":
-                raise
             rerun = check_command(list(overrides), run_dir)
             line = (
                 f"stopped by SIGINT before the resume check; the run itself is finished and kept; to check it: {rerun}"
             )
-            raise RunStopped(line, signal.SIGINT) from None
+            raise ctrl_c_stop(line) from None
     show(closing_lines(report, trainer.history, run_dir))
     if status == "interrupted":  # trainer.stop_after_updates, as a preemption would: exit 0
         line = stopped_line(trainer, run_dir, "trainer.stop_after_updates", command=same_command(overrides, sweep))
@@ -135,7 +138,7 @@ def write_error_code(error: Exception) -> int | None:
 
 def same_command(overrides: list[str], sweep: bool) -> str:
     """What runs this run again: in a sweep, its job alone (the sweep's command runs every job)."""
-    return shlex.join(["python", "-m", "miniverl.main", *overrides]) if sweep else "the same command"
+    return command_line(overrides) if sweep else "the same command"
 
 
 def stopped_line(trainer, run_dir: Path, by: str, check: str | None = None, command: str = "the same command") -> str:
@@ -229,11 +232,7 @@ def main(cfg: DictConfig) -> None:
         try:
             run(cfg, run_dir, overrides, sweep=sweep)
         except KeyboardInterrupt:  # before the run (imports, the pre-flight checks) or after it (its resume check)
-            if os.environ.get("HYDRA_FULL_ERROR") == "1":
-                raise
-            raise RunStopped(
-                f"stopped by SIGINT; run {same_command(overrides, sweep)} again to go on", signal.SIGINT
-            ) from None
+            raise ctrl_c_stop(f"stopped by SIGINT; run {same_command(overrides, sweep)} again to go on") from None
     except Exception as error:
         if sweep and os.environ.get("HYDRA_FULL_ERROR") != "1":
             # Record why this job failed; the sweep-summary callback lists it and makes the command

@@ -7,7 +7,6 @@ import argparse
 import json
 import logging
 import os
-import signal
 import sys
 import tempfile
 import time
@@ -38,7 +37,7 @@ from miniverl.bench.setups import (
 )
 from miniverl.bench.tables import machine_facts, markdown
 from miniverl.models import cpu_gemm
-from miniverl.utils.errors import MiniverlError, RunStopped, exit_code_of, unwritable
+from miniverl.utils.errors import MiniverlError, ctrl_c_stop, exit_code_of, unwritable
 from miniverl.workers.rollout.lean_decode import resolved_decode_settings
 
 log = logging.getLogger("miniverl.bench")
@@ -298,11 +297,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             run(args)
     except KeyboardInterrupt:  # the results are written once every measurement is done
-        if os.environ.get("HYDRA_FULL_ERROR") == "1":
-            raise
-        stop = RunStopped(
-            "stopped by SIGINT before the bench finished (its results are written at the end): run it again",
-            signal.SIGINT,
+        stop = ctrl_c_stop(
+            "stopped by SIGINT before the bench finished (its results are written at the end): run it again"
         )
         return exit_code_of(stop, "miniverl.bench")
     except MiniverlError as error:  # a folder that is not a model, a pair that cannot be distilled

@@ -2,6 +2,7 @@
 
 import errno
 import os
+import signal
 import sys
 
 # Write errors the user can fix (a full disk, a read-only folder, no permission): one line, not a bug.
@@ -19,6 +20,15 @@ class RunStopped(MiniverlError):
     def __init__(self, message: str, signum: int):
         super().__init__(message)
         self.exit_code = 128 + signum
+
+
+def ctrl_c_stop(message: str) -> RunStopped:
+    """A Ctrl-C (the KeyboardInterrupt being handled) as a one-line stop: `raise ctrl_c_stop(...) from
+    None` inside `except KeyboardInterrupt:`. With HYDRA_FULL_ERROR=1 the KeyboardInterrupt goes on,
+    traceback and all."""
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        raise  # called inside the except block: the KeyboardInterrupt itself goes on
+    return RunStopped(message, signal.SIGINT)
 
 
 def exit_code_of(error: MiniverlError, prefix: str = "miniverl") -> int:

@@ -110,14 +110,13 @@ class TextAlignedTeacher:
         span_log_probs = span_sums(token_log_probs, teacher_span, spans)  # (B, S)
         if self.unwritable_byte_log_prob is not None:  # those bytes at the floor, each (finite: the config checks)
             span_log_probs = span_log_probs + self.unwritable_byte_log_prob * hole_bytes
+            batch.response_bytes = torch.tensor([a.text_bytes for a in alignments], device=batch.prompts.device)
+            batch.unwritable_bytes = torch.tensor([a.floored_bytes for a in alignments], device=batch.prompts.device)
         batch.student_span = student_span
         batch.teacher_span_logprobs = span_log_probs * aligned.to(span_log_probs.device)
         batch.teacher_logprobs = credit_to_tokens(batch.teacher_span_logprobs, student_span, self.credit)
         batch.teacher_text_logprobs = token_log_probs.sum(-1)  # (B,)
         batch.response_chars = torch.tensor([len(a.text) for a in alignments], device=batch.prompts.device)
-        if self.unwritable_byte_log_prob is not None:  # how much of the text the floor scored
-            batch.response_bytes = torch.tensor([a.text_bytes for a in alignments], device=batch.prompts.device)
-            batch.unwritable_bytes = torch.tensor([a.floored_bytes for a in alignments], device=batch.prompts.device)
         return batch
 
 
