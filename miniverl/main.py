@@ -29,15 +29,15 @@ from miniverl.trainer.resume_state import (
     pending_block,
 )
 from miniverl.utils.errors import WRITE_ERRNOS, MiniverlError, RunStopped, ctrl_c_stop, exit_code_of
-from miniverl.utils.hydra_entry import log_line, one_line_hydra_errors, run_as_main
+from miniverl.utils.hydra_entry import config_flags, log_line, one_line_hydra_errors, run_as_main
 from miniverl.utils.identity import resolved_config
 
 log = logging.getLogger("miniverl")
 
 
-def run(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), sweep: bool = False) -> dict:
-    """Validate, check, train and report; returns the report. `overrides` (the command line's)
-    let the recipe's resume check run this same job again in fresh processes; in a sweep job
+def run(cfg: DictConfig, run_dir: Path, args: list[str] = (), sweep: bool = False) -> dict:
+    """Validate, check, train and report; returns the report. `args` (the command line's config
+    flags and overrides) let the recipe's resume check run this same job again in fresh processes; in a sweep job
     (`sweep`) the check runs only with recipe.resume_check_in_sweeps=true."""
     config = to_config(cfg)
     k = None if os.environ.get(TWIN_ENV) else config.recipe.resume_check_in(sweep)
@@ -45,7 +45,7 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), sweep: bool =
     starting = start_lines(config, run_dir, sweep=sweep, pending_check=pending)
     print(starting, flush=True)  # at once: imports take seconds
     if pending:  # this very run, finished; a Ctrl-C stopped its resume check
-        return finish_pending_check(run_dir, list(overrides), k)
+        return finish_pending_check(run_dir, list(args), k)
     # Heavy imports (torch, transformers) after validation.
     from miniverl.trainer.opd_trainer import OPDTrainer
 
@@ -67,17 +67,17 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), sweep: bool =
             raise
         where = getattr(error, "filename", None) or run_dir
         last = f"; the last complete checkpoint is {trainer.last_checkpoint}" if trainer.last_checkpoint else ""
-        resume = f"trainer.resume_from={run_dir}" if trainer.last_checkpoint else same_command(overrides, sweep)
+        resume = f"trainer.resume_from={run_dir}" if trainer.last_checkpoint else same_command(args, sweep)
         raise MiniverlError(
             f"cannot write {where}: {os.strerror(code)}{last}; free space or choose another hydra.run.dir, "
             f"then run again with {resume}"
         ) from None
     except KeyboardInterrupt:  # Ctrl-C with no update in flight to finish (loading, a probe, the report), or a 2nd one
-        raise ctrl_c_stop(interrupted_line(trainer, same_command(overrides, sweep))) from None
+        raise ctrl_c_stop(interrupted_line(trainer, same_command(args, sweep))) from None
     if trainer.stopped_by:
         by = signal.Signals(trainer.stopped_by).name
-        check = check_command(list(overrides), run_dir) if checking else None
-        raise RunStopped(stopped_line(trainer, run_dir, by, check, same_command(overrides, sweep)), trainer.stopped_by)
+        check = check_command(list(args), run_dir) if checking else None
+        raise RunStopped(stopped_line(trainer, run_dir, by, check, same_command(args, sweep)), trainer.stopped_by)
     if status == "failed":
         kept = (
             f"the last complete update is checkpointed (resume with trainer.resume_from={run_dir})"
@@ -90,16 +90,16 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), sweep: bool =
         ) from trainer.failure_cause
     if checking:
         try:
-            report = check_own_resume(trainer, run_dir, list(overrides), k)
+            report = check_own_resume(trainer, run_dir, list(args), k)
         except KeyboardInterrupt:  # before the check's children start (they run under its own handler)
-            rerun = check_command(list(overrides), run_dir)
+            rerun = check_command(list(args), run_dir)
             line = (
                 f"stopped by SIGINT before the resume check; the run itself is finished and kept; to check it: {rerun}"
             )
             raise ctrl_c_stop(line) from None
     show(closing_lines(report, trainer.history, run_dir))
     if status == "interrupted":  # trainer.stop_after_updates, as a preemption would: exit 0
-        line = stopped_line(trainer, run_dir, "trainer.stop_after_updates", command=same_command(overrides, sweep))
+        line = stopped_line(trainer, run_dir, "trainer.stop_after_updates", command=same_command(args, sweep))
         print(f"miniverl: {line}", flush=True)
         log_line(log, line)
     return report
@@ -136,9 +136,9 @@ def write_error_code(error: Exception) -> int | None:
     return next((code for code in WRITE_ERRNOS if f"(os error {code})" in str(error)), None)
 
 
-def same_command(overrides: list[str], sweep: bool) -> str:
+def same_command(args: list[str], sweep: bool) -> str:
     """What runs this run again: in a sweep, its job alone (the sweep's command runs every job)."""
-    return command_line(overrides) if sweep else "the same command"
+    return command_line(args) if sweep else "the same command"
 
 
 def stopped_line(trainer, run_dir: Path, by: str, check: str | None = None, command: str = "the same command") -> str:
@@ -191,23 +191,23 @@ def preflight(config) -> None:
         raise MiniverlError("pre-flight check failed (python -m miniverl.doctor shows all): " + "; ".join(failed))
 
 
-def check_own_resume(trainer, run_dir: Path, overrides: list[str], k: int) -> dict:
+def check_own_resume(trainer, run_dir: Path, args: list[str], k: int) -> dict:
     """recipe.interrupt_after_updates: rerun stopped after k and resumed, in fresh processes."""
     from miniverl.trainer.resume_check import finish_resume_check
 
     # The children load the same models: this process's copies (on CUDA, device memory) would
     # only crowd them. The adapter is saved already; the report is rebuilt without the models.
     trainer.release_models()
-    report = finish_resume_check(run_dir, overrides, k, lambda block: trainer.finish("measured", resume_check=block))
+    report = finish_resume_check(run_dir, args, k, lambda block: trainer.finish("measured", resume_check=block))
     return resume_verdict(report, run_dir)
 
 
-def finish_pending_check(run_dir: Path, overrides: list[str], k: int) -> dict:
+def finish_pending_check(run_dir: Path, args: list[str], k: int) -> dict:
     """The resume check of a finished run whose check a signal stopped; nothing is trained."""
     from miniverl.trainer.resume_check import finish_resume_check, finished_history, report_with_check
 
     log.info("%s holds this run, finished; its resume check did not finish: running the check only", run_dir)
-    report = finish_resume_check(run_dir, overrides, k, lambda block: report_with_check(run_dir, block))
+    report = finish_resume_check(run_dir, args, k, lambda block: report_with_check(run_dir, block))
     report = resume_verdict(report, run_dir)
     show(closing_lines(report, finished_history(run_dir), run_dir))
     return report
@@ -226,13 +226,14 @@ def resume_verdict(report: dict, run_dir: Path) -> dict:
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
-    run_dir, overrides = Path(hydra_cfg.runtime.output_dir), list(hydra_cfg.overrides.task)
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    args = [*config_flags(hydra_cfg), *hydra_cfg.overrides.task]
     sweep = hydra_cfg.mode == RunMode.MULTIRUN
     try:
         try:
-            run(cfg, run_dir, overrides, sweep=sweep)
+            run(cfg, run_dir, args, sweep=sweep)
         except KeyboardInterrupt:  # before the run (imports, the pre-flight checks) or after it (its resume check)
-            raise ctrl_c_stop(f"stopped by SIGINT; run {same_command(overrides, sweep)} again to go on") from None
+            raise ctrl_c_stop(f"stopped by SIGINT; run {same_command(args, sweep)} again to go on") from None
     except Exception as error:
         if sweep and os.environ.get("HYDRA_FULL_ERROR") != "1":
             # Record why this job failed; the sweep-summary callback lists it and makes the command

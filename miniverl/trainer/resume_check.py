@@ -55,7 +55,7 @@ UPDATE_LINE = re.compile(r"update (\d+)/(\d+) ")  # a child's console line per u
 HELD_OUT_PREFIX = "val/"  # the probe's metrics, which the twins do not measure
 
 
-def run_child(overrides: list[str], extra: list[str], run_dir: Path) -> None:
+def run_child(args: list[str], extra: list[str], run_dir: Path) -> None:
     """One child run, its updates echoed as progress lines; killed (its whole process group) if
     this process is stopped while it runs."""
     label = "resumed run" if any(e.startswith("trainer.resume_from=") for e in extra) else "interrupted run"
@@ -63,7 +63,7 @@ def run_child(overrides: list[str], extra: list[str], run_dir: Path) -> None:
         sys.executable,
         "-m",
         "miniverl.main",
-        *overrides,
+        *args,
         *extra,
         "eval.every=-1",  # the held-out probe measures, it does not train: the reference has its figures
         "trainer.progress_bar=false",
@@ -157,7 +157,7 @@ def resumed_from_difference(resumed_block: dict, stop_ckpt: Path, k: int) -> str
     )
 
 
-def verify_resume(run_dir: Path, overrides: list[str], interrupt_after: int) -> dict:
+def verify_resume(run_dir: Path, args: list[str], interrupt_after: int) -> dict:
     """Run the interrupted and resumed twins of this run; returns the report's `resume` block."""
     interrupted, resumed = run_dir / "resume_check" / "interrupted", run_dir / "resume_check" / "resumed"
     shutil.rmtree(run_dir / "resume_check", ignore_errors=True)  # a stopped check's leftovers: start afresh
@@ -178,7 +178,7 @@ def verify_resume(run_dir: Path, overrides: list[str], interrupt_after: int) -> 
         "first_difference": None,
     }
     try:
-        run_child(overrides, [f"trainer.stop_after_updates={interrupt_after}"], interrupted)
+        run_child(args, [f"trainer.stop_after_updates={interrupt_after}"], interrupted)
         stop_ckpt = checkpoints_in(interrupted)[-1]
         block["interrupt_checkpoint_bytes"] = folder_bytes(stop_ckpt)
         if checkpoint_update(stop_ckpt) != interrupt_after:
@@ -186,7 +186,7 @@ def verify_resume(run_dir: Path, overrides: list[str], interrupt_after: int) -> 
                 f"the interrupted run stopped at {stop_ckpt.name}, not after update {interrupt_after}"
             )
             return block
-        run_child(overrides, [f"trainer.resume_from={interrupted}"], resumed)
+        run_child(args, [f"trainer.resume_from={interrupted}"], resumed)
         resumed_block = json.loads((resumed / "report.json").read_text())["resume"]
     except (RuntimeError, IndexError, OSError, ValueError, KeyError) as error:
         block["first_difference"] = f"the interrupted or resumed run failed: {error}"
@@ -203,17 +203,17 @@ def verify_resume(run_dir: Path, overrides: list[str], interrupt_after: int) -> 
     return block
 
 
-def finish_resume_check(run_dir: Path, overrides: list[str], k: int, write_report) -> dict:
+def finish_resume_check(run_dir: Path, args: list[str], k: int, write_report) -> dict:
     """Run the check; `write_report(block)` puts its verdict into the run's report and returns it.
     A Ctrl-C or SIGTERM kills the children, leaves the report `interrupted` and ends the command
     with the line that says how to finish the check."""
     log.info("resume check: interrupting a fresh run after update %d and resuming it in a new process", k)
     try:
         with raised_signals():
-            block = verify_resume(run_dir, overrides, k)
+            block = verify_resume(run_dir, args, k)
     except SignalReceived as stop:
         write_report(pending_block(INTERRUPTED))
-        command = check_command(overrides, run_dir)
+        command = check_command(args, run_dir)
         raise RunStopped(
             f"stopped by {stop} during the resume check; the run itself is finished and kept (report.json, "
             f"peft_adapter/; the report's resume status is {INTERRUPTED}); to finish the check, run the same "

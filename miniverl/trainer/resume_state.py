@@ -16,14 +16,14 @@ PENDING, INTERRUPTED = "pending", "interrupted"  # the report's resume status be
 TWIN_ENV = "MINIVERL_RESUME_CHECK_TWIN"
 
 
-def command_line(overrides: list[str]) -> str:
-    """`python -m miniverl.main` with these overrides, quoted for a shell."""
-    return shlex.join(["python", "-m", "miniverl.main", *overrides])
+def command_line(args: list[str]) -> str:
+    """`python -m miniverl.main` with these arguments (config flags, overrides), quoted for a shell."""
+    return shlex.join(["python", "-m", "miniverl.main", *args])
 
 
-def check_command(overrides: list[str], run_dir: Path) -> str:
+def check_command(args: list[str], run_dir: Path) -> str:
     """The command that, run again, finishes a finished run's resume check and nothing else."""
-    return command_line([*overrides, f"hydra.run.dir={run_dir}"])
+    return command_line([*args, f"hydra.run.dir={run_dir}"])
 
 
 def pending_block(status: str = PENDING) -> dict:

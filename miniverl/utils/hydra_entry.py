@@ -24,6 +24,26 @@ def run_as_main(module: str) -> None:
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 
+# The shipped configs: the `config_path="../conf"` of miniverl's @hydra.main entry points.
+SHIPPED_CONFIG_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+def config_flags(hydra_cfg: DictConfig) -> list[str]:
+    """The command line's flags that chose the config (`--config-path`, `--config-dir`,
+    `--config-name`, `hydra.searchpath=`): Hydra keeps them out of `overrides.task`, and the same
+    overrides run without them compose another config (a user's own recipe is not found)."""
+    flags = []
+    for source in hydra_cfg.runtime.config_sources:
+        where = source.path if source.schema == "file" else f"{source.schema}://{source.path}"
+        if source.provider == "main" and Path(source.path).resolve() != SHIPPED_CONFIG_DIR:
+            flags.append(f"--config-path={where}")
+        elif source.provider == "command-line":
+            flags.append(f"--config-dir={where}")
+    if hydra_cfg.job.config_name != "config":
+        flags.append(f"--config-name={hydra_cfg.job.config_name}")
+    return flags + [o for o in hydra_cfg.overrides.hydra if o.startswith("hydra.searchpath=")]
+
+
 def log_line(logger: logging.Logger, message: str, level: int = logging.INFO, *, console: bool = False) -> None:
     """A line for the run folder's main.log (Hydra's file handler); with `console` on the console too,
     as any log line. Without it the console has the line already (printed) or shows the progress bar."""

@@ -319,7 +319,7 @@ def test_a_signal_in_the_last_update_keeps_the_finished_run_and_the_same_command
     monkeypatch.setattr(OPDTrainer, "fit_step", step)
     run_dir = tmp_path / "run"
     with pytest.raises(RunStopped) as info:
-        run(compose_config(RECIPE_RUN), run_dir, overrides=RECIPE_RUN)
+        run(compose_config(RECIPE_RUN), run_dir, args=RECIPE_RUN)
     line = str(info.value)
     assert line.startswith("stopped by SIGTERM in the last update (3 of 3): the run is finished and kept")
     assert line.endswith(f"python -m miniverl.main {' '.join(RECIPE_RUN)} hydra.run.dir={run_dir}")
@@ -327,7 +327,7 @@ def test_a_signal_in_the_last_update_keeps_the_finished_run_and_the_same_command
     report = json.loads((run_dir / "report.json").read_text())
     assert report["status"] == "measured" and report["resume"]["status"] == "interrupted"
     monkeypatch.undo()
-    again = run(compose_config(RECIPE_RUN), run_dir, overrides=RECIPE_RUN)  # the command the line gives
+    again = run(compose_config(RECIPE_RUN), run_dir, args=RECIPE_RUN)  # the command the line gives
     assert again["resume"]["status"] == "exact_match"
 
 

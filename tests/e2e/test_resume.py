@@ -361,19 +361,30 @@ def test_overwrite_refuses_to_resume_from_the_folder_it_would_empty(stopped_run)
 
 
 @pytest.mark.slow
-def test_the_resume_checks_twins_get_the_commands_overrides_leave_out_the_held_out_probe_and_still_match(tmp_path):
-    """trainer.overwrite=true reaches the twins with the other overrides: the resumed twin must
-    resume (it once started afresh, checked its own resume, and so on without end). The probe
-    measures and never trains: the twins skip it (a third of their time on the real recipe) and
-    still match. Its out-of-memory halvings are its own: here its 8-row rollouts fail (training's
-    4-row ones fit), and training's sizes, which the checkpoints keep, stay untouched."""
-    heldout = ["data.val_files=data/toy_prompts_heldout.parquet", "eval.every=1"]  # 16 held-out prompts
+def test_the_resume_checks_twins_get_the_commands_config_and_overrides_leave_out_the_probe_and_still_match(tmp_path):
+    """The command's config flags reach the twins: a user's own recipe, found through
+    --config-dir, composes in theirs too (Hydra keeps the flag out of the task's overrides, and the
+    twins once failed to find the recipe). trainer.overwrite=true reaches them with the other
+    overrides: the resumed twin must resume (it once started afresh, checked its own resume, and
+    so on without end). The probe measures and never trains: the twins skip it (a third of their
+    time on the real recipe) and still match. Its out-of-memory halvings are its own: here its 8-row
+    rollouts fail (training's 4-row ones fit), and training's sizes, which the checkpoints keep,
+    stay untouched."""
+    conf = tmp_path / "my_conf"
+    (conf / "recipe").mkdir(parents=True)
+    (conf / "recipe" / "my_recipe.yaml").write_text(  # ARGS' settings and a held-out probe at every update
+        "# @package _global_\ndefaults:\n  - /recipe/opd_k1\n  - _self_\n"
+        f"recipe:\n  optimizer_updates: {N}\n  response_limit: 12\n  interrupt_after_updates: 2\n"
+        "actor:\n  optim:\n    lr: 1.0e-3\n"
+        "data:\n  val_files: data/toy_prompts_heldout.parquet\neval:\n  every: 1\n"
+    )
     oom = ["hardware.rollout_physical_batch=8", "hardware.simulate_oom_above_rows=4"]
-    args = [*ARGS, *heldout, *oom, "recipe.interrupt_after_updates=2", "trainer.overwrite=true"]
+    args = ["+recipe=my_recipe", "model=toy", "teacher=toy", "trainer.progress_bar=false", *oom]
     folder = tmp_path / "run"
     run_in_process(folder)  # the folder holds a finished run, which overwrite replaces
-    report = run(compose_config(args), folder, overrides=args)
-    assert report["resume"]["status"] == "exact_match", report["resume"]
+    code = run_as_command("main", f"--config-dir={conf}", *args, "trainer.overwrite=true", f"hydra.run.dir={folder}")
+    report = json.loads((folder / "report.json").read_text())
+    assert code == 0 and report["resume"]["status"] == "exact_match", report["resume"]
     assert report["resume"]["resumed_after_update"] == 2
     assert not (folder / "resume_check" / "resumed" / "resume_check").exists()  # no twin checked its own
     assert report["measurements"]["batch_downshifts"] == {"rollout_oom": 1, "update_chunk_oom": 0}  # the probe's
