@@ -186,7 +186,11 @@ def preflight(config) -> None:
     for check in checks:
         if check.status == "WARN":  # a FAIL is the error line below
             log.warning("pre-flight %s", check)
-    failed = [f"{c.name}: {c.reason}" for c in checks if c.status == "FAIL"]
+    reasons: dict[str, list[str]] = {}  # a model that cannot be read fails several checks alike
+    for check in checks:
+        if check.status == "FAIL":
+            reasons.setdefault(check.reason, []).append(check.name)
+    failed = [f"{', '.join(names)}: {reason}" for reason, names in reasons.items()]
     if failed:
         raise MiniverlError("pre-flight check failed (python -m miniverl.doctor shows all): " + "; ".join(failed))
 

@@ -142,6 +142,24 @@ def register_configs() -> None:
     OmegaConf.register_new_resolver("real_model", real_model_path, replace=True)
 
 
+def unknown_key_line(full_key: str) -> str:
+    """A key the schema lacks (forced in with `+key=value`, or by a recipe): the closest key of its
+    node, and how to see them all."""
+    import difflib
+
+    parent, _, key = full_key.rpartition(".")
+    node = (
+        OmegaConf.select(OmegaConf.structured(MiniverlConfig), parent)
+        if parent
+        else OmegaConf.structured(MiniverlConfig)
+    )
+    keys = [str(k) for k in node.keys()] if isinstance(node, DictConfig) else []
+    close = difflib.get_close_matches(key, keys, n=1)
+    fix = f"did you mean {parent + '.' if parent else ''}{close[0]}?" if close else "`--cfg job` prints every key"
+    where = f"the {parent} node" if parent else "the top level"
+    return f"unknown config key {full_key}: the schema ({where}) has no such key; {fix}"
+
+
 def to_config(cfg: DictConfig) -> MiniverlConfig:
     """Validate a composed config: runs every schema's `__post_init__`; a refused value becomes a
     one-line MiniverlError."""
@@ -154,7 +172,7 @@ def to_config(cfg: DictConfig) -> MiniverlConfig:
         # Re-merging into the bare schema catches keys forced in with `+key=value`.
         checked = OmegaConf.merge(OmegaConf.structured(MiniverlConfig), OmegaConf.to_container(plain))
     except ConfigKeyError as error:
-        raise MiniverlError(f"unknown config key {error.full_key or ''}: {str(error).splitlines()[0]}") from None
+        raise MiniverlError(unknown_key_line(error.full_key or "")) from None
     try:
         return OmegaConf.to_object(checked)
     except (ValueError, NotImplementedError) as error:

@@ -13,6 +13,7 @@ LoRA gradients equal those through the dequantized base.
 
 from __future__ import annotations
 
+import os
 import types
 import warnings
 from collections.abc import Sequence
@@ -107,11 +108,11 @@ def _materialize_toy_teacher(teacher: TeacherConfig, where: Path, student_seed: 
 
 
 def source_of(block: StudentConfig | TeacherConfig, toy_path: Path | None) -> Source:
-    path = str(toy_path) if block.model_id == "toy" else block.model_id
+    # `~/models/x` as a shell expands it: a quoted or Hydra-written ~ reaches here as it is.
+    path = str(toy_path) if block.model_id == "toy" else os.path.expanduser(block.model_id)
     revision = None if block.model_id == "toy" else block.revision
-    return Source(
-        path, revision, block.tokenizer_id or path, block.tokenizer_revision if block.tokenizer_id else revision
-    )
+    tokenizer = os.path.expanduser(block.tokenizer_id) if block.tokenizer_id else path
+    return Source(path, revision, tokenizer, block.tokenizer_revision if block.tokenizer_id else revision)
 
 
 def offline_error(where: str, source: Source, error: Exception, key: str = "model_id") -> MiniverlError:

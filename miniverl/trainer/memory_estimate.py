@@ -15,8 +15,9 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 LLAMA_LINEAR_LAYERS = 7  # q, k, v, o, gate, up, down: what all-linear adapts in a Llama or Qwen layer
 
 
-def architecture(block) -> dict:
-    """The sizes the memory estimate needs, and the dtype the weights load in (`dtype: auto`: the checkpoint's)."""
+def architecture(where: str, block) -> dict:
+    """The sizes the memory estimate needs, and the dtype the weights load in (`dtype: auto`: the
+    checkpoint's); a model that cannot be read is the one line of `where` (`model`, `teacher`)."""
     if block.model_id == "toy":
         t = block.toy
         return dict(
@@ -32,7 +33,11 @@ def architecture(block) -> dict:
         )
     from transformers import AutoConfig
 
-    c = AutoConfig.from_pretrained(block.model_id, revision=block.revision, trust_remote_code=block.trust_remote_code)
+    source = models.source_of(block, None)
+    try:
+        c = AutoConfig.from_pretrained(source.path, revision=source.revision, trust_remote_code=block.trust_remote_code)
+    except (OSError, ValueError) as error:  # a missing folder, one that is not a model, an uncached hub id
+        raise models.offline_error(where, source, error) from None
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     dtype = str(getattr(c, "dtype", None) or "float32").replace("torch.", "") if block.dtype == "auto" else block.dtype
     return dict(
@@ -67,14 +72,14 @@ def estimate_peak_bytes(cfg: MiniverlConfig, device_type: str = "cpu") -> int:
     the lm_head's float16 copy) + the activations of one update chunk (checkpointed or all) + the
     logits of one log-prob chunk + the held-out probe's full-vocabulary blocks + LoRA weights,
     gradients and AdamW state. An estimate."""
-    s = architecture(cfg.model)
+    s = architecture("model", cfg.model)
     # prepare_model_for_kbit_training casts every unquantized weight of the student to float32:
     # the embedding (tied to the output layer: one copy) and the norms.
     prepared = cfg.model.quantization == "nf4" and cfg.model.prepare_kbit_training
     total = weight_bytes(s, cfg.model.quantization, 4 if prepared else DTYPE_BYTES.get(s["dtype"], 4))
-    for block in cfg.teacher_blocks.values():  # every teacher is loaded once, for the whole run
+    for name, block in cfg.teacher_blocks.items():  # every teacher is loaded once, for the whole run
         if block.mode == "standard":
-            t = architecture(block)
+            t = architecture(cfg.teacher_where(name), block)
             total += weight_bytes(t, block.quantization, DTYPE_BYTES.get(t["dtype"], 4))
     tokens = cfg.recipe.prompt_limit + cfg.recipe.response_limit
     rows = cfg.hardware.rollout_physical_batch

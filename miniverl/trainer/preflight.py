@@ -133,7 +133,7 @@ def check_tokenizers(cfg: MiniverlConfig, student_tok) -> Check:
         teacher_tok = models.load_tokenizer(where, block, models.source_of(block, None))
         if block.text_aligned and models.tokenizers_differ(student_tok, teacher_tok):
             return check_alignment(cfg, student_tok, teacher_tok)
-        rows = (architecture(cfg.model)["vocab"], architecture(block)["vocab"])
+        rows = (architecture("model", cfg.model)["vocab"], architecture(where, block)["vocab"])
         problem = models.tokenizer_problem(student_tok, teacher_tok, *rows, where)
         if problem:
             return Check("FAIL", "tokenizer", f"{where}: {problem}" if cfg.teachers else problem)
@@ -141,7 +141,7 @@ def check_tokenizers(cfg: MiniverlConfig, student_tok) -> Check:
         scored.append(f"{where if cfg.teachers else 'teacher'} {rows[1]}")
     facts = shared
     if scored:
-        student_rows = architecture(cfg.model)["vocab"]
+        student_rows = architecture("model", cfg.model)["vocab"]
         padding = "; output rows past the tokenizer are padding, never sampled or scored" if padded else ""
         facts.append(
             f"vocabulary {len(student_tok.get_vocab())} (embedding rows: student {student_rows}, {', '.join(scored)}), "

@@ -100,6 +100,12 @@ def hydra_error_line(error: Exception) -> str:
         message += f"; {fix}"
     elif "could not be converted" in message:
         message += "; give it a value of the type its schema in miniverl/config/ declares"
+    elif "is not a ListConfig, list or tuple" in message:
+        message += "; the key holds a list: give one in brackets, key=[value] (key=[a,b] for two)"
+    elif "LexerNoViableAlt" in message and "~" in message:
+        message += (
+            "; Hydra's override grammar has no bare ~ in a value: write the path with $HOME (the shell expands it)"
+        )
     return message
 
 

@@ -107,9 +107,21 @@ def test_a_typo_in_an_override_fails_at_composition(override):
     assert f"Key '{key}' not in" in str(info.value.__cause__)
 
 
-def test_a_key_forced_in_with_plus_is_refused_not_ignored():
-    with pytest.raises(MiniverlError, match="recipe.logical_btch"):
-        to_config(compose_config(["+recipe=opd_k1", "+recipe.logical_btch=2"]))
+@pytest.mark.parametrize(
+    "forced,line",
+    [
+        (
+            "+recipe.logical_btch=2",
+            "unknown config key recipe.logical_btch: the schema (the recipe node) has no such key; "
+            "did you mean recipe.logical_batch?",
+        ),
+        ("+foo=1", "unknown config key foo: the schema (the top level) has no such key; `--cfg job` prints every key"),
+    ],
+)
+def test_a_key_forced_in_with_plus_is_refused_with_the_closest_key(forced, line):
+    with pytest.raises(MiniverlError) as refused:
+        to_config(compose_config(["+recipe=opd_k1", forced]))
+    assert str(refused.value) == line
 
 
 def test_an_unknown_group_option_fails_at_composition():

@@ -216,7 +216,7 @@ def test_the_doctor_passes_the_recipes_precision_and_fails_a_broken_nf4_path(tra
 
 def test_the_memory_estimate_counts_the_tied_embedding_once_in_float32():
     cfg = to_config(compose_config(QWEN3))
-    student = memory_estimate.architecture(cfg.model)
+    student = memory_estimate.architecture("model", cfg.model)
     assert student["tied"] and student["vocab"] == ROWS and student["dtype"] == "bfloat16"
     linear = student["layers"] * (64 * 32 * (2 * 4 + 2 * 2) + 3 * 64 * 128)
     assert memory_estimate.weight_bytes(student, "nf4", 4) == int(linear * (0.5 + 4 / 64) + ROWS * 64 * 4)
@@ -228,7 +228,7 @@ def test_the_memory_estimate_counts_the_tied_embedding_once_in_float32():
 def test_the_memory_estimate_counts_the_rollouts_dense_copies_on_the_cpu_and_the_probes_blocks():
     bf16_products = "hardware.cpu_float32_gemm=false"  # the same figures on every CPU
     cfg = to_config(compose_config([*QWEN3, "hardware.rollout_cpu_fp16_lm_head=false", bf16_products]))
-    estimate, student = memory_estimate.estimate_peak_bytes, memory_estimate.architecture(cfg.model)
+    estimate, student = memory_estimate.estimate_peak_bytes, memory_estimate.architecture("model", cfg.model)
     # The CPU rollout decodes with bf16 copies of the 4-bit weights (hardware.rollout_dequantize_4bit_once) ...
     assert estimate(cfg, "cpu") - estimate(cfg, "cuda") == memory_estimate.linear_weights(student) * 2
     # ... float32 ones where every role multiplies in float32 (hardware.cpu_float32_gemm).
@@ -250,7 +250,7 @@ def test_the_memory_estimate_counts_the_rollouts_dense_copies_on_the_cpu_and_the
 def test_the_memory_estimate_keeps_every_layers_activations_without_gradient_checkpointing():
     checkpointed = to_config(compose_config([*QWEN3, "model.gradient_checkpointing=true"]))
     kept = to_config(compose_config([*QWEN3, "model.gradient_checkpointing=false"]))
-    s, tokens = memory_estimate.architecture(kept.model), kept.recipe.prompt_limit + kept.recipe.response_limit
+    s, tokens = memory_estimate.architecture("model", kept.model), kept.recipe.prompt_limit + kept.recipe.response_limit
     # 16 float32 hidden widths per position and layer; checkpointed: one layer's, plus every layer's input.
     per_layer = kept.hardware.update_chunk * tokens * 16 * s["hidden"] * 4
     inputs = kept.hardware.update_chunk * tokens * s["layers"] * s["hidden"] * 4

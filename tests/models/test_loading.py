@@ -106,6 +106,17 @@ def test_a_model_folder_that_is_missing_or_not_a_model_is_named_as_such(tmp_path
     assert line.endswith("config.json, the weights (*.safetensors) and the tokenizer's files")
 
 
+def test_a_model_folder_under_a_tilde_is_the_one_in_home(toy_dirs, monkeypatch):
+    """`model_id: ~/models/x` (quoted on the command line, or in a recipe) as a shell expands it."""
+    teacher = toy_dirs["teacher"]
+    monkeypatch.setenv("HOME", str(teacher.parent))
+    block = TeacherConfig(model_id=f"~/{teacher.name}", tokenizer_id=f"~/{teacher.name}")
+    source = models.source_of(block, None)
+    assert source.path == source.tokenizer_path == str(teacher)
+    loaded = models.load_tokenizer("teacher", block, source)
+    assert loaded.get_vocab() == models.toy.build_toy_tokenizer("bytes").get_vocab()
+
+
 def test_a_missing_tokenizer_folder_is_named_by_its_own_settings(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     block = StudentConfig(model_id="toy", tokenizer_id="outputs/a/tokenizer", tokenizer_revision="abc")

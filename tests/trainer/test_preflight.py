@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -87,6 +88,18 @@ def test_the_training_command_stops_on_a_cheap_fail(tmp_path):
     with pytest.raises(MiniverlError, match="pre-flight check failed .* memory: estimated peak"):
         run(compose_config([*BASE, *SHORT, "hardware.peak_reserved_limit_gib=0.001"]), tmp_path / "run")
     assert not (tmp_path / "run").exists()  # stopped before writing anything
+
+
+def test_a_teacher_that_cannot_be_read_is_one_line_naming_it_once(tmp_path):
+    """Its tokenizer and the memory estimate (its config.json) fail alike: one reason, both checks."""
+    missing = tmp_path / "no_teacher"
+    with pytest.raises(MiniverlError) as refused:
+        run(compose_config([*BASE, *SHORT, f"teacher.model_id={missing}"]), tmp_path / "run")
+    assert str(refused.value) == (
+        f"pre-flight check failed (python -m miniverl.doctor shows all): tokenizer, memory: "
+        f"teacher.model_id={missing}: no such folder (relative to {Path.cwd()}); give the folder of a Hugging "
+        "Face model (config.json, *.safetensors, the tokenizer's files) or a hub id in the Hugging Face cache"
+    )
 
 
 def test_the_self_test_fails_when_scoring_disagrees_with_sampling(tmp_path, monkeypatch):

@@ -64,3 +64,14 @@ def test_help_opens_with_what_the_command_does(command):
     doc = importlib.import_module(f"miniverl.{command}").__doc__.strip()
     assert shown.startswith(doc + "\n") and "powered by Hydra" not in shown
     assert "== Configuration groups ==" in shown  # Hydra's own sections follow
+
+
+def test_a_list_key_given_one_value_says_to_give_a_list():
+    line = _line_of("trainer.logger=console")
+    assert "str is not a ListConfig" in line and line.endswith("give one in brackets, key=[value] (key=[a,b] for two)")
+
+
+def test_a_bare_tilde_in_a_value_says_to_write_the_path_with_home():
+    line = _line_of("model.model_id=~/models/x")
+    assert line.startswith("LexerNoViableAltException: model.model_id=~/models/x")
+    assert line.endswith("write the path with $HOME (the shell expands it)")
