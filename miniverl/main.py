@@ -26,6 +26,7 @@ from miniverl.trainer.resume_state import (
     check_command,
     check_is_pending,
     command_line,
+    finished_here,
     pending_block,
 )
 from miniverl.utils.errors import WRITE_ERRNOS, MiniverlError, RunStopped, ctrl_c_stop, exit_code_of
@@ -42,6 +43,10 @@ def run(cfg: DictConfig, run_dir: Path, args: list[str] = (), sweep: bool = Fals
     config = to_config(cfg)
     k = None if os.environ.get(TWIN_ENV) else config.recipe.resume_check_in(sweep)
     pending = k is not None and check_is_pending(run_dir, resolved_config(cfg))
+    kept = sweep and not pending and finished_here(run_dir, resolved_config(cfg))
+    if kept:  # the same sweep run again in its folder: this job finished there before
+        log.info("job folder %s holds this job's run, finished: kept (another hydra.sweep.dir runs it again)", run_dir)
+        return kept
     starting = start_lines(config, run_dir, sweep=sweep, pending_check=pending)
     print(starting, flush=True)  # at once: imports take seconds
     if pending:  # this very run, finished; a Ctrl-C stopped its resume check
@@ -233,6 +238,10 @@ def main(cfg: DictConfig) -> None:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     args = [*config_flags(hydra_cfg), *hydra_cfg.overrides.task]
     sweep = hydra_cfg.mode == RunMode.MULTIRUN
+    if sweep:  # an earlier attempt's error (the same sweep run again in its folder): this attempt writes its own
+        from miniverl.utils.run_folder import ERROR_FILE
+
+        (run_dir / ERROR_FILE).unlink(missing_ok=True)
     try:
         try:
             run(cfg, run_dir, args, sweep=sweep)
@@ -256,7 +265,8 @@ def main(cfg: DictConfig) -> None:
             except Exception as unwritten:  # the stop's line matters more; the summary can be rebuilt
                 log.warning("sweep summary not written (python -m miniverl.sweep_summary rebuilds it): %s", unwritten)
             error = RunStopped(
-                f"{error}; the sweep stopped in job {hydra_cfg.job.num} (what ran: {sweep_dir / 'sweep_summary.md'})",
+                f"{error}; the sweep stopped in job {hydra_cfg.job.num} (what ran: {sweep_dir / 'sweep_summary.md'}); "
+                f"to go on with every job, run the sweep's command again with hydra.sweep.dir={sweep_dir}",
                 error.exit_code - 128,
             )
         if not isinstance(error, MiniverlError):

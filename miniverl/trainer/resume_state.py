@@ -44,3 +44,15 @@ def check_is_pending(run_dir: Path, resolved: dict) -> bool:
         and report.get("resume", {}).get("status") in (PENDING, INTERRUPTED)
         and earlier == resolved
     )
+
+
+def finished_here(run_dir: Path, resolved: dict) -> dict | None:
+    """The report of this very run (the same resolved config), finished with its resume check
+    done or not asked for, if `run_dir` holds one; else None."""
+    try:
+        report = json.loads((run_dir / "report.json").read_text())
+        earlier = yaml.safe_load((run_dir / "resolved_config.yaml").read_text())
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    done = report.get("status") == "measured" and report.get("resume", {}).get("status") not in (PENDING, INTERRUPTED)
+    return report if done and earlier == resolved else None

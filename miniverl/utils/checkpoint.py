@@ -249,7 +249,7 @@ def verify_checkpoint(
         if run_dir is None or checkpoint.run_dir.resolve() == Path(run_dir).resolve():
             new_run = "another hydra.run.dir (or replace that run with trainer.overwrite=true)"
         else:  # named by trainer.resume_from: the new run's folder is free of it
-            new_run = f"drop trainer.resume_from (the new run goes into {run_dir})"
+            new_run = "drop trainer.resume_from"
         raise MiniverlError(
             f"{where} belongs to another plan (compiled_plan_sha256 {str(state.get('compiled_plan_sha256'))[:12]}"
             f"... != {plan_digest[:12]}... of this command): {how}, or for a new run {new_run}"

@@ -165,3 +165,32 @@ class KeepEarlierRunRecord(Callback):
         if any((run_dir / name).exists() for name in FINISHED_MARKERS):
             with read_write(config.hydra), open_dict(config.hydra):
                 config.hydra.output_subdir = None
+
+
+class KeepEarlierSweep(Callback):
+    """A sweep folder that holds runs is its sweep's: the same sweep command goes on there (a
+    finished job is kept, a stopped one resumes in its folder: miniverl.main); another sweep is
+    refused before Hydra writes anything (its multirun.yaml, each job's .hydra/)."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        if not (sweep_dir / "multirun.yaml").is_file():
+            return
+        from miniverl.utils.run_folder import FINISHED_MARKERS  # torch and peft: only in this case
+
+        jobs = [job for job in sweep_dir.iterdir() if job.is_dir()]
+        if not any((job / name).exists() for job in jobs for name in FINISHED_MARKERS):
+            return
+        earlier = OmegaConf.load(sweep_dir / "multirun.yaml").hydra.overrides.task
+        if sorted(earlier) != sorted(config.hydra.overrides.task):
+            refusal = (
+                f"hydra.sweep.dir={sweep_dir} holds the runs of another sweep (its overrides: "
+                f"{' '.join(earlier)}); choose another hydra.sweep.dir, or run that sweep's command to go on with it"
+            )
+            # Hydra turns a callback's exceptions into warnings and goes on (HYDRA_FULL_ERROR=1 too):
+            # only SystemExit stops the sweep before it writes.
+            print(f"miniverl: error: {refusal}", file=sys.stderr)
+            raise SystemExit(2)
+        logging.getLogger("miniverl").info(
+            "sweep folder %s holds this sweep's runs: finished jobs are kept, stopped ones resume", sweep_dir
+        )

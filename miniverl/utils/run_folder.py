@@ -45,6 +45,16 @@ RUN_OUTPUTS = (
 )
 
 
+# What a run writes by these names, replacing what is there: in a folder without a run's markers
+# they are someone else's (a user's notes, a copied adapter), never replaced unasked.
+REPLACED_BY_NAME = ("resolved_config.yaml", "report.md", "curves.png", "peft_adapter", "checkpoints", "trajectories")
+
+
+def holds(path: Path) -> bool:
+    """A file, or a folder with something in it (an empty one a failed start left is nothing)."""
+    return path.is_file() or (path.is_dir() and any(path.iterdir()))
+
+
 def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
     """`write(tmp)` to a temporary file beside `path`, fsync, rename: a crash leaves either the old
     file or the new one. The one way miniverl writes a file a user reads (checkpoints add a folder
@@ -96,6 +106,13 @@ class RunFolder:
                 f"run folder {self.root} already holds a run ({status}{', '.join(taken)}); "
                 "choose another hydra.run.dir, resume it with "
                 f"trainer.resume_from={self.root}, or replace it with trainer.overwrite=true"
+            )
+        replaced = [name for name in REPLACED_BY_NAME if not continuing and not overwrite and holds(self.root / name)]
+        if replaced:
+            raise MiniverlError(
+                f"run folder {self.root} holds {', '.join(replaced)} but no run of miniverl's (no "
+                f"{', '.join(FINISHED_MARKERS)}): a run here would replace them; choose another hydra.run.dir, or "
+                "replace them with trainer.overwrite=true"
             )
         self.fresh = not continuing  # not resuming this folder's own run
         # What the folder holds before this run writes anything (a foreign checkpoints/, say): take_back leaves it.

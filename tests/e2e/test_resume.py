@@ -339,7 +339,7 @@ def test_a_checkpoint_of_other_settings_is_refused_with_the_overrides_that_resum
         run_in_process(tmp_path / "new", f"trainer.resume_from={stopped_run}", "recipe.logical_batch=2")
     message = str(info.value)
     assert "belongs to another plan" in message and ": resume with recipe.logical_batch=4, or for a new run" in message
-    assert message.endswith(f"drop trainer.resume_from (the new run goes into {tmp_path / 'new'})")
+    assert message.endswith(", or for a new run drop trainer.resume_from")
     report = run_in_process(tmp_path / "again", f"trainer.resume_from={stopped_run}", "recipe.logical_batch=4")
     assert report["resume"]["status"] == "resumed" and first_difference(reference, tmp_path / "again")[1] is None
 

@@ -18,6 +18,10 @@ from miniverl.trainer.opd_trainer import OPDTrainer
 from conftest import CONF, SHORT_SWEEP, multirun, run_as_command
 
 
+def tree_digest(folder):
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
 def read_csv(path):
     with open(path, newline="") as handle:
         return list(csv.DictReader(handle))
@@ -127,10 +131,12 @@ def test_launcher_configs_compose(launcher, target):
 
 
 @pytest.mark.slow
-def test_a_signal_stops_the_whole_sweep_and_its_line_gives_the_jobs_own_resume_command(tmp_path, capfd, monkeypatch):
+def test_a_signal_stops_the_whole_sweep_and_its_line_gives_both_ways_to_go_on(tmp_path, capfd, monkeypatch):
     """Ctrl-C or SIGTERM in a sweep stops the sweep, not only the job in progress (which would leave
     the next job to start, and one signal per job to stop them all): the job stops after its update,
-    the summary lists it, and its line resumes that job alone, not the whole sweep again."""
+    the summary lists it, and its line gives the job's own command (that job alone, into a new
+    folder) and the sweep's command in its folder (every job: finished ones kept, the stopped one
+    resumed in place); another sweep in that folder is refused before anything is written."""
     real_step = OPDTrainer.fit_step
 
     def step(self, update):
@@ -148,7 +154,8 @@ def test_a_signal_stops_the_whole_sweep_and_its_line_gives_the_jobs_own_resume_c
     assert errors == [
         f"miniverl: error: stopped by SIGTERM after update 1, nothing left half-done; the last complete checkpoint "
         f"is {job}/checkpoints/update_1; resume with {command} and trainer.resume_from={job}; the sweep stopped in "
-        f"job 0 (what ran: {sweep_dir}/sweep_summary.md)"
+        f"job 0 (what ran: {sweep_dir}/sweep_summary.md); to go on with every job, run the sweep's command again "
+        f"with hydra.sweep.dir={sweep_dir}"
     ]
     assert not (sweep_dir / "1").exists()
     rows = read_csv(sweep_dir / "sweep_summary.csv")
@@ -160,3 +167,25 @@ def test_a_signal_stops_the_whole_sweep_and_its_line_gives_the_jobs_own_resume_c
     )
     report = json.loads((resumed / "report.json").read_text())
     assert report["status"] == "measured" and report["resume"]["resumed_after_update"] == 1
+
+    assert multirun(sweep_dir, *swept) == 0  # the sweep's command again, in its folder
+    rows = read_csv(sweep_dir / "sweep_summary.csv")
+    assert [(row["status"], row["error"], row["resume"]) for row in rows] == [
+        ("measured", "", "resumed"),
+        ("measured", "", "not_checked"),
+    ]
+    in_place = json.loads((job / "report.json").read_text())
+    assert in_place["resume"]["resumed_from"] == str(job / "checkpoints" / "update_1")
+    assert in_place["artifacts"]["trajectory_sha256"] == report["artifacts"]["trajectory_sha256"]
+    finished = tree_digest(sweep_dir)
+    assert multirun(sweep_dir, *swept) == 0  # again: every job finished, kept as it is
+    assert {p: d for p, d in tree_digest(sweep_dir).items() if p.suffix != ".log" and ".hydra" not in p.parts} == {
+        p: d for p, d in finished.items() if p.suffix != ".log" and ".hydra" not in p.parts
+    }
+    capfd.readouterr()
+    before = tree_digest(sweep_dir)
+    assert multirun(sweep_dir, *swept[:3], "estimator=k1,k2") == 2
+    assert capfd.readouterr().err.startswith(
+        f"miniverl: error: hydra.sweep.dir={sweep_dir} holds the runs of another sweep"
+    )
+    assert tree_digest(sweep_dir) == before
