@@ -14,7 +14,8 @@ check is one line, PASS / WARN / FAIL with the reason.
                   field names the row) and fits its limit
     self-test     the teacher path scoring the student's own samples with the student's own
                   weights gives a k1 of ~0 (rollout and scoring agree position by position,
-                  within the tolerance of the compute precision: miniverl/models/precision.py)
+                  within the tolerance of the compute precision: miniverl/models/precision.py;
+                  a WARN where only the largest is over it: bf16 rounding's tail)
     nf4-gradients LoRA gradients through the NF4 base equal those through a dense twin that
                   multiplies the dequantized weights in the same compute dtype
 
@@ -311,16 +312,14 @@ def check_self_test(trainer) -> Check:
     mean, worst = float(k1.sum() / mask.sum().clamp_min(1)), float(k1.abs().max())
     dtype = precision.least_precise_dtype(trainer.student)
     worst_allowed, mean_allowed = precision.log_prob_tolerance(dtype)
-    ok = worst <= worst_allowed and abs(mean) <= mean_allowed
-    line = (
-        f"k1 mean {mean:.2e}, largest |k1| {worst:.2e} over {int(mask.sum())} tokens "
-        f"({str(dtype).replace('torch.', '')} compute: allowed {mean_allowed:g} / {worst_allowed:g})"
-    )
-    return Check(
-        "PASS" if ok else "FAIL",
-        "self-test",
-        line if ok else line + ": sampling and scoring disagree (alignment or a numerical path differs)",
-    )
+    line = f"k1 mean {mean:.2e}, largest |k1| {worst:.2e} over {int(mask.sum())} tokens "
+    line += f"({str(dtype).replace('torch.', '')} compute: allowed {mean_allowed:g} / {worst_allowed:g})"
+    if abs(mean) > mean_allowed:  # a misaligned position or another path is off by nats at most tokens
+        return Check("FAIL", "self-test", f"{line}: sampling and scoring disagree (alignment or a path differs)")
+    if worst > worst_allowed:  # only the tail: bf16 roundings reach it on some trained models (models/precision.py)
+        why = ": the mean agrees, one token is off by more than rounding usually moves it; to tell rounding from a "
+        return Check("WARN", "self-test", line + why + "path that differs, run again with model.dtype=float32")
+    return Check("PASS", "self-test", line)
 
 
 def dequantized_twin(nf4_model, source: models.Source, block, float32_gemm: bool):
