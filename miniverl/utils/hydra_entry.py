@@ -167,30 +167,49 @@ class KeepEarlierRunRecord(Callback):
                 config.hydra.output_subdir = None
 
 
-class KeepEarlierSweep(Callback):
-    """A sweep folder that holds runs is its sweep's: the same sweep command goes on there (a
-    finished job is kept, a stopped one resumes in its folder: miniverl.main); another sweep is
-    refused before Hydra writes anything (its multirun.yaml, each job's .hydra/)."""
+class SweepPreflight(Callback):
+    """What a sweep is refused for before Hydra writes anything (its multirun.yaml, each job's
+    .hydra/), in one line: a folder that holds another sweep's runs (the same sweep command goes
+    on there instead: a finished job is kept, a stopped one resumes in its folder: miniverl.main),
+    and the SLURM launcher on a machine without SLURM. Hydra turns a callback's exceptions into
+    warnings and goes on (HYDRA_FULL_ERROR=1 too): only SystemExit stops the sweep here."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        refusal = self.slurm_missing(config) or self.another_sweep(config)
+        if refusal:
+            print(f"miniverl: error: {refusal}", file=sys.stderr)
+            raise SystemExit(2)
+
+    @staticmethod
+    def slurm_missing(config: DictConfig) -> str | None:
+        import shutil
+
+        if "SlurmLauncher" not in str(OmegaConf.select(config, "hydra.launcher._target_") or ""):
+            return None
+        if shutil.which("sbatch") and shutil.which("srun"):
+            return None
+        return (
+            "hydra/launcher=slurm submits to SLURM, and this machine has no sbatch/srun: run the sweep on a SLURM "
+            "login node, or here without hydra/launcher=slurm (hydra/launcher=parallel runs the jobs side by side)"
+        )
+
+    @staticmethod
+    def another_sweep(config: DictConfig) -> str | None:
         sweep_dir = Path(config.hydra.sweep.dir)
         if not (sweep_dir / "multirun.yaml").is_file():
-            return
+            return None
         from miniverl.utils.run_folder import FINISHED_MARKERS  # torch and peft: only in this case
 
         jobs = [job for job in sweep_dir.iterdir() if job.is_dir()]
         if not any((job / name).exists() for job in jobs for name in FINISHED_MARKERS):
-            return
+            return None
         earlier = OmegaConf.load(sweep_dir / "multirun.yaml").hydra.overrides.task
         if sorted(earlier) != sorted(config.hydra.overrides.task):
-            refusal = (
-                f"hydra.sweep.dir={sweep_dir} holds the runs of another sweep (its overrides: "
-                f"{' '.join(earlier)}); choose another hydra.sweep.dir, or run that sweep's command to go on with it"
+            return (
+                f"hydra.sweep.dir={sweep_dir} holds the runs of another sweep (its overrides: {' '.join(earlier)}); "
+                "choose another hydra.sweep.dir, or run that sweep's command to go on with it"
             )
-            # Hydra turns a callback's exceptions into warnings and goes on (HYDRA_FULL_ERROR=1 too):
-            # only SystemExit stops the sweep before it writes.
-            print(f"miniverl: error: {refusal}", file=sys.stderr)
-            raise SystemExit(2)
         logging.getLogger("miniverl").info(
             "sweep folder %s holds this sweep's runs: finished jobs are kept, stopped ones resume", sweep_dir
         )
+        return None

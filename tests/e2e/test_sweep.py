@@ -189,3 +189,17 @@ def test_a_signal_stops_the_whole_sweep_and_its_line_gives_both_ways_to_go_on(tm
         f"miniverl: error: hydra.sweep.dir={sweep_dir} holds the runs of another sweep"
     )
     assert tree_digest(sweep_dir) == before
+
+
+def test_the_slurm_launcher_on_a_machine_without_slurm_is_one_line_before_anything_is_written(
+    tmp_path, capfd, monkeypatch
+):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch, no srun (submitit raised a RuntimeError traceback)
+    sweep_dir = tmp_path / "s"
+    assert multirun(sweep_dir, "hydra/launcher=slurm", "hydra.launcher.partition=gpu", "+recipe=opd_k1") == 2
+    assert capfd.readouterr().err.strip() == (
+        "miniverl: error: hydra/launcher=slurm submits to SLURM, and this machine has no sbatch/srun: run the sweep "
+        "on a SLURM login node, or here without hydra/launcher=slurm (hydra/launcher=parallel runs the jobs side by "
+        "side)"
+    )
+    assert not sweep_dir.exists()
