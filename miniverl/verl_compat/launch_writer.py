@@ -292,18 +292,27 @@ def export(cfg: DictConfig, folder: Path, *, cwd: Path | None = None) -> ExportR
     if reward.written is None and not os.path.exists(reward.path):
         warnings.append(f"reward function file {reward.path} does not exist here: the verl trainer must see it there")
     digest = field_rule_digest(version=version)
+    files = {
+        "overrides.txt": "".join(o.line + "\n" for o in overrides),
+        "run_opd.sh": launch_script(config, overrides, digest, reward),
+        **({reward.written: reward.source} if reward.written else {}),
+        "field_rules.json": json.dumps(rules_document(config, rules, overrides, digest), indent=2) + "\n",
+        "README.md": readme(config, overrides, warnings, digest, reward),
+    }
+    # An earlier export here (other settings, a run_opd.sh edited for a cluster) is kept; the same one again is a no-op.
+    changed = [
+        name for name, text in files.items() if (folder / name).is_file() and (folder / name).read_text() != text
+    ]
+    if changed:
+        raise MiniverlError(
+            f"{folder} holds another verl export ({', '.join(changed)} would change: other settings, or edited "
+            "since); choose another hydra.run.dir, or move that export away"
+        )
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "overrides.txt").write_text("".join(o.line + "\n" for o in overrides))
-        script = folder / "run_opd.sh"
-        script.write_text(launch_script(config, overrides, digest, reward))
-        script.chmod(0o755)
-        if reward.written:
-            (folder / reward.written).write_text(reward.source)
-        (folder / "field_rules.json").write_text(
-            json.dumps(rules_document(config, rules, overrides, digest), indent=2, sort_keys=False) + "\n"
-        )
-        (folder / "README.md").write_text(readme(config, overrides, warnings, digest, reward))
+        for name, text in files.items():
+            (folder / name).write_text(text)
+        (folder / "run_opd.sh").chmod(0o755)
     except OSError as error:
         raise MiniverlError(f"cannot write the verl export into {folder}: {error.strerror}") from None
     return ExportResult(folder, overrides, warnings, digest)

@@ -188,6 +188,23 @@ def test_field_rule_digest_is_the_sha256_of_the_canonical_rule_table(tmp_path):
 # ---------------------------------------------------------------- valid for verl 0.8.0
 
 
+def test_an_earlier_export_in_the_folder_is_kept_and_the_same_export_again_changes_nothing(tmp_path):
+    folder = tmp_path / "verl"
+    export(compose_config(RECIPE), folder, cwd=ROOT)
+    written = {p.name: p.read_bytes() for p in folder.iterdir()}
+    export(compose_config(RECIPE), folder, cwd=ROOT)  # the same settings: a no-op
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == written
+    (folder / "run_opd.sh").write_text((folder / "run_opd.sh").read_text() + "# our cluster's module loads\n")
+    edited = (folder / "run_opd.sh").read_bytes()
+    with pytest.raises(MiniverlError) as refused:
+        export(compose_config(RECIPE), folder, cwd=ROOT)
+    assert str(refused.value) == (
+        f"{folder} holds another verl export (run_opd.sh would change: other settings, or edited since); choose "
+        "another hydra.run.dir, or move that export away"
+    )
+    assert (folder / "run_opd.sh").read_bytes() == edited
+
+
 def test_verl_yaml_defaults_table_matches_verl_0_8_0(verl_default):
     missing = object()
     for key, expected in VERL_DEFAULTS.items():
