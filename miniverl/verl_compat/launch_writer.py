@@ -33,7 +33,7 @@ from omegaconf import DictConfig
 from miniverl.config import MiniverlConfig, to_config
 from miniverl.utils.dataset import locate
 from miniverl.utils.errors import MiniverlError
-from miniverl.utils.identity import resolved_config, sha256_json
+from miniverl.utils.identity import resolved_config, sha256_file, sha256_json
 from miniverl.utils.tables import flatten
 from miniverl.verl_compat.carry_over import adapter_lora, differences, refusal, teacher_entries
 from miniverl.verl_compat.defaults import (
@@ -269,6 +269,25 @@ def check_launch(overrides: list[Override], version: str) -> None:
         raise MiniverlError(f"verl {version} would refuse this launch: {problems[0]} ({hint})")
 
 
+WRITTEN_SUMS = "SHA256SUMS"  # what the export wrote, as `sha256sum` writes it (`sha256sum -c` checks it)
+
+
+def edited_since_written(folder: Path, files: dict[str, str]) -> list[str]:
+    """The files in `folder` this export would change that an earlier export did not leave as they
+    are (a run_opd.sh edited for a cluster, a file of the user's): never replaced. An export's own
+    files, unedited, are: the same settings again, or others, write a new export over them."""
+    sums = folder / WRITTEN_SUMS
+    lines = sums.read_text().splitlines() if sums.is_file() else []
+    written = dict(reversed(line.split("  ", 1)) for line in lines if "  " in line)
+    return [
+        name
+        for name, text in files.items()
+        if (folder / name).is_file()
+        and (folder / name).read_text() != text
+        and written.get(name) != sha256_file(folder / name)
+    ]
+
+
 def export(cfg: DictConfig, folder: Path, *, cwd: Path | None = None) -> ExportResult:
     """Validate `cfg`, build its verl launch, check it as verl would, and write it into `folder`."""
     config = to_config(cfg)
@@ -299,20 +318,18 @@ def export(cfg: DictConfig, folder: Path, *, cwd: Path | None = None) -> ExportR
         "field_rules.json": json.dumps(rules_document(config, rules, overrides, digest), indent=2) + "\n",
         "README.md": readme(config, overrides, warnings, digest, reward),
     }
-    # An earlier export here (other settings, a run_opd.sh edited for a cluster) is kept; the same one again is a no-op.
-    changed = [
-        name for name, text in files.items() if (folder / name).is_file() and (folder / name).read_text() != text
-    ]
-    if changed:
+    edited = edited_since_written(folder, files)
+    if edited:
         raise MiniverlError(
-            f"{folder} holds another verl export ({', '.join(changed)} would change: other settings, or edited "
-            "since); choose another hydra.run.dir, or move that export away"
+            f"{folder} holds {', '.join(edited)} that miniverl did not write there (edited since, or not an export "
+            "of miniverl's) and this export would replace: choose another hydra.run.dir, or move them away"
         )
     try:
         folder.mkdir(parents=True, exist_ok=True)
         for name, text in files.items():
             (folder / name).write_text(text)
         (folder / "run_opd.sh").chmod(0o755)
+        (folder / WRITTEN_SUMS).write_text("".join(f"{sha256_file(folder / n)}  {n}\n" for n in files))
     except OSError as error:
         raise MiniverlError(f"cannot write the verl export into {folder}: {error.strerror}") from None
     return ExportResult(folder, overrides, warnings, digest)

@@ -103,7 +103,7 @@ def test_a_run_whose_model_fails_to_load_leaves_its_folder_free_for_the_correcte
         raise MiniverlError("model.model_id=toy: cannot be loaded (simulated)")
 
     monkeypatch.setattr(models_loading, "load_student", broken)
-    foreign = tmp_path / "run" / "checkpoints" / "from_another_tool.txt"  # what the folder held: left alone
+    foreign = tmp_path / "run" / "tensorboard" / "from_another_tool.txt"  # what the folder held: left alone
     foreign.parent.mkdir(parents=True)
     foreign.write_text("not miniverl's")
     with pytest.raises(MiniverlError, match="simulated"):

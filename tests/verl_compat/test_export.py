@@ -188,21 +188,24 @@ def test_field_rule_digest_is_the_sha256_of_the_canonical_rule_table(tmp_path):
 # ---------------------------------------------------------------- valid for verl 0.8.0
 
 
-def test_an_earlier_export_in_the_folder_is_kept_and_the_same_export_again_changes_nothing(tmp_path):
+def test_an_export_over_an_earlier_one_keeps_what_the_user_edited_there(tmp_path):
     folder = tmp_path / "verl"
     export(compose_config(RECIPE), folder, cwd=ROOT)
     written = {p.name: p.read_bytes() for p in folder.iterdir()}
-    export(compose_config(RECIPE), folder, cwd=ROOT)  # the same settings: a no-op
+    export(compose_config(RECIPE), folder, cwd=ROOT)  # the same settings: the same files
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == written
+    export(compose_config([*RECIPE, "actor.optim.lr=1e-4"]), folder, cwd=ROOT)  # its own files, unedited: replaced
+    assert "actor_rollout_ref.actor.optim.lr=0.0001" in (folder / "overrides.txt").read_text()
     (folder / "run_opd.sh").write_text((folder / "run_opd.sh").read_text() + "# our cluster's module loads\n")
     edited = (folder / "run_opd.sh").read_bytes()
     with pytest.raises(MiniverlError) as refused:
         export(compose_config(RECIPE), folder, cwd=ROOT)
     assert str(refused.value) == (
-        f"{folder} holds another verl export (run_opd.sh would change: other settings, or edited since); choose "
-        "another hydra.run.dir, or move that export away"
+        f"{folder} holds run_opd.sh that miniverl did not write there (edited since, or not an export of miniverl's) "
+        "and this export would replace: choose another hydra.run.dir, or move them away"
     )
     assert (folder / "run_opd.sh").read_bytes() == edited
+    assert "actor_rollout_ref.actor.optim.lr=0.0001" in (folder / "overrides.txt").read_text()  # nothing written
 
 
 def test_verl_yaml_defaults_table_matches_verl_0_8_0(verl_default):
