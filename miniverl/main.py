@@ -43,7 +43,7 @@ def run(cfg: DictConfig, run_dir: Path, args: list[str] = (), sweep: bool = Fals
     config = to_config(cfg)
     k = None if os.environ.get(TWIN_ENV) else config.recipe.resume_check_in(sweep)
     pending = k is not None and check_is_pending(run_dir, resolved_config(cfg))
-    kept = sweep and not pending and finished_here(run_dir, resolved_config(cfg))
+    kept = sweep and not pending and not config.trainer.overwrite and finished_here(run_dir, resolved_config(cfg))
     if kept:  # the same sweep run again in its folder: this job finished there before
         log.info("job folder %s holds this job's run, finished: kept (another hydra.sweep.dir runs it again)", run_dir)
         return kept
@@ -238,13 +238,13 @@ def main(cfg: DictConfig) -> None:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     args = [*config_flags(hydra_cfg), *hydra_cfg.overrides.task]
     sweep = hydra_cfg.mode == RunMode.MULTIRUN
-    if sweep:  # an earlier attempt's error (the same sweep run again in its folder): this attempt writes its own
-        from miniverl.utils.run_folder import ERROR_FILE
-
-        (run_dir / ERROR_FILE).unlink(missing_ok=True)
     try:
         try:
             run(cfg, run_dir, args, sweep=sweep)
+            if sweep:  # an earlier attempt's error (the same sweep again in its folder): this one went through
+                from miniverl.utils.run_folder import ERROR_FILE
+
+                (run_dir / ERROR_FILE).unlink(missing_ok=True)
         except KeyboardInterrupt:  # before the run (imports, the pre-flight checks) or after it (its resume check)
             raise ctrl_c_stop(f"stopped by SIGINT; run {same_command(args, sweep)} again to go on") from None
     except Exception as error:

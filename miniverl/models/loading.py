@@ -140,6 +140,11 @@ def offline_error(where: str, source: Source, error: Exception, key: str = "mode
             f"{setting}={source.path}: no such folder (relative to {Path.cwd()}); give the folder of a Hugging "
             "Face model (config.json, *.safetensors, the tokenizer's files) or a hub id in the Hugging Face cache"
         )
+    if isinstance(error, ValueError) and type(error).__name__ != "HFValidationError":  # found, but not readable
+        return MiniverlError(
+            f"{setting}={source.path}: transformers cannot load it ({what}); a model type this transformers does "
+            f"not know needs a newer one, a model with its own code {where}.trust_remote_code=true"
+        )
     pinned = f" at revision {source.revision}" if source.revision else ""
     # A preset pins its own model's commit: kept after model_id changes, it names a commit the new repository lacks.
     pin = f"{where}.{'tokenizer_revision' if key == 'tokenizer_id' else 'revision'}"

@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 PENDING, INTERRUPTED = "pending", "interrupted"  # the report's resume status before a verdict
+SOUND = ("exact_match", "not_checked", "resumed")  # a finished run's resume status that needs nothing more
 # Set in the environment of the check's two runs (resume_check.run_child): a twin never checks its
 # own resume, so a twin that started afresh by mistake cannot start twins of its own without end.
 TWIN_ENV = "MINIVERL_RESUME_CHECK_TWIN"
@@ -47,12 +48,22 @@ def check_is_pending(run_dir: Path, resolved: dict) -> bool:
 
 
 def finished_here(run_dir: Path, resolved: dict) -> dict | None:
-    """The report of this very run (the same resolved config), finished with its resume check
-    done or not asked for, if `run_dir` holds one; else None."""
+    """The report of this very run (the same resolved config), finished and sound (its resume check
+    matched, or was not asked for), if `run_dir` holds one; else None."""
     try:
         report = json.loads((run_dir / "report.json").read_text())
         earlier = yaml.safe_load((run_dir / "resolved_config.yaml").read_text())
     except (OSError, ValueError, yaml.YAMLError):
         return None
-    done = report.get("status") == "measured" and report.get("resume", {}).get("status") not in (PENDING, INTERRUPTED)
-    return report if done and earlier == resolved else None
+    done = report.get("status") == "measured" and report.get("resume", {}).get("status") in SOUND
+    return report if done and what_it_computes(earlier) == what_it_computes(resolved) else None
+
+
+def what_it_computes(resolved: dict) -> dict:
+    """A resolved config without RUN_CONTROL_KEYS: a sweep run once with trainer.overwrite=true is
+    the same sweep again without it."""
+    from miniverl.utils.hydra_entry import RUN_CONTROL_KEYS
+
+    control = {key.split(".", 1)[1] for key in RUN_CONTROL_KEYS}  # all under trainer.
+    trainer = {k: v for k, v in resolved.get("trainer", {}).items() if k not in control}
+    return {**resolved, "trainer": trainer}

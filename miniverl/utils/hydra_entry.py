@@ -34,14 +34,15 @@ def config_flags(hydra_cfg: DictConfig) -> list[str]:
     overrides run without them compose another config (a user's own recipe is not found)."""
     flags = []
     for source in hydra_cfg.runtime.config_sources:
-        where = source.path if source.schema == "file" else f"{source.schema}://{source.path}"
+        if source.schema != "file":  # pkg://: the shipped conf/ when miniverl.main is imported, not run
+            continue
         if source.provider == "main" and Path(source.path).resolve() != SHIPPED_CONFIG_DIR:
-            flags.append(f"--config-path={where}")
+            flags.append(f"--config-path={source.path}")
         elif source.provider == "command-line":
-            flags.append(f"--config-dir={where}")
+            flags.append(f"--config-dir={source.path}")
     if hydra_cfg.job.config_name != "config":
         flags.append(f"--config-name={hydra_cfg.job.config_name}")
-    return flags + [o for o in hydra_cfg.overrides.hydra if o.startswith("hydra.searchpath=")]
+    return flags + [o for o in hydra_cfg.overrides.hydra if o.lstrip("+").startswith("hydra.searchpath=")]
 
 
 def log_line(logger: logging.Logger, message: str, level: int = logging.INFO, *, console: bool = False) -> None:
@@ -160,9 +161,12 @@ class KeepEarlierRunRecord(Callback):
         run_dir = Path(config.hydra.run.dir)
         if not (run_dir / ".hydra").is_dir() or OmegaConf.select(config, "trainer.overwrite"):
             return
-        from miniverl.utils.run_folder import FINISHED_MARKERS  # torch and peft: only in this case
+        from miniverl.utils.run_folder import FINISHED_MARKERS, REPLACED_BY_NAME, holds  # torch: only here
 
-        if any((run_dir / name).exists() for name in FINISHED_MARKERS):
+        # A run's folder, or one holding what a run would replace (refused): its .hydra/ is not ours.
+        if any((run_dir / name).exists() for name in FINISHED_MARKERS) or any(
+            holds(run_dir / name) for name in REPLACED_BY_NAME
+        ):
             with read_write(config.hydra), open_dict(config.hydra):
                 config.hydra.output_subdir = None
 
@@ -203,13 +207,31 @@ class SweepPreflight(Callback):
         jobs = [job for job in sweep_dir.iterdir() if job.is_dir()]
         if not any((job / name).exists() for job in jobs for name in FINISHED_MARKERS):
             return None
-        earlier = OmegaConf.load(sweep_dir / "multirun.yaml").hydra.overrides.task
-        if sorted(earlier) != sorted(config.hydra.overrides.task):
+        earlier = OmegaConf.load(sweep_dir / "multirun.yaml").hydra
+        if (config_flags(earlier), numbered_jobs(earlier)) != (config_flags(config.hydra), numbered_jobs(config.hydra)):
             return (
-                f"hydra.sweep.dir={sweep_dir} holds the runs of another sweep (its overrides: {' '.join(earlier)}); "
-                "choose another hydra.sweep.dir, or run that sweep's command to go on with it"
+                f"hydra.sweep.dir={sweep_dir} holds the runs of another sweep (its arguments: "
+                f"{' '.join([*config_flags(earlier), *earlier.overrides.task])}); choose another hydra.sweep.dir, or "
+                "run that sweep's command to go on with it"
             )
-        logging.getLogger("miniverl").info(
-            "sweep folder %s holds this sweep's runs: finished jobs are kept, stopped ones resume", sweep_dir
-        )
+        afresh = "every job starts afresh (trainer.overwrite=true)"
+        overwrite = any(o.startswith("trainer.overwrite=true") for o in config.hydra.overrides.task)
+        what = afresh if overwrite else "finished jobs are kept, stopped ones resume"
+        logging.getLogger("miniverl").info("sweep folder %s holds this sweep's runs: %s", sweep_dir, what)
         return None
+
+
+# Keys that say how a command runs, not what it computes: the same sweep again may set them otherwise
+# (trainer.overwrite=true asks its jobs to start afresh in their folders).
+RUN_CONTROL_KEYS = ("trainer.overwrite", "trainer.progress_bar")
+
+
+def numbered_jobs(hydra_cfg: DictConfig) -> list[list[str]]:
+    """Each job's overrides but RUN_CONTROL_KEYS, in the order Hydra's basic sweeper numbers the
+    jobs (the order the swept keys come in)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    task = [o for o in hydra_cfg.overrides.task if o.lstrip("+~").split("=", 1)[0] not in RUN_CONTROL_KEYS]
+    jobs = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(task), None)[0]
+    return [sorted(job) for job in jobs]

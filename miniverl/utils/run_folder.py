@@ -81,22 +81,23 @@ class RunFolder:
     ):
         """`continuing`: resuming this folder's own checkpoint, so its earlier outputs are expected;
         `overwrite`: the user asked to replace a previous run's outputs (trainer.overwrite=true);
-        `plan_digest`: this run's compiled_plan_sha256. A run of the same plan that died before its
-        first checkpoint (SIGKILL, preemption: plan.json of that digest, no checkpoint, no report)
-        left nothing to resume from, so, like verl's resume_mode=auto without a checkpoint, the run
-        starts again in its folder."""
+        `plan_digest`: this run's compiled_plan_sha256. A run of the same plan that ended before its
+        first checkpoint (SIGKILL, preemption, a failure in update 1: plan.json of that digest, no
+        checkpoint, no report or a failed one) left nothing to resume from, so, like verl's
+        resume_mode=auto without a checkpoint, the run starts again in its folder."""
         self.root = Path(root)
         taken = [name for name in FINISHED_MARKERS if (self.root / name).exists()]
-        if taken and not continuing and not overwrite and self.died_before_first_checkpoint(plan_digest):
+        if taken and not continuing and not overwrite and self.ended_before_first_checkpoint(plan_digest):
             log.warning(
                 "run folder %s holds a run of this plan that stopped before its first checkpoint "
-                "(no checkpoint, no report): starting it again",
+                "(no checkpoint; no report, or a failed one): starting it again",
                 self.root,
             )
             overwrite = True
-        if taken and overwrite and not continuing:
-            self.discard()
-            taken = []
+        held = [name for name in REPLACED_BY_NAME if holds(self.root / name)]
+        if (taken or held) and overwrite and not continuing:
+            self.discard()  # a foreign checkpoints/ left in place would pass for this run's
+            taken = held = []
         if taken and not continuing:
             try:
                 status = f"status {json.loads((self.root / 'report.json').read_text())['status']}: "
@@ -107,10 +108,9 @@ class RunFolder:
                 "choose another hydra.run.dir, resume it with "
                 f"trainer.resume_from={self.root}, or replace it with trainer.overwrite=true"
             )
-        replaced = [name for name in REPLACED_BY_NAME if not continuing and not overwrite and holds(self.root / name)]
-        if replaced:
+        if held and not continuing:
             raise MiniverlError(
-                f"run folder {self.root} holds {', '.join(replaced)} but no run of miniverl's (no "
+                f"run folder {self.root} holds {', '.join(held)} but no run of miniverl's (no "
                 f"{', '.join(FINISHED_MARKERS)}): a run here would replace them; choose another hydra.run.dir, or "
                 "replace them with trainer.overwrite=true"
             )
@@ -136,12 +136,18 @@ class RunFolder:
         if self.fresh:
             self.discard([name for name in RUN_OUTPUTS if name not in self.found])
 
-    def died_before_first_checkpoint(self, plan_digest: str | None) -> bool:
-        plan = self.root / "plan.json"
+    def ended_before_first_checkpoint(self, plan_digest: str | None) -> bool:
+        """A run of this plan killed, or failed in its first update, before any checkpoint: nothing
+        of it can be resumed (a failed run's line says to run the command again once fixed)."""
+        plan, report = self.root / "plan.json", self.root / "report.json"
+        try:
+            failed = report.is_file() and json.loads(report.read_text()).get("status") == "failed"
+        except (OSError, ValueError):
+            failed = False
         return (
             plan_digest is not None
             and plan.is_file()
-            and not (self.root / "report.json").exists()
+            and (failed or not report.exists())
             and not checkpoints_in(self.root)
             and sha256_file(plan) == plan_digest
         )

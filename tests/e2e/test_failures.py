@@ -207,6 +207,31 @@ def test_a_nan_loss_stops_at_once_keeps_the_last_good_checkpoint_and_reports_fai
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 1
 
 
+def test_a_run_failed_in_its_first_update_is_started_again_by_the_same_command_once_fixed(
+    tmp_path, monkeypatch, caplog
+):
+    """Its line says to run again once fixed: with no checkpoint there is nothing to resume, and the
+    folder once refused the same command as a run's."""
+    from miniverl.workers.teacher import TeacherWorker
+
+    real = TeacherWorker.compute_teacher_log_prob
+
+    def nan(self, batch, rows):
+        batch = real(self, batch, rows)
+        batch.teacher_logprobs = batch.teacher_logprobs * float("nan")
+        return batch
+
+    monkeypatch.setattr(TeacherWorker, "compute_teacher_log_prob", nan)
+    with pytest.raises(MiniverlError, match="update 1 failed: non-finite loss .* no update completed, so there is"):
+        run_toy(tmp_path / "run")
+    assert not checkpoint.checkpoints_in(tmp_path / "run")
+    monkeypatch.undo()  # the fix
+    assert run_toy(tmp_path / "run")["status"] == "measured"
+    assert "stopped before its first checkpoint (no checkpoint; no report, or a failed one): starting it again" in (
+        caplog.text
+    )
+
+
 SIGNAL_ARGS = [  # 8 updates: the signal lands after the first checkpoint with 7 still to run (~2 s)
     "+recipe=opd_k1",
     "model=toy",

@@ -182,6 +182,9 @@ def test_a_signal_stops_the_whole_sweep_and_its_line_gives_both_ways_to_go_on(tm
     assert {p: d for p, d in tree_digest(sweep_dir).items() if p.suffix != ".log" and ".hydra" not in p.parts} == {
         p: d for p, d in finished.items() if p.suffix != ".log" and ".hydra" not in p.parts
     }
+    assert multirun(sweep_dir, *swept, "trainer.overwrite=true") == 0  # asked: every job afresh in its folder
+    rows = read_csv(sweep_dir / "sweep_summary.csv")
+    assert [(row["status"], row["resume"]) for row in rows] == [("measured", "not_checked")] * 2
     capfd.readouterr()
     before = tree_digest(sweep_dir)
     assert multirun(sweep_dir, *swept[:3], "estimator=k1,k2") == 2

@@ -106,6 +106,16 @@ def test_a_model_folder_that_is_missing_or_not_a_model_is_named_as_such(tmp_path
     assert line.endswith("config.json, the weights (*.safetensors) and the tokenizer's files")
 
 
+def test_a_cached_hub_model_transformers_cannot_read_is_not_called_missing():
+    source = models.Source("someone/new-arch", None, "someone/new-arch", None)
+    line = str(models.offline_error("teacher", source, ValueError("Unrecognized model in someone/new-arch")))
+    assert line == (
+        "teacher.model_id=someone/new-arch: transformers cannot load it (ValueError: Unrecognized model in "
+        "someone/new-arch); a model type this transformers does not know needs a newer one, a model with its own "
+        "code teacher.trust_remote_code=true"
+    )
+
+
 def test_a_model_folder_under_a_tilde_is_the_one_in_home(toy_dirs, monkeypatch):
     """`model_id: ~/models/x` (quoted on the command line, or in a recipe) as a shell expands it."""
     teacher = toy_dirs["teacher"]

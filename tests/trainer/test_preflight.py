@@ -102,7 +102,7 @@ def test_a_teacher_that_cannot_be_read_is_one_line_naming_it_once(tmp_path):
     )
 
 
-def test_the_self_test_fails_when_scoring_disagrees_with_sampling_and_warns_on_one_token_off(tmp_path, monkeypatch):
+def test_the_self_test_fails_when_scoring_disagrees_with_sampling(tmp_path, monkeypatch):
     from miniverl.trainer.opd_trainer import OPDTrainer
 
     cfg = compose_config([*BASE, *SHORT])
@@ -114,15 +114,6 @@ def test_the_self_test_fails_when_scoring_disagrees_with_sampling_and_warns_on_o
     real = teacher_module.response_log_probs
     monkeypatch.setattr(teacher_module, "response_log_probs", lambda *a, **k: real(*a, **k) + 0.01)  # misaligned
     assert preflight.check_self_test(trainer).status == "FAIL"
-
-    def one_token_off(*args, **kwargs):  # the tail bf16 rounding reaches on some trained models: 2x the allowed
-        scored = real(*args, **kwargs)
-        scored[0, 0] += 2e-3  # float32 compute: 1e-3 at most, 1e-4 on average (over 20+ tokens: within)
-        return scored
-
-    monkeypatch.setattr(teacher_module, "response_log_probs", one_token_off)
-    check = preflight.check_self_test(trainer)
-    assert check.status == "WARN" and check.reason.endswith("run again with model.dtype=float32"), check
 
 
 @pytest.mark.slow

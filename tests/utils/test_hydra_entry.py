@@ -7,8 +7,9 @@ import sys
 
 import pytest
 from hydra.errors import ConfigCompositionException, OverrideParseException
+from omegaconf import OmegaConf
 
-from miniverl.utils.hydra_entry import hydra_error_line
+from miniverl.utils.hydra_entry import hydra_error_line, numbered_jobs
 
 from conftest import compose_config
 
@@ -75,3 +76,13 @@ def test_a_bare_tilde_in_a_value_says_to_write_the_path_with_home():
     line = _line_of("model.model_id=~/models/x")
     assert line.startswith("LexerNoViableAltException: model.model_id=~/models/x")
     assert line.endswith("write the path with $HOME (the shell expands it)")
+
+
+def test_a_sweeps_jobs_are_numbered_by_the_order_of_its_swept_keys_not_of_the_others():
+    def jobs(*task):
+        return numbered_jobs(OmegaConf.create({"overrides": {"task": list(task)}}))
+
+    sweep = jobs("+recipe=opd_k1", "estimator=k1,k3", "model.lora.r=8,16")
+    assert sweep[1] == ["+recipe=opd_k1", "estimator=k1", "model.lora.r=16"]
+    assert jobs("estimator=k1,k3", "+recipe=opd_k1", "model.lora.r=8,16", "trainer.overwrite=true") == sweep
+    assert jobs("+recipe=opd_k1", "model.lora.r=8,16", "estimator=k1,k3") != sweep  # jobs 1 and 2 swap

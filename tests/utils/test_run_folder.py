@@ -23,7 +23,9 @@ def test_files_a_run_would_replace_in_a_folder_without_a_run_are_refused_untouch
     assert (tmp_path / "report.md").read_text() == "my notes on last week's run\n"
     assert (tmp_path / "peft_adapter" / "adapter_config.json").is_file()
 
-    assert RunFolder(tmp_path, overwrite=True).fresh  # asked: the run writes over them
+    assert RunFolder(tmp_path, overwrite=True).fresh  # asked: they go (a foreign checkpoint would pass for the run's)
+    assert not (tmp_path / "report.md").exists() and not (tmp_path / "peft_adapter").exists()
+    assert (tmp_path / "notes.txt").read_text() == "kept\n"  # a name no run writes
 
 
 def test_empty_folders_a_failed_start_left_are_no_ones_files(tmp_path):
