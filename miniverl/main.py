@@ -46,7 +46,7 @@ def run(cfg: DictConfig, run_dir: Path, args: list[str] = (), sweep: bool = Fals
     kept = sweep and not pending and not config.trainer.overwrite and finished_here(run_dir, resolved_config(cfg))
     if kept:  # the same sweep run again in its folder: this job finished there before
         log.info("job folder %s holds this job's run, finished: kept (another hydra.sweep.dir runs it again)", run_dir)
-        return kept
+        return resume_verdict(kept, run_dir) if kept["resume"]["status"] == "mismatch" else kept
     starting = start_lines(config, run_dir, sweep=sweep, pending_check=pending)
     print(starting, flush=True)  # at once: imports take seconds
     if pending:  # this very run, finished; a Ctrl-C stopped its resume check
@@ -238,13 +238,13 @@ def main(cfg: DictConfig) -> None:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     args = [*config_flags(hydra_cfg), *hydra_cfg.overrides.task]
     sweep = hydra_cfg.mode == RunMode.MULTIRUN
+    if sweep:  # an earlier attempt's (the same sweep again in its folder): this one writes its own
+        from miniverl.utils.run_folder import ERROR_FILE
+
+        (run_dir / ERROR_FILE).unlink(missing_ok=True)
     try:
         try:
             run(cfg, run_dir, args, sweep=sweep)
-            if sweep:  # an earlier attempt's error (the same sweep again in its folder): this one went through
-                from miniverl.utils.run_folder import ERROR_FILE
-
-                (run_dir / ERROR_FILE).unlink(missing_ok=True)
         except KeyboardInterrupt:  # before the run (imports, the pre-flight checks) or after it (its resume check)
             raise ctrl_c_stop(f"stopped by SIGINT; run {same_command(args, sweep)} again to go on") from None
     except Exception as error:
@@ -266,7 +266,12 @@ def main(cfg: DictConfig) -> None:
                 log.warning("sweep summary not written (python -m miniverl.sweep_summary rebuilds it): %s", unwritten)
             error = RunStopped(
                 f"{error}; the sweep stopped in job {hydra_cfg.job.num} (what ran: {sweep_dir / 'sweep_summary.md'}); "
-                f"to go on with every job, run the sweep's command again with hydra.sweep.dir={sweep_dir}",
+                f"to go on with every job, run the sweep's command again with hydra.sweep.dir={sweep_dir}"
+                + (
+                    " and without trainer.overwrite=true (it would start every job afresh)"
+                    if cfg.trainer.overwrite
+                    else ""
+                ),
                 error.exit_code - 128,
             )
         if not isinstance(error, MiniverlError):

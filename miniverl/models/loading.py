@@ -135,7 +135,9 @@ def offline_error(where: str, source: Source, error: Exception, key: str = "mode
             "Face model (config.json, *.safetensors, the tokenizer's files) or a hub id in the Hugging Face cache"
         )
     if isinstance(error, ValueError) and type(error).__name__ != "HFValidationError":  # found, but not readable
-        fix = f"one with its own code, {where}.trust_remote_code=true"
+        fix = "one with its own code, trust_remote_code" + (
+            "" if where.startswith("--") else f": {where}.trust_remote_code=true"
+        )
         return MiniverlError(f"{unreadable}; a model type newer than this transformers needs an upgrade; {fix}")
     pinned = f" at revision {source.revision}" if source.revision else ""
     # A preset pins its own model's commit: kept after model_id changes, it names a commit the new repository lacks.

@@ -43,20 +43,22 @@ def check_is_pending(run_dir: Path, resolved: dict) -> bool:
     return (
         report.get("status") == "measured"
         and report.get("resume", {}).get("status") in (PENDING, INTERRUPTED)
-        and earlier == resolved
+        and isinstance(earlier, dict)
+        and what_it_computes(earlier) == what_it_computes(resolved)
     )
 
 
 def finished_here(run_dir: Path, resolved: dict) -> dict | None:
-    """The report of this very run (the same resolved config), finished and sound (its resume check
-    matched, or was not asked for), if `run_dir` holds one; else None."""
+    """The report of this very run (the same resolved config), finished with its resume check given
+    its verdict (SOUND, or a mismatch) or not asked for, if `run_dir` holds one; else None."""
     try:
         report = json.loads((run_dir / "report.json").read_text())
         earlier = yaml.safe_load((run_dir / "resolved_config.yaml").read_text())
     except (OSError, ValueError, yaml.YAMLError):
         return None
-    done = report.get("status") == "measured" and report.get("resume", {}).get("status") in SOUND
-    return report if done and what_it_computes(earlier) == what_it_computes(resolved) else None
+    done = report.get("status") == "measured" and report.get("resume", {}).get("status") in (*SOUND, "mismatch")
+    same = isinstance(earlier, dict) and what_it_computes(earlier) == what_it_computes(resolved)
+    return report if done and same else None
 
 
 def what_it_computes(resolved: dict) -> dict:

@@ -215,8 +215,9 @@ class SweepPreflight(Callback):
                 "run that sweep's command to go on with it"
             )
         afresh = "every job starts afresh (trainer.overwrite=true)"
-        overwrite = any(o.startswith("trainer.overwrite=true") for o in config.hydra.overrides.task)
-        what = afresh if overwrite else "finished jobs are kept, stopped ones resume"
+        what = (
+            afresh if OmegaConf.select(config, "trainer.overwrite") else "finished jobs are kept, stopped ones resume"
+        )
         logging.getLogger("miniverl").info("sweep folder %s holds this sweep's runs: %s", sweep_dir, what)
         return None
 
@@ -232,6 +233,12 @@ def numbered_jobs(hydra_cfg: DictConfig) -> list[list[str]]:
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    task = [o for o in hydra_cfg.overrides.task if o.lstrip("+~").split("=", 1)[0] not in RUN_CONTROL_KEYS]
-    jobs = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(task), None)[0]
+    params = [f"{k}={v}" for k, v in (OmegaConf.select(hydra_cfg, "sweeper.params") or {}).items()]  # first, as Hydra
+    task = [o for o in [*params, *hydra_cfg.overrides.task] if o.lstrip("+~").split("=", 1)[0] not in RUN_CONTROL_KEYS]
+    try:
+        if any("shuffle(" in o for o in task):  # numbered at random: only the arguments can be compared
+            raise ValueError
+        jobs = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(task), None)[0]
+    except Exception:  # glob() needs Hydra's config loader: compare the arguments themselves
+        return [sorted(task)]
     return [sorted(job) for job in jobs]

@@ -87,16 +87,23 @@ class RunFolder:
         resume_mode=auto without a checkpoint, the run starts again in its folder."""
         self.root = Path(root)
         taken = [name for name in FINISHED_MARKERS if (self.root / name).exists()]
-        if taken and not continuing and not overwrite and self.ended_before_first_checkpoint(plan_digest):
+        restart = taken and not continuing and not overwrite and self.ended_before_first_checkpoint(plan_digest)
+        if restart:
             log.warning(
                 "run folder %s holds a run of this plan that stopped before its first checkpoint "
-                "(no checkpoint; no report, or a failed one): starting it again",
+                "(no checkpoint; no report, or a failed one%s): starting it again",
                 self.root,
+                self.earlier_failure(),
             )
-            overwrite = True
         held = [name for name in REPLACED_BY_NAME if holds(self.root / name)]
-        if (taken or held) and overwrite and not continuing:
-            self.discard()  # a foreign checkpoints/ left in place would pass for this run's
+        if (taken or held) and (overwrite or restart) and not continuing:
+            # A run's outputs all go; in a folder without a run, only what a run would replace (a
+            # foreign checkpoints/ left in place would pass for this run's).
+            if overwrite:
+                log.warning(
+                    "trainer.overwrite: removing %s from %s", "its run" if taken else ", ".join(held), self.root
+                )
+            self.discard(RUN_OUTPUTS if taken else held)
             taken = held = []
         if taken and not continuing:
             try:
@@ -135,6 +142,13 @@ class RunFolder:
         make the corrected command refuse the folder as a run's."""
         if self.fresh:
             self.discard([name for name in RUN_OUTPUTS if name not in self.found])
+
+    def earlier_failure(self) -> str:
+        """`: <why>` of the failed report of the run here, for the line that starts it again."""
+        try:
+            return f": {json.loads((self.root / 'report.json').read_text())['failure']['reason']}"
+        except (OSError, ValueError, KeyError, TypeError):
+            return ""
 
     def ended_before_first_checkpoint(self, plan_digest: str | None) -> bool:
         """A run of this plan killed, or failed in its first update, before any checkpoint: nothing

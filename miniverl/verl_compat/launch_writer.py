@@ -272,20 +272,24 @@ def check_launch(overrides: list[Override], version: str) -> None:
 WRITTEN_SUMS = "SHA256SUMS"  # what the export wrote, as `sha256sum` writes it (`sha256sum -c` checks it)
 
 
+def written_unedited(folder: Path) -> dict[str, str]:
+    """{name: sha256} of the files an earlier export wrote into `folder` that are still as it wrote them."""
+    sums = folder / WRITTEN_SUMS
+    lines = sums.read_text().splitlines() if sums.is_file() else []
+    entries = (line.split(" ", 1) for line in lines if " " in line)  # `<sha256>  <name>`, or ` *<name>` (binary)
+    written = {name.strip().lstrip("*"): digest for digest, name in entries}
+    return {n: d for n, d in written.items() if (folder / n).is_file() and sha256_file(folder / n) == d}
+
+
 def edited_since_written(folder: Path, files: dict[str, str]) -> list[str]:
     """The files in `folder` this export would change that an earlier export did not leave as they
     are (a run_opd.sh edited for a cluster, a file of the user's): never replaced. An export's own
     files, unedited, are: the same settings again, or others, write a new export over them."""
-    sums = folder / WRITTEN_SUMS
-    lines = sums.read_text().splitlines() if sums.is_file() else []
-    written = dict(reversed(line.split("  ", 1)) for line in lines if "  " in line)
-    return [
-        name
-        for name, text in files.items()
-        if (folder / name).is_file()
-        and (folder / name).read_text() != text
-        and written.get(name) != sha256_file(folder / name)
+    unedited = written_unedited(folder)
+    changed = [
+        name for name, text in files.items() if (folder / name).is_file() and (folder / name).read_text() != text
     ]
+    return [name for name in changed if name not in unedited]
 
 
 def export(cfg: DictConfig, folder: Path, *, cwd: Path | None = None) -> ExportResult:
@@ -329,7 +333,9 @@ def export(cfg: DictConfig, folder: Path, *, cwd: Path | None = None) -> ExportR
         for name, text in files.items():
             (folder / name).write_text(text)
         (folder / "run_opd.sh").chmod(0o755)
-        (folder / WRITTEN_SUMS).write_text("".join(f"{sha256_file(folder / n)}  {n}\n" for n in files))
+        # Still listed: an earlier export's unedited files this one does not write (its other reward file).
+        sums = {**written_unedited(folder), **{name: sha256_file(folder / name) for name in files}}
+        (folder / WRITTEN_SUMS).write_text("".join(f"{digest}  {name}\n" for name, digest in sorted(sums.items())))
     except OSError as error:
         raise MiniverlError(f"cannot write the verl export into {folder}: {error.strerror}") from None
     return ExportResult(folder, overrides, warnings, digest)

@@ -403,6 +403,25 @@ def test_the_resume_checks_twins_get_the_commands_config_and_overrides_leave_out
         assert held_out_keys(folder / "resume_check" / twin) == set()
 
 
+def test_a_sweep_job_run_again_keeps_its_sound_finished_run_and_fails_again_on_a_mismatch(reference, tmp_path):
+    """The same sweep in its folder: a finished job is not trained again, and one whose resume check
+    found a difference says so again, not that its folder holds a run."""
+    import shutil
+
+    folder = tmp_path / "job"
+    shutil.copytree(reference, folder)
+    before = tree_digest(folder)
+    report = run(compose_config([*ARGS, "trainer.progress_bar=true"]), folder, ARGS, sweep=True)  # run control aside
+    assert report["status"] == "measured" and tree_digest(folder) == before
+    with pytest.raises(MiniverlError, match="already holds a"):  # outside a sweep: refused as before
+        run(compose_config(ARGS), folder, ARGS)
+    mismatch = json.loads((folder / "report.json").read_text())
+    mismatch["resume"] = {"status": "mismatch", "first_difference": "trajectories/update_000002.safetensors differs"}
+    (folder / "report.json").write_text(json.dumps(mismatch))
+    with pytest.raises(MiniverlError, match=r"^resume check failed: trajectories/update_000002.safetensors differs"):
+        run(compose_config(ARGS), folder, ARGS, sweep=True)
+
+
 def test_a_twin_of_the_resume_check_never_checks_its_own_resume(tmp_path, monkeypatch):
     monkeypatch.setenv(resume_check.TWIN_ENV, "1")
     report = run_in_process(tmp_path / "twin", "recipe.interrupt_after_updates=2")

@@ -112,7 +112,7 @@ def test_a_cached_hub_model_transformers_cannot_read_is_not_called_missing():
     assert line == (
         "teacher.model_id=someone/new-arch: transformers cannot load it (ValueError: Unrecognized model in "
         "someone/new-arch); a model type newer than this transformers needs an upgrade; one with its own code, "
-        "teacher.trust_remote_code=true"
+        "trust_remote_code: teacher.trust_remote_code=true"
     )
 
 

@@ -44,3 +44,11 @@ def test_a_few_bf16_tokens_in_roundings_tail_warn_and_say_how_to_tell():
 def test_a_path_that_differs_fails(dtype, off):
     status, line = verdict(dtype, *off)
     assert status == "FAIL" and line.endswith("sampling and scoring disagree (alignment or a numerical path differs)")
+
+
+def test_a_difference_that_is_not_finite_fails_and_padding_is_no_difference():
+    k1, mask = torch.full((2, 4), 1e-6), torch.ones(2, 4)
+    k1[1, 3], mask[1, 3] = float("nan"), 0.0  # padding: -inf - -inf
+    assert precision.agreement(k1, mask, torch.bfloat16)[0] == "PASS"
+    k1[0, 0] = float("nan")  # a NaN compares False with every tolerance: it once passed
+    assert precision.agreement(k1, mask, torch.bfloat16) == ("FAIL", "1 of 7 log-prob differences are not finite")

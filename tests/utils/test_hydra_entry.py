@@ -86,3 +86,11 @@ def test_a_sweeps_jobs_are_numbered_by_the_order_of_its_swept_keys_not_of_the_ot
     assert sweep[1] == ["+recipe=opd_k1", "estimator=k1", "model.lora.r=16"]
     assert jobs("estimator=k1,k3", "+recipe=opd_k1", "model.lora.r=8,16", "trainer.overwrite=true") == sweep
     assert jobs("+recipe=opd_k1", "model.lora.r=8,16", "estimator=k1,k3") != sweep  # jobs 1 and 2 swap
+
+
+def test_a_sweeps_jobs_count_its_sweeper_params_and_fall_back_to_its_arguments_where_hydra_numbers_at_random():
+    def jobs(task, params=None):
+        return numbered_jobs(OmegaConf.create({"overrides": {"task": task}, "sweeper": {"params": params or {}}}))
+
+    assert jobs(["+recipe=opd_k1"], {"estimator": "k1,k3"}) == jobs(["+recipe=opd_k1", "estimator=k1,k3"])
+    assert jobs(["b=shuffle(1,2)", "a=1"]) == [["a=1", "b=shuffle(1,2)"]]  # the same arguments, in any order
