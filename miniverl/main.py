@@ -45,8 +45,10 @@ def run(cfg: DictConfig, run_dir: Path, args: list[str] = (), sweep: bool = Fals
     pending = k is not None and check_is_pending(run_dir, resolved_config(cfg))
     kept = sweep and not pending and not config.trainer.overwrite and finished_here(run_dir, resolved_config(cfg))
     if kept:  # the same sweep run again in its folder: this job finished there before
+        if kept["resume"]["status"] == "mismatch":
+            return resume_verdict(kept, run_dir)  # raises: its check found a difference, as the first time
         log.info("job folder %s holds this job's run, finished: kept (another hydra.sweep.dir runs it again)", run_dir)
-        return resume_verdict(kept, run_dir) if kept["resume"]["status"] == "mismatch" else kept
+        return kept
     starting = start_lines(config, run_dir, sweep=sweep, pending_check=pending)
     print(starting, flush=True)  # at once: imports take seconds
     if pending:  # this very run, finished; a Ctrl-C stopped its resume check
