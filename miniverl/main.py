@@ -61,6 +61,13 @@ def run(cfg: DictConfig, run_dir: Path, args: list[str] = (), sweep: bool = Fals
     try:
         setup_or_discard(trainer)
         to_main_log(starting)  # once the folder is this run's: a refused command leaves an earlier run's log alone
+        stop, resumed = config.trainer.stop_after_updates, trainer.resumed
+        if stop is not None and resumed is not None and stop < resumed.update:  # equal: the stop's own command
+            log.warning(
+                "trainer.stop_after_updates=%d is before update %d, where this run resumes: no stop",
+                stop,
+                resumed.update,
+            )
         status = trainer.train()
         # A whole fresh run checks its own resume (not one stopped early, nor a resumed one); one a
         # signal stopped in its last update leaves the check to the same command, run again.

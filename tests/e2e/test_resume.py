@@ -305,6 +305,17 @@ def stopped_run(tmp_path):
     return folder
 
 
+def test_a_stop_before_the_update_a_run_resumes_from_is_said_not_silently_ignored(stopped_run, tmp_path, caplog):
+    """The stop's own command (stop_after_updates=2) resumes the run to its end by design; an earlier
+    stop cannot apply to a run past it: the log says so."""
+    report = run_in_process(tmp_path / "on", f"trainer.resume_from={stopped_run}", "trainer.stop_after_updates=1")
+    assert report["status"] == "measured"
+    assert "trainer.stop_after_updates=1 is before update 2, where this run resumes: no stop" in caplog.text
+    caplog.clear()
+    run_in_process(tmp_path / "same", f"trainer.resume_from={stopped_run}", "trainer.stop_after_updates=2")
+    assert "trainer.stop_after_updates" not in caplog.text
+
+
 @pytest.mark.parametrize(
     "damage,message",
     [
