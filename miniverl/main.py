@@ -42,8 +42,9 @@ def run(cfg: DictConfig, run_dir: Path, args: list[str] = (), sweep: bool = Fals
     (`sweep`) the check runs only with recipe.resume_check_in_sweeps=true."""
     config = to_config(cfg)
     k = None if os.environ.get(TWIN_ENV) else config.recipe.resume_check_in(sweep)
-    pending = k is not None and check_is_pending(run_dir, resolved_config(cfg))
-    kept = sweep and not pending and not config.trainer.overwrite and finished_here(run_dir, resolved_config(cfg))
+    resolved = resolved_config(cfg)
+    pending = k is not None and check_is_pending(run_dir, resolved)
+    kept = sweep and not pending and not config.trainer.overwrite and finished_here(run_dir, resolved)
     if kept:  # the same sweep run again in its folder: this job finished there before
         if kept["resume"]["status"] == "mismatch":
             return resume_verdict(kept, run_dir)  # raises: its check found a difference, as the first time
@@ -57,7 +58,7 @@ def run(cfg: DictConfig, run_dir: Path, args: list[str] = (), sweep: bool = Fals
     from miniverl.trainer.opd_trainer import OPDTrainer
 
     preflight(config)
-    trainer = OPDTrainer(config, resolved_config(cfg), run_dir)
+    trainer = OPDTrainer(config, resolved, run_dir)
     try:
         setup_or_discard(trainer)
         to_main_log(starting)  # once the folder is this run's: a refused command leaves an earlier run's log alone

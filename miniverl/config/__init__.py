@@ -148,11 +148,8 @@ def unknown_key_line(full_key: str) -> str:
     import difflib
 
     parent, _, key = full_key.rpartition(".")
-    node = (
-        OmegaConf.select(OmegaConf.structured(MiniverlConfig), parent)
-        if parent
-        else OmegaConf.structured(MiniverlConfig)
-    )
+    schema = OmegaConf.structured(MiniverlConfig)
+    node = OmegaConf.select(schema, parent) if parent else schema
     keys = [str(k) for k in node.keys()] if isinstance(node, DictConfig) else []
     close = difflib.get_close_matches(key, keys, n=1)
     fix = f"did you mean {parent + '.' if parent else ''}{close[0]}?" if close else "`--cfg job` prints every key"

@@ -35,30 +35,27 @@ def pending_block(status: str = PENDING) -> dict:
 def check_is_pending(run_dir: Path, resolved: dict) -> bool:
     """`run_dir` holds this very run (the same resolved config), finished, with its resume check
     not done: stopped by a signal (`interrupted`) or its process killed (`pending`)."""
-    try:
-        report = json.loads((run_dir / "report.json").read_text())
-        earlier = yaml.safe_load((run_dir / "resolved_config.yaml").read_text())
-    except (OSError, ValueError, yaml.YAMLError):
-        return False
-    return (
-        report.get("status") == "measured"
-        and report.get("resume", {}).get("status") in (PENDING, INTERRUPTED)
-        and isinstance(earlier, dict)
-        and what_it_computes(earlier) == what_it_computes(resolved)
-    )
+    report = finished_run_of(run_dir, resolved)
+    return report is not None and report.get("resume", {}).get("status") in (PENDING, INTERRUPTED)
 
 
 def finished_here(run_dir: Path, resolved: dict) -> dict | None:
     """The report of this very run (the same resolved config), finished with its resume check given
     its verdict (SOUND, or a mismatch) or not asked for, if `run_dir` holds one; else None."""
+    report = finished_run_of(run_dir, resolved)
+    done = report is not None and report.get("resume", {}).get("status") in (*SOUND, "mismatch")
+    return report if done else None
+
+
+def finished_run_of(run_dir: Path, resolved: dict) -> dict | None:
+    """The report of a run in `run_dir` that finished (`measured`) and computed what `resolved` does."""
     try:
         report = json.loads((run_dir / "report.json").read_text())
         earlier = yaml.safe_load((run_dir / "resolved_config.yaml").read_text())
     except (OSError, ValueError, yaml.YAMLError):
         return None
-    done = report.get("status") == "measured" and report.get("resume", {}).get("status") in (*SOUND, "mismatch")
     same = isinstance(earlier, dict) and what_it_computes(earlier) == what_it_computes(resolved)
-    return report if done and same else None
+    return report if same and report.get("status") == "measured" else None
 
 
 def what_it_computes(resolved: dict) -> dict:

@@ -161,12 +161,9 @@ class KeepEarlierRunRecord(Callback):
         run_dir = Path(config.hydra.run.dir)
         if not (run_dir / ".hydra").is_dir() or OmegaConf.select(config, "trainer.overwrite"):
             return
-        from miniverl.utils.run_folder import FINISHED_MARKERS, REPLACED_BY_NAME, holds  # torch: only here
+        from miniverl.utils.run_folder import holds_outputs  # torch and peft: only in this case
 
-        # A run's folder, or one holding what a run would replace (refused): its .hydra/ is not ours.
-        if any((run_dir / name).exists() for name in FINISHED_MARKERS) or any(
-            holds(run_dir / name) for name in REPLACED_BY_NAME
-        ):
+        if holds_outputs(run_dir):  # a run's folder, or one holding what a run would replace: not ours
             with read_write(config.hydra), open_dict(config.hydra):
                 config.hydra.output_subdir = None
 

@@ -55,6 +55,20 @@ def holds(path: Path) -> bool:
     return path.is_file() or (path.is_dir() and any(path.iterdir()))
 
 
+def holds_outputs(root: Path) -> bool:
+    """A run's markers, or what a run would replace (a folder RunFolder refuses or resumes)."""
+    return any((root / n).exists() for n in FINISHED_MARKERS) or any(holds(root / n) for n in REPLACED_BY_NAME)
+
+
+def earlier_report(root: Path) -> dict:
+    """The report.json a run left in `root`; {} if there is none or it cannot be read."""
+    try:
+        report = json.loads((root / "report.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return report if isinstance(report, dict) else {}
+
+
 def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
     """`write(tmp)` to a temporary file beside `path`, fsync, rename: a crash leaves either the old
     file or the new one. The one way miniverl writes a file a user reads (checkpoints add a folder
@@ -86,14 +100,17 @@ class RunFolder:
         checkpoint, no report or a failed one) left nothing to resume from, so, like verl's
         resume_mode=auto without a checkpoint, the run starts again in its folder."""
         self.root = Path(root)
+        self.earlier = earlier_report(self.root)  # {} if none, or unreadable
         taken = [name for name in FINISHED_MARKERS if (self.root / name).exists()]
         restart = taken and not continuing and not overwrite and self.ended_before_first_checkpoint(plan_digest)
         if restart:
+            failure = self.earlier.get("failure")
+            why = failure.get("reason") if isinstance(failure, dict) else None
             log.warning(
                 "run folder %s holds a run of this plan that stopped before its first checkpoint "
                 "(no checkpoint; no report, or a failed one%s): starting it again",
                 self.root,
-                self.earlier_failure(),
+                f": {why}" if why else "",
             )
         held = [name for name in REPLACED_BY_NAME if holds(self.root / name)]
         if (taken or held) and (overwrite or restart) and not continuing:
@@ -106,10 +123,7 @@ class RunFolder:
             self.discard(RUN_OUTPUTS if taken else held)
             taken = held = []
         if taken and not continuing:
-            try:
-                status = f"status {json.loads((self.root / 'report.json').read_text())['status']}: "
-            except (OSError, ValueError, KeyError):
-                status = ""
+            status = f"status {self.earlier['status']}: " if "status" in self.earlier else ""
             raise MiniverlError(
                 f"run folder {self.root} already holds a run ({status}{', '.join(taken)}); "
                 "choose another hydra.run.dir, resume it with "
@@ -143,25 +157,14 @@ class RunFolder:
         if self.fresh:
             self.discard([name for name in RUN_OUTPUTS if name not in self.found])
 
-    def earlier_failure(self) -> str:
-        """`: <why>` of the failed report of the run here, for the line that starts it again."""
-        try:
-            return f": {json.loads((self.root / 'report.json').read_text())['failure']['reason']}"
-        except (OSError, ValueError, KeyError, TypeError):
-            return ""
-
     def ended_before_first_checkpoint(self, plan_digest: str | None) -> bool:
         """A run of this plan killed, or failed in its first update, before any checkpoint: nothing
         of it can be resumed (a failed run's line says to run the command again once fixed)."""
-        plan, report = self.root / "plan.json", self.root / "report.json"
-        try:
-            failed = report.is_file() and json.loads(report.read_text()).get("status") == "failed"
-        except (OSError, ValueError):
-            failed = False
+        plan = self.root / "plan.json"
         return (
             plan_digest is not None
             and plan.is_file()
-            and (failed or not report.exists())
+            and (self.earlier.get("status") == "failed" or not (self.root / "report.json").exists())
             and not checkpoints_in(self.root)
             and sha256_file(plan) == plan_digest
         )

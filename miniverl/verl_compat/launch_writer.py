@@ -281,11 +281,11 @@ def written_unedited(folder: Path) -> dict[str, str]:
     return {n: d for n, d in written.items() if (folder / n).is_file() and sha256_file(folder / n) == d}
 
 
-def edited_since_written(folder: Path, files: dict[str, str]) -> list[str]:
+def edited_since_written(folder: Path, files: dict[str, str], unedited: dict[str, str]) -> list[str]:
     """The files in `folder` this export would change that an earlier export did not leave as they
-    are (a run_opd.sh edited for a cluster, a file of the user's): never replaced. An export's own
-    files, unedited, are: the same settings again, or others, write a new export over them."""
-    unedited = written_unedited(folder)
+    are (`unedited`: written_unedited; a run_opd.sh edited for a cluster, a file of the user's):
+    never replaced. An export's own files, unedited, are: the same settings again, or others, write
+    a new export over them."""
     changed = [
         name for name, text in files.items() if (folder / name).is_file() and (folder / name).read_text() != text
     ]
@@ -322,7 +322,8 @@ def export(cfg: DictConfig, folder: Path, *, cwd: Path | None = None) -> ExportR
         "field_rules.json": json.dumps(rules_document(config, rules, overrides, digest), indent=2) + "\n",
         "README.md": readme(config, overrides, warnings, digest, reward),
     }
-    edited = edited_since_written(folder, files)
+    unedited = written_unedited(folder)
+    edited = edited_since_written(folder, files, unedited)
     if edited:
         raise MiniverlError(
             f"{folder} holds {', '.join(edited)} that miniverl did not write there (edited since, or not an export "
@@ -334,7 +335,7 @@ def export(cfg: DictConfig, folder: Path, *, cwd: Path | None = None) -> ExportR
             (folder / name).write_text(text)
         (folder / "run_opd.sh").chmod(0o755)
         # Still listed: an earlier export's unedited files this one does not write (its other reward file).
-        sums = {**written_unedited(folder), **{name: sha256_file(folder / name) for name in files}}
+        sums = {**unedited, **{name: sha256_file(folder / name) for name in files}}
         (folder / WRITTEN_SUMS).write_text("".join(f"{digest}  {name}\n" for name, digest in sorted(sums.items())))
     except OSError as error:
         raise MiniverlError(f"cannot write the verl export into {folder}: {error.strerror}") from None
