@@ -176,7 +176,7 @@ class SweepPreflight(Callback):
     warnings and goes on (HYDRA_FULL_ERROR=1 too): only SystemExit stops the sweep here."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        refusal = self.slurm_missing(config) or self.another_sweep(config)
+        refusal = self.slurm_missing(config) or self.invalid_jobs(config) or self.another_sweep(config)
         if refusal:
             print(f"miniverl: error: {refusal}", file=sys.stderr)
             raise SystemExit(2)
@@ -192,6 +192,39 @@ class SweepPreflight(Callback):
         return (
             "hydra/launcher=slurm submits to SLURM, and this machine has no sbatch/srun: run the sweep on a SLURM "
             "login node, or here without hydra/launcher=slurm (hydra/launcher=parallel runs the jobs side by side)"
+        )
+
+    @staticmethod
+    def invalid_jobs(config: DictConfig) -> str | None:
+        """Every job composed and validated as it will run, before the first one starts: a value
+        refused in the last job of a sweep is found now, not after the jobs before it have run
+        (Hydra itself composes the jobs only after writing multirun.yaml, and validates none)."""
+        from hydra.core.global_hydra import GlobalHydra
+        from hydra.errors import CompactHydraException
+
+        from miniverl.config import to_config
+
+        jobs = each_job(sweep_arguments(config.hydra))
+        if jobs is None or not GlobalHydra.instance().is_initialized():  # glob()/shuffle(): each job checks itself
+            return None
+        loader = GlobalHydra.instance().config_loader()
+        shared = set.intersection(*(set(job) for job in jobs))
+        refused = []
+        for num, job in enumerate(jobs):
+            swept = " ".join(o for o in job if o not in shared)  # what names the job: its swept values
+            name = f"job {num} ({swept})" if swept else f"job {num}"
+            try:
+                to_config(loader.load_sweep_config(config, list(job)))
+            except CompactHydraException as error:
+                refused.append(f"{name}: {hydra_error_line(error)}")
+            except MiniverlError as error:
+                refused.append(f"{name}: {error}")
+        if not refused:
+            return None
+        shown = "; ".join(refused[:3]) + (f"; and {len(refused) - 3} more" if len(refused) > 3 else "")
+        return (
+            f"{len(refused)} of the sweep's {len(jobs)} jobs would fail, so none ran: {shown}; "
+            "fix or drop those values and run the sweep again"
         )
 
     @staticmethod
@@ -224,18 +257,30 @@ class SweepPreflight(Callback):
 RUN_CONTROL_KEYS = ("trainer.overwrite", "trainer.progress_bar")
 
 
-def numbered_jobs(hydra_cfg: DictConfig) -> list[list[str]]:
-    """Each job's overrides but RUN_CONTROL_KEYS, in the order Hydra's basic sweeper numbers the
-    jobs (the order the swept keys come in)."""
+def sweep_arguments(hydra_cfg: DictConfig, leave_out: tuple[str, ...] = ()) -> list[str]:
+    """The sweep's overrides, hydra.sweeper.params first (as Hydra reads them), but the keys in `leave_out`."""
+    params = [f"{k}={v}" for k, v in (OmegaConf.select(hydra_cfg, "sweeper.params") or {}).items()]
+    return [o for o in [*params, *hydra_cfg.overrides.task] if o.lstrip("+~").split("=", 1)[0] not in leave_out]
+
+
+def each_job(arguments: list[str]) -> list[list[str]] | None:
+    """Each job's overrides, numbered as Hydra's basic sweeper numbers the jobs (the order the swept
+    keys come in); None for a sweep that cannot be expanded here: shuffle() numbers its jobs at
+    random, glob() needs Hydra's config loader."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    params = [f"{k}={v}" for k, v in (OmegaConf.select(hydra_cfg, "sweeper.params") or {}).items()]  # first, as Hydra
-    task = [o for o in [*params, *hydra_cfg.overrides.task] if o.lstrip("+~").split("=", 1)[0] not in RUN_CONTROL_KEYS]
+    if any("shuffle(" in o for o in arguments):
+        return None
     try:
-        if any("shuffle(" in o for o in task):  # numbered at random: only the arguments can be compared
-            raise ValueError
-        jobs = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(task), None)[0]
-    except Exception:  # glob() needs Hydra's config loader: compare the arguments themselves
-        return [sorted(task)]
-    return [sorted(job) for job in jobs]
+        return BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(arguments), None)[0]
+    except Exception:
+        return None
+
+
+def numbered_jobs(hydra_cfg: DictConfig) -> list[list[str]]:
+    """Each job's overrides but RUN_CONTROL_KEYS, as Hydra numbers the jobs; for a sweep that cannot
+    be expanded here, its arguments themselves, sorted."""
+    arguments = sweep_arguments(hydra_cfg, RUN_CONTROL_KEYS)
+    jobs = each_job(arguments)
+    return [sorted(arguments)] if jobs is None else [sorted(job) for job in jobs]

@@ -1,5 +1,6 @@
 """Hydra multirun: every job gets its own folder and report; the sweep leaves a summary table and
-plot; a failing job is listed as failed and loses nothing of the others."""
+plot; a value any job would refuse stops the sweep before it starts; a job failing as it runs is
+listed as failed and loses nothing of the others."""
 
 from __future__ import annotations
 
@@ -73,13 +74,39 @@ def test_a_2x2_sweep_leaves_four_reports_and_a_summary(sweep_2x2):
 @pytest.mark.slow
 def test_a_failing_job_is_listed_and_the_others_finish(tmp_path, capfd):
     sweep_dir = tmp_path / "s"
-    assert multirun(sweep_dir, "+recipe=opd_k1", "model=toy", "teacher=toy", "recipe.logical_batch=4,0,2") == 1
+    prompts = "data.train_files=data/toy_prompts.parquet,/nowhere/prompts.parquet,data/toy_prompts.parquet"
+    assert multirun(sweep_dir, "+recipe=opd_k1", "model=toy", "teacher=toy", prompts) == 1
     assert "miniverl: error: sweep job(s) 1 failed" in capfd.readouterr().err
     rows = read_csv(sweep_dir / "sweep_summary.csv")
     assert [row["status"] for row in rows] == ["measured", "failed", "measured"]
-    assert rows[1]["error"] == "recipe.logical_batch=0 must be >= 1"
+    no_data = "pre-flight check failed (python -m miniverl.doctor shows all): data: data.train_files: "
+    assert rows[1]["error"].startswith(no_data) and "/nowhere/prompts.parquet" in rows[1]["error"]
     assert (sweep_dir / "0" / "report.json").is_file() and (sweep_dir / "2" / "report.json").is_file()
-    assert "| failed | recipe.logical_batch=0 must be >= 1 |" in (sweep_dir / "sweep_summary.md").read_text()
+    assert f"| failed | {no_data}" in (sweep_dir / "sweep_summary.md").read_text()
+
+
+def test_a_value_any_job_would_refuse_stops_the_sweep_before_anything_is_written(tmp_path, capfd):
+    """Every job is composed and validated before the first one starts: a refused value or a missing
+    option in the last job is one line now, not a failure after the jobs before it have run."""
+    sweep_dir = tmp_path / "s"
+    swept = ["actor.optim.lr=1e-4,-1e-4", "model.lora.r=8,0"]
+    assert multirun(sweep_dir, "+recipe=opd_k1", "model=toy", "teacher=toy", *swept) == 2
+    out, err = capfd.readouterr()
+    assert err.strip() == (
+        "miniverl: error: 3 of the sweep's 4 jobs would fail, so none ran: "
+        "job 1 (actor.optim.lr=0.0001 model.lora.r=0): model.lora.r=0 must be >= 1; "
+        "job 2 (actor.optim.lr=-0.0001 model.lora.r=8): actor.optim.lr=-0.0001 must be > 0: AdamW's step size "
+        "(0 would train nothing); "
+        "job 3 (actor.optim.lr=-0.0001 model.lora.r=0): model.lora.r=0 must be >= 1; "
+        "fix or drop those values and run the sweep again"
+    )
+    assert "Traceback" not in out and not sweep_dir.exists()
+    assert multirun(sweep_dir, "+recipe=opd_k1", "model=toy", "teacher=toy", "estimator=k1,k4") == 2
+    assert capfd.readouterr().err.startswith(
+        "miniverl: error: 1 of the sweep's 2 jobs would fail, so none ran: job 1 (estimator=k4): In 'config': "
+        "Could not find 'estimator/k4'; Available options in 'estimator': abs, "
+    )
+    assert not sweep_dir.exists()  # Hydra alone writes multirun.yaml before it composes a job
 
 
 @pytest.mark.slow
@@ -88,18 +115,18 @@ def test_user_mistakes_end_their_jobs_in_one_line_and_no_job_runs_the_resume_che
     status = run_as_command(
         "main", "-m", "+recipe=opd_k1", "model=toy", "teacher=toy", "recipe.optimizer_updates=2",
         "recipe.interrupt_after_updates=1", "recipe.response_limit=8", f"hydra.sweep.dir={sweep_dir}",
-        "actor.optim.lr=1e-4,-1e-4", "data.train_files=data/toy_prompts.parquet,/nowhere/prompts.parquet",
+        "data.train_files=data/toy_prompts.parquet,/nowhere/prompts.parquet,/nowhere/else.parquet",
     )  # fmt: skip
     out, err = capfd.readouterr()
-    assert status == 1 and "miniverl: error: sweep job(s) 1, 2, 3 failed" in err and "Traceback" not in out + err
+    assert status == 1 and "miniverl: error: sweep job(s) 1, 2 failed" in err and "Traceback" not in out + err
     assert "no resume check (a sweep job: recipe.resume_check_in_sweeps=true runs it)" in out
     rows = read_csv(sweep_dir / "sweep_summary.csv")
-    assert [row["status"] for row in rows] == ["measured", "failed", "failed", "failed"]
-    bad_lr = "actor.optim.lr=-0.0001 must be > 0: AdamW's step size (0 would train nothing)"
+    assert [row["status"] for row in rows] == ["measured", "failed", "failed"]
     no_data = "pre-flight check failed (python -m miniverl.doctor shows all): data: data.train_files: "
-    assert rows[1]["error"].startswith(no_data) and rows[2]["error"] == bad_lr and rows[3]["error"] == bad_lr
+    assert rows[1]["error"].startswith(no_data) and "/nowhere/prompts.parquet" in rows[1]["error"]
+    assert rows[2]["error"].startswith(no_data) and "/nowhere/else.parquet" in rows[2]["error"]
     assert rows[0]["resume"] == "not_checked" and not (sweep_dir / "0" / "resume_check").exists()
-    for job in ("1", "2", "3"):  # each failed job's folder: its record, its log ending in the line, nothing else
+    for job in ("1", "2"):  # each failed job's folder: its record, its log ending in the line, nothing else
         assert sorted(p.name for p in (sweep_dir / job).iterdir()) == [".hydra", "error.txt", "main.log"]
         assert (sweep_dir / job / "main.log").read_text().strip().splitlines()[-1].endswith(rows[int(job)]["error"])
 
