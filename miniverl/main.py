@@ -32,6 +32,7 @@ from miniverl.trainer.resume_state import (
 from miniverl.utils.errors import WRITE_ERRNOS, MiniverlError, RunStopped, ctrl_c_stop, exit_code_of
 from miniverl.utils.hydra_entry import config_flags, log_line, one_line_hydra_errors, run_as_main
 from miniverl.utils.identity import resolved_config
+from miniverl.utils.signals import interrupting_signals, signal_of
 
 log = logging.getLogger("miniverl")
 
@@ -87,8 +88,9 @@ def run(cfg: DictConfig, run_dir: Path, args: list[str] = (), sweep: bool = Fals
             f"cannot write {where}: {os.strerror(code)}{last}; free space or choose another hydra.run.dir, "
             f"then run again with {resume}"
         ) from None
-    except KeyboardInterrupt:  # Ctrl-C with no update in flight to finish (loading, a probe, the report), or a 2nd one
-        raise ctrl_c_stop(interrupted_line(trainer, same_command(args, sweep))) from None
+    except KeyboardInterrupt as stop:  # no update in flight to finish (loading, a probe, the report), or a 2nd signal
+        by = signal_of(stop)
+        raise ctrl_c_stop(interrupted_line(trainer, same_command(args, sweep), by.name), by) from None
     if trainer.stopped_by:
         by = signal.Signals(trainer.stopped_by).name
         check = check_command(list(args), run_dir) if checking else None
@@ -106,12 +108,11 @@ def run(cfg: DictConfig, run_dir: Path, args: list[str] = (), sweep: bool = Fals
     if checking:
         try:
             report = check_own_resume(trainer, run_dir, list(args), k)
-        except KeyboardInterrupt:  # before the check's children start (they run under its own handler)
-            rerun = check_command(list(args), run_dir)
-            line = (
-                f"stopped by SIGINT before the resume check; the run itself is finished and kept; to check it: {rerun}"
-            )
-            raise ctrl_c_stop(line) from None
+        except KeyboardInterrupt as stop:  # before the check's children start (they run under its own handler)
+            by, rerun = signal_of(stop), check_command(list(args), run_dir)
+            line = f"stopped by {by.name} before the resume check; the run itself is finished and kept; to check it: "
+            line += rerun
+            raise ctrl_c_stop(line, by) from None
     show(closing_lines(report, trainer.history, run_dir))
     if status == "interrupted":  # trainer.stop_after_updates, as a preemption would: exit 0
         line = stopped_line(trainer, run_dir, "trainer.stop_after_updates", command=same_command(args, sweep))
@@ -172,23 +173,22 @@ def stopped_line(trainer, run_dir: Path, by: str, check: str | None = None, comm
     )
 
 
-def interrupted_line(trainer, command: str) -> str:
-    """How a Ctrl-C ends a run with no update in flight to finish (loading, a held-out probe, the
-    report), or a second one during an update: every file is written atomically, so the last
-    checkpoint is whole (it can be another run's: the one this run resumes)."""
+def interrupted_line(trainer, command: str, by: str) -> str:
+    """How a Ctrl-C or SIGTERM (`by`) ends a run with no update in flight to finish (loading, a
+    held-out probe, the report), or a second one during an update: every file is written atomically,
+    so the last checkpoint is whole (it can be another run's: the one this run resumes)."""
     from miniverl.utils.checkpoint import checkpoint_update
 
     last = trainer.last_checkpoint or (trainer.resumed.path if trainer.resumed is not None else None)
     if last is None:
-        return f"stopped by SIGINT before any update was checkpointed; nothing to resume: run {command} again"
+        return f"stopped by {by} before any update was checkpointed; nothing to resume: run {command} again"
     if trainer.plan is not None and checkpoint_update(last) == len(trainer.plan.updates):
         return (
-            f"stopped by SIGINT after the last update, before the run's report was complete; the trained run is "
+            f"stopped by {by} after the last update, before the run's report was complete; the trained run is "
             f"checkpointed in {last} (adapter.safetensors)"
         )
     return (
-        f"stopped by SIGINT; the last complete checkpoint is {last}; resume with {command} and "
-        f"trainer.resume_from={last}"
+        f"stopped by {by}; the last complete checkpoint is {last}; resume with {command} and trainer.resume_from={last}"
     )
 
 
@@ -254,9 +254,11 @@ def main(cfg: DictConfig) -> None:
         (run_dir / ERROR_FILE).unlink(missing_ok=True)
     try:
         try:
-            run(cfg, run_dir, args, sweep=sweep)
-        except KeyboardInterrupt:  # before the run (imports, the pre-flight checks) or after it (its resume check)
-            raise ctrl_c_stop(f"stopped by SIGINT; run {same_command(args, sweep)} again to go on") from None
+            with interrupting_signals():  # SIGTERM outside an update: one line, as Ctrl-C (by default: none)
+                run(cfg, run_dir, args, sweep=sweep)
+        except KeyboardInterrupt as stop:  # before the run (imports, pre-flight checks) or after it (its resume check)
+            by = signal_of(stop)
+            raise ctrl_c_stop(f"stopped by {by.name}; run {same_command(args, sweep)} again to go on", by) from None
     except Exception as error:
         if sweep and os.environ.get("HYDRA_FULL_ERROR") != "1":
             # Record why this job failed; the sweep-summary callback lists it and makes the command

@@ -22,13 +22,13 @@ class RunStopped(MiniverlError):
         self.exit_code = 128 + signum
 
 
-def ctrl_c_stop(message: str) -> RunStopped:
-    """A Ctrl-C (the KeyboardInterrupt being handled) as a one-line stop: `raise ctrl_c_stop(...) from
-    None` inside `except KeyboardInterrupt:`. With HYDRA_FULL_ERROR=1 the KeyboardInterrupt goes on,
-    traceback and all."""
+def ctrl_c_stop(message: str, signum: int = signal.SIGINT) -> RunStopped:
+    """A Ctrl-C (the KeyboardInterrupt being handled; SIGTERM with `signum`) as a one-line stop:
+    `raise ctrl_c_stop(...) from None` inside `except KeyboardInterrupt:`. With HYDRA_FULL_ERROR=1
+    the KeyboardInterrupt goes on, traceback and all."""
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         raise  # called inside the except block: the KeyboardInterrupt itself goes on
-    return RunStopped(message, signal.SIGINT)
+    return RunStopped(message, signum)
 
 
 def exit_code_of(error: MiniverlError, prefix: str = "miniverl") -> int:

@@ -2,7 +2,8 @@
 
 The first signal is noted and the update in flight completes (with its checkpoint); the trainer
 then stops and says how to resume. A second signal stops at once — every file is written
-atomically, so the last complete checkpoint is still whole.
+atomically, so the last complete checkpoint is still whole. Outside an update either signal stops
+at once, in one line (interrupting_signals).
 """
 
 from __future__ import annotations
@@ -12,6 +13,20 @@ import threading
 from contextlib import contextmanager
 
 HANDLED = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM raised where nothing is half-way (loading, a probe, the report) or a second
+    one during an update: handled as Ctrl-C is, and named by its signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def signal_of(interrupt: KeyboardInterrupt) -> signal.Signals:
+    """The signal behind a KeyboardInterrupt: SIGINT unless an Interrupted says otherwise."""
+    return signal.Signals(getattr(interrupt, "signum", signal.SIGINT))
 
 
 class StopRequest:
@@ -42,11 +57,24 @@ def deferred_signals():
 
     def note(signum, frame):
         if request.signum is not None:  # the second one: stop now
-            raise KeyboardInterrupt
+            raise Interrupted(signum)
         request.signum = signum
 
     with _handling(note):
         yield request
+
+
+@contextmanager
+def interrupting_signals():
+    """SIGTERM raises as Ctrl-C does (Python's default ends the process without a word), so that a
+    run stopped while it loads or checks ends in the same one line; blocks inside (an update's
+    deferred_signals) set their own handlers."""
+
+    def stop(signum, frame):
+        raise Interrupted(signum)
+
+    with _handling(stop):
+        yield
 
 
 class SignalReceived(Exception):

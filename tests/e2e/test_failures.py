@@ -357,12 +357,24 @@ def test_a_signal_in_the_last_update_keeps_the_finished_run_and_the_same_command
     assert again["resume"]["status"] == "exact_match"
 
 
+class SigtermUnhandled(Exception):
+    pass
+
+
+def sigterm_unhandled(signum, frame):
+    raise SigtermUnhandled  # in place of Python's default, which would end the test session
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("when", ["while the models load", "a second one in update 2"])
-def test_a_ctrl_c_with_no_update_to_finish_ends_in_one_line_saying_what_to_run(tmp_path, monkeypatch, capfd, when):
-    """Ctrl-C during imports, loading or a held-out probe has no update in flight to finish, and a
-    second one stops at once: either way one line, exit 130, no traceback, and what it says to run runs."""
+@pytest.mark.parametrize("when", ["while the models load", "SIGTERM while the models load", "a second one in update 2"])
+def test_a_ctrl_c_with_no_update_to_finish_ends_in_one_line_saying_what_to_run(
+    tmp_path, monkeypatch, capfd, request, when
+):
+    """Ctrl-C (or SIGTERM) during imports, loading or a held-out probe has no update in flight to
+    finish, and a second one stops at once: either way one line, exit 130 (143), no traceback, and
+    what it says to run runs."""
     run_dir = tmp_path / "run"
+    status_expected = 130
     if when == "while the models load":
 
         def setup(self):
@@ -371,6 +383,18 @@ def test_a_ctrl_c_with_no_update_to_finish_ends_in_one_line_saying_what_to_run(t
         monkeypatch.setattr(OPDTrainer, "setup", setup)
         expected = "stopped by SIGINT before any update was checkpointed; nothing to resume: run the same command again"
         again = []
+    elif when == "SIGTERM while the models load":
+
+        def setup(self):
+            os.kill(os.getpid(), signal.SIGTERM)  # as from another terminal, or a scheduler's stop
+            time.sleep(5)  # the handler runs here
+
+        monkeypatch.setattr(OPDTrainer, "setup", setup)
+        previous = signal.signal(signal.SIGTERM, sigterm_unhandled)
+        request.addfinalizer(lambda: signal.signal(signal.SIGTERM, previous))
+        expected = "stopped by SIGTERM before any update was checkpointed; nothing to resume: run the same command "
+        expected += "again"
+        status_expected, again = 128 + signal.SIGTERM, []
     else:
         real_step = OPDTrainer.fit_step
 
@@ -390,7 +414,9 @@ def test_a_ctrl_c_with_no_update_to_finish_ends_in_one_line_saying_what_to_run(t
         status = run_as_command("main", *BASE, f"hydra.run.dir={run_dir}")
     except KeyboardInterrupt:  # uncaught, it would stop the whole test session
         pytest.fail("the Ctrl-C left the command as a traceback")
-    assert status == 130
+    except SigtermUnhandled:
+        pytest.fail("SIGTERM while the models load was left to Python's default: the process ends without a word")
+    assert status == status_expected
     err = capfd.readouterr().err
     assert [line for line in err.splitlines() if line.strip()] == [f"miniverl: error: {expected}"]
     assert expected in (run_dir / "main.log").read_text()
