@@ -47,6 +47,19 @@ def absent_targets(model: torch.nn.Module, targets: list[str]) -> list[str]:
     return [t for t in targets if not any(name == t or name.endswith("." + t) for name in names)]
 
 
+def targets_problem(model: PreTrainedModel, targets: list[str]) -> str | None:
+    """The one line for LoRA target names that no layer of `model` has: peft adapts whatever names
+    match and says nothing of the rest (Phi-3 has qkv_proj, not q_proj)."""
+    absent = absent_targets(model, targets)
+    if not absent:
+        return None
+    return (
+        f"model.lora.target_modules: no layer of {type(model).__name__} is named {', '.join(absent)} "
+        f"(its linear layers: {', '.join(linear_layer_names(model))}); list those, "
+        "or set model.lora.target_modules=all-linear"
+    )
+
+
 def linear_layer_names(model: PreTrainedModel) -> list[str]:
     """The distinct last names of the layers peft's all-linear adapts, in model order: linear ones
     (4-bit ones included) and GPT-2's Conv1D, the output layer left out."""

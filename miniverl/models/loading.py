@@ -242,6 +242,25 @@ def model_class(block: StudentConfig | TeacherConfig, source: Source) -> type[Pr
     return AutoModelForCausalLM._model_mapping.get(type(config), None)
 
 
+def lora_targets_problem(block: StudentConfig) -> str | None:
+    """model.lora.target_modules against the student's layer names, from its config.json alone (the
+    model built on the meta device: no weights read, no memory); None when they match, and for
+    all-linear, an adapter to start from, the toy or a config not readable here (loading checks)."""
+    targets = block.lora.peft_targets()
+    if targets == ALL_LINEAR or block.adapter or block.model_id == "toy":
+        return None
+    source = source_of(block, None)
+    try:
+        config = transformers.AutoConfig.from_pretrained(
+            source.path, revision=source.revision, trust_remote_code=block.trust_remote_code
+        )
+        with torch.device("meta"), quiet_loading():
+            model = AutoModelForCausalLM.from_config(config, trust_remote_code=block.trust_remote_code)
+    except Exception:  # best effort (unreadable here, not a causal LM transformers builds...): loading checks too
+        return None
+    return adapters.targets_problem(model, targets)
+
+
 def disable_cpu_nf4_repack(model: torch.nn.Module) -> int:
     """Keep bitsandbytes' NF4 layers on the dequantize path in every mode (see module docstring)."""
     count = 0
@@ -273,13 +292,8 @@ def wrap_student(model: PreTrainedModel, block: StudentConfig, device: torch.dev
     if block.adapter:
         return adapters.student_from_adapter(model, block.adapter).eval()
     targets = block.lora.peft_targets()
-    # peft adapts whatever names match and says nothing of the rest (Phi-3 has qkv_proj, not q_proj).
-    if targets != ALL_LINEAR and (absent := adapters.absent_targets(model, targets)):
-        raise MiniverlError(
-            f"model.lora.target_modules: no layer of {type(model).__name__} is named {', '.join(absent)} "
-            f"(its linear layers: {', '.join(adapters.linear_layer_names(model))}); list those, "
-            f"or set model.lora.target_modules={ALL_LINEAR}"
-        )
+    if targets != ALL_LINEAR and (problem := adapters.targets_problem(model, targets)):
+        raise MiniverlError(problem)
     lora = LoraConfig(
         r=block.lora.r,
         lora_alpha=block.lora.alpha,

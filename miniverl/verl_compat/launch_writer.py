@@ -298,6 +298,10 @@ def export(cfg: DictConfig, folder: Path, *, cwd: Path | None = None) -> ExportR
     version = config.export.verl_version
     rules = field_rules(cfg, version)
     refused = refusal(config)
+    if not refused and config.model.model_id != "toy":  # verl's peft would fail on the cluster
+        from miniverl.models.loading import lora_targets_problem  # torch, transformers: only here
+
+        refused = lora_targets_problem(config.model)
     if refused:
         raise MiniverlError(refused)
     folder = Path(folder).absolute()

@@ -427,6 +427,28 @@ def test_export_refuses_a_launch_verl_would_refuse_with_one_line(tmp_path, overr
     assert not (tmp_path / "verl").exists()
 
 
+def test_lora_targets_the_students_architecture_lacks_are_refused_before_the_cluster_would(tmp_path):
+    """The preset's q_proj, v_proj on a Phi-3 student (fused qkv_proj): verl's peft would fail on the
+    cluster; the export reads the layer names from the folder's config.json alone (no weights) and
+    refuses as `miniverl.main` does. A local folder also carries no hub revision into the launch."""
+    from transformers import LlamaConfig, Phi3Config
+
+    small = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, vocab_size=256)
+    small.update(pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    phi3, llama = tmp_path / "phi3", tmp_path / "llama"
+    Phi3Config(**small).save_pretrained(phi3)  # config.json only
+    LlamaConfig(**small).save_pretrained(llama)
+    with pytest.raises(MiniverlError) as error:
+        export(compose_config([*RECIPE, f"model.model_id={phi3}", f"teacher.model_id={llama}"]), tmp_path / "a")
+    assert str(error.value) == (
+        "model.lora.target_modules: no layer of Phi3ForCausalLM is named q_proj, v_proj (its linear layers: "
+        "o_proj, qkv_proj, gate_up_proj, down_proj); list those, or set model.lora.target_modules=all-linear"
+    )
+    assert not (tmp_path / "a").exists()
+    fitting = export(compose_config([*RECIPE, f"model.model_id={llama}", f"teacher.model_id={llama}"]), tmp_path / "b")
+    assert not any("revision" in warning for warning in fitting.warnings)  # the preset's Qwen3 commits dropped
+
+
 def test_a_toy_export_is_a_template_that_composes_and_says_so(tmp_path, verl_root):
     result = export(compose_config([*RECIPE, "model=toy", "teacher=toy"]), tmp_path / "verl", cwd=ROOT)
     assert any("model.model_id=toy has no verl equivalent" in w for w in result.warnings)
