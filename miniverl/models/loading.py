@@ -151,6 +151,10 @@ def offline_error(where: str, source: Source, error: Exception, key: str = "mode
     )
 
 
+# A folder with none of these holds no tokenizer AutoTokenizer could read (a model saved without it).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
 def load_tokenizer(where: str, block: StudentConfig | TeacherConfig, source: Source | None):
     """The toy tokenizer (built in memory), or the model's tokenizer through AutoTokenizer."""
     if block.model_id == "toy" and block.tokenizer_id is None:
@@ -163,6 +167,14 @@ def load_tokenizer(where: str, block: StudentConfig | TeacherConfig, source: Sou
             )
     except (OSError, ValueError) as error:
         key = "tokenizer_id" if block.tokenizer_id else "model_id"
+        folder = Path(source.tokenizer_path).expanduser()
+        if folder.is_dir() and not any((folder / name).is_file() for name in TOKENIZER_FILES):
+            setting = where if where.startswith("--") else f"{where}.{key}"  # a bench flag is its own name
+            fix = "" if where.startswith("--") or block.tokenizer_id else f", or set {where}.tokenizer_id to one"
+            raise MiniverlError(
+                f"{setting}={source.tokenizer_path} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}): save "
+                f"the model's tokenizer there (tokenizer.save_pretrained(folder)){fix}"
+            ) from None
         raise offline_error(
             where, Source(source.tokenizer_path, source.tokenizer_revision, "", None), error, key
         ) from None

@@ -106,6 +106,23 @@ def test_a_model_folder_that_is_missing_or_not_a_model_is_named_as_such(tmp_path
     assert line.endswith("config.json, the weights (*.safetensors) and the tokenizer's files")
 
 
+def test_a_model_folder_saved_without_its_tokenizer_is_named_as_such(tmp_path):
+    """config.json and the weights, no tokenizer files (a model saved alone): the line says what is
+    missing and the two ways to fix it, not transformers' cut-off "Couldn't instantiate the backend"."""
+    folder = tmp_path / "weights-only"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "llama"}')
+    (folder / "model.safetensors").write_bytes(b"")
+    block = StudentConfig(model_id=str(folder))
+    with pytest.raises(MiniverlError) as info:
+        models.load_tokenizer("model", block, models.source_of(block, None))
+    assert str(info.value) == (
+        f"model.model_id={folder} holds no tokenizer (none of tokenizer.json, tokenizer_config.json, "
+        "tokenizer.model, vocab.json): save the model's tokenizer there (tokenizer.save_pretrained(folder)), or set "
+        "model.tokenizer_id to one"
+    )
+
+
 def test_a_cached_hub_model_transformers_cannot_read_is_not_called_missing():
     source = models.Source("someone/new-arch", None, "someone/new-arch", None)
     line = str(models.offline_error("teacher", source, ValueError("Unrecognized model in someone/new-arch")))
