@@ -162,6 +162,12 @@ def resolve_checkpoint(path: str | Path) -> Path:
             "stopped run (outputs/<date>/<time>) or one of its checkpoints/update_<k>/"
         )
     found = checkpoints_in(path)
+    if not found and (path / "plan.json").is_file():  # a run stopped (SIGKILL, a failure) before its first save
+        raise MiniverlError(
+            f"trainer.resume_from={path}: that run stopped before its first checkpoint, so nothing is left to "
+            f"resume; run the same command without trainer.resume_from (with hydra.run.dir={path} it starts again "
+            "in that folder)"
+        )
     if not found:
         raise MiniverlError(
             f"trainer.resume_from={path}: neither a checkpoint folder (no {STATE_FILE}) "

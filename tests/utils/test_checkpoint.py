@@ -52,3 +52,10 @@ def test_resume_from_a_missing_or_empty_folder_says_which_and_what_to_give(tmp_p
     (tmp_path / "empty").mkdir()
     with pytest.raises(MiniverlError, match=r"^trainer.resume_from=empty: neither a checkpoint folder"):
         checkpoint.resolve_checkpoint("empty")
+    (tmp_path / "empty" / "plan.json").write_text("{}")  # a run killed in update 1, before its first checkpoint
+    with pytest.raises(MiniverlError) as refused:
+        checkpoint.resolve_checkpoint("empty")
+    assert str(refused.value) == (
+        "trainer.resume_from=empty: that run stopped before its first checkpoint, so nothing is left to resume; run "
+        "the same command without trainer.resume_from (with hydra.run.dir=empty it starts again in that folder)"
+    )
