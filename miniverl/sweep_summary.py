@@ -20,8 +20,10 @@ from pathlib import Path
 
 import yaml
 from hydra.experimental.callback import Callback
+from omegaconf import OmegaConf
 
 from miniverl.utils.errors import MiniverlError, exit_code_of
+from miniverl.utils.hydra_entry import each_job, sweep_arguments
 from miniverl.utils.tables import format_value
 
 # A job's report status when every update ran: "measured", as in the reference report
@@ -86,14 +88,25 @@ def summarize_job(job: Path) -> tuple[dict, list[float]]:
     return row, losses
 
 
+def planned_jobs(sweep_dir: Path) -> list[list[str]] | None:
+    """Every job's overrides as the sweep's multirun.yaml numbers them; None where it cannot tell."""
+    try:
+        hydra_cfg = OmegaConf.load(sweep_dir / "multirun.yaml").hydra
+    except Exception:  # none (a summary of job folders copied together), or not Hydra's
+        return None
+    return each_job(sweep_arguments(hydra_cfg))
+
+
 def write_summary(sweep_dir: Path) -> list[dict]:
     # Imports torch: not at Hydra start-up.
     from miniverl.utils.run_folder import atomic_write_bytes
 
     jobs = [summarize_job(job) for job in job_dirs(sweep_dir)]
     rows = [row for row, _ in jobs]
-    common = set.intersection(*(set(row["overrides"].split()) for row in rows)) if rows else set()
-    for row in rows:  # what tells the jobs apart
+    # What tells the jobs apart: over every job of the sweep, those not run yet (a stopped sweep) included.
+    every = planned_jobs(sweep_dir) or [row["overrides"].split() for row in rows]
+    common = set.intersection(*(set(job) for job in every)) if every else set()
+    for row in rows:
         row["swept"] = " ".join(o for o in row["overrides"].split() if o not in common) or "(none)"
     text = io.StringIO()
     writer = csv.DictWriter(text, fieldnames=COLUMNS, lineterminator="\n")

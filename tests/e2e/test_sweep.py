@@ -187,6 +187,7 @@ def test_a_signal_stops_the_whole_sweep_and_its_line_gives_both_ways_to_go_on(tm
     assert not (sweep_dir / "1").exists()
     rows = read_csv(sweep_dir / "sweep_summary.csv")
     assert [row["status"] for row in rows] == ["interrupted"] and rows[0]["error"].startswith("stopped by SIGTERM")
+    assert rows[0]["swept"] == "estimator=k1"  # swept over the sweep's jobs, job 1 not run yet
     monkeypatch.undo()
     resumed = tmp_path / "resumed"  # the line's command
     assert (
