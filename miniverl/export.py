@@ -3,29 +3,51 @@ or (export.verl_version=0.8.0) 0.8.0 (miniverl/verl_compat/launch_writer.py; doc
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from miniverl.config.export import EXPORT_FOLDER
 from miniverl.utils.errors import MiniverlError, exit_code_of
-from miniverl.utils.hydra_entry import one_line_hydra_errors, run_as_main
-from miniverl.verl_compat.launch_writer import EXPORT_FOLDER, export
+from miniverl.utils.hydra_entry import log_line, one_line_hydra_errors, run_as_main
+from miniverl.verl_compat.launch_writer import export
+
+log = logging.getLogger("miniverl")
 
 
 @one_line_hydra_errors
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
     try:
-        result = export(cfg, Path(HydraConfig.get().runtime.output_dir) / EXPORT_FOLDER)
+        result = export(cfg, run_dir / EXPORT_FOLDER)
     except MiniverlError as error:
+        log_line(log, str(error), logging.ERROR)  # export.log, beside the console's line
         sys.exit(exit_code_of(error))
+    if hydra_cfg.output_subdir is None and (run_dir / ".hydra").is_dir():  # KeepEarlierRunRecord kept it
+        from miniverl.utils.run_folder import holds_outputs  # torch: only in this case
+
+        if not holds_outputs(run_dir):  # an earlier export's record, and this export replaced that export
+            write_record(cfg, hydra_cfg, run_dir / ".hydra")
     for warning in result.warnings:
         print(f"miniverl: warning: {warning}", file=sys.stderr)
+        log_line(log, warning, logging.WARNING)
     files = ", ".join(sorted(path.name for path in result.folder.iterdir()))
-    print(f"verl v{cfg.export.verl_version} launch written to {result.folder} ({files})")
+    written = f"verl v{cfg.export.verl_version} launch written to {result.folder} ({files})"
+    print(written)
+    log_line(log, written)
+
+
+def write_record(cfg: DictConfig, hydra_cfg: DictConfig, record: Path) -> None:
+    """Hydra's own record of a command (what it writes into .hydra/ when it starts the job)."""
+    OmegaConf.save(cfg, record / "config.yaml")
+    OmegaConf.save(OmegaConf.create({"hydra": hydra_cfg}), record / "hydra.yaml")
+    OmegaConf.save(hydra_cfg.overrides.task, record / "overrides.yaml")
 
 
 def cli() -> None:

@@ -22,6 +22,8 @@ from typing import Optional
 # `pip install verl` gives today; 0.8.0 is the release miniverl's losses mirror.
 VERL_VERSIONS = ("0.8.0", "0.9.1")
 VERL_VERSION_DEFAULT = "0.9.1"
+# The folder of the run folder that `python -m miniverl.export` writes the launch into.
+EXPORT_FOLDER = "verl"
 # Inference engines verl v0.8.0 and v0.9.1 can serve the teacher with (its top-k log-prob path knows these two).
 ENGINES = ("vllm", "sglang")
 

@@ -153,19 +153,29 @@ def one_line_hydra_errors(entry: Callable) -> Callable:
 
 class KeepEarlierRunRecord(Callback):
     """Hydra rewrites <run dir>/.hydra/ (config, overrides) before the job starts. In a folder that
-    already holds a run, which miniverl then resumes in place or refuses, that record is the earlier
-    run's: this job writes none, so a refused command changes nothing there. With
-    trainer.overwrite=true the new run replaces the old one, record included."""
+    already holds a run, which miniverl then resumes in place or refuses, or an export, which the
+    export replaces or refuses, that record is the earlier command's: this job writes none, so a
+    refused command changes nothing there (an export that replaced the earlier one writes its own
+    record after: miniverl.export). With trainer.overwrite=true a new run replaces the old one,
+    record included."""
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
         run_dir = Path(config.hydra.run.dir)
         if not (run_dir / ".hydra").is_dir() or OmegaConf.select(config, "trainer.overwrite"):
             return
-        from miniverl.utils.run_folder import holds_outputs  # torch and peft: only in this case
-
-        if holds_outputs(run_dir):  # a run's folder, or one holding what a run would replace: not ours
+        if self.earlier_command_here(run_dir, exporting=config.hydra.job.name == "export"):
             with read_write(config.hydra), open_dict(config.hydra):
                 config.hydra.output_subdir = None
+
+    @staticmethod
+    def earlier_command_here(run_dir: Path, exporting: bool) -> bool:
+        from miniverl.config.export import EXPORT_FOLDER
+
+        if exporting and (run_dir / EXPORT_FOLDER).is_dir():
+            return True
+        from miniverl.utils.run_folder import holds_outputs  # torch and peft: only in this case
+
+        return holds_outputs(run_dir)  # a run's folder, or one holding what a run would replace: not ours
 
 
 class SweepPreflight(Callback):

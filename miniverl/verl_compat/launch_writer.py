@@ -61,8 +61,6 @@ from miniverl.verl_compat.overrides import virtual_verl_config
 from miniverl.verl_compat.runtime_checks import runtime_violations
 from miniverl.verl_compat.versions import PROFILE_VERSION, REWARD_KWARGS, release
 
-EXPORT_FOLDER = "verl"
-
 __all__ = ["field_rules", "field_rule_digest", "rule_table", "verl_overrides", "export"]
 
 

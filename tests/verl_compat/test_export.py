@@ -208,6 +208,29 @@ def test_an_export_over_an_earlier_one_keeps_what_the_user_edited_there(tmp_path
     assert "actor_rollout_ref.actor.optim.lr=0.0001" in (folder / "overrides.txt").read_text()  # nothing written
 
 
+def test_a_refused_export_leaves_the_earlier_exports_record_and_a_replacing_one_writes_its_own(tmp_path, capfd):
+    """Hydra writes .hydra/ before the export runs: in a folder holding an earlier export it is kept
+    until this export is written (a refused one changes nothing there), and export.log has the lines."""
+    from conftest import run_as_command
+
+    def exported(*extra):
+        return run_as_command("export", *RECIPE, "model=toy", "teacher=toy", f"hydra.run.dir={tmp_path}", *extra)
+
+    def recorded():
+        return (tmp_path / ".hydra" / "overrides.yaml").read_text()
+
+    assert exported() == 0 and "estimator" not in recorded()
+    (tmp_path / "verl" / "run_opd.sh").write_text((tmp_path / "verl" / "run_opd.sh").read_text() + "# ours\n")
+    assert exported("estimator=k3") == 2
+    assert "estimator" not in recorded()  # the record still says what verl/ holds
+    assert "holds run_opd.sh that miniverl did not write there" in (tmp_path / "export.log").read_text()
+    (tmp_path / "verl" / "run_opd.sh").unlink()  # the user moves it away, as the line says
+    assert exported("estimator=k3") == 0 and "estimator=k3" in recorded()
+    assert "loss_mode: k3" in (tmp_path / ".hydra" / "config.yaml").read_text()
+    assert "launch written to" in (tmp_path / "export.log").read_text()
+    capfd.readouterr()
+
+
 def test_verl_yaml_defaults_table_matches_verl_0_8_0(verl_default):
     missing = object()
     for key, expected in VERL_DEFAULTS.items():
