@@ -82,6 +82,8 @@ def save_checkpoint(
     save_file(adapter, str(tmp / "adapter.safetensors"), metadata={"format": "pt"})
     tensors, metadata = optimizer_tensors(optimizer, param_names)
     save_file(tensors, str(tmp / "optimizer.safetensors"), metadata=metadata)
+    for name in TENSOR_FILES:
+        with_umask_mode(tmp / name)
     files = {name: sha256_file(tmp / name) for name in TENSOR_FILES}
     (tmp / STATE_FILE).write_bytes(canonical_json({**state, "miniverl_version": __version__, "files": files}))
     for name in (*TENSOR_FILES, STATE_FILE):
@@ -129,6 +131,17 @@ def save_adapter(student: PeftModel, folder: Path) -> None:
         selected_adapters=["default"],
         save_embedding_layers=embeddings_targeted(student),
     )
+    for weights in folder.glob("*.safetensors"):
+        with_umask_mode(weights)
+
+
+def with_umask_mode(path: Path) -> None:
+    """safetensors writes its files 0600 (through a private temporary file of its own); give them the
+    mode every other file of the run gets under the user's umask, so that an adapter or a checkpoint
+    is as readable (on a shared machine) as the report beside it."""
+    mask = os.umask(0)
+    os.umask(mask)
+    path.chmod(0o666 & ~mask)
 
 
 def prune(run_dir: Path, keep: int | None) -> None:

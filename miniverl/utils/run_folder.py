@@ -21,7 +21,7 @@ import yaml
 from safetensors.torch import save_file
 
 from miniverl.protocol import Batch
-from miniverl.utils.checkpoint import checkpoints_in, trajectory_path
+from miniverl.utils.checkpoint import checkpoints_in, trajectory_path, with_umask_mode
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import canonical_json, sha256_file, sha256_json
 
@@ -75,6 +75,7 @@ def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
     rename on top: utils/checkpoint.py)."""
     tmp = path.with_name(f".{path.name}.tmp")
     write(tmp)
+    with_umask_mode(tmp)  # safetensors' own 0600, as every other file
     with open(tmp, "rb+") as handle:
         os.fsync(handle.fileno())
     os.replace(tmp, path)

@@ -27,6 +27,22 @@ def test_the_toy_recipe_runs_from_the_command_line(toy_run):
 
 
 @pytest.mark.slow
+def test_every_file_of_the_run_is_as_readable_as_the_umask_allows(toy_run):
+    """safetensors writes its files 0600; the adapter, checkpoints, trajectories and toy weights get
+    the mode every other file of the run gets (readable by others on a shared machine)."""
+    import os
+
+    _, run_dir = toy_run
+    mask = os.umask(0)
+    os.umask(mask)
+    tensors = sorted(run_dir.rglob("*.safetensors"))
+    assert {"adapter_model.safetensors", "adapter.safetensors", "optimizer.safetensors"} <= {p.name for p in tensors}
+    assert {p.relative_to(run_dir): oct(p.stat().st_mode & 0o777) for p in tensors} == {
+        p.relative_to(run_dir): oct(0o666 & ~mask) for p in tensors
+    }
+
+
+@pytest.mark.slow
 def test_main_log_holds_the_start_lines_every_update_and_the_closing_lines(toy_run):
     """With the progress bar on the console (the default), main.log still has one line per update."""
     _, run_dir = toy_run
