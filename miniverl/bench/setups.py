@@ -279,7 +279,7 @@ def build_real_setup(student_path: str, teacher_path: str, device: torch.device)
     (eager for a family without it); the prompts in the student's own chat template."""
     from miniverl.config.model import ALL_LINEAR, LoraSettings, StudentConfig
     from miniverl.config.teacher import TeacherConfig
-    from miniverl.models import adapters
+    from miniverl.models import adapters, tokenizers
     from miniverl.models import loading as models
     from miniverl.utils.errors import MiniverlError
 
@@ -302,7 +302,7 @@ def build_real_setup(student_path: str, teacher_path: str, device: torch.device)
         lora.target_modules = ALL_LINEAR
     student = models.wrap_student(base, student_block, device, lora_seed=2)
     teacher = models.load_teacher(teacher_block, sources[1], device, "--teacher")
-    models.check_tokenizers_compatible(
+    tokenizers.check_tokenizers_compatible(
         tokenizer, models.load_tokenizer("--teacher", teacher_block, sources[1]), student.get_base_model(), teacher
     )
     nonzero_lora_b(student)

@@ -1,2 +1,3 @@
-"""Models: loading (NF4, LoRA, tokenizers and their checks), adapters (teacher modes), the toy
-models, precision (tolerances per compute dtype), cpu_gemm (half-precision products on the CPU)."""
+"""Models: loading (NF4, LoRA, tokenizers), tokenizers (whether a teacher can score the student's
+ids), adapters (teacher modes), the toy models, precision (tolerances per compute dtype), cpu_gemm
+(half-precision products on the CPU)."""

@@ -14,7 +14,6 @@ LoRA gradients equal those through the dequantized base.
 from __future__ import annotations
 
 import os
-import types
 import warnings
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -34,10 +33,6 @@ from miniverl.utils.measure import trim_heap
 from miniverl.utils.overrides import hydra_value
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-PROBE_CONVERSATION = [
-    {"role": "system", "content": "You are helpful."},
-    {"role": "user", "content": "What is 12 + 30? ünïcode ✓"},
-]
 
 
 @dataclass
@@ -333,92 +328,3 @@ def load_teacher(block: TeacherConfig, source: Source, device: torch.device, whe
         with quiet_loading():
             model = adapters.teacher_with_adapter(model, block.adapter, f"{where}.adapter")
     return model.eval()
-
-
-def stop_token_ids(tokenizer, model: PreTrainedModel) -> list[int]:
-    """Every id that ends a response: the tokenizer's EOS and the generation config's EOS ids
-    (Qwen3's generation config ends on `<|im_end|>` and `<|endoftext|>`)."""
-    ids = {tokenizer.eos_token_id}
-    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids.update([configured] if isinstance(configured, int) else (configured or []))
-    return sorted(i for i in ids if i is not None)
-
-
-def configured_stop_ids(tokenizer, source: Source) -> list[int]:
-    """stop_token_ids before the model loads: the tokenizer's EOS and the ids of the folder's
-    generation_config.json, or without one those of its config.json (as transformers then derives
-    the model's generation config); neither readable: the tokenizer's alone."""
-    try:
-        config = transformers.GenerationConfig.from_pretrained(source.path, revision=source.revision)
-    except (OSError, ValueError):
-        try:
-            model_config = transformers.AutoConfig.from_pretrained(source.path, revision=source.revision)
-            config = transformers.GenerationConfig.from_model_config(model_config)
-        except (OSError, ValueError):
-            config = None
-    return stop_token_ids(tokenizer, types.SimpleNamespace(generation_config=config))
-
-
-def output_rows_problem(student_rows: int, teacher_rows: int, tokens: int) -> str | None:
-    """Why a teacher's output layer cannot score the student's ids, or None when it can.
-
-    Rows past the shared tokenizer are padding (Qwen3: 151,936 rows for 151,669 tokens); no role
-    ever samples or scores them, so padding counts may differ (Qwen2.5-7B's 152,064 rows against
-    Qwen2.5-1.5B's 151,936)."""
-    short = [
-        f"{who} has {rows}" for who, rows in (("teacher", teacher_rows), ("student", student_rows)) if rows < tokens
-    ]
-    if short:
-        return (
-            f"the tokenizer has {tokens} tokens but the {' and the '.join(short)} output rows: its output "
-            "layer cannot score every token id; pick a model of the tokenizer's vocabulary"
-        )
-    return None
-
-
-def tokenizer_problem(
-    student_tok, teacher_tok, student_rows: int, teacher_rows: int, where: str = "teacher"
-) -> str | None:
-    """Why the teacher (config path `where`) cannot score the student's token ids (both must mean
-    the same thing by each id, and render conversations alike), or None. `*_rows`: the output layers' rows."""
-    problem = tokenizers_differ(student_tok, teacher_tok)
-    if problem:
-        return f"{problem}; to distil from a teacher with another tokenizer, set {where}.tokenizer_alignment=text"
-    problem = output_rows_problem(student_rows, teacher_rows, len(student_tok))
-    return f"output layers: {problem}" if problem else None
-
-
-def tokenizers_differ(student_tok, teacher_tok) -> str | None:
-    """How the two tokenizers differ (vocabulary, special tokens, chat template), or None when a
-    token id and a rendered conversation mean the same to both."""
-    s_vocab, t_vocab = student_tok.get_vocab(), teacher_tok.get_vocab()
-    if s_vocab != t_vocab:
-        differing = len(set(s_vocab.items()) ^ set(t_vocab.items()))
-        return (
-            f"tokenizer vocabularies differ: student {len(s_vocab)} tokens, teacher {len(t_vocab)} ({differing} "
-            "entries differ); on-policy distillation needs a teacher of the same tokenizer family"
-        )
-    specials = [(name, getattr(student_tok, name), getattr(teacher_tok, name)) for name in ("eos_token", "pad_token")]
-    wrong = [f"{n} {a!r} vs {b!r}" for n, a, b in specials if a != b]
-    if wrong:
-        return f"special tokens differ: {', '.join(wrong)}"
-    rendered = [
-        t.apply_chat_template(PROBE_CONVERSATION, add_generation_prompt=True, tokenize=False)
-        for t in (student_tok, teacher_tok)
-    ]
-    if rendered[0] != rendered[1]:
-        return (
-            f"chat templates render the probe conversation differently: {rendered[0][:60]!r}... vs "
-            f"{rendered[1][:60]!r}...; set teacher.tokenizer_id to the student's tokenizer or pick a matching teacher"
-        )
-    return None
-
-
-def check_tokenizers_compatible(
-    student_tok, teacher_tok, student: PreTrainedModel, teacher: PreTrainedModel, where: str = "teacher"
-) -> None:
-    """The teacher scores the student's token ids: refuse a pair that cannot (tokenizer_problem)."""
-    rows = [m.get_output_embeddings().weight.shape[0] for m in (student, teacher)]
-    problem = tokenizer_problem(student_tok, teacher_tok, *rows, where)
-    if problem:
-        raise MiniverlError(f"{where} and student: {problem}")

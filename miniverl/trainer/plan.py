@@ -18,7 +18,7 @@ import torch
 
 from miniverl import __version__
 from miniverl.config import MiniverlConfig
-from miniverl.models import cpu_gemm
+from miniverl.models import cpu_gemm, tokenizers
 from miniverl.models import loading as models
 from miniverl.utils.dataset import (
     Conversations,
@@ -178,7 +178,7 @@ def aligned_teacher_tokenizer(block, where: str, student_tokenizer):
     if not block.text_aligned:
         return None
     own = models.load_tokenizer(where, block, models.source_of(block, None))
-    return own if models.tokenizers_differ(student_tokenizer, own) else None
+    return own if tokenizers.tokenizers_differ(student_tokenizer, own) else None
 
 
 def toy_teacher_corpora(cfg: MiniverlConfig, conversations: Conversations) -> dict[str, list[list[dict]]]:

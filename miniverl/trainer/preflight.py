@@ -34,7 +34,7 @@ import torch
 from miniverl.config import MiniverlConfig
 from miniverl.config.model import StudentConfig
 from miniverl.config.teacher import TeacherConfig
-from miniverl.models import cpu_gemm, precision
+from miniverl.models import cpu_gemm, precision, tokenizers
 from miniverl.models import loading as models
 from miniverl.models.attention import attention_problem
 from miniverl.trainer.memory_estimate import architecture, estimate_peak_bytes
@@ -132,10 +132,10 @@ def check_tokenizers(cfg: MiniverlConfig, student_tok) -> Check:
             shared.append(f"{where}.mode={block.mode} shares the student's tokenizer and base")
             continue
         teacher_tok = models.load_tokenizer(where, block, models.source_of(block, None))
-        if block.text_aligned and models.tokenizers_differ(student_tok, teacher_tok):
+        if block.text_aligned and tokenizers.tokenizers_differ(student_tok, teacher_tok):
             return check_alignment(cfg, student_tok, teacher_tok)
         rows = (architecture("model", cfg.model)["vocab"], architecture(where, block)["vocab"])
-        problem = models.tokenizer_problem(student_tok, teacher_tok, *rows, where)
+        problem = tokenizers.tokenizer_problem(student_tok, teacher_tok, *rows, where)
         if problem:
             return Check("FAIL", "tokenizer", f"{where}: {problem}" if cfg.teachers else problem)
         padded = padded or not rows[0] == rows[1] == len(student_tok)
@@ -149,7 +149,7 @@ def check_tokenizers(cfg: MiniverlConfig, student_tok) -> Check:
             f"eos/pad, and chat template output identical{padding}"
         )
         if cfg.model.model_id != "toy":  # a toy's files are written when the run starts
-            stops = models.configured_stop_ids(student_tok, models.source_of(cfg.model, None))
+            stops = tokenizers.configured_stop_ids(student_tok, models.source_of(cfg.model, None))
             facts.append(f"responses end at ids {stops} (the tokenizer's EOS and the model's generation config)")
     return Check("PASS", "tokenizer", "; ".join(facts))
 

@@ -12,7 +12,7 @@ from peft import PeftModel
 
 from miniverl.config import MiniverlConfig
 from miniverl.config.teacher import TeacherConfig
-from miniverl.models import adapters, cpu_gemm
+from miniverl.models import adapters, cpu_gemm, tokenizers
 from miniverl.models import loading as models
 from miniverl.utils.measure import stored_weight_bytes
 from miniverl.workers.actor import ActorWorker
@@ -49,7 +49,7 @@ def build_roles(
     rollout = RolloutWorker(
         base,
         cfg.rollout,
-        eos_ids=models.stop_token_ids(tokenizer, base),
+        eos_ids=tokenizers.stop_token_ids(tokenizer, base),
         pad_id=tokenizer.pad_token_id,
         device=device,
         tokenizer_vocab=vocab,
@@ -118,14 +118,14 @@ def build_teacher(
         source = models.source_of(block, toy_path)
         teacher = models.load_teacher(block, source, device, where)
         own = models.load_tokenizer(where, block, source)
-        if block.text_aligned and models.tokenizers_differ(tokenizer, own):  # it scores text in its own tokens
-            models.check_tokenizers_compatible(own, own, teacher, teacher, where)  # its output layer covers them
+        if block.text_aligned and tokenizers.tokenizers_differ(tokenizer, own):  # it scores text in its own tokens
+            tokenizers.check_tokenizers_compatible(own, own, teacher, teacher, where)  # its output layer covers them
             worker = TeacherWorker(
                 teacher,
                 weight_bytes=stored_weight_bytes(teacher),
                 **{**common, "tokenizer_vocab": len(own), "pad_id": own.pad_token_id},
             )
-            stops = models.stop_token_ids(tokenizer, student.get_base_model())
+            stops = tokenizers.stop_token_ids(tokenizer, student.get_base_model())
             return TextAlignedTeacher(
                 worker,
                 tokenizer,
@@ -134,7 +134,7 @@ def build_teacher(
                 credit=block.alignment_credit,
                 unwritable_byte_log_prob=block.unwritable_byte_log_prob,
             )
-        models.check_tokenizers_compatible(tokenizer, own, student.get_base_model(), teacher, where)
+        tokenizers.check_tokenizers_compatible(tokenizer, own, student.get_base_model(), teacher, where)
         return TeacherWorker(teacher, weight_bytes=stored_weight_bytes(teacher), **common)
     # ref / shared_base: the teacher runs on the student's own base weights, no second copy.
     added = 0

@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 
 from miniverl.config import to_config
 from miniverl.main import run
-from miniverl.models import cpu_gemm, precision, toy
+from miniverl.models import cpu_gemm, precision, tokenizers, toy
 from miniverl.models import loading as models
 from miniverl.trainer import memory_estimate, preflight
 from miniverl.trainer.opd_trainer import OPDTrainer
@@ -79,7 +79,7 @@ def test_the_qwen3_toy_has_qwen3s_tokens_shapes_and_precision(trainer):
     assert config.head_dim != config.hidden_size // config.num_attention_heads
     assert student.get_output_embeddings().weight is student.get_input_embeddings().weight  # tied
     assert sorted(student.generation_config.eos_token_id) == [ENDOFTEXT, IM_END]
-    assert models.stop_token_ids(tok, student) == [ENDOFTEXT, IM_END]
+    assert tokenizers.stop_token_ids(tok, student) == [ENDOFTEXT, IM_END]
     saved = json.loads((trainer.run_dir / "toy_models" / "student" / "config.json").read_text())
     assert saved["dtype"] == "bfloat16" and saved["tie_word_embeddings"] is True
     # bf16 compute over NF4 in both models, as the recipe loads Qwen3 (dtype: auto).
@@ -180,7 +180,7 @@ def test_a_teacher_padded_to_another_row_count_is_accepted_and_scores_the_same(t
     dense = AutoModelForCausalLM.from_pretrained(trainer.run_dir / "toy_models" / "teacher", dtype=torch.float32)
     padded = copy.deepcopy(dense)
     padded.resize_token_embeddings(152_064, mean_resizing=False)  # Qwen2.5-7B's row count
-    models.check_tokenizers_compatible(tok, tok, trainer.student.get_base_model(), padded)
+    tokenizers.check_tokenizers_compatible(tok, tok, trainer.student.get_base_model(), padded)
     scores = [
         TeacherWorker(m, logprob_chunk=64, topk=None, tokenizer_vocab=len(tok))
         .compute_teacher_log_prob(copy.copy(scored), 4)
@@ -191,7 +191,7 @@ def test_a_teacher_padded_to_another_row_count_is_accepted_and_scores_the_same(t
     short = copy.deepcopy(dense)
     short.resize_token_embeddings(TOKENS - 100, mean_resizing=False)  # a real vocabulary difference
     with pytest.raises(MiniverlError, match="cannot score every token id") as info:
-        models.check_tokenizers_compatible(tok, tok, trainer.student.get_base_model(), short)
+        tokenizers.check_tokenizers_compatible(tok, tok, trainer.student.get_base_model(), short)
     assert "\n" not in str(info.value)
 
 

@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM
 from miniverl.config.model import StudentConfig
 from miniverl.config.teacher import TeacherConfig
 from miniverl.models import loading as models
+from miniverl.models import tokenizers
 from miniverl.utils.errors import MiniverlError
 
 
@@ -167,7 +168,7 @@ def test_a_teacher_with_another_vocabulary_is_refused(toy_dirs, tmp_path):
     other.add_tokens(["<extra>"])
     model = AutoModelForCausalLM.from_pretrained(toy_dirs["student"])
     with pytest.raises(MiniverlError, match="vocabularies differ"):
-        models.check_tokenizers_compatible(student_tok, other, model, model)
+        tokenizers.check_tokenizers_compatible(student_tok, other, model, model)
     assert isinstance(other, PreTrainedTokenizerFast)
 
 
@@ -178,7 +179,7 @@ def test_a_teacher_with_another_chat_template_is_refused(toy_dirs):
     teacher_tok.chat_template = teacher_tok.chat_template.replace("\n", " ")
     model = AutoModelForCausalLM.from_pretrained(toy_dirs["student"])
     with pytest.raises(MiniverlError, match="chat templates"):
-        models.check_tokenizers_compatible(student_tok, teacher_tok, model, model)
+        tokenizers.check_tokenizers_compatible(student_tok, teacher_tok, model, model)
 
 
 def test_the_stop_ids_before_loading_come_from_the_folders_own_files(tmp_path):
@@ -192,14 +193,14 @@ def test_the_stop_ids_before_loading_come_from_the_folders_own_files(tmp_path):
     folder = toy.save_toy(model, tokenizer, tmp_path / "toy")
     block = StudentConfig(model_id=str(folder))
     im_end, endoftext = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
-    assert models.configured_stop_ids(tokenizer, models.source_of(block, None)) == sorted([im_end, endoftext])
-    assert models.configured_stop_ids(tokenizer, models.source_of(block, None)) == models.stop_token_ids(
+    assert tokenizers.configured_stop_ids(tokenizer, models.source_of(block, None)) == sorted([im_end, endoftext])
+    assert tokenizers.configured_stop_ids(tokenizer, models.source_of(block, None)) == tokenizers.stop_token_ids(
         tokenizer, AutoModelForCausalLM.from_pretrained(folder)
     )
     (folder / "generation_config.json").unlink()
     from_config = AutoModelForCausalLM.from_pretrained(folder).config.eos_token_id
     expected = sorted({tokenizer.eos_token_id, *([from_config] if isinstance(from_config, int) else from_config)})
-    assert models.configured_stop_ids(tokenizer, models.source_of(block, None)) == expected
+    assert tokenizers.configured_stop_ids(tokenizer, models.source_of(block, None)) == expected
 
 
 def test_all_linear_gives_a_qwen3_student_the_adapter_its_seven_projections_give(toy_dirs):
