@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from miniverl.config.export import EXPORT_FOLDER
 from miniverl.utils.errors import MiniverlError, exit_code_of
-from miniverl.utils.hydra_entry import log_line, one_line_hydra_errors, run_as_main
+from miniverl.utils.hydra_entry import KeepEarlierRunRecord, log_line, one_line_hydra_errors, run_as_main
 from miniverl.verl_compat.launch_writer import export
 
 log = logging.getLogger("miniverl")
@@ -29,11 +29,8 @@ def main(cfg: DictConfig) -> None:
     except MiniverlError as error:
         log_line(log, str(error), logging.ERROR)  # export.log, beside the console's line
         sys.exit(exit_code_of(error))
-    if hydra_cfg.output_subdir is None and (run_dir / ".hydra").is_dir():  # KeepEarlierRunRecord kept it
-        from miniverl.utils.run_folder import holds_outputs  # torch: only in this case
-
-        if not holds_outputs(run_dir):  # an earlier export's record, and this export replaced that export
-            write_record(cfg, hydra_cfg, run_dir / ".hydra")
+    if KeepEarlierRunRecord.kept_export_record:  # this export replaced the earlier one: its record too
+        write_record(cfg, hydra_cfg, run_dir / ".hydra")
     for warning in result.warnings:
         print(f"miniverl: warning: {warning}", file=sys.stderr)
         log_line(log, warning, logging.WARNING)
@@ -46,7 +43,9 @@ def main(cfg: DictConfig) -> None:
 def write_record(cfg: DictConfig, hydra_cfg: DictConfig, record: Path) -> None:
     """Hydra's own record of a command (what it writes into .hydra/ when it starts the job)."""
     OmegaConf.save(cfg, record / "config.yaml")
-    OmegaConf.save(OmegaConf.create({"hydra": hydra_cfg}), record / "hydra.yaml")
+    hydra_record = OmegaConf.create(OmegaConf.to_container(hydra_cfg))
+    hydra_record.output_subdir = record.name  # as Hydra records it (KeepEarlierRunRecord set it aside)
+    OmegaConf.save(OmegaConf.create({"hydra": hydra_record}), record / "hydra.yaml")
     OmegaConf.save(hydra_cfg.overrides.task, record / "overrides.yaml")
 
 

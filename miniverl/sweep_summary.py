@@ -53,10 +53,14 @@ def job_dirs(sweep_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: (0, int(p.name)) if p.name.isdigit() else (1, p.name))
 
 
+def job_overrides(job: Path) -> list[str]:
+    return yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text()) or []
+
+
 def summarize_job(job: Path) -> tuple[dict, list[float]]:
     from miniverl.utils.run_folder import ERROR_FILE  # imports torch: not at Hydra start-up
 
-    overrides = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text()) or []
+    overrides = job_overrides(job)
     row = {column: None for column in COLUMNS}
     row.update(job=job.name, overrides=" ".join(overrides), run_dir=str(job))
     losses = []
@@ -101,19 +105,22 @@ def write_summary(sweep_dir: Path) -> list[dict]:
     # Imports torch: not at Hydra start-up.
     from miniverl.utils.run_folder import atomic_write_bytes
 
-    jobs = [summarize_job(job) for job in job_dirs(sweep_dir)]
+    folders = job_dirs(sweep_dir)
+    jobs = [summarize_job(job) for job in folders]
     rows = [row for row, _ in jobs]
+    overrides = [job_overrides(job) for job in folders]  # lists: a quoted value may hold a space
     # What tells the jobs apart: over every job of the sweep, those not run yet (a stopped sweep) included.
-    every = planned_jobs(sweep_dir) or [row["overrides"].split() for row in rows]
+    every = planned_jobs(sweep_dir) or overrides
     common = set.intersection(*(set(job) for job in every)) if every else set()
-    for row in rows:
-        row["swept"] = " ".join(o for o in row["overrides"].split() if o not in common) or "(none)"
+    for row, own in zip(rows, overrides):
+        row["swept"] = " ".join(o for o in own if o not in common) or "(none)"
     text = io.StringIO()
     writer = csv.DictWriter(text, fieldnames=COLUMNS, lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
     atomic_write_bytes(sweep_dir / "sweep_summary.csv", text.getvalue().encode())
-    atomic_write_bytes(sweep_dir / "sweep_summary.md", markdown(rows).encode())
+    shared = [o for o in (overrides[0] if overrides else []) if o in common]
+    atomic_write_bytes(sweep_dir / "sweep_summary.md", markdown(rows, shared).encode())
     plot(jobs, sweep_dir / "sweep_summary.png")
     return rows
 
@@ -122,9 +129,8 @@ def cell(value) -> str:
     return format_value(value, null="", digits=4).replace("|", "\\|").replace("\n", " ")
 
 
-def markdown(rows: list[dict]) -> str:
+def markdown(rows: list[dict], common: list[str]) -> str:
     shown = [c for c in COLUMNS if c not in ("run_dir", "overrides")]
-    common = [o for o in rows[0]["overrides"].split() if o not in rows[0]["swept"].split()] if rows else []
     lines = [
         f"Common overrides: `{' '.join(common) or '(none)'}`",
         "",
@@ -231,8 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         return exit_code_of(MiniverlError(what))
     if not job_dirs(args.sweep_dir):
         return exit_code_of(MiniverlError(f"{args.sweep_dir} holds no Hydra job folders (<n>/.hydra/overrides.yaml)"))
-    rows = write_summary(args.sweep_dir)
-    print(markdown(rows), end="")
+    write_summary(args.sweep_dir)
+    print((args.sweep_dir / "sweep_summary.md").read_text(), end="")
     print(f"wrote {args.sweep_dir / 'sweep_summary.csv'}, .md and .png")
     return 0
 

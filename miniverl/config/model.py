@@ -137,28 +137,22 @@ def check_common(where: str, quantization: str, dtype: str) -> None:
         raise ValueError(f"{where}.dtype={dtype!r}; choose one of {', '.join(DTYPES)}")
 
 
-def drop_folder_revisions(block: StudentConfig | Any) -> None:
-    """A revision names a commit of a hub id; a local folder's weights are what they are. So a
-    revision left over from a preset (opd_k1 pins Qwen3's commits) is dropped where model_id (or
-    tokenizer_id) is a folder: the report then records null, not another model's commit."""
-
-    def folder(name: str | None) -> bool:
-        return name not in (None, "toy") and os.path.isdir(os.path.expanduser(name))
-
-    if block.revision is not None and folder(block.model_id):
-        block.revision = None
-    if block.tokenizer_revision is not None and folder(block.tokenizer_id or block.model_id):
-        block.tokenizer_revision = None
+def hub_revision(model_id: str | None, revision: str | None) -> str | None:
+    """The revision a model (or tokenizer) is loaded at: none for the toy or a local folder, whose
+    files are what they are (a preset's pin, Qwen3's commit, names nothing there), else `revision`."""
+    if revision is None or model_id in (None, "toy") or os.path.isdir(os.path.expanduser(model_id)):
+        return None
+    return revision
 
 
 @dataclass
 class StudentConfig:
     model_id: str = "toy"  # "toy", a hub id (pinned by `revision`) or a local directory
-    # The hub revision (commit) of model_id, pinned so that a run names exactly its weights (dropped,
-    # null, where model_id is a local folder).
+    # The hub revision (commit) of model_id, pinned so that a run names exactly its weights (unused
+    # where model_id is a local folder: the report then records null).
     revision: Optional[str] = None
     tokenizer_id: Optional[str] = None  # defaults to model_id
-    # The hub revision of tokenizer_id (dropped where it is a local folder).
+    # The hub revision of tokenizer_id (unused where it is a local folder).
     tokenizer_revision: Optional[str] = None
     # Let transformers run the model repository's own code (verl: trust_remote_code); off by default.
     trust_remote_code: bool = False
@@ -183,5 +177,4 @@ class StudentConfig:
 
     def __post_init__(self) -> None:
         check_common("model", self.quantization, self.dtype)
-        drop_folder_revisions(self)
         self.toy.check("model.toy")

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from miniverl.config.bounds import check_range
-from miniverl.config.model import ToyArchitecture, check_common, drop_folder_revisions
+from miniverl.config.model import ToyArchitecture, check_common
 
 # standard: a separate frozen model (optionally with a PEFT adapter on top);
 # ref: verl's reference policy, the student's own base with its LoRA disabled (no second copy);
@@ -63,11 +63,11 @@ class TeacherConfig:
     mode: str = "standard"
     # toy, a hub id (pinned by revision) or a local folder of a Hugging Face causal LM.
     model_id: str = "toy"
-    # The hub revision (commit) of model_id (dropped, null, where model_id is a local folder).
+    # The hub revision (commit) of model_id (unused where model_id is a local folder: the report records null).
     revision: Optional[str] = None
     # The tokenizer checked against the student's (null: model_id's own).
     tokenizer_id: Optional[str] = None
-    # The hub revision of tokenizer_id (dropped where it is a local folder).
+    # The hub revision of tokenizer_id (unused where it is a local folder).
     tokenizer_revision: Optional[str] = None
     # Let transformers run the model repository's own code.
     trust_remote_code: bool = False
@@ -111,7 +111,6 @@ class TeacherConfig:
         """The teacher's own rules, naming it by its config path (`teacher`, `teachers.<name>`);
         the root config runs it for every teacher it reads."""
         check_common(where, self.quantization, self.dtype)
-        drop_folder_revisions(self)
         self.toy.check(f"{where}.toy")
         self.context.check(where)
         if self.mode not in TEACHER_MODES:

@@ -25,7 +25,7 @@ import transformers
 from peft import LoraConfig, PeftModel, get_peft_model, prepare_model_for_kbit_training
 from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PreTrainedModel
 
-from miniverl.config.model import ALL_LINEAR, StudentConfig, real_model_path
+from miniverl.config.model import ALL_LINEAR, StudentConfig, hub_revision, real_model_path
 from miniverl.config.teacher import TeacherConfig
 from miniverl.models import adapters, real_fixture, toy
 from miniverl.utils.errors import MiniverlError
@@ -98,9 +98,11 @@ def _materialize_toy_teacher(teacher: TeacherConfig, where: Path, student_seed: 
 
 def source_of(block: StudentConfig | TeacherConfig, toy_path: Path | None) -> Source:
     path = str(toy_path) if block.model_id == "toy" else os.path.expanduser(block.model_id)  # a quoted ~ too
-    revision = None if block.model_id == "toy" else block.revision
-    tokenizer = os.path.expanduser(block.tokenizer_id) if block.tokenizer_id else path
-    return Source(path, revision, tokenizer, block.tokenizer_revision if block.tokenizer_id else revision)
+    revision = hub_revision(block.model_id, block.revision)
+    if not block.tokenizer_id:
+        return Source(path, revision, path, revision)
+    tokenizer = os.path.expanduser(block.tokenizer_id)
+    return Source(path, revision, tokenizer, hub_revision(block.tokenizer_id, block.tokenizer_revision))
 
 
 def offline_error(where: str, source: Source, error: Exception, key: str = "model_id") -> MiniverlError:
@@ -146,8 +148,9 @@ def offline_error(where: str, source: Source, error: Exception, key: str = "mode
     )
 
 
-# A folder with none of these holds no tokenizer AutoTokenizer could read (a model saved without it).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+# A folder with none of these holds no tokenizer at all (a model saved without it); one with any of
+# them may still fail to load for another reason (a missing sentencepiece, its own code), said as it is.
+TOKENIZER_FILES = ("tokenizer*", "*.model", "*.tiktoken", "tekken.json", "vocab.*", "merges.txt")
 
 
 def load_tokenizer(where: str, block: StudentConfig | TeacherConfig, source: Source | None):
@@ -163,7 +166,7 @@ def load_tokenizer(where: str, block: StudentConfig | TeacherConfig, source: Sou
     except (OSError, ValueError) as error:
         key = "tokenizer_id" if block.tokenizer_id else "model_id"
         folder = Path(source.tokenizer_path).expanduser()
-        if folder.is_dir() and not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        if folder.is_dir() and not any(any(folder.glob(pattern)) for pattern in TOKENIZER_FILES):
             setting = where if where.startswith("--") else f"{where}.{key}"  # a bench flag is its own name
             fix = "" if where.startswith("--") or block.tokenizer_id else f", or set {where}.tokenizer_id to one"
             raise MiniverlError(
@@ -252,17 +255,16 @@ def model_class(block: StudentConfig | TeacherConfig, source: Source) -> type[Pr
 def lora_targets_problem(block: StudentConfig) -> str | None:
     """model.lora.target_modules against the student's layer names, from its config.json alone (the
     model built on the meta device: no weights read, no memory); None when they match, and for
-    all-linear, an adapter to start from, the toy or a config not readable here (loading checks)."""
+    all-linear, an adapter to start from, the toy, a model with its own code (not run for a check)
+    or a config not on this machine (no download: loading checks)."""
     targets = block.lora.peft_targets()
-    if targets == ALL_LINEAR or block.adapter or block.model_id == "toy":
+    if targets == ALL_LINEAR or block.adapter or block.model_id == "toy" or block.trust_remote_code:
         return None
     source = source_of(block, None)
     try:
-        config = transformers.AutoConfig.from_pretrained(
-            source.path, revision=source.revision, trust_remote_code=block.trust_remote_code
-        )
+        config = transformers.AutoConfig.from_pretrained(source.path, revision=source.revision, local_files_only=True)
         with torch.device("meta"), quiet_loading():
-            model = AutoModelForCausalLM.from_config(config, trust_remote_code=block.trust_remote_code)
+            model = AutoModelForCausalLM.from_config(config)
     except Exception:  # best effort (unreadable here, not a causal LM transformers builds...): loading checks too
         return None
     return adapters.targets_problem(model, targets)

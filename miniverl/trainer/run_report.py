@@ -16,6 +16,7 @@ import torch
 
 from miniverl import VERL_COMMIT, VERL_REPOSITORY, VERL_TAG, __version__
 from miniverl.config import MiniverlConfig
+from miniverl.config.model import hub_revision
 from miniverl.config.recipe import teacher_target_for
 from miniverl.models.adapters import adapter_sha256
 from miniverl.trainer.plan import PLAN_VERSION, Plan, aligned_teacher_tokenizer
@@ -105,7 +106,7 @@ def teachers_block(cfg: MiniverlConfig, weight_bytes: dict[str, int]) -> dict:
     bytes its weights add (`weight_bytes`, measured on the loaded model)."""
 
     def entry(name: str, block, with_key: bool) -> dict:
-        fields = dataclasses.asdict(block)
+        fields = {**dataclasses.asdict(block), **loaded_revisions(block)}
         if not with_key:
             fields.pop("key")  # the single teacher reads no key
         context = sha256_json(fields["context"]) if block.context.enabled else None  # the templates' identity
@@ -230,10 +231,19 @@ def checkpoint_facts(folder: Path | None) -> tuple[dict | None, int | None]:
     return hashes, folder_bytes(folder)
 
 
+def loaded_revisions(block) -> dict:
+    """The revisions a model block was loaded at: null for a local folder (a preset's pin names
+    another repository's commit there), as the config gives them for a hub id."""
+    return {
+        "revision": hub_revision(block.model_id, block.revision),
+        "tokenizer_revision": hub_revision(block.tokenizer_id, block.tokenizer_revision),
+    }
+
+
 def student_block(cfg: MiniverlConfig) -> dict:
     """`models.student`: the student's config under the reference report's names; `lora.enabled` is
     always true (miniverl trains LoRA adapters only, so it is no config key)."""
-    block = dataclasses.asdict(cfg.model)
+    block = {**dataclasses.asdict(cfg.model), **loaded_revisions(cfg.model)}
     block["lora"] = {"enabled": True, **block["lora"]}
     return {**block, "adapter_sha256": adapter_sha256(cfg.model.adapter)}
 

@@ -135,13 +135,20 @@ def save_adapter(student: PeftModel, folder: Path) -> None:
         with_umask_mode(weights)
 
 
+def _process_umask() -> int:
+    mask = os.umask(0)  # the one way to read it: set and restore, once, at import
+    os.umask(mask)
+    return mask
+
+
+UMASK = _process_umask()
+
+
 def with_umask_mode(path: Path) -> None:
     """safetensors writes its files 0600 (through a private temporary file of its own); give them the
     mode every other file of the run gets under the user's umask, so that an adapter or a checkpoint
     is as readable (on a shared machine) as the report beside it."""
-    mask = os.umask(0)
-    os.umask(mask)
-    path.chmod(0o666 & ~mask)
+    path.chmod(0o666 & ~UMASK)
 
 
 def prune(run_dir: Path, keep: int | None) -> None:
@@ -178,8 +185,8 @@ def resolve_checkpoint(path: str | Path) -> Path:
     if not found and (path / "plan.json").is_file():  # a run stopped (SIGKILL, a failure) before its first save
         raise MiniverlError(
             f"trainer.resume_from={path}: that run stopped before its first checkpoint, so nothing is left to "
-            f"resume; run the same command without trainer.resume_from (with hydra.run.dir={path} it starts again "
-            "in that folder)"
+            f"resume; run the command that started it again (with hydra.run.dir={path} it starts again in that "
+            "folder, from where that command started)"
         )
     if not found:
         raise MiniverlError(

@@ -4,6 +4,7 @@ import errno
 import os
 import signal
 import sys
+import traceback
 
 # Write errors the user can fix (a full disk, a read-only folder, no permission): one line, not a bug.
 WRITE_ERRNOS = (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT)
@@ -27,7 +28,10 @@ def ctrl_c_stop(message: str, signum: int = signal.SIGINT) -> RunStopped:
     `raise ctrl_c_stop(...) from None` inside `except KeyboardInterrupt:`. With HYDRA_FULL_ERROR=1
     the KeyboardInterrupt goes on, traceback and all."""
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
-        raise  # called inside the except block: the KeyboardInterrupt itself goes on
+        if signum == signal.SIGINT:
+            raise  # called inside the except block: the KeyboardInterrupt itself goes on
+        traceback.print_exc()  # an uncaught KeyboardInterrupt would end the process as SIGINT does (130)
+        sys.exit(128 + signum)
     return RunStopped(message, signum)
 
 

@@ -157,36 +157,38 @@ class KeepEarlierRunRecord(Callback):
     export replaces or refuses, that record is the earlier command's: this job writes none, so a
     refused command changes nothing there (an export that replaced the earlier one writes its own
     record after: miniverl.export). With trainer.overwrite=true a new run replaces the old one,
-    record included."""
+    record included (an export never replaces a run)."""
+
+    # Whether this command, an export, kept an earlier export's record (miniverl.export then writes
+    # its own once the launch is written). Set at every command's start: one process may run several.
+    kept_export_record = False
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        KeepEarlierRunRecord.kept_export_record = False
         run_dir = Path(config.hydra.run.dir)
-        if not (run_dir / ".hydra").is_dir() or OmegaConf.select(config, "trainer.overwrite"):
+        exporting = config.hydra.job.name == "export"
+        if not (run_dir / ".hydra").is_dir() or (OmegaConf.select(config, "trainer.overwrite") and not exporting):
             return
-        if self.earlier_command_here(run_dir, exporting=config.hydra.job.name == "export"):
-            with read_write(config.hydra), open_dict(config.hydra):
-                config.hydra.output_subdir = None
-
-    @staticmethod
-    def earlier_command_here(run_dir: Path, exporting: bool) -> bool:
         from miniverl.config.export import EXPORT_FOLDER
-
-        if exporting and (run_dir / EXPORT_FOLDER).is_dir():
-            return True
         from miniverl.utils.run_folder import holds_outputs  # torch and peft: only in this case
 
-        return holds_outputs(run_dir)  # a run's folder, or one holding what a run would replace: not ours
+        run_here = holds_outputs(run_dir)  # a run's folder, or one holding what a run would replace: not ours
+        if run_here or (exporting and (run_dir / EXPORT_FOLDER).is_dir()):
+            with read_write(config.hydra), open_dict(config.hydra):
+                config.hydra.output_subdir = None
+            KeepEarlierRunRecord.kept_export_record = exporting and not run_here
 
 
 class SweepPreflight(Callback):
     """What a sweep is refused for before Hydra writes anything (its multirun.yaml, each job's
-    .hydra/), in one line: a folder that holds another sweep's runs (the same sweep command goes
-    on there instead: a finished job is kept, a stopped one resumes in its folder: miniverl.main),
-    and the SLURM launcher on a machine without SLURM. Hydra turns a callback's exceptions into
-    warnings and goes on (HYDRA_FULL_ERROR=1 too): only SystemExit stops the sweep here."""
+    .hydra/), in one line: the SLURM launcher on a machine without SLURM, a folder that holds
+    another sweep's runs (the same sweep command goes on there instead: a finished job is kept, a
+    stopped one resumes in its folder: miniverl.main), and a job whose config would not compose or
+    validate. Hydra turns a callback's exceptions into warnings and goes on (HYDRA_FULL_ERROR=1
+    too): only SystemExit stops the sweep here."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        refusal = self.slurm_missing(config) or self.invalid_jobs(config) or self.another_sweep(config)
+        refusal = self.slurm_missing(config) or self.another_sweep(config) or self.invalid_jobs(config)
         if refusal:
             print(f"miniverl: error: {refusal}", file=sys.stderr)
             raise SystemExit(2)
@@ -214,9 +216,12 @@ class SweepPreflight(Callback):
 
         from miniverl.config import to_config
 
-        jobs = each_job(sweep_arguments(config.hydra))
+        basic = "BasicSweeper" in str(OmegaConf.select(config, "hydra.sweeper._target_") or "")
+        jobs = each_job(sweep_arguments(config.hydra)) if basic else None  # another sweeper picks its own jobs
         if jobs is None or not GlobalHydra.instance().is_initialized():  # glob()/shuffle(): each job checks itself
             return None
+        if len(jobs) > 20:
+            logging.getLogger("miniverl").info("checking the config of each of the sweep's %d jobs", len(jobs))
         loader = GlobalHydra.instance().config_loader()
         shared = set.intersection(*(set(job) for job in jobs))
         refused = []
@@ -229,6 +234,8 @@ class SweepPreflight(Callback):
                 refused.append(f"{name}: {hydra_error_line(error)}")
             except MiniverlError as error:
                 refused.append(f"{name}: {error}")
+            except Exception:  # anything else is the job's to report as it runs, as without this check
+                continue
         if not refused:
             return None
         shown = "; ".join(refused[:3]) + (f"; and {len(refused) - 3} more" if len(refused) > 3 else "")

@@ -20,8 +20,11 @@ class Interrupted(KeyboardInterrupt):
     one during an update: handled as Ctrl-C is, and named by its signal."""
 
     def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
+        super().__init__(signum)  # the args rebuild it (pickled to a joblib launcher's parent)
         self.signum = signum
+
+    def __str__(self) -> str:
+        return signal.Signals(self.signum).name
 
 
 def signal_of(interrupt: KeyboardInterrupt) -> signal.Signals:
@@ -81,8 +84,11 @@ class SignalReceived(Exception):
     """Ctrl-C or SIGTERM while `raised_signals` is active."""
 
     def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
+        super().__init__(signum)
         self.signum = signum
+
+    def __str__(self) -> str:
+        return signal.Signals(self.signum).name
 
 
 @contextmanager

@@ -12,6 +12,7 @@ from typing import Any
 
 from miniverl.config import MiniverlConfig
 from miniverl.config.export import teacher_pool_problem
+from miniverl.config.model import hub_revision
 from miniverl.verl_compat.defaults import TEACHER, TEACHERS
 from miniverl.verl_compat.field_rules import RULES
 from miniverl.verl_compat.launch_files import resolved_flat, teacher_variable
@@ -63,7 +64,7 @@ def differences(config: MiniverlConfig) -> list[str]:
             )
         if block.quantization == "nf4":
             out.append(f"{where}.quantization=nf4 does not carry over: {RULES_NOTE[kind + '.quantization']}")
-        if block.revision is not None:
+        if hub_revision(block.model_id, block.revision) is not None:  # a local folder loads no revision
             note = RULES_NOTE[kind + ".revision"]
             if kind == "teacher":  # the launch's variable of this teacher
                 note = note.replace("TEACHER_MODEL", teacher_variable(where))

@@ -250,18 +250,3 @@ def test_one_entry_in_teachers_is_accepted_as_verl_accepts_it_and_a_default_with
         to_config(compose_config(["+recipe=opd_k1", "+teacher@teachers.a=toy"]))  # verl requires it too
     with pytest.raises(MiniverlError, match="default_teacher='a' names no teacher"):
         to_config(compose_config(["+recipe=opd_k1", "default_teacher=a"]))
-
-
-def test_a_presets_hub_revision_is_dropped_where_the_model_is_a_local_folder(tmp_path):
-    """opd_k1 pins Qwen3's hub commits; a local folder in their place has no commit, so the report must
-    not record Qwen3's (nor the export warn that it is not pinned). A hub id keeps its pin."""
-    folder = tmp_path / "my-model"
-    folder.mkdir()
-    local = to_config(compose_config(["+recipe=opd_k1", f"model.model_id={folder}", f"teacher.model_id={folder}"]))
-    assert (local.model.revision, local.teacher.revision) == (None, None)
-    hub = to_config(compose_config(["+recipe=opd_k1"]))
-    assert hub.model.revision and hub.teacher.revision  # Qwen3's pinned commits
-    tokenizer = to_config(
-        compose_config(["+recipe=opd_k1", f"model.tokenizer_id={folder}", "model.tokenizer_revision=abc123"])
-    )
-    assert tokenizer.model.tokenizer_revision is None and tokenizer.model.revision == hub.model.revision

@@ -35,6 +35,8 @@ def test_every_file_of_the_run_is_as_readable_as_the_umask_allows(toy_run):
     _, run_dir = toy_run
     mask = os.umask(0)
     os.umask(mask)
+    if 0o666 & ~mask == 0o600:
+        pytest.skip(f"under umask {mask:04o} every file is 0600, safetensors' own mode: nothing to tell apart")
     tensors = sorted(run_dir.rglob("*.safetensors"))
     assert {"adapter_model.safetensors", "adapter.safetensors", "optimizer.safetensors"} <= {p.name for p in tensors}
     assert {p.relative_to(run_dir): oct(p.stat().st_mode & 0o777) for p in tensors} == {

@@ -118,9 +118,9 @@ def test_a_model_folder_saved_without_its_tokenizer_is_named_as_such(tmp_path):
     with pytest.raises(MiniverlError) as info:
         models.load_tokenizer("model", block, models.source_of(block, None))
     assert str(info.value) == (
-        f"model.model_id={folder} holds no tokenizer (none of tokenizer.json, tokenizer_config.json, "
-        "tokenizer.model, vocab.json): save the model's tokenizer there (tokenizer.save_pretrained(folder)), or set "
-        "model.tokenizer_id to one"
+        f"model.model_id={folder} holds no tokenizer (none of tokenizer*, *.model, *.tiktoken, tekken.json, vocab.*, "
+        "merges.txt): save the model's tokenizer there (tokenizer.save_pretrained(folder)), or set model.tokenizer_id "
+        "to one"
     )
 
 

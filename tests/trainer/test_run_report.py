@@ -174,6 +174,24 @@ def test_the_reports_student_block_says_lora_is_on_and_the_teacher_target_follow
         assert report_module.teacher_target_for(cfg.estimator.loss_mode) == target
 
 
+def test_the_report_records_no_hub_revision_for_a_model_loaded_from_a_local_folder(tmp_path):
+    """opd_k1 pins Qwen3's hub commits; a user's own folder in their place is loaded at no revision,
+    so the report must not name Qwen3's commit for it. A hub id keeps its pin."""
+    from miniverl.config import to_config
+
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    local = to_config(compose_config(["+recipe=opd_k1", f"model.model_id={folder}", f"teacher.model_id={folder}"]))
+    assert local.model.revision  # the config as given: the plan and the resume identity are unchanged
+    assert report_module.student_block(local)["revision"] is None
+    assert report_module.teachers_block(local, {})["teacher"]["revision"] is None
+    hub = to_config(compose_config(["+recipe=opd_k1"]))
+    assert (
+        report_module.student_block(hub)["revision"] == hub.model.revision == "c1899de289a04d12100db370d81485cdf75e47ca"
+    )
+    assert report_module.teachers_block(hub, {})["teacher"]["revision"] == hub.teacher.revision
+
+
 def test_the_plans_sizes_are_used_until_a_downshift_splits_the_rows_at_the_halved_size():
     shift = downshift.Downshift(torch.device("cpu"), rollout_rows=4, update_rows=4, simulate_above=3)
     assert shift.run("update_chunk", [3, 1], lambda sizes: sizes) == [3, 1]  # plan.json's, not split(4, 4)

@@ -57,5 +57,6 @@ def test_resume_from_a_missing_or_empty_folder_says_which_and_what_to_give(tmp_p
         checkpoint.resolve_checkpoint("empty")
     assert str(refused.value) == (
         "trainer.resume_from=empty: that run stopped before its first checkpoint, so nothing is left to resume; run "
-        "the same command without trainer.resume_from (with hydra.run.dir=empty it starts again in that folder)"
+        "the command that started it again (with hydra.run.dir=empty it starts again in that folder, from where that "
+        "command started)"
     )
