@@ -85,6 +85,19 @@ def locate(name: str) -> Path:
     return shipped if shipped.is_file() else path
 
 
+def missing_line(key: str, name: str) -> str:
+    return (
+        f"data.{key}: {name} does not exist (paths are relative to {Path.cwd()}, or to {CHECKOUT} "
+        "for the prompts miniverl ships in data/)"
+    )
+
+
+def missing_data_file(data: DataConfig, keys: tuple[str, ...]) -> str | None:
+    """The line for the first file of `data.<key>` (each of `keys`) that is not there, or None."""
+    missing = [(key, name) for key in keys for name in getattr(data, key) if not locate(name).is_file()]
+    return missing_line(*missing[0]) if missing else None
+
+
 def read_conversations(
     data: DataConfig, key: str = "train_files", route_column: str | None = None, with_records: bool = False
 ) -> Conversations:
@@ -96,10 +109,7 @@ def read_conversations(
     for name in getattr(data, key):
         path = locate(name)
         if not path.is_file():
-            raise MiniverlError(
-                f"{where}: {name} does not exist (paths are relative to {Path.cwd()}, or to {CHECKOUT} "
-                "for the prompts miniverl ships in data/)"
-            )
+            raise MiniverlError(missing_line(key, name))
         try:
             table = pq.read_table(path)
         except (pa.ArrowException, OSError) as error:

@@ -208,13 +208,14 @@ class SweepPreflight(Callback):
 
     @staticmethod
     def invalid_jobs(config: DictConfig) -> str | None:
-        """Every job composed and validated as it will run, before the first one starts: a value
-        refused in the last job of a sweep is found now, not after the jobs before it have run
-        (Hydra itself composes the jobs only after writing multirun.yaml, and validates none)."""
+        """Every job composed and validated as it will run, and its data files found, before the first
+        one starts: a value refused in the last job of a sweep is found now, not after the jobs before
+        it have run (Hydra itself composes the jobs only after writing multirun.yaml, and validates none)."""
         from hydra.core.global_hydra import GlobalHydra
         from hydra.errors import CompactHydraException
 
         from miniverl.config import to_config
+        from miniverl.utils.dataset import missing_data_file
 
         basic = "BasicSweeper" in str(OmegaConf.select(config, "hydra.sweeper._target_") or "")
         jobs = each_job(sweep_arguments(config.hydra)) if basic else None  # another sweeper picks its own jobs
@@ -229,7 +230,10 @@ class SweepPreflight(Callback):
             swept = " ".join(o for o in job if o not in shared)  # what names the job: its swept values
             name = f"job {num} ({swept})" if swept else f"job {num}"
             try:
-                to_config(loader.load_sweep_config(config, list(job)))
+                checked = to_config(loader.load_sweep_config(config, list(job)))
+                read = ("train_files", "val_files") if checked.eval.every != -1 else ("train_files",)
+                if missing := missing_data_file(checked.data, read):  # cheap; the rest of its pre-flight is the job's
+                    raise MiniverlError(missing)
             except CompactHydraException as error:
                 refused.append(f"{name}: {hydra_error_line(error)}")
             except MiniverlError as error:

@@ -74,13 +74,13 @@ def test_a_2x2_sweep_leaves_four_reports_and_a_summary(sweep_2x2):
 @pytest.mark.slow
 def test_a_failing_job_is_listed_and_the_others_finish(tmp_path, capfd):
     sweep_dir = tmp_path / "s"
-    prompts = "data.train_files=data/toy_prompts.parquet,/nowhere/prompts.parquet,data/toy_prompts.parquet"
+    prompts = "data.train_files=data/toy_prompts.parquet,README.md,data/toy_prompts.parquet"  # there, not parquet
     assert multirun(sweep_dir, "+recipe=opd_k1", "model=toy", "teacher=toy", prompts) == 1
     assert "miniverl: error: sweep job(s) 1 failed" in capfd.readouterr().err
     rows = read_csv(sweep_dir / "sweep_summary.csv")
     assert [row["status"] for row in rows] == ["measured", "failed", "measured"]
     no_data = "pre-flight check failed (python -m miniverl.doctor shows all): data: data.train_files: "
-    assert rows[1]["error"].startswith(no_data) and "/nowhere/prompts.parquet" in rows[1]["error"]
+    assert rows[1]["error"].startswith(no_data + "README.md is not a readable parquet file")
     assert (sweep_dir / "0" / "report.json").is_file() and (sweep_dir / "2" / "report.json").is_file()
     assert f"| failed | {no_data}" in (sweep_dir / "sweep_summary.md").read_text()
 
@@ -107,6 +107,13 @@ def test_a_value_any_job_would_refuse_stops_the_sweep_before_anything_is_written
         "Could not find 'estimator/k4'; Available options in 'estimator': abs, "
     )
     assert not sweep_dir.exists()  # Hydra alone writes multirun.yaml before it composes a job
+    prompts = "data.train_files=data/toy_prompts.parquet,/nowhere/prompts.parquet"  # a file that is not there
+    assert multirun(sweep_dir, "+recipe=opd_k1", "model=toy", "teacher=toy", prompts) == 2
+    assert capfd.readouterr().err.startswith(
+        "miniverl: error: 1 of the sweep's 2 jobs would fail, so none ran: job 1 (data.train_files=/nowhere/prompts"
+        ".parquet): data.train_files: /nowhere/prompts.parquet does not exist (paths are relative to "
+    )
+    assert not sweep_dir.exists()
 
 
 @pytest.mark.slow
@@ -115,7 +122,7 @@ def test_user_mistakes_end_their_jobs_in_one_line_and_no_job_runs_the_resume_che
     status = run_as_command(
         "main", "-m", "+recipe=opd_k1", "model=toy", "teacher=toy", "recipe.optimizer_updates=2",
         "recipe.interrupt_after_updates=1", "recipe.response_limit=8", f"hydra.sweep.dir={sweep_dir}",
-        "data.train_files=data/toy_prompts.parquet,/nowhere/prompts.parquet,/nowhere/else.parquet",
+        "data.train_files=data/toy_prompts.parquet,README.md,pyproject.toml",  # there, but not parquet
     )  # fmt: skip
     out, err = capfd.readouterr()
     assert status == 1 and "miniverl: error: sweep job(s) 1, 2 failed" in err and "Traceback" not in out + err
@@ -123,8 +130,8 @@ def test_user_mistakes_end_their_jobs_in_one_line_and_no_job_runs_the_resume_che
     rows = read_csv(sweep_dir / "sweep_summary.csv")
     assert [row["status"] for row in rows] == ["measured", "failed", "failed"]
     no_data = "pre-flight check failed (python -m miniverl.doctor shows all): data: data.train_files: "
-    assert rows[1]["error"].startswith(no_data) and "/nowhere/prompts.parquet" in rows[1]["error"]
-    assert rows[2]["error"].startswith(no_data) and "/nowhere/else.parquet" in rows[2]["error"]
+    assert rows[1]["error"].startswith(no_data + "README.md is not a readable parquet file")
+    assert rows[2]["error"].startswith(no_data + "pyproject.toml is not a readable parquet file")
     assert rows[0]["resume"] == "not_checked" and not (sweep_dir / "0" / "resume_check").exists()
     for job in ("1", "2"):  # each failed job's folder: its record, its log ending in the line, nothing else
         assert sorted(p.name for p in (sweep_dir / job).iterdir()) == [".hydra", "error.txt", "main.log"]
