@@ -25,6 +25,8 @@ def main(argv: list[str] | None = None) -> int:
         f"miniverl's export wrote it for, else {EXPORT_DEFAULT})",
     )
     args = parser.parse_args(argv)
+    if args.output and Path(args.output).is_dir():
+        return exit_code_of(MiniverlError(f"-o {args.output} is a folder; give the file to write the overrides to"))
     try:
         text = import_file(args.file, version=args.verl_version)
     except MiniverlError as error:

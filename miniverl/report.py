@@ -71,10 +71,15 @@ def main(argv: list[str] | None = None) -> int:
     for path in (args.a, args.b):
         path = path / "report.json" if path.is_dir() else path  # a run folder: its report
         try:
-            reports.append(json.loads(path.read_text(encoding="utf-8")))
+            report = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as error:
             print(f"miniverl: error: {path}: not a readable report ({error})", file=sys.stderr)
             return 2
+        if not isinstance(report, dict) or "schema_version" not in report:
+            line = f"{path}: not a miniverl report (no schema_version); give a run's report.json or its folder"
+            print(f"miniverl: error: {line}", file=sys.stderr)
+            return 2
+        reports.append(report)
         settings.append(plan_settings(path))
     print(f"A: {args.a}\nB: {args.b}")
     print("\n".join(compare(*reports, settings=None if None in settings else tuple(settings))))

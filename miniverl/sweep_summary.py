@@ -72,7 +72,10 @@ def summarize_job(job: Path) -> tuple[dict, list[float]]:
         ]
     if losses:
         row.update(final_loss=losses[-1], mean_loss=statistics.fmean(losses))
-    report = json.loads((job / "report.json").read_text()) if (job / "report.json").is_file() else None
+    try:
+        report = json.loads((job / "report.json").read_text()) if (job / "report.json").is_file() else None
+    except ValueError:  # cut short by a crash: the job is listed, its report said to be unreadable
+        report, row["status"], row["error"] = None, "report unreadable", f"{job / 'report.json'} is not valid JSON"
     if report:
         m = report["measurements"]
         row.update(

@@ -7,11 +7,13 @@ import json
 from miniverl.report import main
 
 REPORT_A = {
+    "schema_version": 1,
     "measurements": {"rollout": {"tokens_per_second": 100.0}},
     "recipe": {"estimator": "k1"},
     "measured_at": "2026-12-05T10:00:00",
 }
 REPORT_B = {
+    "schema_version": 1,
     "measurements": {"rollout": {"tokens_per_second": 150.0}},
     "recipe": {"estimator": "k3"},
     "measured_at": "2026-12-05T11:00:00",
@@ -28,6 +30,16 @@ def test_compare_takes_report_files_or_run_folders_and_shows_b_over_a_and_what_d
     assert row.split()[-1] == "1.500"
     assert "identity fields that differ: 1" in lines  # the clock is not an identity
     assert lines[-1].split() == ["recipe.estimator:", "k1", "|", "k3"]
+
+
+def test_a_json_file_that_is_no_report_is_one_line(tmp_path, capsys):
+    (tmp_path / "b.json").write_text(json.dumps(REPORT_B))
+    (tmp_path / "plan.json").write_text('{"updates": []}')  # JSON, but not a report: before, a table of nulls
+    assert main(["compare", str(tmp_path / "plan.json"), str(tmp_path / "b.json")]) == 2
+    assert capsys.readouterr().err == (
+        f"miniverl: error: {tmp_path / 'plan.json'}: not a miniverl report (no schema_version); give a run's "
+        "report.json or its folder\n"
+    )
 
 
 def test_a_folder_without_a_report_is_one_line(tmp_path, capsys):

@@ -40,6 +40,19 @@ def test_a_job_not_measured_to_its_end_says_its_status_in_the_legend():
     assert sweep_summary.legend_labels(jobs) == ["#0 estimator=k1", "#1 estimator=k3 (interrupted)"]
 
 
+def test_a_job_whose_report_a_crash_cut_short_is_listed_as_unreadable(tmp_path):
+    job = tmp_path / "0"
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "overrides.yaml").write_text("- estimator=k1\n")
+    (job / "report.json").write_text("{oops")  # before: a JSONDecodeError traceback
+    row, losses = sweep_summary.summarize_job(job)
+    assert (row["status"], row["error"], losses) == (
+        "report unreadable",
+        f"{job / 'report.json'} is not valid JSON",
+        [],
+    )
+
+
 def test_a_missing_or_empty_sweep_folder_is_one_line_saying_which(tmp_path, capsys):
     from miniverl.sweep_summary import main
 

@@ -229,7 +229,7 @@ def exported_for(path: str | Path) -> str | None:
         pass
     try:
         header = path.read_text().split("\nset ", 1)[0]
-    except OSError:
+    except (OSError, UnicodeDecodeError):  # not readable as a launch: read_overrides says so
         return None
     found = re.search(r"^# Exported by miniverl .* for verl v(\d+\.\d+\.\d+)", header, re.MULTILINE)
     return found.group(1) if found else None
@@ -238,17 +238,24 @@ def exported_for(path: str | Path) -> str | None:
 def read_overrides(path: str | Path, env: Mapping[str, str] | None = None) -> list[str]:
     """The verl overrides of a launch script or an overrides file."""
     path = Path(path)
+    give = (
+        "give a verl launch script or overrides file, such as the verl/run_opd.sh or verl/overrides.txt that "
+        "`python -m miniverl.export +recipe=<name>` writes into its run folder"
+    )
     try:
         text = path.read_text()
     except OSError as error:
-        raise MiniverlError(
-            f"cannot read {path}: {error.strerror}; give a verl launch script or overrides file, such as the "
-            "verl/run_opd.sh or verl/overrides.txt that `python -m miniverl.export +recipe=<name>` writes into "
-            "its run folder"
-        ) from None
+        raise MiniverlError(f"cannot read {path}: {error.strerror}; {give}") from None
+    except UnicodeDecodeError:
+        raise MiniverlError(f"cannot read {path}: not a text file; {give}") from None
     if path.suffix == ".sh" or text.startswith("#!") or "verl.trainer.main_ppo" in text:
         found = _Shell(os.environ if env is None else env, str(path.resolve().parent)).run(text)
         if found is None:
             raise MiniverlError(f"{path}: no `python3 -m verl.trainer.main_ppo` command line found")
         return found
-    return [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    if not lines or not all(
+        line.startswith("~") or ("=" in line and " " not in line.split("=", 1)[0]) for line in lines
+    ):
+        raise MiniverlError(f"{path}: neither a launch script nor overrides (one key=value per line); {give}")
+    return lines

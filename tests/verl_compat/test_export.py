@@ -947,6 +947,27 @@ def test_importing_a_file_that_is_not_there_is_one_line_naming_where_a_launch_co
     )
 
 
+def test_importing_what_is_no_launch_or_into_a_folder_is_one_line(tmp_path, capsys):
+    give = "give a verl launch script or overrides file"
+    (tmp_path / "binary.sh").write_bytes(b"\x00\x01\xff\xfe")
+    (tmp_path / "report.json").write_text('{"a": 1}\n')
+    (tmp_path / "empty.txt").write_text("")
+    assert import_command.main([str(tmp_path / "binary.sh")]) == 2
+    assert capsys.readouterr().err.startswith(f"miniverl: error: cannot read {tmp_path / 'binary.sh'}: not a text file")
+    for name in ("report.json", "empty.txt"):  # before: "this verl launch does not enable distillation"
+        assert import_command.main([str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err
+        assert (
+            err.startswith(f"miniverl: error: {tmp_path / name}: neither a launch script nor overrides") and give in err
+        )
+    launch = tmp_path / "overrides.txt"
+    launch.write_text("distillation.enabled=True\n")
+    assert import_command.main([str(launch), "-o", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"miniverl: error: -o {tmp_path} is a folder; give the file to write the overrides to"
+    )
+
+
 def test_an_export_from_another_directory_points_at_the_shipped_prompts(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     result = export(compose_config([*RECIPE, "model=toy", "teacher=toy"]), tmp_path / "verl")
