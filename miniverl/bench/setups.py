@@ -303,7 +303,11 @@ def build_real_setup(student_path: str, teacher_path: str, device: torch.device)
     student = models.wrap_student(base, student_block, device, lora_seed=2)
     teacher = models.load_teacher(teacher_block, sources[1], device, "--teacher")
     tokenizers.check_tokenizers_compatible(
-        tokenizer, models.load_tokenizer("--teacher", teacher_block, sources[1]), student.get_base_model(), teacher
+        tokenizer,
+        models.load_tokenizer("--teacher", teacher_block, sources[1]),
+        student.get_base_model(),
+        teacher,
+        "--teacher",
     )
     nonzero_lora_b(student)
     prompt_ids = bench_prompts(tokenizer)

@@ -167,9 +167,16 @@ def test_a_teacher_with_another_vocabulary_is_refused(toy_dirs, tmp_path):
     other = toy.build_toy_tokenizer()
     other.add_tokens(["<extra>"])
     model = AutoModelForCausalLM.from_pretrained(toy_dirs["student"])
-    with pytest.raises(MiniverlError, match="vocabularies differ"):
+    with pytest.raises(MiniverlError, match="vocabularies differ") as refused:
         tokenizers.check_tokenizers_compatible(student_tok, other, model, model)
+    assert str(refused.value).endswith("set teacher.tokenizer_alignment=text")
     assert isinstance(other, PreTrainedTokenizerFast)
+    with pytest.raises(MiniverlError) as refused:  # the bench's flag: it has no tokenizer_alignment to set
+        tokenizers.check_tokenizers_compatible(student_tok, other, model, model, "--teacher")
+    assert str(refused.value).startswith("--teacher and student: tokenizer vocabularies differ")
+    assert str(refused.value).endswith(
+        "the bench measures a pair of one tokenizer: give --teacher a model of the student's"
+    )
 
 
 def test_a_teacher_with_another_chat_template_is_refused(toy_dirs):
