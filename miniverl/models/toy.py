@@ -16,7 +16,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from miniverl.config.model import ToyArchitecture
-from miniverl.utils.checkpoint import with_umask_mode
+from miniverl.utils.checkpoint import tensors_with_umask_mode
 
 PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 # Qwen's chat layout; `<|im_end|>` ends every turn and is the EOS token of generation.
@@ -226,6 +226,5 @@ def save_toy(model: Qwen3ForCausalLM, tokenizer: PreTrainedTokenizerFast, folder
     folder.mkdir(parents=True, exist_ok=True)
     model.to(getattr(torch, dtype)).save_pretrained(folder)  # safetensors, config.json, generation_config.json
     tokenizer.save_pretrained(folder)
-    for weights in folder.glob("*.safetensors"):
-        with_umask_mode(weights)
+    tensors_with_umask_mode(folder)
     return folder

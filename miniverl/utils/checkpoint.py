@@ -131,8 +131,7 @@ def save_adapter(student: PeftModel, folder: Path) -> None:
         selected_adapters=["default"],
         save_embedding_layers=embeddings_targeted(student),
     )
-    for weights in folder.glob("*.safetensors"):
-        with_umask_mode(weights)
+    tensors_with_umask_mode(folder)
 
 
 def _process_umask() -> int:
@@ -149,6 +148,12 @@ def with_umask_mode(path: Path) -> None:
     mode every other file of the run gets under the user's umask, so that an adapter or a checkpoint
     is as readable (on a shared machine) as the report beside it."""
     path.chmod(0o666 & ~UMASK)
+
+
+def tensors_with_umask_mode(folder: Path) -> None:
+    """with_umask_mode for every safetensors file save_pretrained wrote into `folder`."""
+    for weights in folder.glob("*.safetensors"):
+        with_umask_mode(weights)
 
 
 def prune(run_dir: Path, keep: int | None) -> None:
