@@ -126,11 +126,14 @@ def test_the_doctors_tokenizer_check_reads_the_models_own_files(real_models):
     assert "responses end at ids [2]" in check.reason  # <|im_end|>, from the model's own files
 
 
+# Eight updates, not four: after four the held-out span k1 fell 11-24 % in runs of their own but 5 % in
+# the suite on an AVX512-BF16 EPYC (the training's samples part from update 4 on there); after eight
+# it fell 35-80 % wherever it was measured (recipes/opd_k1_cross_tokenizer_cpu/README.md).
 SHORT_CROSS = [
     "+recipe=opd_k1_cross_tokenizer_cpu",
-    "recipe.optimizer_updates=4",
+    "recipe.optimizer_updates=8",
     "recipe.interrupt_after_updates=null",
-    "eval.every=4",
+    "eval.every=8",
     "trainer.progress_bar=false",
 ]
 
@@ -146,7 +149,7 @@ def test_a_student_of_another_tokenizer_distils_from_the_real_teacher(cross_toke
     assert block["unwritable_byte_log_prob"] == -20.0 and 0 <= block["unwritable_byte_fraction_mean"] < 0.1
     assert (block["student_tokenizer"]["vocabulary"], block["teacher_tokenizer"]["vocabulary"]) == (151936, 49152)
     k1 = {p["update"]: p["value"] for p in report["distillation_progress"]["k1_mean"]}
-    assert k1[4] < 0.95 * k1[0]  # the held-out span k1 falls
+    assert k1[8] < 0.8 * k1[0]  # the held-out span k1 falls
     assert len(report["distillation_progress"]["teacher_loglik_per_char"]) == 2
     assert report["measurements"]["observed_rollout_physical_batch_sizes"] == [4, 16]  # the probe's one decode
 
