@@ -148,7 +148,7 @@ RULES = [
     (
         r"^python -m miniverl\.main \+recipe=opd_k1_cross_tokenizer_cpu",
         "compose",
-        "minutes on real weights: tests/e2e/test_real_models.py runs the recipe (4 updates) on the real pair",
+        "minutes on real weights: tests/e2e/test_real_models.py runs the recipe (8 updates) on the real pair",
     ),
     (
         r"^python scripts/objectives_table\.py",

@@ -45,7 +45,9 @@ def test_the_real_student_moves_toward_its_teacher(real_run):
     assert status == 0
     report = json.loads((run_dir / "report.json").read_text())
     kl = {p["update"]: p["value"] for p in report["distillation_progress"]["exact_reverse_kl"]}
-    assert kl[4] < 0.9 * kl[0]  # held-out exact reverse KL over all 49,152 tokens
+    # Held-out exact reverse KL over all 49,152 tokens: 0.78x its start after four updates on an
+    # AVX512-BF16 EPYC at the suite's one thread per worker (2.277 -> 1.783).
+    assert kl[4] < 0.9 * kl[0]
     assert report["models"]["student"]["model_id"].endswith("smollm2-135m-instruct-drop5")
     # Training decodes its 4 rows at once, the held-out probe its 16 prompts (the recipe's physical batch).
     assert report["measurements"]["observed_rollout_physical_batch_sizes"] == [4, 16]
@@ -128,7 +130,8 @@ def test_the_doctors_tokenizer_check_reads_the_models_own_files(real_models):
 
 # Eight updates, not four: after four the held-out span k1 fell 11-24 % in runs of their own but 5 % in
 # the suite on an AVX512-BF16 EPYC (the training's samples part from update 4 on there); after eight
-# it fell 35-80 % wherever it was measured (recipes/opd_k1_cross_tokenizer_cpu/README.md).
+# it fell 35-80 % wherever it was measured (recipes/opd_k1_cross_tokenizer_cpu/README.md), 43 % on that
+# EPYC at the suite's one thread per worker.
 SHORT_CROSS = [
     "+recipe=opd_k1_cross_tokenizer_cpu",
     "recipe.optimizer_updates=8",
