@@ -61,6 +61,8 @@ def test_the_real_student_moves_toward_its_teacher(real_run):
 
 
 def test_rollout_and_actor_log_probs_agree_within_the_bf16_tolerance_on_real_weights(real_run):
+    # Measured over these four updates at one thread on an AVX512-BF16 EPYC: 0.23 at worst, 0.031 on
+    # average in the worst update (the allowance 0.5 / 0.1; 0.28 / 0.025 over 16 updates on an AMX Xeon).
     _, run_dir = real_run
     worst_allowed, mean_allowed = precision.log_prob_tolerance(torch.bfloat16)
     for update in range(1, 5):
