@@ -5,6 +5,8 @@ compares the training fields of two runs' (resume_check.TRAINING_STATE_FIELDS)."
 from __future__ import annotations
 
 from miniverl.trainer.validation import probe_owed
+from miniverl.utils.checkpoint import NUMERICS_FIELD
+from miniverl.utils.device import numerics_environment
 from miniverl.utils.identity import sha256_json
 
 
@@ -27,4 +29,5 @@ def checkpoint_state(trainer, update: int) -> dict:
         "eval_downshift": trainer.eval_downshift.state(),  # the probe's own; the resume check leaves it out
         # Not where the probe after the final update failed: the resume measures it (OPDTrainer.evaluate_owed).
         "finished": update == len(plan.updates) and not owed,
+        NUMERICS_FIELD: numerics_environment(trainer.device),  # a resume elsewhere is refused or marked inexact
     }

@@ -162,6 +162,8 @@ def closing_lines(report: dict, history: list[dict], run_dir: Path) -> str:
     }.get(resume["status"], resume["status"])
     if checked and resume.get("resumed_after_update"):
         resume_text += f" (interrupted after update {resume['resumed_after_update']})"
+    if resume.get("inexact_because"):  # trainer.resume_inexact let a process that computes otherwise go on
+        resume_text += f", inexact ({'; '.join(resume['inexact_because'])})"
     rows = [
         ("status", f"{report['status']} ({len(history)} of {planned} updates)"),
         ("final loss", loss),

@@ -82,7 +82,7 @@ class OPDTrainer:
         # Teacher contexts and, with task rewards, reward rules are checked on every row before any model loads.
         self.reward = RewardWorker(self.tokenizer, self.prompts, cfg.reward) if cfg.estimator.use_task_rewards else None
         # Every resume check reads only; nothing is written before they all pass.
-        self.resumed = checkpoint.checkpoint_to_resume(cfg.trainer, self.run_dir, self.plan.digest, self.plan.settings)
+        self.resumed = checkpoint.checkpoint_to_resume(cfg.trainer, self.run_dir, self.plan, self.device)
         self.out = RunFolder(
             self.run_dir,
             continuing=self.resumed is not None and self.resumed.run_dir.resolve() == self.run_dir.resolve(),

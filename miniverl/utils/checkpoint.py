@@ -2,9 +2,10 @@
 
 Safetensors and JSON only (no pickle). A checkpoint is written into a hidden temporary folder,
 every file fsynced, then renamed into place, so a crash mid-write leaves the previous checkpoint
-whole and the half-written one invisible. `state.json` holds the sha256 of the two tensor files,
-and loading verifies them, the plan digest and the files the resumed run needs, before anything
-is written.
+whole and the half-written one invisible. `state.json` holds the sha256 of the two tensor files
+and the kernel environment that computed them; loading verifies the hashes, the plan digest, the
+files the resumed run needs and that this process computes as that one did, before anything is
+written.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -22,6 +23,7 @@ from safetensors.torch import load_file, save_file
 
 from miniverl import __version__
 from miniverl.config.trainer import TrainerConfig
+from miniverl.utils.device import NUMERICS_PACKAGES, numerics_environment
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import canonical_json, sha256_file
 from miniverl.utils.overrides import hydra_value
@@ -206,6 +208,9 @@ def resolve_checkpoint(path: str | Path) -> Path:
 class Checkpoint:
     path: Path
     state: dict
+    # How this process computes otherwise than the one that wrote it, where trainer.resume_inexact let
+    # it resume anyway ("torch_threads 2 -> 1", ...); empty: the resume goes on byte for byte.
+    numerics_changes: list[str] = field(default_factory=list)
 
     @property
     def update(self) -> int:
@@ -314,12 +319,63 @@ def resume_source(trainer_config: TrainerConfig, run_dir: Path) -> Path | None:
     return None if trainer_config.overwrite or not checkpoints_in(run_dir) else run_dir
 
 
-def checkpoint_to_resume(
-    trainer_config: TrainerConfig, run_dir: Path, plan_digest: str, settings: dict
-) -> Checkpoint | None:
-    """The checkpoint this run resumes from, verified (`resume_source`, `verify_checkpoint`); None: a fresh start."""
+def checkpoint_to_resume(trainer_config: TrainerConfig, run_dir: Path, plan, device: torch.device) -> Checkpoint | None:
+    """The checkpoint this run resumes from, verified (`resume_source`, `verify_checkpoint`, and that this
+    process on `device` computes as the one that wrote it); None: a fresh start. `plan`: the run's
+    compiled plan (trainer/plan.Plan: its digest and settings)."""
     source = resume_source(trainer_config, run_dir)
-    return None if source is None else verify_checkpoint(source, plan_digest, settings, run_dir)
+    if source is None:
+        return None
+    checkpoint = verify_checkpoint(source, plan.digest, plan.settings, run_dir)
+    now = numerics_environment(device)
+    checkpoint.numerics_changes = numerics_changes(checkpoint.state.get(NUMERICS_FIELD), now)
+    if checkpoint.numerics_changes and not trainer_config.resume_inexact:
+        raise MiniverlError(
+            f"checkpoint {checkpoint.path} was written by a process that computes otherwise than this one "
+            f"({'; '.join(checkpoint.numerics_changes)}): resumed here, the run would not go on byte for byte as "
+            f"the one that stopped; resume {' and '.join(numerics_hints(checkpoint.state[NUMERICS_FIELD], now))}, "
+            "or add trainer.resume_inexact=true to go on anyway (the report then says the resume is inexact)"
+        )
+    return checkpoint
+
+
+NUMERICS_FIELD = "numerics_environment"  # state.json's record of utils/device.numerics_environment
+
+
+def numerics_changes(before: dict | None, now: dict) -> list[str]:
+    """Each field of the kernel environment that differs, as "name before -> now"; none for a checkpoint
+    written before miniverl recorded it."""
+    if not before:
+        return []
+    return [
+        f"{key} {before.get(key)} -> {now.get(key)}"
+        for key in sorted(before.keys() | now.keys())
+        if before.get(key) != now.get(key)
+    ]
+
+
+def numerics_hints(before: dict, now: dict) -> list[str]:
+    """How to compute as the process that wrote a checkpoint did, one hint per differing field."""
+    hints = []
+    for key in sorted(before.keys() | now.keys()):
+        was = before.get(key)
+        if was == now.get(key):
+            continue
+        if key == "torch_threads":
+            hints.append(f"with OMP_NUM_THREADS={was}")
+        elif key == "aten_cpu_capability":
+            hints.append(f"with ATEN_CPU_CAPABILITY={str(was).lower()}")
+        elif key == "onednn_max_cpu_isa":
+            hints.append(
+                f"with ONEDNN_MAX_CPU_ISA={was}" if was else "without ONEDNN_MAX_CPU_ISA (or DNNL_MAX_CPU_ISA)"
+            )
+        elif key == "cpu_bf16_instructions" and before.get("onednn_max_cpu_isa") == now.get("onednn_max_cpu_isa"):
+            hints.append(f"on a CPU with {was}" if was else "on a CPU without bf16 matrix instructions")
+        elif key in ("device", "gpu"):
+            hints.append(f"on {before.get('gpu') or 'the CPU'} (hardware.device={before.get('device')})")
+        elif key in NUMERICS_PACKAGES:
+            hints.append(f"with {key}=={was}")
+    return list(dict.fromkeys(hints))
 
 
 def trajectory_path(run_dir: Path, update: int) -> Path:

@@ -355,6 +355,33 @@ def test_a_checkpoint_of_other_settings_is_refused_with_the_overrides_that_resum
     assert report["resume"]["status"] == "resumed" and first_difference(reference, tmp_path / "again")[1] is None
 
 
+def test_a_resume_in_a_process_that_computes_otherwise_is_refused_or_with_resume_inexact_goes_on_said_so(
+    stopped_run, tmp_path
+):
+    """Another torch thread count splits the CPU's sums otherwise: the resumed run would part from the
+    stopped one within an update or two. The checkpoint records the kernel environment; a resume under
+    another is refused in one line saying how to match it, untouched, unless trainer.resume_inexact."""
+    state = json.loads((checkpoint.checkpoints_in(stopped_run)[-1] / "state.json").read_text())
+    threads = torch.get_num_threads()
+    assert state["numerics_environment"]["torch_threads"] == threads
+    before = tree_digest(stopped_run)
+    torch.set_num_threads(threads + 1)
+    try:
+        with pytest.raises(MiniverlError) as info:
+            run_in_process(tmp_path / "new", f"trainer.resume_from={stopped_run}")
+        report = run_in_process(
+            tmp_path / "inexact", f"trainer.resume_from={stopped_run}", "trainer.resume_inexact=true"
+        )
+    finally:
+        torch.set_num_threads(threads)
+    message = str(info.value)
+    assert f"(torch_threads {threads} -> {threads + 1})" in message and "\n" not in message
+    assert f"resume with OMP_NUM_THREADS={threads}, or add trainer.resume_inexact=true" in message
+    assert tree_digest(stopped_run) == before and not (tmp_path / "new").exists()
+    assert report["status"] == "measured" and report["resume"]["resumed_after_update"] == 2
+    assert report["resume"]["inexact_because"] == [f"torch_threads {threads} -> {threads + 1}"]
+
+
 @pytest.mark.slow
 def test_overwrite_empties_the_run_folder_and_still_resumes_from_another_one(stopped_run, tmp_path, reference):
     folder = tmp_path / "old"

@@ -189,6 +189,10 @@ RUN_RULES: tuple[Rule, ...] = (
         "a miniverl checkpoint cannot be resumed by verl (another format, and verl "
         "does not restore miniverl's sampler state); the export refuses it",
     ),
+    not_applicable(
+        "trainer.resume_inexact",
+        "whether miniverl resumes a checkpoint in a process that computes otherwise (verl checks no such thing)",
+    ),
     # ---- actor and rollout nodes
     mapped("actor.optim.lr", f"{ACTOR}.optim.lr", note="constant, no warm-up, as verl's defaults"),
     mapped("actor.optim.betas", f"{ACTOR}.optim.betas"),
