@@ -240,11 +240,17 @@ def earlier_overrides(run_dir: Path, settings: dict) -> list[str]:
 
 
 def verify_checkpoint(
-    path: str | Path, plan_digest: str, settings: dict | None = None, run_dir: Path | None = None
+    path: str | Path,
+    plan_digest: str,
+    settings: dict | None = None,
+    run_dir: Path | None = None,
+    numerics: tuple[dict, bool] | None = None,
 ) -> Checkpoint:
     """Every check a resume needs, reading only: files present, hashes right, same plan, and the
     earlier trajectory files of its run present and intact. `run_dir`: the folder of the run that
-    resumes (a refusal then says how to start a new run there instead)."""
+    resumes (a refusal then says how to start a new run there instead). `numerics`: this process's
+    kernel environment and whether trainer.resume_inexact lets another one go on; checked before the
+    plan, whose CPU-resolved settings another environment changes too."""
     path = resolve_checkpoint(path)
     where = f"checkpoint {path}"  # trainer.resume_from's, or this folder's own (trainer.resume_mode=auto)
     missing = [name for name in (*TENSOR_FILES, STATE_FILE) if not (path / name).is_file()]
@@ -271,6 +277,8 @@ def verify_checkpoint(
             "nothing is left to resume; start a new run in another hydra.run.dir without trainer.resume_from, "
             "or replace that run in its own folder with trainer.overwrite=true"
         )
+    if numerics is not None:
+        checkpoint.numerics_changes = refused_numerics(checkpoint, *numerics)
     if state.get("compiled_plan_sha256") != plan_digest:
         overrides = earlier_overrides(checkpoint.run_dir, settings) if settings is not None else []
         edited = [o for o in overrides if o.startswith(f"{REWARD_FUNCTION_DIGEST}=")]  # no config key: the file's
@@ -326,17 +334,23 @@ def checkpoint_to_resume(trainer_config: TrainerConfig, run_dir: Path, plan, dev
     source = resume_source(trainer_config, run_dir)
     if source is None:
         return None
-    checkpoint = verify_checkpoint(source, plan.digest, plan.settings, run_dir)
-    now = numerics_environment(device)
-    checkpoint.numerics_changes = numerics_changes(checkpoint.state.get(NUMERICS_FIELD), now)
-    if checkpoint.numerics_changes and not trainer_config.resume_inexact:
+    numerics = (numerics_environment(device), trainer_config.resume_inexact)
+    return verify_checkpoint(source, plan.digest, plan.settings, run_dir, numerics)
+
+
+def refused_numerics(checkpoint: Checkpoint, now: dict, inexact_ok: bool) -> list[str]:
+    """How this process (`now`) computes otherwise than the one that wrote `checkpoint`; refused in one
+    line unless `inexact_ok` (trainer.resume_inexact)."""
+    before = checkpoint.state.get(NUMERICS_FIELD)
+    changes = numerics_changes(before, now)
+    if changes and not inexact_ok:
         raise MiniverlError(
             f"checkpoint {checkpoint.path} was written by a process that computes otherwise than this one "
-            f"({'; '.join(checkpoint.numerics_changes)}): resumed here, the run would not go on byte for byte as "
-            f"the one that stopped; resume {' and '.join(numerics_hints(checkpoint.state[NUMERICS_FIELD], now))}, "
-            "or add trainer.resume_inexact=true to go on anyway (the report then says the resume is inexact)"
+            f"({'; '.join(changes)}): resumed here, the run would not go on byte for byte as the one that "
+            f"stopped; resume {' and '.join(numerics_hints(before, now))}, or add trainer.resume_inexact=true "
+            "to go on anyway (the report then says the resume is inexact)"
         )
-    return checkpoint
+    return changes
 
 
 NUMERICS_FIELD = "numerics_environment"  # state.json's record of utils/device.numerics_environment

@@ -25,7 +25,7 @@ from miniverl.protocol import Batch
 from miniverl.trainer import resume_check
 from miniverl.trainer.opd_trainer import OPDTrainer
 from miniverl.trainer.resume_check import first_difference
-from miniverl.utils import checkpoint
+from miniverl.utils import checkpoint, device
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import resolved_config, sha256_file
 from miniverl.utils.run_folder import RunFolder
@@ -380,6 +380,21 @@ def test_a_resume_in_a_process_that_computes_otherwise_is_refused_or_with_resume
     assert tree_digest(stopped_run) == before and not (tmp_path / "new").exists()
     assert report["status"] == "measured" and report["resume"]["resumed_after_update"] == 2
     assert report["resume"]["inexact_because"] == [f"torch_threads {threads} -> {threads + 1}"]
+
+
+def test_a_resume_under_an_isa_cap_is_refused_for_its_kernels_before_its_plan(stopped_run, tmp_path, monkeypatch):
+    """A oneDNN cap changes the CPU's products, and so the plan's CPU-resolved settings: the line names
+    the cap, the cause, rather than the settings it changed (which, pinned, would resume inexactly)."""
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    device.cpu_bf16_instructions.cache_clear()
+    try:
+        with pytest.raises(MiniverlError, match="written by a process that computes otherwise") as info:
+            run_in_process(tmp_path / "new", f"trainer.resume_from={stopped_run}")
+    finally:
+        device.cpu_bf16_instructions.cache_clear()
+    assert "onednn_max_cpu_isa None -> AVX2" in str(info.value) and "resume without ONEDNN_MAX_CPU_ISA" in str(
+        info.value
+    )
 
 
 @pytest.mark.slow
