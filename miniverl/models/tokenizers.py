@@ -41,6 +41,45 @@ def configured_stop_ids(tokenizer, source: Source) -> list[int]:
     return stop_token_ids(tokenizer, types.SimpleNamespace(generation_config=config))
 
 
+def stop_ids_problem(tokenizer, stops: list[int]) -> str | None:
+    """Why the ids that end a response do not fit the chat template, or None: an id that is an ordinary
+    piece of text (a response would end mid-word whenever it is sampled; a generation config written
+    for another tokenizer), or the template's end of an assistant turn not among them (a trained
+    student would run on past its turn: Qwen2's config ends on <|endoftext|> alone)."""
+    special = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}))
+    ordinary = [i for i in stops if i not in special]
+    if ordinary:
+        pieces = ", ".join(f"{i} ({tokenizer.convert_ids_to_tokens(i)!r})" for i in ordinary)
+        return (
+            f"responses would end at {pieces}, an ordinary piece of text in this tokenizer: the model folder's "
+            "generation_config.json (eos_token_id) may be another tokenizer's; list its end-of-turn token there"
+        )
+    turn_end = assistant_turn_end(tokenizer)
+    if turn_end is not None and turn_end not in stops:
+        return (
+            f"the chat template ends an assistant turn with {tokenizer.convert_ids_to_tokens(turn_end)!r} "
+            f"(id {turn_end}), which does not end a response (ids {stops}): add it to eos_token_id in the model "
+            "folder's generation_config.json"
+        )
+    return None
+
+
+def assistant_turn_end(tokenizer) -> int | None:
+    """The first special token the chat template writes after an assistant's answer, or None."""
+    answer = "Forty-two."
+    conversation = [*PROBE_CONVERSATION, {"role": "assistant", "content": answer}]
+    try:
+        text = tokenizer.apply_chat_template(conversation, tokenize=False)
+    except (ValueError, TypeError, AttributeError):  # no template, or one without an assistant turn
+        return None
+    end = text.rfind(answer)
+    if end < 0:
+        return None
+    special = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}))
+    tail = tokenizer(text[end + len(answer) :], add_special_tokens=False)["input_ids"]
+    return next((i for i in tail if i in special), None)
+
+
 def output_rows_problem(student_rows: int, teacher_rows: int, tokens: int) -> str | None:
     """Why a teacher's output layer cannot score the student's ids, or None when it can.
 

@@ -151,6 +151,8 @@ def check_tokenizers(cfg: MiniverlConfig, student_tok) -> Check:
         if cfg.model.model_id != "toy":  # a toy's files are written when the run starts
             stops = tokenizers.configured_stop_ids(student_tok, models.source_of(cfg.model, None))
             facts.append(f"responses end at ids {stops} (the tokenizer's EOS and the model's generation config)")
+            if problem := tokenizers.stop_ids_problem(student_tok, stops):
+                return Check("WARN", "tokenizer", "; ".join([*facts, problem]))
     return Check("PASS", "tokenizer", "; ".join(facts))
 
 

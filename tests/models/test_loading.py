@@ -210,6 +210,23 @@ def test_the_stop_ids_before_loading_come_from_the_folders_own_files(tmp_path):
     assert tokenizers.configured_stop_ids(tokenizer, models.source_of(block, None)) == expected
 
 
+def test_stop_ids_that_are_words_or_miss_the_end_of_an_assistant_turn_are_named():
+    """A generation config of another tokenizer (Phi-3's 32000 beside SmolLM2's vocabulary: a word
+    piece) or one without the template's end of turn (Qwen2's <|endoftext|> alone): the doctor says
+    which id and what to change; Qwen3's own two ids fit."""
+    from miniverl.models import toy
+
+    tokenizer = toy.build_toy_tokenizer("qwen3")
+    im_end, endoftext = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    assert tokenizers.assistant_turn_end(tokenizer) == im_end
+    assert tokenizers.stop_ids_problem(tokenizer, [im_end, endoftext]) is None
+    missing = tokenizers.stop_ids_problem(tokenizer, [endoftext])
+    assert f"ends an assistant turn with '<|im_end|>' (id {im_end}), which does not end a response" in missing
+    word = tokenizer("hello", add_special_tokens=False)["input_ids"][0]
+    assert word not in tokenizer.all_special_ids
+    assert "an ordinary piece of text" in tokenizers.stop_ids_problem(tokenizer, [im_end, word])
+
+
 def test_all_linear_gives_a_qwen3_student_the_adapter_its_seven_projections_give(toy_dirs):
     """The real recipes name all-linear where they named the seven projections: on a Llama or Qwen
     layer the two are one adapter, to the last initial weight."""
