@@ -45,7 +45,7 @@ def stop_ids_problem(tokenizer, stops: list[int]) -> str | None:
     """Why the ids that end a response do not fit the chat template, or None: an id that is an ordinary
     piece of text (a response would end mid-word whenever it is sampled; a generation config written
     for another tokenizer), or the template's end of an assistant turn not among them (a trained
-    student would run on past its turn: Qwen2's config ends on <|endoftext|> alone)."""
+    student would run on past its turn: transformers' default Qwen2 config ends on <|endoftext|> alone)."""
     special = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}))
     ordinary = [i for i in stops if i not in special]
     if ordinary:
