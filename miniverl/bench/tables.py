@@ -70,7 +70,7 @@ def path_rows(result: dict, path: str) -> list[tuple[str, str, str, str | None, 
             else []
         ),
         (
-            "teacher scoring time vs `log_softmax(logits.float()).gather`",
+            "teacher scoring time vs `log_softmax(logits.float()).gather` (the same teacher, miniverl's products)",
             f"{sc['miniverl_seconds']:.4f} s",
             f"{sc['naive_seconds']:.4f} s",
             prefix + "scoring_time_vs_naive",
@@ -151,7 +151,7 @@ PATH_TITLES = {
     "recipe": "Recipe path (what `+recipe=opd_k1` runs): NF4 student (bf16 compute, prepare_model_for_kbit_training, "
     "LoRA r16 on q/v, gradient checkpointing) and NF4 teacher, loaded by miniverl's own loaders",
     "float32": "Unquantized float32 models (bfloat16 on CUDA), the same shapes: extra rows",
-    "real": "Your models (--student/--teacher), loaded as the recipe loads them: NF4 student (compute in the "
+    "real": "Your models (--student/--teacher), loaded as `+recipe=opd_k1` loads them: NF4 student (compute in the "
     "checkpoint's dtype, prepare_model_for_kbit_training, LoRA r16 on q/v or, in a family without them, all-linear, "
     "gradient checkpointing) and NF4 teacher; "
     "`generate`, the plain forward and TRL on copies with bitsandbytes as shipped",
