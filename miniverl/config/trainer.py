@@ -34,7 +34,7 @@ class TrainerConfig:
     resume_mode: str = "auto"
     resume_from: Optional[str] = None  # a checkpoint folder, or a run folder (its latest checkpoint)
     # Resume in a process that computes otherwise than the one that wrote the checkpoint (other torch
-    # threads, CPU kernels, GPU or package releases; utils/device.numerics_environment): false refuses,
+    # threads, CPU kernels, GPU or package releases; utils/numerics.py): false refuses,
     # as the run would not go on byte for byte; true goes on, and the report says the resume is inexact.
     resume_inexact: bool = False
     # Replace the outputs of a run already in the run folder (otherwise such a folder is refused).

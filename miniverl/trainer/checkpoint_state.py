@@ -5,9 +5,8 @@ compares the training fields of two runs' (resume_check.TRAINING_STATE_FIELDS)."
 from __future__ import annotations
 
 from miniverl.trainer.validation import probe_owed
-from miniverl.utils.checkpoint import NUMERICS_FIELD
-from miniverl.utils.device import numerics_environment
 from miniverl.utils.identity import sha256_json
+from miniverl.utils.numerics import NUMERICS_FIELD, numerics_environment
 
 
 def checkpoint_state(trainer, update: int) -> dict:

@@ -90,7 +90,7 @@ def experiment_settings(cfg: MiniverlConfig) -> dict:
     settings["hardware"].pop("name")
     if not wants_cuda(cfg.hardware):
         # A null means "by the CPU": the plan holds what this CPU resolves it to. A resume on a CPU of
-        # another kind is refused for its kernels first (utils/checkpoint.refused_numerics); with
+        # another kind is refused for its kernels first (utils/numerics.refused_numerics); with
         # trainer.resume_inexact, as another plan until the command pins the products it began with.
         settings["hardware"]["cpu_float32_gemm"] = cpu_gemm.enabled_for(cfg.hardware, torch.device("cpu"))
         settings["hardware"].update(resolved_decode_settings(cfg.hardware))

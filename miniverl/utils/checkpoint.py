@@ -23,9 +23,9 @@ from safetensors.torch import load_file, save_file
 
 from miniverl import __version__
 from miniverl.config.trainer import TrainerConfig
-from miniverl.utils.device import NUMERICS_PACKAGES, numerics_environment
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import canonical_json, sha256_file
+from miniverl.utils.numerics import numerics_environment, refused_numerics
 from miniverl.utils.overrides import hydra_value
 from miniverl.utils.tables import flatten
 
@@ -336,60 +336,6 @@ def checkpoint_to_resume(trainer_config: TrainerConfig, run_dir: Path, plan, dev
         return None
     numerics = (numerics_environment(device), trainer_config.resume_inexact)
     return verify_checkpoint(source, plan.digest, plan.settings, run_dir, numerics)
-
-
-def refused_numerics(checkpoint: Checkpoint, now: dict, inexact_ok: bool) -> list[str]:
-    """How this process (`now`) computes otherwise than the one that wrote `checkpoint`; refused in one
-    line unless `inexact_ok` (trainer.resume_inexact)."""
-    before = checkpoint.state.get(NUMERICS_FIELD)
-    changes = numerics_changes(before, now)
-    if changes and not inexact_ok:
-        raise MiniverlError(
-            f"checkpoint {checkpoint.path} was written by a process that computes otherwise than this one "
-            f"({'; '.join(changes)}): resumed here, the run would not go on byte for byte as the one that "
-            f"stopped; resume {' and '.join(numerics_hints(before, now))}, or add trainer.resume_inexact=true "
-            "to go on anyway (the report then says the resume is inexact)"
-        )
-    return changes
-
-
-NUMERICS_FIELD = "numerics_environment"  # state.json's record of utils/device.numerics_environment
-
-
-def numerics_changes(before: dict | None, now: dict) -> list[str]:
-    """Each field of the kernel environment that differs, as "name before -> now"; none for a checkpoint
-    written before miniverl recorded it."""
-    if not before:
-        return []
-    return [
-        f"{key} {before.get(key)} -> {now.get(key)}"
-        for key in sorted(before.keys() | now.keys())
-        if before.get(key) != now.get(key)
-    ]
-
-
-def numerics_hints(before: dict, now: dict) -> list[str]:
-    """How to compute as the process that wrote a checkpoint did, one hint per differing field."""
-    hints = []
-    for key in sorted(before.keys() | now.keys()):
-        was = before.get(key)
-        if was == now.get(key):
-            continue
-        if key == "torch_threads":
-            hints.append(f"with OMP_NUM_THREADS={was}")
-        elif key == "aten_cpu_capability":
-            hints.append(f"with ATEN_CPU_CAPABILITY={str(was).lower()}")
-        elif key == "onednn_max_cpu_isa":
-            hints.append(
-                f"with ONEDNN_MAX_CPU_ISA={was}" if was else "without ONEDNN_MAX_CPU_ISA (or DNNL_MAX_CPU_ISA)"
-            )
-        elif key == "cpu_bf16_instructions" and before.get("onednn_max_cpu_isa") == now.get("onednn_max_cpu_isa"):
-            hints.append(f"on a CPU with {was}" if was else "on a CPU without bf16 matrix instructions")
-        elif key in ("device", "gpu"):
-            hints.append(f"on {before.get('gpu') or 'the CPU'} (hardware.device={before.get('device')})")
-        elif key in NUMERICS_PACKAGES:
-            hints.append(f"with {key}=={was}")
-    return list(dict.fromkeys(hints))
 
 
 def trajectory_path(run_dir: Path, update: int) -> Path:

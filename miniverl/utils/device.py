@@ -183,31 +183,6 @@ def nvidia_driver() -> str | None:
         return None
 
 
-# What besides the plan decides how this process rounds: the kernels torch runs and how they split
-# their sums. Another thread count splits a CPU GEMM's sums otherwise; another ATen or oneDNN ISA, CPU,
-# GPU or package release runs other kernels. A resume under any of them samples other tokens within an
-# update or two (the real recipe resumed with 1 thread instead of 2: 20 of 192 tokens differed in the
-# first update after the checkpoint, 187 in the second), so checkpoints record them
-# (utils/checkpoint.numerics_changes).
-NUMERICS_PACKAGES = ("torch", "transformers", "peft", "bitsandbytes")
-
-
-def numerics_environment(device: torch.device) -> dict:
-    """This process's kernel environment on `device`: on the CPU the torch threads, ATen's and oneDNN's
-    ISA and the CPU's bf16 instructions; on CUDA the GPU (the CPU's threads compute nothing there);
-    and the packages that compute on both."""
-    if device.type == "cuda":
-        found = {"gpu": torch.cuda.get_device_name(device)}
-    else:
-        found = {
-            "torch_threads": torch.get_num_threads(),
-            "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "onednn_max_cpu_isa": onednn_isa_cap(),
-            "cpu_bf16_instructions": cpu_bf16_instructions(),
-        }
-    return {"device": device.type, **found, **{name: package_version(name) for name in NUMERICS_PACKAGES}}
-
-
 def hardware_facts(device: torch.device) -> dict:
     """The report's `hardware` block. GPU fields are null on the CPU (never invented)."""
     cuda = device.type == "cuda"

@@ -60,27 +60,3 @@ def test_resume_from_a_missing_or_empty_folder_says_which_and_what_to_give(tmp_p
         "the command that started it again (with hydra.run.dir=empty it starts again in that folder, from where that "
         "command started)"
     )
-
-
-def test_the_kernel_environment_names_what_changed_and_how_to_compute_as_before():
-    before = {"device": "cpu", "torch_threads": 2, "aten_cpu_capability": "AVX512", "onednn_max_cpu_isa": None}
-    before |= {"cpu_bf16_instructions": "avx512_bf16", "torch": "2.13.0+cpu", "peft": "0.21.2"}
-    assert checkpoint.numerics_changes(before, dict(before)) == []
-    assert checkpoint.numerics_changes(None, before) == []  # a checkpoint written before miniverl recorded it
-    capped = before | {"aten_cpu_capability": "AVX2", "onednn_max_cpu_isa": "AVX2", "cpu_bf16_instructions": None}
-    assert checkpoint.numerics_changes(before, capped) == [
-        "aten_cpu_capability AVX512 -> AVX2",
-        "cpu_bf16_instructions avx512_bf16 -> None",
-        "onednn_max_cpu_isa None -> AVX2",
-    ]
-    # The ISA cap explains the bf16 instructions it hides: no hint to find another CPU.
-    assert checkpoint.numerics_hints(before, capped) == [
-        "with ATEN_CPU_CAPABILITY=avx512",
-        "without ONEDNN_MAX_CPU_ISA (or DNNL_MAX_CPU_ISA)",
-    ]
-    elsewhere = before | {"cpu_bf16_instructions": "amx", "torch_threads": 8, "peft": "0.22.0"}
-    assert checkpoint.numerics_hints(before, elsewhere) == [
-        "on a CPU with avx512_bf16",
-        "with peft==0.21.2",
-        "with OMP_NUM_THREADS=2",
-    ]
