@@ -153,8 +153,15 @@ def write_error_code(error: Exception) -> int | None:
 
 
 def same_command(args: list[str], sweep: bool) -> str:
-    """What runs this run again: in a sweep, its job alone (the sweep's command runs every job)."""
-    return command_line(args) if sweep else "the same command"
+    """What runs this run again: in a sweep, its job alone (the sweep's command runs every job), with the
+    thread count its launcher set (joblib's workers run cores / n_jobs threads; a resume under another
+    count is refused, utils/numerics.py)."""
+    if not sweep:
+        return "the same command"
+    import torch
+
+    threads = f"OMP_NUM_THREADS={torch.get_num_threads()} " if "OMP_NUM_THREADS" in os.environ else ""
+    return threads + command_line(args)
 
 
 def stopped_line(trainer, run_dir: Path, by: str, check: str | None = None, command: str = "the same command") -> str:

@@ -19,7 +19,7 @@ from peft import PeftModel
 from safetensors.torch import load_file
 
 from miniverl.config import to_config
-from miniverl.main import run
+from miniverl.main import run, same_command
 from miniverl.models import loading as models
 from miniverl.protocol import Batch
 from miniverl.trainer import resume_check
@@ -396,6 +396,19 @@ def test_a_resume_under_an_isa_cap_is_refused_for_its_kernels_before_its_plan(st
         device.cpu_bf16_instructions.cache_clear()
     undo = f"with ONEDNN_MAX_CPU_ISA={was}" if was else "without ONEDNN_MAX_CPU_ISA"
     assert f"onednn_max_cpu_isa {was} -> {cap}" in str(info.value) and f"resume {undo}" in str(info.value)
+
+
+def test_a_sweep_jobs_own_command_carries_the_thread_count_its_launcher_set(monkeypatch):
+    """joblib's workers run cores / n_jobs threads (OMP_NUM_THREADS in their environment): the job's own
+    command, run alone from a shell, must say so, or its resume would be refused as another process."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    threads = torch.get_num_threads()
+    assert (
+        same_command(["estimator=k3"], sweep=True) == f"OMP_NUM_THREADS={threads} python -m miniverl.main estimator=k3"
+    )
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert same_command(["estimator=k3"], sweep=True) == "python -m miniverl.main estimator=k3"
+    assert same_command(["estimator=k3"], sweep=False) == "the same command"
 
 
 @pytest.mark.slow

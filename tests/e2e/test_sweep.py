@@ -11,6 +11,7 @@ import shlex
 import signal
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
 from miniverl import sweep_summary
@@ -185,11 +186,13 @@ def test_a_signal_stops_the_whole_sweep_and_its_line_gives_both_ways_to_go_on(tm
     assert multirun(sweep_dir, *swept) == 128 + signal.SIGTERM
     errors = [line for line in capfd.readouterr().err.splitlines() if line.startswith("miniverl: error:")]
     command = shlex.join(["python", "-m", "miniverl.main", *swept[:3], "estimator=k1", *SHORT_SWEEP])
+    # The suite's workers set OMP_NUM_THREADS, as joblib's do: the job's command carries it.
+    threads = f"OMP_NUM_THREADS={torch.get_num_threads()} " if "OMP_NUM_THREADS" in os.environ else ""
     assert errors == [
         f"miniverl: error: stopped by SIGTERM after update 1, nothing left half-done; the last complete checkpoint "
-        f"is {job}/checkpoints/update_1; resume with {command} and trainer.resume_from={job}; the sweep stopped in "
-        f"job 0 (what ran: {sweep_dir}/sweep_summary.md); to go on with every job, run the sweep's command again "
-        f"with hydra.sweep.dir={sweep_dir}"
+        f"is {job}/checkpoints/update_1; resume with {threads}{command} and trainer.resume_from={job}; the sweep "
+        f"stopped in job 0 (what ran: {sweep_dir}/sweep_summary.md); to go on with every job, run the sweep's "
+        f"command again with hydra.sweep.dir={sweep_dir}"
     ]
     assert not (sweep_dir / "1").exists()
     rows = read_csv(sweep_dir / "sweep_summary.csv")
