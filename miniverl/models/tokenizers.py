@@ -10,6 +10,7 @@ from transformers import PreTrainedModel
 
 from miniverl.models.loading import Source
 from miniverl.utils.errors import MiniverlError
+from miniverl.utils.text_alignment import is_special_token
 
 PROBE_CONVERSATION = [
     {"role": "system", "content": "You are helpful."},
@@ -46,8 +47,7 @@ def stop_ids_problem(tokenizer, stops: list[int]) -> str | None:
     piece of text (a response would end mid-word whenever it is sampled; a generation config written
     for another tokenizer), or the template's end of an assistant turn not among them (a trained
     student would run on past its turn: transformers' default Qwen2 config ends on <|endoftext|> alone)."""
-    special = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}))
-    ordinary = [i for i in stops if i not in special]
+    ordinary = [i for i in stops if not is_special_token(tokenizer, i)]
     if ordinary:
         pieces = ", ".join(f"{i} ({tokenizer.convert_ids_to_tokens(i)!r})" for i in ordinary)
         return (
@@ -75,9 +75,8 @@ def assistant_turn_end(tokenizer) -> int | None:
     end = text.rfind(answer)
     if end < 0:
         return None
-    special = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}))
     tail = tokenizer(text[end + len(answer) :], add_special_tokens=False)["input_ids"]
-    return next((i for i in tail if i in special), None)
+    return next((i for i in tail if is_special_token(tokenizer, i)), None)
 
 
 def output_rows_problem(student_rows: int, teacher_rows: int, tokens: int) -> str | None:

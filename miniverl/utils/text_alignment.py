@@ -198,13 +198,14 @@ def special_ranges(tokenizer, ids: list[int], ends: list[int | None]) -> list[tu
     for token, end in zip(ids, ends):
         if end is None:
             continue
-        if _is_special(tokenizer, token):
+        if is_special_token(tokenizer, token):
             ranges.append((start, end))
         start = end
     return ranges
 
 
-def _is_special(tokenizer, token_id: int) -> bool:
+def is_special_token(tokenizer, token_id: int) -> bool:
+    """A special token of `tokenizer` (its named ones, or an added token marked special), not text."""
     added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
     return token_id in tokenizer.all_special_ids or bool(getattr(added.get(token_id), "special", False))
 
