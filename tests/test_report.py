@@ -49,3 +49,18 @@ def test_a_folder_without_a_report_is_one_line(tmp_path, capsys):
     assert (
         err.startswith(f"miniverl: error: {tmp_path / 'report.json'}: not a readable report") and err.count("\n") == 1
     )
+
+
+def test_a_resume_and_its_twin_differ_in_no_identity_field_only_in_the_timings_state_json_records(capsys):
+    from miniverl.report import compare
+
+    def report(state_hash, adapter_hash):
+        hashes = {"adapter.safetensors": adapter_hash, "optimizer.safetensors": "o", "state.json": state_hash}
+        return {**REPORT_A, "artifacts": {"checkpoint_hashes": hashes}}
+
+    twins = compare(report("s1", "a"), report("s2", "a"))  # byte-exact: only state.json's timings differ
+    assert "identity fields that differ: 0" in twins
+    assert any("artifacts.checkpoint_hashes.state.json" in line and "timings" in line for line in twins)
+    parted = compare(report("s1", "a"), report("s2", "b"))  # other weights: an identity that differs
+    assert "identity fields that differ: 1" in parted
+    assert "  artifacts.checkpoint_hashes.adapter.safetensors: a | b" in parted

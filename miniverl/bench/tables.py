@@ -221,7 +221,6 @@ def machine_facts(device: torch.device) -> dict:
     from miniverl.utils.device import hardware_facts
 
     facts = hardware_facts(device)
-    facts["torch_threads"] = torch.get_num_threads()
     facts["device_name"] = facts["gpu"] if device.type == "cuda" else f"{facts['cpu']} ({facts['cpu_count']} cores)"
     try:
         import trl

@@ -200,6 +200,8 @@ def hardware_facts(device: torch.device) -> dict:
         "onednn_max_cpu_isa": onednn_isa_cap(),
         "peft": package_version("peft"),
         "torch": torch.__version__,
+        # bf16 sums round by how they are split over threads: the run computed with this count
+        "torch_threads": torch.get_num_threads(),
         "transformers": package_version("transformers"),
         "vram_gib": round(props.total_memory / 2**30, 3) if cuda else None,
     }

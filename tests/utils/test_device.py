@@ -157,3 +157,12 @@ def test_cuda_without_a_gpu_names_the_device_setting_and_the_cpu_fix(monkeypatch
     line = str(refused.value)
     assert line.startswith(f"hardware.device=cuda (hardware={preset}) needs CUDA, but torch sees no GPU")
     assert line.endswith("run on the CPU with hardware=cpu and no hardware.device override")
+
+
+def test_the_hardware_block_records_the_thread_count_the_run_computed_with():
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert device_module.hardware_facts(torch.device("cpu"))["torch_threads"] == 1
+    finally:
+        torch.set_num_threads(before)
