@@ -166,7 +166,9 @@ def load_tokenizer(where: str, block: StudentConfig | TeacherConfig, source: Sou
     except (OSError, ValueError) as error:
         key = "tokenizer_id" if block.tokenizer_id else "model_id"
         folder = Path(source.tokenizer_path).expanduser()
-        if folder.is_dir() and not any(any(folder.glob(pattern)) for pattern in TOKENIZER_FILES):
+        no_tokenizer = folder.is_dir() and not any(any(folder.glob(pattern)) for pattern in TOKENIZER_FILES)
+        # A model_id folder without config.json is not a model at all: offline_error says what it needs.
+        if no_tokenizer and (block.tokenizer_id or (folder / "config.json").is_file()):
             setting = where if where.startswith("--") else f"{where}.{key}"  # a bench flag is its own name
             fix = "" if where.startswith("--") or block.tokenizer_id else f", or set {where}.tokenizer_id to one"
             raise MiniverlError(

@@ -124,6 +124,18 @@ def test_a_model_folder_saved_without_its_tokenizer_is_named_as_such(tmp_path):
     )
 
 
+def test_a_folder_with_neither_config_nor_tokenizer_is_named_no_model_not_only_no_tokenizer(tmp_path):
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "README.md").write_text("not a model")
+    block = StudentConfig(model_id=str(folder))
+    with pytest.raises(MiniverlError) as info:
+        models.load_tokenizer("model", block, models.source_of(block, None))
+    line = str(info.value)
+    assert line.startswith(f"model.model_id={folder} is a folder but not a model (")
+    assert line.endswith("config.json, the weights (*.safetensors) and the tokenizer's files")
+
+
 def test_a_cached_hub_model_transformers_cannot_read_is_not_called_missing():
     source = models.Source("someone/new-arch", None, "someone/new-arch", None)
     line = str(models.offline_error("teacher", source, ValueError("Unrecognized model in someone/new-arch")))
