@@ -112,6 +112,16 @@ def absolute_path(path: str, cwd: Path) -> str:
     return os.path.abspath(os.path.join(cwd, os.path.expanduser(path)))
 
 
+def local_model_path(model_id: str | None, cwd: Path) -> str | None:
+    """A model or tokenizer id as the launch must see it: a local folder (relative to `cwd`, ~ expanded)
+    as its absolute path, so that run_opd.sh loads the same folder from any folder (relative, verl
+    would look for it where the launch starts, or read it as a hub id); a hub id, toy or null as it is."""
+    if not model_id or model_id == "toy":
+        return model_id
+    path = absolute_path(model_id, cwd)
+    return path if os.path.isdir(path) else model_id
+
+
 def launch_reward(config: MiniverlConfig, folder: Path, cwd: Path) -> LaunchReward:
     custom = config.reward.custom_reward_function
     if not config.estimator.use_task_rewards:

@@ -53,6 +53,7 @@ from miniverl.verl_compat.launch_files import (
     absolute_path,
     launch_reward,
     launch_script,
+    local_model_path,
     readme,
     resolved_flat,
     rules_document,
@@ -130,6 +131,8 @@ def verl_overrides(config: MiniverlConfig, *, reward: LaunchReward, cwd: Path) -
     m, d, r, x, hw = config.model, config.data, config.recipe, config.export, config.hardware
     verl = release(x.verl_version)
     values = resolved_flat(config)  # {field: value}: every table field is a leaf
+    for name in ("model.model_id", "model.tokenizer_id"):  # a local folder: absolute, as the data files
+        values[name] = local_model_path(values[name], cwd)
     out = [
         Override(section_of(key), key, values[name], (name,), "+" if key in verl.defaults_outside_yaml else "")
         for name, key in table_written(verl.version)
@@ -194,14 +197,14 @@ def verl_overrides(config: MiniverlConfig, *, reward: LaunchReward, cwd: Path) -
     add("trainer.total_training_steps", r.optimizer_updates, "recipe.optimizer_updates")
     add("trainer.total_epochs", r.optimizer_updates, "recipe.optimizer_updates")
     add("distillation.enabled", True, "teacher.mode")
-    out += teacher_overrides(config, r.prompt_limit + r.response_limit + 1, fixed)
+    out += teacher_overrides(config, r.prompt_limit + r.response_limit + 1, fixed, cwd)
     if config.routed:  # one named entry scores every row in verl: no routing key to write
         add("distillation.teacher_key", config.teacher_key, "teacher_key")
     order = {section: i for i, section in enumerate(SECTIONS)}
     return sorted(out, key=lambda o: order[o.section])  # stable: within a section, in the order above
 
 
-def teacher_overrides(config: MiniverlConfig, max_len: int, fixed: dict) -> list[Override]:
+def teacher_overrides(config: MiniverlConfig, max_len: int, fixed: dict, cwd: Path) -> list[Override]:
     """distillation.teacher_models.<name>.*: one entry per teacher, each key read off its own block
     (`teacher`, or `teachers.<name>`) and the export's scale."""
     m, r, x = config.model, config.recipe, config.export
@@ -213,9 +216,9 @@ def teacher_overrides(config: MiniverlConfig, max_len: int, fixed: dict) -> list
         if several:
             keys.append(("key", t.key, (f"{where}.key",)))
         if t.mode == "ref":  # the student's base without its LoRA: a copy of it serves as the teacher
-            keys.append(("model_path", m.model_id, (f"{where}.mode", "model.model_id")))
+            keys.append(("model_path", local_model_path(m.model_id, cwd), (f"{where}.mode", "model.model_id")))
         else:
-            keys.append(("model_path", t.model_id, (f"{where}.model_id",)))
+            keys.append(("model_path", local_model_path(t.model_id, cwd), (f"{where}.model_id",)))
         keys += [
             ("num_replicas", x.teacher_replicas, ("export.teacher_replicas",)),
             ("inference.name", x.rollout_name, ("export.rollout_name",)),

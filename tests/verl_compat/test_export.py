@@ -973,3 +973,23 @@ def test_an_export_from_another_directory_points_at_the_shipped_prompts(tmp_path
     result = export(compose_config([*RECIPE, "model=toy", "teacher=toy"]), tmp_path / "verl")
     assert parsed(result.lines)["data.train_files"] == [str(ROOT / "data" / "toy_prompts.parquet")]
     assert not any("does not exist here" in w for w in result.warnings)
+
+
+def test_local_model_folders_export_as_absolute_paths_and_hub_ids_as_they_are(tmp_path):
+    """run_opd.sh runs from any folder: a relative local folder would be looked for where it starts, or
+    read as a hub id; the export writes it absolute, as it writes the data files."""
+    for name in ("student", "teacher", "tokenizer"):
+        (tmp_path / "models" / name).mkdir(parents=True)
+    folders = [
+        "model.model_id=models/student",
+        "teacher.model_id=./models/teacher",
+        "model.tokenizer_id=models/tokenizer",
+    ]
+    local = parsed(export(compose_config([*RECIPE, *folders]), tmp_path / "local", cwd=tmp_path).lines)
+    assert local["actor_rollout_ref.model.path"] == str(tmp_path / "models" / "student")
+    assert local[f"{TEACHER}.model_path"] == str(tmp_path / "models" / "teacher")
+    assert local["actor_rollout_ref.model.tokenizer_path"] == str(tmp_path / "models" / "tokenizer")
+    hub = parsed(
+        export(compose_config([*RECIPE, "model.model_id=models/absent"]), tmp_path / "hub", cwd=tmp_path).lines
+    )
+    assert hub["actor_rollout_ref.model.path"] == "models/absent"  # no such folder here: a hub id, as written

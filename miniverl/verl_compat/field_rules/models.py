@@ -21,7 +21,8 @@ MODEL_RULES: tuple[Rule, ...] = (
     mapped(
         "model.model_id",
         f"{MODEL}.path",
-        note="a hub id or a local folder (run_opd.sh: STUDENT_MODEL). model_id=toy has no verl equivalent: the "
+        note="a hub id, or a local folder written as its absolute path (run_opd.sh: STUDENT_MODEL). model_id=toy "
+        "has no verl equivalent: the "
         "export is then a template and run_opd.sh refuses to start until STUDENT_MODEL names a real model",
     ),
     no_equivalent(
@@ -30,7 +31,11 @@ MODEL_RULES: tuple[Rule, ...] = (
         "head: download the pinned revision (hf download ID --revision REV --local-dir DIR) and "
         "set STUDENT_MODEL=DIR",
     ),
-    mapped("model.tokenizer_id", f"{MODEL}.tokenizer_path", note="null: the model's own tokenizer"),
+    mapped(
+        "model.tokenizer_id",
+        f"{MODEL}.tokenizer_path",
+        note="null: the model's own tokenizer; a local folder written as its absolute path",
+    ),
     no_equivalent("model.tokenizer_revision", "verl has no tokenizer revision key (see model.revision)"),
     mapped(
         "model.trust_remote_code",
@@ -104,7 +109,8 @@ MODEL_RULES: tuple[Rule, ...] = (
     mapped(
         "teacher.model_id",
         f"{TEACHER}.model_path",
-        note="run_opd.sh: TEACHER_MODEL; toy: see model.model_id; unused with teacher.mode=ref",
+        note="run_opd.sh: TEACHER_MODEL; a local folder written as its absolute path; toy: see model.model_id; unused "
+        "with teacher.mode=ref",
     ),
     no_equivalent(
         "teacher.revision",
