@@ -31,7 +31,7 @@ from miniverl.utils.dataset import (
 from miniverl.utils.device import wants_cuda
 from miniverl.utils.downshift import split
 from miniverl.utils.errors import MiniverlError
-from miniverl.utils.identity import sha256_file, sha256_json
+from miniverl.utils.identity import FOLDER_DIGESTS, model_folder_digest, sha256_file, sha256_json
 from miniverl.workers.rollout.lean_decode import resolved_decode_settings
 
 PLAN_VERSION = 1
@@ -70,12 +70,32 @@ class Plan:
         return sha256_json(self.to_dict())
 
     @property
+    def digest_before_folder_digests(self) -> str:
+        """The digest of this plan without its local folders' digests, as plans were before they held
+        them (2026-12-06): a checkpoint written then still resumes, unchecked for its folders."""
+        plain = self.to_dict()
+        for block in model_blocks(plain["settings"]):
+            block.pop(FOLDER_DIGESTS, None)
+        return sha256_json(plain)
+
+    @property
     def prompts_consumed(self) -> int:
         return self.task_cursor(len(self.updates))
 
     def task_cursor(self, updates_done: int) -> int:
         """How many prompts the first `updates_done` updates consume (where a resume goes on)."""
         return sum(len(u.prompt_rows) for u in self.updates[:updates_done])
+
+
+# The settings of a model block that may name a local folder: each such folder's digest enters the plan under
+# the block's FOLDER_DIGESTS (utils/identity.model_folder_digest), which is not a config key.
+FOLDER_KEYS = ("model_id", "tokenizer_id", "adapter")
+
+
+def model_blocks(settings: dict) -> list[dict]:
+    """The model blocks of plan settings: the student's and each teacher's."""
+    blocks = [settings["model"], settings.get("teacher"), *settings.get("teachers", {}).values()]
+    return [block for block in blocks if block is not None]
 
 
 def experiment_settings(cfg: MiniverlConfig) -> dict:
@@ -104,6 +124,13 @@ def experiment_settings(cfg: MiniverlConfig) -> dict:
     if not cfg.routed:  # one teacher scores every row: nothing routes
         for unread in ("teacher_key", "default_teacher"):
             settings.pop(unread)
+    for block in model_blocks(settings):
+        # A local folder's files are part of the experiment too: weights saved again there are another plan
+        # (checkpoint.FILE_DIGESTS: a refused resume names the folder). A hub id is pinned by its revision.
+        folders = {key: block[key] for key in FOLDER_KEYS if block.get(key) and block[key] != "toy"}
+        digests = {key: model_folder_digest(path) for key, path in folders.items() if Path(path).expanduser().is_dir()}
+        if digests:
+            block[FOLDER_DIGESTS] = digests
     custom = cfg.reward.custom_reward_function
     if cfg.estimator.use_task_rewards and custom.path and Path(custom.path).is_file():
         # The function's code is part of the experiment, like the data: an edited file is another plan

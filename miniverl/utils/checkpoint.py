@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 from miniverl import __version__
 from miniverl.config.trainer import TrainerConfig
 from miniverl.utils.errors import MiniverlError
-from miniverl.utils.identity import canonical_json, sha256_file
+from miniverl.utils.identity import FOLDER_DIGESTS, canonical_json, sha256_file
 from miniverl.utils.numerics import numerics_environment, refused_numerics
 from miniverl.utils.overrides import hydra_value
 from miniverl.utils.tables import flatten
@@ -226,6 +226,18 @@ class Checkpoint:
 REWARD_FUNCTION_DIGEST = "reward.custom_reward_function.sha256"
 
 
+def edited_files(override: str, settings: dict) -> str | None:
+    """What an override of earlier_overrides names when it sets a file's or folder's digest rather than a
+    config key ("the files of model.model_id=<folder>"); None for a config key."""
+    key = override.lstrip("~").split("=", 1)[0]
+    if key == REWARD_FUNCTION_DIGEST:
+        return "the file of reward.custom_reward_function.path"
+    block, found, name = key.partition(f".{FOLDER_DIGESTS}.")
+    if not found:
+        return None
+    return f"the files of {block}.{name}={flatten(settings).get(f'{block}.{name}')}"
+
+
 def earlier_overrides(run_dir: Path, settings: dict) -> list[str]:
     """`key=value` overrides that give a run whose plan holds `settings` (plan.json's "settings":
     every config field that shapes the experiment) those of the run in `run_dir`, where they differ:
@@ -245,12 +257,14 @@ def verify_checkpoint(
     settings: dict | None = None,
     run_dir: Path | None = None,
     numerics: tuple[dict, bool] | None = None,
+    legacy_digests: tuple[str, ...] = (),
 ) -> Checkpoint:
     """Every check a resume needs, reading only: files present, hashes right, same plan, and the
     earlier trajectory files of its run present and intact. `run_dir`: the folder of the run that
     resumes (a refusal then says how to start a new run there instead). `numerics`: this process's
     kernel environment and whether trainer.resume_inexact lets another one go on; checked before the
-    plan, whose CPU-resolved settings another environment changes too."""
+    plan, whose CPU-resolved settings another environment changes too. `legacy_digests`: what this plan's
+    digest was under an earlier miniverl that recorded less of it, also accepted."""
     path = resolve_checkpoint(path)
     where = f"checkpoint {path}"  # trainer.resume_from's, or this folder's own (trainer.resume_mode=auto)
     missing = [name for name in (*TENSOR_FILES, STATE_FILE) if not (path / name).is_file()]
@@ -279,15 +293,16 @@ def verify_checkpoint(
         )
     if numerics is not None:
         checkpoint.numerics_changes = refused_numerics(checkpoint, *numerics)
-    if state.get("compiled_plan_sha256") != plan_digest:
+    if state.get("compiled_plan_sha256") not in (plan_digest, *legacy_digests):
         overrides = earlier_overrides(checkpoint.run_dir, settings) if settings is not None else []
-        edited = [o for o in overrides if o.startswith(f"{REWARD_FUNCTION_DIGEST}=")]  # no config key: the file's
+        edited = [o for o in overrides if edited_files(o, settings)]  # no config key: a file's or folder's digest
         overrides = [o for o in overrides if o not in edited]
         how = (
             f"resume with {' '.join(overrides)}" if overrides else "resume with the overrides of the run that wrote it"
         )
         if edited:
-            how = "the file of reward.custom_reward_function.path changed since that run: resume with it as it was" + (
+            changed = " and ".join(dict.fromkeys(edited_files(o, settings) for o in edited))
+            how = f"{changed} changed since that run: resume with them as they were" + (
                 f" and {' '.join(overrides)}" if overrides else ""
             )
         if run_dir is None or checkpoint.run_dir.resolve() == Path(run_dir).resolve():
@@ -335,7 +350,8 @@ def checkpoint_to_resume(trainer_config: TrainerConfig, run_dir: Path, plan, dev
     if source is None:
         return None
     numerics = (numerics_environment(device), trainer_config.resume_inexact)
-    return verify_checkpoint(source, plan.digest, plan.settings, run_dir, numerics)
+    legacy = (plan.digest_before_folder_digests,)  # checkpoints written before plans held the folders' digests
+    return verify_checkpoint(source, plan.digest, plan.settings, run_dir, numerics, legacy)
 
 
 def trajectory_path(run_dir: Path, update: int) -> Path:

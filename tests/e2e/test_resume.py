@@ -711,3 +711,51 @@ def test_the_same_command_restarts_a_run_killed_before_its_first_checkpoint(refe
     )
     assert json.loads((run_dir / "report.json").read_text())["status"] == "measured"
     assert first_difference(reference, run_dir)[1] is None
+
+
+@pytest.mark.slow
+def test_a_resume_after_its_model_folder_was_saved_again_with_other_weights_is_refused_naming_the_folder(tmp_path):
+    """A local folder is read by path: a student saved again at the same path (a re-export) would train
+    on under the old checkpoint's adapter. Its digest is part of the plan, so the resume is refused
+    in one line that names the folder, and goes on once the weights are back."""
+    from safetensors.torch import save_file
+
+    from conftest import toy_model_folders
+
+    folders = toy_model_folders(tmp_path / "models")
+    own = [
+        "+recipe=opd_k1",
+        "hardware=cpu",
+        f"model.model_id={folders['student']}",
+        f"teacher.model_id={folders['teacher']}",
+        "recipe.optimizer_updates=2",
+        "recipe.interrupt_after_updates=null",
+        "recipe.response_limit=8",
+        "trainer.progress_bar=false",
+    ]
+    stopped = tmp_path / "stopped"
+    assert run(compose_config([*own, "trainer.stop_after_updates=1"]), stopped)["status"] == "interrupted"
+    weights = folders["student"] / "model.safetensors"
+    saved = weights.read_bytes()
+    save_file({name: t + 1e-2 for name, t in load_file(str(weights)).items()}, str(weights), metadata={"format": "pt"})
+    with pytest.raises(MiniverlError) as info:
+        run(compose_config([*own, f"trainer.resume_from={stopped}"]), tmp_path / "resumed")
+    line = str(info.value)
+    assert "\n" not in line and "belongs to another plan" in line
+    assert (
+        f"the files of model.model_id={folders['student']} changed since that run: resume with them as they were"
+        in line
+    )
+    weights.write_bytes(saved)
+    report = run(compose_config([*own, f"trainer.resume_from={stopped}"]), tmp_path / "resumed")
+    assert report["resume"]["status"] == "resumed"
+    # A checkpoint of a miniverl whose plans did not hold the folders' digests still resumes, unchecked.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("miniverl.trainer.plan.FOLDER_KEYS", ())
+        run(compose_config([*own, "trainer.stop_after_updates=1"]), tmp_path / "earlier")
+    assert (
+        run(compose_config([*own, f"trainer.resume_from={tmp_path / 'earlier'}"]), tmp_path / "later")["resume"][
+            "status"
+        ]
+        == "resumed"
+    )
