@@ -1,8 +1,10 @@
 """Hydra multirun summary: one table and one picture beside the jobs of a sweep.
 
     sweep_summary.csv / .md   a row per job: overrides, status (and error), final and mean
-                              distillation loss, throughputs, peak memory, resume status, run folder
-    sweep_summary.png         per-update distillation loss of every job, labelled by overrides
+                              distillation loss, the last held-out exact reverse KL, throughputs,
+                              peak memory, resume status, run folder
+    sweep_summary.png         per-update distillation loss of every job, labelled by overrides, and
+                              beside it the held-out exact reverse KL where the jobs measured it
 
 Written by a Hydra callback after every job (so a crash or a failed job loses nothing), and on
 demand: `python -m miniverl.sweep_summary SWEEP_DIR` (e.g. after a crash, or across launchers).
@@ -36,6 +38,10 @@ COLUMNS = [
     "error",
     "final_loss",
     "mean_loss",
+    # The held-out probe's last exact reverse KL and its update (eval.every): what tells the jobs' students
+    # apart where the loss cannot (a policy gradient's loss is ~0 with estimator.advantage_baseline).
+    "heldout_kl",
+    "heldout_kl_update",
     "rollout_tokens_per_second",
     "teacher_scored_positions_per_second",
     "update_positions_per_second",
@@ -57,7 +63,8 @@ def job_overrides(job: Path) -> list[str]:
     return yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text()) or []
 
 
-def summarize_job(job: Path) -> tuple[dict, list[float]]:
+def summarize_job(job: Path) -> tuple[dict, list[float], list[tuple[int, float]]]:
+    """A job's row, its loss per update and its held-out exact reverse KL as (update, value)."""
     from miniverl.utils.run_folder import ERROR_FILE  # imports torch: not at Hydra start-up
 
     overrides = job_overrides(job)
@@ -76,7 +83,12 @@ def summarize_job(job: Path) -> tuple[dict, list[float]]:
         report = json.loads((job / "report.json").read_text()) if (job / "report.json").is_file() else None
     except ValueError:  # cut short by a crash: the job is listed, its report said to be unreadable
         report, row["status"], row["error"] = None, "report unreadable", f"{job / 'report.json'} is not valid JSON"
+    heldout = []
     if report:
+        progress = report.get("distillation_progress") or {}
+        heldout = [(p["update"], p["value"]) for p in progress.get("exact_reverse_kl") or [] if p["value"] is not None]
+        if heldout:
+            row.update(heldout_kl=heldout[-1][1], heldout_kl_update=heldout[-1][0])
         m = report["measurements"]
         row.update(
             status=report["status"],
@@ -92,7 +104,7 @@ def summarize_job(job: Path) -> tuple[dict, list[float]]:
         row.update(error=(job / ERROR_FILE).read_text().strip())
     if row["status"] is None:
         row["status"] = "running or crashed"
-    return row, losses
+    return row, losses, heldout
 
 
 def planned_jobs(sweep_dir: Path) -> list[list[str]] | None:
@@ -110,7 +122,7 @@ def write_summary(sweep_dir: Path) -> list[dict]:
 
     folders = job_dirs(sweep_dir)
     jobs = [summarize_job(job) for job in folders]
-    rows = [row for row, _ in jobs]
+    rows = [row for row, _, _ in jobs]
     overrides = [job_overrides(job) for job in folders]  # lists: a quoted value may hold a space
     # What tells the jobs apart: over every job of the sweep, those not run yet (a stopped sweep) included.
     every = planned_jobs(sweep_dir) or overrides
@@ -171,32 +183,39 @@ def legend_labels(jobs: list[tuple[dict, list[float]]]) -> list[str]:
     return labels
 
 
-def plot(jobs: list[tuple[dict, list[float]]], path: Path) -> None:
+def plot(jobs: list[tuple[dict, list[float], list[tuple[int, float]]]], path: Path) -> None:
     import matplotlib
     import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
-    drawn = [(row, losses) for row, losses in jobs if losses]
-    for index, ((_, losses), label) in enumerate(zip(drawn, legend_labels(drawn))):
+    measured = any(heldout for _, _, heldout in jobs)
+    fig, axes = plt.subplots(1, 2 if measured else 1, figsize=(14 if measured else 8, 4.5), dpi=100, squeeze=False)
+    ax, kl_ax = axes[0][0], axes[0][-1]
+    drawn = [(row, losses, heldout) for row, losses, heldout in jobs if losses]
+    labels = legend_labels([(row, losses) for row, losses, _ in drawn])
+    for index, ((_, losses, heldout), label) in enumerate(zip(drawn, labels)):
         # Each job its own marker, and later ones drawn thinner, so that lines that meet stay visible.
-        ax.plot(
-            range(1, len(losses) + 1),
-            losses,
+        style = dict(
             marker=MARKERS[index % len(MARKERS)],
             markersize=max(7 - index, 3),
             fillstyle="none",
             linewidth=max(2.5 - 0.4 * index, 0.8),
-            label=label,
         )
-    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    ax.set_xlabel("optimizer update")
+        line = ax.plot(range(1, len(losses) + 1), losses, label=label, **style)[0]
+        if measured and heldout:
+            kl_ax.plot([u for u, _ in heldout], [v for _, v in heldout], color=line.get_color(), **style)
     ax.set_ylabel("actor/distillation/loss")
     ax.set_title(f"sweep: {path.parent.name} ({len(jobs)} jobs)")
-    ax.grid(alpha=0.3)
-    if any(losses for _, losses in jobs):
+    if measured:
+        kl_ax.set_ylabel("val/distillation/exact_reverse_kl (nats per position)")
+        kl_ax.set_title("held-out exact reverse KL")
+    for axis in {ax, kl_ax}:
+        axis.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        axis.set_xlabel("optimizer update")
+        axis.grid(alpha=0.3)
+    if drawn:
         ax.legend(fontsize=7)
     fig.tight_layout()
     from miniverl.utils.run_folder import atomic_write  # imports torch: not at Hydra start-up

@@ -30,7 +30,7 @@ def test_a_job_drawn_on_an_earlier_jobs_line_says_so_in_the_legend(tmp_path):
         "#3 estimator=k3 model.lora.r=16 (on the line of #2)",
         "#4 estimator=k3 model.lora.r=32",
     ]
-    sweep_summary.plot(jobs, tmp_path / "sweep_summary.png")
+    sweep_summary.plot([(*one, []) for one in jobs], tmp_path / "sweep_summary.png")  # no held-out KL: one panel
     assert matplotlib.image.imread(str(tmp_path / "sweep_summary.png")).shape[:2] == (450, 800)
 
 
@@ -45,7 +45,7 @@ def test_a_job_whose_report_a_crash_cut_short_is_listed_as_unreadable(tmp_path):
     (job / ".hydra").mkdir(parents=True)
     (job / ".hydra" / "overrides.yaml").write_text("- estimator=k1\n")
     (job / "report.json").write_text("{oops")  # before: a JSONDecodeError traceback
-    row, losses = sweep_summary.summarize_job(job)
+    row, losses, _ = sweep_summary.summarize_job(job)
     assert (row["status"], row["error"], losses) == (
         "report unreadable",
         f"{job / 'report.json'} is not valid JSON",
@@ -63,3 +63,27 @@ def test_a_missing_or_empty_sweep_folder_is_one_line_saying_which(tmp_path, caps
     )
     assert main([str(tmp_path)]) == 2
     assert capsys.readouterr().err.startswith(f"miniverl: error: {tmp_path} holds no Hydra job folders")
+
+
+def test_the_held_out_kl_tells_jobs_apart_where_a_centred_policy_gradients_loss_is_zero(tmp_path):
+    """With estimator.advantage_baseline the PG loss is ~0 in every job (a new-user audit's sweep: -3e-9,
+    -2e-8): the summary lists each job's last held-out exact reverse KL and plots it beside the loss."""
+    import json
+
+    for number, (lr, kls) in enumerate([("1e-2", [2.3, 1.9, 1.1]), ("1e-4", [2.3, 2.2, 2.1])]):
+        folder = tmp_path / str(number)
+        (folder / ".hydra").mkdir(parents=True)
+        (folder / ".hydra" / "overrides.yaml").write_text(f"- +recipe=opd_k1_real_cpu\n- actor.optim.lr={lr}\n")
+        losses = [{"actor/distillation/loss": v} for v in (-3.1e-9, 1.4e-8, 4.0e-8, -2.5e-8)]
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in losses))
+        progress = {"exact_reverse_kl": [{"update": u, "value": v} for u, v in zip((0, 2, 4), kls)]}
+        report = {"status": "measured", "distillation_progress": progress, "resume": {"status": "not_checked"}}
+        report["measurements"] = {"peak_reserved_gib": None, "peak_rss_gib": 2.0, "steady_state_median_throughput": {}}
+        (folder / "report.json").write_text(json.dumps(report))
+    rows = sweep_summary.write_summary(tmp_path)
+    assert [(row["swept"], row["heldout_kl"], row["heldout_kl_update"]) for row in rows] == [
+        ("actor.optim.lr=1e-2", 1.1, 4),
+        ("actor.optim.lr=1e-4", 2.1, 4),
+    ]
+    assert "| heldout_kl | heldout_kl_update |" in (tmp_path / "sweep_summary.md").read_text()
+    assert matplotlib.image.imread(str(tmp_path / "sweep_summary.png")).shape[:2] == (450, 1400)  # two panels

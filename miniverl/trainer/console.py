@@ -149,6 +149,9 @@ def closing_lines(report: dict, history: list[dict], run_dir: Path) -> str:
     # A log-ratio of probabilities (nats), squared for mse/k2; with policy gradient the surrogate of it.
     unit = "nats^2" if report["recipe"]["estimator"] in ("mse", "k2") else "nats"
     loss = f"{history[-1][LOSS_KEY]:.4g} {unit} ({LOSS_KEY} at update {len(history)})" if history else "no update ran"
+    if history and report["recipe"].get("advantage_baseline", "none") != "none":
+        # The update's mean advantage is zero by construction, and so is a policy gradient's loss at ratio 1.
+        loss += "; ~0 by construction with estimator.advantage_baseline: the held-out KL says what the student learned"
     if m["peak_reserved_gib"] is not None:
         memory = f"{m['peak_reserved_gib']:.2f} GiB reserved, {m['peak_allocated_gib']:.2f} GiB allocated (CUDA)"
     else:

@@ -96,3 +96,30 @@ def test_the_closing_table_shows_the_held_out_curve_from_first_to_last_when_the_
     # Above eval.exact_kl_max_vocab the exact KL is null: the k1 mean instead.
     assert heldout_rows({**exact, "exact_reverse_kl": None})[0][1].endswith("(k1 mean, nats per token)")
     assert heldout_rows(None) == [] and heldout_rows({"k1_mean": curve(7.6)}) == []  # no probe, or no update yet
+
+
+@pytest.mark.parametrize("baseline", ["none", "batch_mean"])
+def test_the_final_loss_of_a_centred_policy_gradient_is_said_to_be_zero_by_construction(baseline, tmp_path):
+    """A new-user audit read `final loss 4.036e-08 nats` as the recipe's result: with the batch-mean
+    baseline the mean advantage, and with it the PG loss at ratio 1, is zero whatever the student learned."""
+    from miniverl.trainer.console import closing_lines
+
+    report = {
+        "status": "measured",
+        "recipe": {"optimizer_updates": 1, "estimator": "k1", "advantage_baseline": baseline},
+        "resume": {"status": "not_checked"},
+        "measurements": {
+            "steady_state_median_seconds": {},
+            "steady_state_median_throughput": {},
+            "peak_reserved_gib": None,
+            "peak_rss_gib": 2.0,
+            "batch_downshifts": {},
+        },
+    }
+    final = next(
+        line
+        for line in closing_lines(report, [{"actor/distillation/loss": 4.036e-8}], tmp_path).splitlines()
+        if "final loss" in line
+    )
+    said = "~0 by construction with estimator.advantage_baseline: the held-out KL says what the student learned"
+    assert (said in final) == (baseline != "none")
