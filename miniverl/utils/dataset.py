@@ -86,10 +86,10 @@ def locate(name: str) -> Path:
 
 
 def missing_line(key: str, name: str) -> str:
-    return (
-        f"data.{key}: {name} does not exist (paths are relative to {Path.cwd()}, or to {CHECKOUT} "
-        "for the prompts miniverl ships in data/)"
-    )
+    where = f"{Path.cwd()}, or to {CHECKOUT} for the prompts miniverl ships in data/"
+    if Path.cwd().resolve() == CHECKOUT.resolve():  # one folder: named once
+        where = f"{CHECKOUT}, miniverl's checkout, whose data/ holds the prompts it ships"
+    return f"data.{key}: {name} does not exist (paths are relative to {where})"
 
 
 def missing_data_file(data: DataConfig, keys: tuple[str, ...]) -> str | None:

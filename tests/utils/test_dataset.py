@@ -116,6 +116,12 @@ def test_the_shipped_prompts_are_found_from_any_directory_and_a_users_file_of_th
         f"data.train_files: data/mine.parquet does not exist (paths are relative to {tmp_path}, "
         f"or to {ROOT} for the prompts miniverl ships in data/)"
     )
+    monkeypatch.chdir(ROOT)  # in the checkout itself the two folders are one, named once
+    with pytest.raises(MiniverlError) as refused:
+        read_conversations(DataConfig("data/mine.parquet"))
+    assert str(refused.value).endswith(
+        f"(paths are relative to {ROOT}, miniverl's checkout, whose data/ holds the prompts it ships)"
+    )
 
 
 def test_an_overlong_prompt_is_an_error_naming_its_row():
