@@ -190,6 +190,12 @@ def tokenizer_facts(tokenizer) -> dict:
     }
 
 
+def resume_check_noted(cfg: MiniverlConfig, facts) -> bool:
+    """Whether the report's resume block carries recipe.resume_check_note: where the check ran, or where a
+    single update leaves it none; not for a sweep job, a resumed run or a stopped one, which skip it."""
+    return facts.resume.get("status") in ("exact_match", "mismatch") or cfg.recipe.resume_check_after is None
+
+
 def resume_block(resumed, load_seconds: float | None, updates_done: int, plan: Plan) -> dict:
     """The report's `resume` block of a run that did not check its own resume: whether it resumed
     (a utils.checkpoint.Checkpoint, or None), from where, and where it stands."""
@@ -363,7 +369,8 @@ def build_report(cfg: MiniverlConfig, plan: Plan, facts: RunFacts) -> dict:
         },
         **({"tokenizer_alignment": facts.tokenizer_alignment} if facts.tokenizer_alignment else {}),
         "resource_contract": resource_contract(cfg, facts),
-        "resume": {**facts.resume, "note": cfg.recipe.resume_check_note},
+        # The note says where the check interrupted: only where it ran (or why a 1-update run has none).
+        "resume": {**facts.resume, "note": cfg.recipe.resume_check_note if resume_check_noted(cfg, facts) else None},
         # Additive to schema v1: held-out progress, [{"update": u, "value": v}, ...] from update 0.
         "distillation_progress": None
         if facts.distillation_progress is None

@@ -122,7 +122,7 @@ def test_user_mistakes_end_their_jobs_in_one_line_and_no_job_runs_the_resume_che
     sweep_dir = tmp_path / "s"
     status = run_as_command(
         "main", "-m", "+recipe=opd_k1", "model=toy", "teacher=toy", "recipe.optimizer_updates=2",
-        "recipe.interrupt_after_updates=1", "recipe.response_limit=8", f"hydra.sweep.dir={sweep_dir}",
+        "recipe.interrupt_after_updates=8", "recipe.response_limit=8", f"hydra.sweep.dir={sweep_dir}",
         "data.train_files=data/toy_prompts.parquet,README.md,pyproject.toml",  # there, but not parquet
     )  # fmt: skip
     out, err = capfd.readouterr()
@@ -134,6 +134,8 @@ def test_user_mistakes_end_their_jobs_in_one_line_and_no_job_runs_the_resume_che
     assert rows[1]["error"].startswith(no_data + "README.md is not a readable parquet file")
     assert rows[2]["error"].startswith(no_data + "pyproject.toml is not a readable parquet file")
     assert rows[0]["resume"] == "not_checked" and not (sweep_dir / "0" / "resume_check").exists()
+    # 8 is past the 2 updates: a run would check after update 1 and say so; the job checks nothing, says nothing.
+    assert json.loads((sweep_dir / "0" / "report.json").read_text())["resume"]["note"] is None
     for job in ("1", "2"):  # each failed job's folder: its record, its log ending in the line, nothing else
         assert sorted(p.name for p in (sweep_dir / job).iterdir()) == [".hydra", "error.txt", "main.log"]
         assert (sweep_dir / job / "main.log").read_text().strip().splitlines()[-1].endswith(rows[int(job)]["error"])
