@@ -1,6 +1,6 @@
 """`python -m miniverl.report compare A B` (report.json files or run folders): two run reports side
-by side — every measurement with both values and B/A, then every identity field that differs, and
-the settings that differ (plan.json's, beside each report: the config fields that shape a run).
+by side — every measurement with both values and B/A, whether the two trained alike bit for bit, every
+identity field that differs, and the settings that differ (plan.json's, beside each report: the config fields that shape a run).
 
 Named after its command, `python -m miniverl.report`; report.json is built by
 miniverl/trainer/run_report.py and rendered as report.md by miniverl/trainer/report_page.py.
@@ -47,7 +47,7 @@ def compare(a: dict, b: dict, settings: tuple[dict, dict] | None = None) -> list
     differing = [k for k in keys if not is_measurement(k) and k not in IGNORED and fa.get(k) != fb.get(k)]
     timed = [k for k in differing if k in TIMED_FILE_HASHES]
     differing = [k for k in differing if k not in TIMED_FILE_HASHES]
-    lines.append("")
+    lines += ["", training_verdict(fa, fb), ""]
     lines.append(f"identity fields that differ: {len(differing)}")
     lines += [f"  {k}: {format_value(fa.get(k))} | {format_value(fb.get(k))}" for k in differing]
     lines += [f"  (also {k}: the file records each update's timings, which differ between any two runs)" for k in timed]
@@ -57,6 +57,21 @@ def compare(a: dict, b: dict, settings: tuple[dict, dict] | None = None) -> list
         lines += ["", f"settings that differ (plan.json): {len(changed)}"]
         lines += [f"  {k}: {format_value(sa.get(k))} | {format_value(sb.get(k))}" for k in changed]
     return lines
+
+
+# What two runs trained, bit for bit: every update's sampled tokens and scores, and the adapter they left.
+TRAINING_DIGESTS = ("artifacts.trajectory_sha256", "artifacts.standard_peft_adapter_sha256")
+
+
+def training_verdict(fa: dict, fb: dict) -> str:
+    """One line: whether two flattened reports' runs trained alike, by their trajectories' and adapters' digests
+    (a byte-exact resume and its uninterrupted twin do; the timings and the clock never do)."""
+    if any(fa.get(key) is None or fb.get(key) is None for key in TRAINING_DIGESTS):
+        return "training: not compared (a report lacks trajectory_sha256 or the adapter's sha256)"
+    differ = [key.split(".", 1)[1] for key in TRAINING_DIGESTS if fa[key] != fb[key]]
+    if not differ:
+        return "training: the same, bit for bit (trajectory_sha256 and standard_peft_adapter_sha256 are equal)"
+    return f"training: differs ({' and '.join(differ)} differ{'s' if len(differ) == 1 else ''})"
 
 
 def plan_settings(report_path: Path) -> dict | None:

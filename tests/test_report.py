@@ -56,11 +56,17 @@ def test_a_resume_and_its_twin_differ_in_no_identity_field_only_in_the_timings_s
 
     def report(state_hash, adapter_hash):
         hashes = {"adapter.safetensors": adapter_hash, "optimizer.safetensors": "o", "state.json": state_hash}
-        return {**REPORT_A, "artifacts": {"checkpoint_hashes": hashes}}
+        trained = {"trajectory_sha256": f"t{adapter_hash}", "standard_peft_adapter_sha256": adapter_hash}
+        return {**REPORT_A, "artifacts": {"checkpoint_hashes": hashes, **trained}}
 
     twins = compare(report("s1", "a"), report("s2", "a"))  # byte-exact: only state.json's timings differ
     assert "identity fields that differ: 0" in twins
+    assert "training: the same, bit for bit (trajectory_sha256 and standard_peft_adapter_sha256 are equal)" in twins
     assert any("artifacts.checkpoint_hashes.state.json" in line and "timings" in line for line in twins)
     parted = compare(report("s1", "a"), report("s2", "b"))  # other weights: an identity that differs
-    assert "identity fields that differ: 1" in parted
+    assert "identity fields that differ: 3" in parted
     assert "  artifacts.checkpoint_hashes.adapter.safetensors: a | b" in parted
+    assert "training: differs (trajectory_sha256 and standard_peft_adapter_sha256 differ)" in parted
+    assert "training: not compared (a report lacks trajectory_sha256 or the adapter's sha256)" in compare(
+        REPORT_A, REPORT_B
+    )
