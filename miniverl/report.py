@@ -1,6 +1,7 @@
 """`python -m miniverl.report compare A B` (report.json files or run folders): two run reports side
-by side — every measurement with both values and B/A, whether the two trained alike bit for bit, every
-identity field that differs, and the settings that differ (plan.json's, beside each report: the config fields that shape a run).
+by side — every measurement with both values and B/A, whether the two trained alike bit for bit,
+every identity field that differs, and the settings that differ (plan.json's, beside each report:
+the config fields that shape a run).
 
 Named after its command, `python -m miniverl.report`; report.json is built by
 miniverl/trainer/run_report.py and rendered as report.md by miniverl/trainer/report_page.py.
