@@ -126,7 +126,7 @@ def experiment_settings(cfg: MiniverlConfig) -> dict:
             settings.pop(unread)
     for block in model_blocks(settings):
         # A local folder's files are part of the experiment too: weights saved again there are another plan
-        # (checkpoint.FILE_DIGESTS: a refused resume names the folder). A hub id is pinned by its revision.
+        # (utils/checkpoint.edited_files: a refused resume names the folder). A hub id is pinned by its revision.
         folders = {key: block[key] for key in FOLDER_KEYS if block.get(key) and block[key] != "toy"}
         digests = {key: model_folder_digest(path) for key, path in folders.items() if Path(path).expanduser().is_dir()}
         if digests:
