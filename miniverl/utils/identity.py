@@ -50,9 +50,9 @@ def resolved_config_digest(cfg: DictConfig) -> str:
 # saved again with other weights changes every block, and a few MiB are read where hashing the
 # weights whole would read them all again before loading them (seconds per GB).
 FOLDER_DIGEST_BLOCKS = 64
+FOLDER_DIGEST_BLOCK_BYTES = 1 << 16
 # The key under which a model block's plan settings hold its local folders' digests (trainer/plan.py).
 FOLDER_DIGESTS = "folder_sha256"
-FOLDER_DIGEST_BLOCK_BYTES = 1 << 16
 
 
 def model_folder_digest(folder: str | Path) -> str:

@@ -22,8 +22,8 @@ MODEL_RULES: tuple[Rule, ...] = (
         "model.model_id",
         f"{MODEL}.path",
         note="a hub id, or a local folder written as its absolute path (run_opd.sh: STUDENT_MODEL). model_id=toy "
-        "has no verl equivalent: the "
-        "export is then a template and run_opd.sh refuses to start until STUDENT_MODEL names a real model",
+        "has no verl equivalent: the export is then a template and run_opd.sh refuses to start until "
+        "STUDENT_MODEL names a real model",
     ),
     no_equivalent(
         "model.revision",
