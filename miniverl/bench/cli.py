@@ -59,6 +59,10 @@ def quiet():
         transformers.utils.logging.set_verbosity(previous)
 
 
+# The options of bench --quality alone (argparse's dest names).
+QUALITY_ONLY = ("train", "heldout", "seeds", "first_seed", "updates", "objective", "override")
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     import miniverl.bench
     from miniverl.config.hardware import HardwareConfig
@@ -165,6 +169,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--vocab sizes the models of --losses only")
     if args.quality and not args.student:
         p.error("--quality trains on your models: give --student and --teacher")
+    # Read by --quality alone: given without it, the speed bench would run and leave them unread.
+    unread = [f"--{name.replace('_', '-')}" for name in QUALITY_ONLY if getattr(args, name) != p.get_default(name)]
+    if unread and not args.quality:
+        p.error(
+            f"{', '.join(unread)} set{'s' if len(unread) == 1 else ''} bench --quality: add --quality, or leave "
+            f"{'it' if len(unread) == 1 else 'them'} out"
+        )
+    if args.repeats is not None and args.repeats < 1:
+        p.error(f"--repeats {args.repeats}: give at least 1 timed round (leave it out for the default per scale)")
     if args.quality and (args.seeds < 1 or args.updates < 2):
         p.error("--quality needs --seeds >= 1 and --updates >= 2")
     if args.student and args.path != "both":

@@ -214,6 +214,29 @@ def test_quality_needs_the_users_models():
 
 
 @pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--seeds", "3"], "--seeds sets bench --quality: add --quality, or leave it out"),
+        (
+            ["--objective", "k1", "--updates", "5"],
+            "--updates, --objective set bench --quality: add --quality, or leave",
+        ),
+        (["--override", "data.shuffle=true"], "--override sets bench --quality"),
+        (["--scale", "toy", "--repeats", "-1"], "--repeats -1: give at least 1 timed round"),
+        (["--scale", "toy", "--repeats", "0"], "--repeats 0: give at least 1 timed round"),
+    ],
+)
+def test_options_the_speed_bench_would_not_read_are_refused_in_one_line(argv, said, capsys):
+    """A user who forgot --quality waited minutes for the speed bench, the options unread (a new-user audit);
+    --repeats -1 ended in a traceback and 0 meant the default."""
+    from miniverl.bench.cli import parse_args
+
+    with pytest.raises(SystemExit) as error:
+        parse_args(argv)
+    assert error.value.code == 2 and said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
     ("override", "said"),
     [("data.shufle=true", "data.shufle"), ("actor.optim.lr=-1", "actor.optim.lr=-1.0 must be")],
 )
