@@ -126,19 +126,23 @@ HELDOUT_MEASURES = {
 
 
 def heldout_rows(progress: dict | None) -> list[tuple[str, str]]:
-    """("held-out", first -> last) of the run's held-out curve, when the probe ran."""
+    """("held-out", first -> last) of the run's held-out KL curve (the exact one, else the k1 mean) and of the
+    teacher's log-likelihood per character where a teacher of another tokenizer measured it, when the probe ran."""
+    rows = []
     for key, what in HELDOUT_MEASURES.items():
         points = (progress or {}).get(key) or []
+        if key == "k1_mean" and rows:  # the exact KL said it
+            continue
         if len(points) > 1 and points[0]["value"] is not None and points[-1]["value"] is not None:
             first, last = points[0], points[-1]
-            return [
+            rows.append(
                 (
                     "held-out",
                     f"{first['value']:.4g} at update {first['update']} -> {last['value']:.4g} at update "
                     f"{last['update']} ({what})",
                 )
-            ]
-    return []
+            )
+    return rows
 
 
 def closing_lines(report: dict, history: list[dict], run_dir: Path) -> str:

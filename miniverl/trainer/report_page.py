@@ -77,7 +77,10 @@ def plot_curves(report: dict, history: list[dict], path: Path) -> None:
     held_out = [(key, progress[key]) for key in ("k1_mean", "exact_reverse_kl") if progress.get(key)]
     curves = CURVES + ((TASK_CURVE,) if history and TASK_CURVE[0] in history[0] else ())
     held_out_score = progress.get("task_score") or []  # the student's own held-out samples, scored
-    panels = len(curves) + (1 if held_out else 0) + (1 if held_out_score else 0)
+    # A teacher of another tokenizer: its log-likelihood per character of the student's held-out text, on a
+    # scale (and sign) of its own, beside the span k1.
+    held_out_loglik = progress.get("teacher_loglik_per_char") or []
+    panels = len(curves) + sum(1 for measured in (held_out, held_out_loglik, held_out_score) if measured)
     columns = min(panels, PANELS_PER_ROW)
     rows = -(-panels // columns)
     fig, grid = plt.subplots(rows, columns, figsize=(3.6 * columns, 3.2 * rows), dpi=100, squeeze=False)
@@ -105,6 +108,10 @@ def plot_curves(report: dict, history: list[dict], path: Path) -> None:
             ax.plot([p["update"] for p in points], [p["value"] for p in points], marker="o", markersize=3, label=key)
         ax.set_title("held-out KL (val/distillation)", fontsize=10)
         ax.legend(fontsize=7)
+    if held_out_loglik:
+        ax = axes[len(curves) + (1 if held_out else 0)]
+        ax.plot([p["update"] for p in held_out_loglik], [p["value"] for p in held_out_loglik], marker="o", markersize=3)
+        ax.set_title("held-out teacher log-lik. per char", fontsize=10)
     for ax in axes:
         ax.set_xlabel("optimizer update")
         ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))

@@ -96,6 +96,12 @@ def test_the_closing_table_shows_the_held_out_curve_from_first_to_last_when_the_
     # Above eval.exact_kl_max_vocab the exact KL is null: the k1 mean instead.
     assert heldout_rows({**exact, "exact_reverse_kl": None})[0][1].endswith("(k1 mean, nats per token)")
     assert heldout_rows(None) == [] and heldout_rows({"k1_mean": curve(7.6)}) == []  # no probe, or no update yet
+    # A teacher of another tokenizer: the span k1 and the teacher's log-likelihood per character, both.
+    cross = {"exact_reverse_kl": None, "k1_mean": curve(6.886, 6.941), "teacher_loglik_per_char": curve(-2.55, -2.635)}
+    assert [text for _, text in heldout_rows(cross)] == [
+        "6.886 at update 0 -> 6.941 at update 4 (k1 mean, nats per token)",
+        "-2.55 at update 0 -> -2.635 at update 4 (the teacher's log-likelihood per character)",
+    ]
 
 
 @pytest.mark.parametrize("baseline", ["none", "batch_mean"])

@@ -31,6 +31,16 @@ def test_the_curves_wrap_into_rows_of_three_panels(tmp_path, task_score, held_ou
     assert matplotlib.image.imread(str(tmp_path / "curves.png")).shape[:2] == size
 
 
+def test_a_teacher_of_another_tokenizer_has_its_log_likelihood_per_character_drawn_beside_the_span_k1(tmp_path):
+    """The cross-tokenizer recipe's second held-out measure (it dips before it rises) was left undrawn."""
+    points = [{"update": 0, "value": 6.886}, {"update": 2, "value": 6.941}]
+    loglik = [{"update": 0, "value": -2.55}, {"update": 2, "value": -2.635}]
+    progress = {"k1_mean": points, "exact_reverse_kl": None, "teacher_loglik_per_char": loglik}
+    report = {"profile": "p", "status": "measured", "distillation_progress": progress}
+    plot_curves(report, history(2, False), tmp_path / "curves.png")
+    assert matplotlib.image.imread(str(tmp_path / "curves.png")).shape[:2] == (640, 1080)  # 3 curves + 2 held-out
+
+
 def test_the_model_table_shows_toy_settings_only_for_a_toy():
     toy = {"hidden_size": 64}
     report = {
