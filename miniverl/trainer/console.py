@@ -28,7 +28,12 @@ def _model_line(block) -> str:
 def _teacher_line(block, where: str) -> str:
     if block.mode != "standard":  # the student's own base: see models/adapters.py
         return f"the student's base ({where}.mode={block.mode})"
-    return _model_line(block)
+    line = _model_line(block)
+    if block.context.enabled:  # what it reads is not the student's prompt
+        line += f", with a privileged context ({where}.context)"
+    if block.text_aligned:  # what it scores is text, in its own tokens
+        line += f", scoring the text in its own tokens ({where}.tokenizer_alignment=text)"
+    return line
 
 
 def teacher_rows(cfg: MiniverlConfig) -> list[tuple[str, str]]:

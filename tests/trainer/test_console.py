@@ -129,3 +129,22 @@ def test_the_final_loss_of_a_centred_policy_gradient_is_said_to_be_zero_by_const
     )
     said = "~0 by construction with estimator.advantage_baseline: the held-out KL says what the student learned"
     assert (said in final) == (baseline != "none")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "said"),
+    [
+        (["+recipe=opd_k1_privileged_toy"], ", with a privileged context (teacher.context)"),
+        (
+            ["+recipe=opd_k1_cross_tokenizer_cpu"],
+            ", scoring the text in its own tokens (teacher.tokenizer_alignment=text)",
+        ),
+    ],
+)
+def test_the_start_lines_say_what_a_teacher_reads_when_it_is_not_the_students_prompt_in_its_tokens(
+    overrides, said, tmp_path
+):
+    """report.json recorded the privileged context and the text alignment; the console's teacher row did not."""
+    lines = start_lines(to_config(compose_config(overrides)), tmp_path).splitlines()
+    teacher = next(line for line in lines if line.strip().startswith("teacher"))
+    assert teacher.endswith(said)
