@@ -52,12 +52,6 @@ def markdown(report: dict, history: list[dict]) -> str:
             continue
         lines += [f"## {section}", "", "| field | value |", "|---|---|"]
         rows = flatten(report[section])
-        if section == "models":  # a model's toy settings say nothing unless it is a toy (report.json keeps them)
-            rows = {
-                k: v
-                for k, v in rows.items()
-                if ".toy." not in k or rows.get(k.split(".toy.")[0] + ".model_id") == "toy"
-            }
         lines += [f"| `{key}` | {_cell(value)} |" for key, value in rows.items()]
         lines.append("")
     top = {k: v for k, v in report.items() if not isinstance(v, dict)}

@@ -106,7 +106,7 @@ def teachers_block(cfg: MiniverlConfig, weight_bytes: dict[str, int]) -> dict:
     bytes its weights add (`weight_bytes`, measured on the loaded model)."""
 
     def entry(name: str, block, with_key: bool) -> dict:
-        fields = {**dataclasses.asdict(block), **loaded_revisions(block)}
+        fields = {**config_fields(block), **loaded_revisions(block)}
         if not with_key:
             fields.pop("key")  # the single teacher reads no key
         context = sha256_json(fields["context"]) if block.context.enabled else None  # the templates' identity
@@ -239,6 +239,14 @@ def checkpoint_facts(folder: Path | None) -> tuple[dict | None, int | None]:
     return hashes, folder_bytes(folder)
 
 
+def config_fields(block) -> dict:
+    """A model block's config fields; its `toy` settings only where it is a toy (they build nothing else)."""
+    fields = dataclasses.asdict(block)
+    if block.model_id != "toy":
+        fields.pop("toy")
+    return fields
+
+
 def loaded_revisions(block) -> dict:
     """The revisions a model block was loaded at: null for a local folder (a preset's pin names
     another repository's commit there), as the config gives them for a hub id."""
@@ -251,7 +259,7 @@ def loaded_revisions(block) -> dict:
 def student_block(cfg: MiniverlConfig) -> dict:
     """`models.student`: the student's config under the reference report's names; `lora.enabled` is
     always true (miniverl trains LoRA adapters only, so it is no config key)."""
-    block = {**dataclasses.asdict(cfg.model), **loaded_revisions(cfg.model)}
+    block = {**config_fields(cfg.model), **loaded_revisions(cfg.model)}
     block["lora"] = {"enabled": True, **block["lora"]}
     return {**block, "adapter_sha256": adapter_sha256(cfg.model.adapter)}
 

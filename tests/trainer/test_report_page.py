@@ -1,12 +1,11 @@
-"""The report page: its curves' panels wrap into rows of three, whatever their number; its model
-table leaves out the toy settings of a model that is not a toy."""
+"""The report page: its curves' panels wrap into rows of three, whatever their number."""
 
 from __future__ import annotations
 
 import matplotlib.image
 import pytest
 
-from miniverl.trainer.report_page import markdown, plot_curves
+from miniverl.trainer.report_page import plot_curves
 
 
 def history(updates: int, task_score: bool) -> list[dict]:
@@ -39,20 +38,3 @@ def test_a_teacher_of_another_tokenizer_has_its_log_likelihood_per_character_dra
     report = {"profile": "p", "status": "measured", "distillation_progress": progress}
     plot_curves(report, history(2, False), tmp_path / "curves.png")
     assert matplotlib.image.imread(str(tmp_path / "curves.png")).shape[:2] == (640, 1080)  # 3 curves + 2 held-out
-
-
-def test_the_model_table_shows_toy_settings_only_for_a_toy():
-    toy = {"hidden_size": 64}
-    report = {
-        "profile": "p",
-        "status": "measured",
-        "recipe": {"optimizer_updates": 2, "estimator": "k1"},
-        "resume": {"status": "not_checked"},
-        "models": {
-            "student": {"model_id": "/models/student", "toy": toy},
-            "teacher": {"model_id": "toy", "toy": toy},
-        },
-    }
-    page = markdown(report, [])
-    assert "`student.model_id` | /models/student" in page and "student.toy.hidden_size" not in page
-    assert "| `teacher.toy.hidden_size` | 64 |" in page

@@ -192,6 +192,17 @@ def test_the_report_records_no_hub_revision_for_a_model_loaded_from_a_local_fold
     assert report_module.teachers_block(hub, {})["teacher"]["revision"] == hub.teacher.revision
 
 
+def test_a_model_block_carries_toy_settings_only_where_the_model_is_a_toy(tmp_path):
+    """report.json listed the toy's hidden size and layers under a real model's block, read as that model's."""
+    from miniverl.config import to_config
+
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    cfg = to_config(compose_config(["+recipe=opd_k1", f"model.model_id={folder}", "teacher=toy"]))
+    assert "toy" not in report_module.student_block(cfg)
+    assert report_module.teachers_block(cfg, {})["teacher"]["toy"]["hidden_size"] == cfg.teacher.toy.hidden_size
+
+
 def test_the_plans_sizes_are_used_until_a_downshift_splits_the_rows_at_the_halved_size():
     shift = downshift.Downshift(torch.device("cpu"), rollout_rows=4, update_rows=4, simulate_above=3)
     assert shift.run("update_chunk", [3, 1], lambda sizes: sizes) == [3, 1]  # plan.json's, not split(4, 4)
