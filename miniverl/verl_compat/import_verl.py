@@ -140,11 +140,17 @@ def to_miniverl(lines: list[str], version: str = EXPORT_DEFAULT) -> tuple[list[t
     # verl fills a single teacher's pool with as many replicas as fit (DistillationConfig).
     inference = f"{TEACHER}.inference"
     per_replica = v(f"{inference}.tensor_model_parallel_size") * v(f"{inference}.data_parallel_size")
-    emit(
-        "export.teacher_replicas",
-        v("distillation.nnodes") * v("distillation.n_gpus_per_node") // per_replica,
-        f"{TEACHER}.num_replicas",
-    )
+    replicas = v("distillation.nnodes") * v("distillation.n_gpus_per_node") // per_replica
+    emit("export.teacher_replicas", replicas, f"{TEACHER}.num_replicas")
+    given = values.get(f"{TEACHER}.num_replicas")
+    if not several and given is not None and given != replicas:
+        unmapped.append(
+            (
+                f"{TEACHER}.num_replicas={hydra_value(given)}",
+                f"verl sets a single teacher's replicas from distillation.nnodes x n_gpus_per_node: imported as "
+                f"{replicas}",
+            )
+        )
     for rule in RULES:
         if rule.status == "fixed_in_verl":
             emit(rule.field, rule.verl_value)

@@ -838,6 +838,16 @@ def test_import_keeps_a_users_task_reward_py_and_lists_verls_default_gae(tmp_pat
     assert any("the export's own scorer" in why for _, why in unmapped)
 
 
+def test_a_single_teachers_num_replicas_that_verl_overwrites_is_listed_as_not_imported(tmp_path):
+    """verl sets one teacher's replicas from the pool (DistillationConfig); a launch's own value was dropped unsaid."""
+    lines = export(compose_config(RECIPE), tmp_path / "verl", cwd=ROOT).lines
+    given = [line for line in lines if not line.startswith(f"{TEACHER}.num_replicas=")]
+    mapped, unmapped = import_verl.to_miniverl([*given, f"{TEACHER}.num_replicas=3"])
+    assert dict(mapped)["export.teacher_replicas"] == 1  # the pool's one GPU, as verl resolves it
+    assert any(line == f"{TEACHER}.num_replicas=3" and "imported as 1" in why for line, why in unmapped)
+    assert not any(line.startswith(f"{TEACHER}.num_replicas") for line, _ in import_verl.to_miniverl(lines)[1])
+
+
 # ---------------------------------------------------------------- several teachers
 
 TWO_TEACHERS = [
