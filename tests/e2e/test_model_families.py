@@ -137,10 +137,20 @@ def test_an_attention_that_cannot_run_here_is_refused_in_one_line_before_the_fol
     assert not (tmp_path / "run" / "plan.json").exists()
 
 
-def test_the_attention_check_names_each_models_class_and_says_what_it_could_not_read(folders, tmp_path):
+def test_the_attention_check_names_each_models_class_and_warns_of_what_it_could_not_read(folders, tmp_path):
+    """A model whose config.json could not be read was a PASS "(not checked)" beside the FAILs it causes."""
     models_ = [f"model.model_id={folders['phi3'][0]}", f"teacher.model_id={tmp_path / 'nowhere'}"]
     check = check_attention(to_config(compose_config(["+recipe=opd_k1", *models_])), torch.device("cpu"))
     assert (check.status, check.reason) == (
-        "PASS",
+        "WARN",
         "model sdpa (Phi3ForCausalLM); teacher sdpa (not checked: no config.json read)",
     )
+    read = check_attention(
+        to_config(
+            compose_config(
+                ["+recipe=opd_k1", f"model.model_id={folders['phi3'][0]}", f"teacher.model_id={folders['phi3'][1]}"]
+            )
+        ),
+        torch.device("cpu"),
+    )
+    assert (read.status, read.reason) == ("PASS", "model sdpa (Phi3ForCausalLM); teacher sdpa (Phi3ForCausalLM)")
