@@ -52,7 +52,13 @@ def path_rows(result: dict, path: str) -> list[tuple[str, str, str, str | None, 
         )
     rows += [
         (
-            "rollout tokens/s vs one row at a time (`generate(use_cache=True)`, batch 1, each prompt alone)",
+            "rollout tokens/s vs one row at a time (`generate(use_cache=True)`, batch 1, each prompt alone"
+            + (
+                f"; best of {len(ro['one_row_generate']['runs'])} rounds, the slowest method"
+                if "one_row_generate" in ro
+                else ""
+            )
+            + ")",
             tps("miniverl"),
             tps("one_row_generate"),
             prefix + "rollout_vs_one_row_generate",

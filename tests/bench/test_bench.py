@@ -412,6 +412,8 @@ def test_bench_toy_smoke_run_writes_every_ratio(tmp_path):
     table = (out / "bench.md").read_text()
     assert "| measurement | miniverl | other |" in table and table.count("\n|") >= 18
     assert "full-vocabulary" in table and "IWOPDTrainer" in table
+    # The slowest method runs fewer rounds than the header's: its row says how many (pieces.bench_rollout).
+    assert f"best of {len(recipe['rollout']['one_row_generate']['runs'])} rounds, the slowest method" in table
     # A smoke run judges no target (a new-user audit read its "no" rows as the bench's verdict).
     assert "Scale `toy` is a smoke run" in table and "| yes |" not in table and "| no |" not in table
 
