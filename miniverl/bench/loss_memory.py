@@ -22,7 +22,10 @@ not the absolute bytes.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import sys
 import time
 from functools import partial
 from pathlib import Path
@@ -51,12 +54,34 @@ KEEPS = (1.0, 0.5, 0.25)
 SELECTION_LENGTHS = (32, 24, 30, 16)  # response lengths of the update's 4 rows: 102 tokens, R = 32
 
 
+@contextlib.contextmanager
+def kineto_lines_silenced():
+    """The process's stderr (file descriptor 2) sent to /dev/null: torch's profiler (kineto, C++) writes a
+    `USDT: ... profiler_start` / `profiler_stop` line there at every start and stop, whatever its log level
+    (about a hundred lines a run). Only the start and the stop are silenced, not the measured call."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def peak_bytes(fn) -> int:
     """The most bytes allocated on the CPU at once while fn() runs, above what was allocated before."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    with kineto_lines_silenced():
+        prof.start()
+    try:
         fn()
+    finally:
+        with kineto_lines_silenced():
+            prof.stop()
     events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
     if not events:
         raise RuntimeError("torch's profiler reported no allocation: cannot measure the peak")

@@ -35,6 +35,7 @@ def test_the_losses_bench_writes_both_tables_and_selection_saves_memory_in_every
     table = (out / "losses.md").read_text()
     assert "| `reverse_kl_full` |" in table and "Chunked top-k" in table
     assert table in done.stdout  # printed as well
+    assert "USDT" not in done.stderr and "profiler_start" not in done.stderr  # ~100 lines of torch's profiler
 
 
 @pytest.mark.parametrize(
