@@ -26,9 +26,13 @@ def _model_line(block) -> str:
 
 
 def _teacher_line(block, where: str) -> str:
-    if block.mode != "standard":  # the student's own base: see models/adapters.py
-        return f"the student's base ({where}.mode={block.mode})"
+    if block.mode == "ref":  # the student's own base: see models/adapters.py
+        return f"the student's base ({where}.mode=ref)"
+    if block.mode == "shared_base":  # its adapter on the student's base, one copy of the base
+        return f"the student's base + the adapter {block.adapter} ({where}.mode=shared_base)"
     line = _model_line(block)
+    if block.adapter:
+        line += f" + the adapter {block.adapter}"
     if block.context.enabled:  # what it reads is not the student's prompt
         line += f", with a privileged context ({where}.context)"
     if block.text_aligned:  # what it scores is text, in its own tokens

@@ -139,6 +139,11 @@ def test_the_final_loss_of_a_centred_policy_gradient_is_said_to_be_zero_by_const
             ["+recipe=opd_k1_cross_tokenizer_cpu"],
             ", scoring the text in its own tokens (teacher.tokenizer_alignment=text)",
         ),
+        (  # the banner named the base and not the adapter that makes it a teacher
+            ["+recipe=opd_k1", "model=toy", "teacher.mode=shared_base", "teacher.adapter=/adapters/teacher"],
+            "the student's base + the adapter /adapters/teacher (teacher.mode=shared_base)",
+        ),
+        (["+recipe=opd_k1", "model=toy", "teacher=toy", "teacher.adapter=/adapters/t"], " + the adapter /adapters/t"),
     ],
 )
 def test_the_start_lines_say_what_a_teacher_reads_when_it_is_not_the_students_prompt_in_its_tokens(
