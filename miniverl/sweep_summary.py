@@ -63,11 +63,11 @@ def job_overrides(job: Path) -> list[str]:
     return yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text()) or []
 
 
-def summarize_job(job: Path) -> tuple[dict, list[float], list[tuple[int, float]]]:
-    """A job's row, its loss per update and its held-out exact reverse KL as (update, value)."""
+def summarize_job(job: Path, overrides: list[str]) -> tuple[dict, list[float], list[tuple[int, float]]]:
+    """A job's row (`overrides`: its command line's), its loss per update and its held-out exact reverse KL
+    as (update, value)."""
     from miniverl.utils.run_folder import ERROR_FILE  # imports torch: not at Hydra start-up
 
-    overrides = job_overrides(job)
     row = {column: None for column in COLUMNS}
     row.update(job=job.name, overrides=" ".join(overrides), run_dir=str(job))
     losses = []
@@ -121,9 +121,9 @@ def write_summary(sweep_dir: Path) -> list[dict]:
     from miniverl.utils.run_folder import atomic_write_bytes
 
     folders = job_dirs(sweep_dir)
-    jobs = [summarize_job(job) for job in folders]
-    rows = [row for row, _, _ in jobs]
     overrides = [job_overrides(job) for job in folders]  # lists: a quoted value may hold a space
+    jobs = [summarize_job(job, own) for job, own in zip(folders, overrides)]
+    rows = [row for row, _, _ in jobs]
     # What tells the jobs apart: over every job of the sweep, those not run yet (a stopped sweep) included.
     every = planned_jobs(sweep_dir) or overrides
     common = set.intersection(*(set(job) for job in every)) if every else set()

@@ -45,7 +45,7 @@ def test_a_job_whose_report_a_crash_cut_short_is_listed_as_unreadable(tmp_path):
     (job / ".hydra").mkdir(parents=True)
     (job / ".hydra" / "overrides.yaml").write_text("- estimator=k1\n")
     (job / "report.json").write_text("{oops")  # before: a JSONDecodeError traceback
-    row, losses, _ = sweep_summary.summarize_job(job)
+    row, losses, _ = sweep_summary.summarize_job(job, sweep_summary.job_overrides(job))
     assert (row["status"], row["error"], losses) == (
         "report unreadable",
         f"{job / 'report.json'} is not valid JSON",
