@@ -97,12 +97,19 @@ def _materialize_toy_teacher(teacher: TeacherConfig, where: Path, student_seed: 
 
 
 def source_of(block: StudentConfig | TeacherConfig, toy_path: Path | None) -> Source:
-    path = str(toy_path) if block.model_id == "toy" else os.path.expanduser(block.model_id)  # a quoted ~ too
+    path = str(toy_path) if block.model_id == "toy" else local_or_hub(block.model_id)
     revision = hub_revision(block.model_id, block.revision)
     if not block.tokenizer_id:
         return Source(path, revision, path, revision)
-    tokenizer = os.path.expanduser(block.tokenizer_id)
+    tokenizer = local_or_hub(block.tokenizer_id)
     return Source(path, revision, tokenizer, hub_revision(block.tokenizer_id, block.tokenizer_revision))
+
+
+def local_or_hub(name: str) -> str:
+    """A local folder as an absolute path (a quoted ~ expanded too); anything else as given. What a model is
+    loaded from is what its adapter's `base_model_name_or_path` names: a relative path loads from nowhere else."""
+    path = os.path.expanduser(name)
+    return os.path.abspath(path) if os.path.isdir(path) else path
 
 
 def offline_error(where: str, source: Source, error: Exception, key: str = "model_id") -> MiniverlError:

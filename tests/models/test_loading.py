@@ -277,3 +277,17 @@ def test_a_tokenizer_without_a_chat_template_is_refused_with_the_setting_that_bo
     instruct = family_folder("llama", tmp_path / "instruct", seed=0)
     block = StudentConfig(model_id=str(folder), tokenizer_id=str(instruct))
     assert models.load_tokenizer("model", block, models.source_of(block, None)).chat_template
+
+
+def test_a_student_loaded_from_a_relative_folder_names_its_base_absolutely_in_its_adapter(toy_dirs, monkeypatch):
+    """adapter_config.json's base_model_name_or_path was `../models/student` as given: the adapter then
+    loaded from no other working directory (PeftConfig -> from_pretrained: "Repo id must be ...")."""
+    student = toy_dirs["student"]
+    monkeypatch.chdir(student.parent)
+    block = StudentConfig(model_id=f"../{student.parent.name}/{student.name}", quantization="none")
+    source = models.source_of(block, None)
+    assert source.path == source.tokenizer_path == str(student)
+    loaded = models.load_student(block, source, torch.device("cpu"), lora_seed=0)
+    assert loaded.peft_config["default"].base_model_name_or_path == str(student)
+    hub = models.source_of(StudentConfig(model_id="Qwen/Qwen3-0.6B"), None)
+    assert hub.path == "Qwen/Qwen3-0.6B"  # a hub id is no folder here: as given
