@@ -85,7 +85,7 @@ def check_data(cfg: MiniverlConfig, tokenizer) -> Check:
         return Check(
             "FAIL",
             "data",
-            f"{facts}: {len(over)} over the limit (first: row {over[0]}); raise "
+            f"{facts}: {len(over)} over the limit (first: {conversations.row_name(over[0])}); raise "
             "recipe.prompt_limit or set data.filter_overlong_prompts=true",
         )
     if usable < cfg.recipe.logical_batch:
@@ -105,7 +105,16 @@ def check_data(cfg: MiniverlConfig, tokenizer) -> Check:
             f"({needed / usable:.1f} passes){fix}",
         )
     dropped = f", {len(over)} dropped as overlong" if over else ""
-    return Check("PASS", "data", f"{facts}{dropped}; the plan consumes {needed} of {usable} usable prompts")
+    line = f"{facts}{dropped}; the plan consumes {needed} of {usable} usable prompts"
+    if conversations.plain_strings:  # a column picked by mistake (data.prompt_key) trains on whatever it holds
+        column = cfg.data.prompt_key
+        return Check(
+            "WARN",
+            "data",
+            f"{line}; column {column!r} holds plain strings in {conversations.plain_strings} rows, each taken as one "
+            "user message (verl reads lists of {role, content} messages): check data.prompt_key",
+        )
+    return Check("PASS", "data", line)
 
 
 def check_reward(cfg: MiniverlConfig) -> Check:

@@ -3,7 +3,8 @@
 `data_source`, `reward_model.ground_truth` and `extra_info`, several teachers the `teacher_key`
 column), read with pyarrow.
 
-Each prompt (a list of {role, content} messages) goes through the tokenizer's chat template with
+Each prompt (a list of {role, content} messages; a plain string is one user message, which verl does
+not take) goes through the tokenizer's chat template with
 `add_generation_prompt=True`, as verl's RLHFDataset does. A prompt longer than
 `recipe.prompt_limit` tokens is an error naming its row (verl's `truncation=error`), or is
 dropped and counted when `data.filter_overlong_prompts=true`.
@@ -11,6 +12,7 @@ dropped and counted when `data.filter_overlong_prompts=true`.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,6 +74,19 @@ class Conversations:
     tasks: list[TaskRow] = field(default_factory=list)
     routes: list[str | None] = field(default_factory=list)  # each row's route_column value, when asked
     records: list[dict] = field(default_factory=list)  # each row's every column, when asked (teacher contexts)
+    key: str = "train_files"  # the data.<key> the rows were read from
+    files: list[tuple[str, int]] = field(default_factory=list)  # (file as given, its rows), in order
+    plain_strings: int = 0  # rows whose prompt is a plain string (one user message), not a message list
+
+    def row_name(self, row: int) -> str:
+        """`data.<key> row <r>`, or with several files `data.<key> <file> row <r>`: a row as the user finds it."""
+        if len(self.files) < 2:
+            return f"data.{self.key} row {row}"
+        for name, rows in self.files:
+            if row < rows:
+                return f"data.{self.key} {name} row {row}"
+            row -= rows
+        raise IndexError(row)
 
 
 def locate(name: str) -> Path:
@@ -104,8 +119,8 @@ def read_conversations(
     """All prompts of all files of `data.<key>`, in file order, and the digest of the input bytes;
     with `route_column` (several teachers' `teacher_key`) each row's value of that column too, and
     `with_records` each row's every column (what a teacher context reads)."""
-    conversations, answers, tasks, routes, records, digests = [], [], [], [], [], []
-    where = f"data.{key}"
+    conversations, answers, tasks, routes, records, digests, files = [], [], [], [], [], [], []
+    where, plain = f"data.{key}", 0
     for name in getattr(data, key):
         path = locate(name)
         if not path.is_file():
@@ -151,14 +166,21 @@ def read_conversations(
             raw = truth.get("ground_truth") if isinstance(truth, dict) else None
             tasks.append(TaskRow(None if sources[row] is None else str(sources[row]), raw, extra))
         digests.append(sha256_file(path))
+        files.append((name, len(prompts)))
+        plain += sum(isinstance(p, str) for p in prompts)
     if not conversations:
         raise MiniverlError(f"{where}: {', '.join(getattr(data, key))} holds no rows")
     digest = digests[0] if len(digests) == 1 else sha256_json(digests)
-    return Conversations(conversations, answers, digest, tasks, routes, records)
+    return Conversations(conversations, answers, digest, tasks, routes, records, key, files, plain)
 
 
 def check_messages(messages, name: str, row: int, column: str, where: str = "data.train_files") -> list[dict]:
-    if isinstance(messages, str):  # a plain-text prompt is a single user turn
+    if isinstance(messages, str):  # a plain-text prompt is a single user turn (miniverl's; verl reads lists)
+        if json_message_list(messages):
+            raise MiniverlError(
+                f"{where}: {name} row {row} column {column!r} holds the JSON text of a message list, not the list: "
+                "store the list itself (verl's format; e.g. df[column] = df[column].map(json.loads))"
+            )
         return [{"role": "user", "content": messages}]
     ok = (
         isinstance(messages, list)
@@ -176,6 +198,17 @@ def check_messages(messages, name: str, row: int, column: str, where: str = "dat
     return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
+def json_message_list(text: str) -> bool:
+    """Whether a string is a message list serialised as JSON (`json.dumps` of verl's prompt column)."""
+    if not text.lstrip().startswith("["):
+        return False
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(value, list) and bool(value) and all(isinstance(m, dict) and "role" in m for m in value)
+
+
 def prompt_ids(messages: list[dict], data: DataConfig, tokenizer) -> list[int]:
     """A conversation through the chat template with the generation prompt (verl's RLHFDataset)."""
     kwargs = dict(data.apply_chat_template_kwargs)
@@ -190,7 +223,7 @@ def tokenize_prompts(source: Conversations, data: DataConfig, tokenizer, prompt_
         if len(ids) > prompt_limit:
             if not data.filter_overlong_prompts:
                 raise MiniverlError(
-                    f"data.train_files row {row}: prompt is {len(ids)} tokens, "
+                    f"{source.row_name(row)}: prompt is {len(ids)} tokens, "
                     f"over recipe.prompt_limit={prompt_limit}; raise the limit or set "
                     "data.filter_overlong_prompts=true to drop such prompts"
                 )
@@ -205,13 +238,14 @@ def tokenize_prompts(source: Conversations, data: DataConfig, tokenizer, prompt_
         if source.routes:
             kept.routes[row] = source.routes[row]
     if not kept.rows:  # the error alone, without the warning that would say the same first
-        raise MiniverlError(f"data: no prompt fits recipe.prompt_limit={prompt_limit}; raise it")
+        raise MiniverlError(f"data.{source.key}: no prompt fits recipe.prompt_limit={prompt_limit}; raise it")
     if kept.dropped_overlong:
         log.warning(
-            "data: dropped %d prompt(s) over recipe.prompt_limit=%d tokens (rows %s)",
+            "data.%s: dropped %d prompt(s) over recipe.prompt_limit=%d tokens (%s)",
+            source.key,
             len(kept.dropped_overlong),
             prompt_limit,
-            kept.dropped_overlong[:10],
+            ", ".join(source.row_name(row).removeprefix(f"data.{source.key} ") for row in kept.dropped_overlong[:10]),
         )
     return kept
 

@@ -67,6 +67,26 @@ def test_a_plan_that_needs_more_prompts_than_the_data_fails_unless_repeats_are_a
     assert checks_of("recipe.optimizer_updates=20", "data.repeat_prompts=true")["data"].status == "WARN"
 
 
+def test_a_prompt_column_of_plain_strings_warns_naming_the_column(tmp_path):
+    """A new-user audit set data.prompt_key=ability by mistake: every row's "qa" trained as the prompt, no word said."""
+    path = tmp_path / "mine.parquet"
+    rows = [[{"role": "user", "content": f"{i} + {i}?"}] for i in range(8)]
+    pq.write_table(pa.table({"prompt": rows, "ability": ["qa"] * 8}), path)
+    check = checks_of(f"data.train_files={path}", "data.prompt_key=ability", "recipe.optimizer_updates=2")["data"]
+    assert check.status == "WARN" and check.reason.endswith(
+        "column 'ability' holds plain strings in 8 rows, each taken as one user message (verl reads lists of "
+        "{role, content} messages): check data.prompt_key"
+    )
+    assert checks_of(f"data.train_files={path}", "recipe.optimizer_updates=2")["data"].status == "PASS"
+
+
+def test_an_overlong_prompt_of_a_second_file_is_named_by_that_file(tmp_path):
+    path = tmp_path / "long.parquet"
+    pq.write_table(pa.table({"prompt": [[{"role": "user", "content": "word " * 300}]]}), path)
+    check = checks_of(f"data.train_files=[{ROOT}/data/toy_prompts.parquet,{path}]")["data"]
+    assert check.status == "FAIL" and f"1 over the limit (first: data.train_files {path} row 0)" in check.reason
+
+
 def test_an_estimate_over_the_memory_limit_fails():
     check = checks_of("hardware.peak_reserved_limit_gib=0.001")["memory"]
     assert check.status == "FAIL" and "estimated peak" in check.reason

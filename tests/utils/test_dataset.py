@@ -149,6 +149,53 @@ def test_overlong_prompts_are_dropped_and_counted_when_asked(caplog):
     assert f"dropped {len(too_long)} prompt(s)" in caplog.text
 
 
+def test_an_overlong_prompt_of_several_files_or_of_the_held_out_ones_is_named_by_its_file_and_row(tmp_path, caplog):
+    """A new-user audit: row 8 "of data.train_files" was row 2 of the second file; an over-long held-out prompt
+    was called a data.train_files row."""
+    long_rows = [[{"role": "user", "content": "Repeat: " + "word " * 200}]] * 3
+    pq.write_table(pa.table({"prompt": long_rows}), tmp_path / "long.parquet")
+    shipped = f"{ROOT}/data/toy_prompts.parquet"
+    config = to_config(compose_config([f"data.train_files=[{shipped},{tmp_path}/long.parquet]"]))
+    with pytest.raises(MiniverlError) as refused:
+        tokenize_prompts(read_conversations(config.data), config.data, build_toy_tokenizer(), 128)
+    assert str(refused.value).startswith(f"data.train_files {tmp_path}/long.parquet row 0: prompt is ")
+    config = to_config(compose_config([f"data.val_files={tmp_path}/long.parquet", "data.filter_overlong_prompts=true",
+                                       f"data.train_files=[{shipped}]"]))  # fmt: skip
+    with pytest.raises(MiniverlError, match=r"^data.val_files: no prompt fits recipe.prompt_limit=128"):
+        tokenize_prompts(read_conversations(config.data, "val_files"), config.data, build_toy_tokenizer(), 128)
+    config = to_config(compose_config([f"data.val_files={tmp_path}/long.parquet"]))
+    with pytest.raises(MiniverlError, match=r"^data.val_files row 0: prompt is \d+ tokens"):
+        tokenize_prompts(read_conversations(config.data, "val_files"), config.data, build_toy_tokenizer(), 128)
+    files = f"data.train_files=[{shipped},{tmp_path}/long.parquet]"
+    config = to_config(compose_config(["data.filter_overlong_prompts=true", files]))
+    kept = tokenize_prompts(read_conversations(config.data), config.data, build_toy_tokenizer(), 128)
+    assert kept.dropped_overlong == [64, 65, 66]  # the plan's rows count across the files
+    said = f"{tmp_path}/long.parquet row 0, {tmp_path}/long.parquet row 1, {tmp_path}/long.parquet row 2"
+    assert f"data.train_files: dropped 3 prompt(s) over recipe.prompt_limit=128 tokens ({said})" in caplog.text
+
+
+def test_a_prompt_column_of_json_text_is_refused_and_plain_strings_are_one_user_message(tmp_path):
+    """A message list saved as json.dumps text trained on the JSON itself; plain strings are miniverl's own
+    convenience (verl reads lists), and a column picked by mistake is the same to the reader: the data check warns."""
+    import json
+
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 + 2?"}]
+    pq.write_table(pa.table({"prompt": [json.dumps(messages)]}), tmp_path / "json.parquet")
+    config = to_config(compose_config([f"data.train_files={tmp_path}/json.parquet"]))
+    with pytest.raises(MiniverlError) as refused:
+        read_conversations(config.data)
+    assert str(refused.value) == (
+        f"data.train_files: {tmp_path}/json.parquet row 0 column 'prompt' holds the JSON text of a message list, not "
+        "the list: store the list itself (verl's format; e.g. df[column] = df[column].map(json.loads))"
+    )
+    pq.write_table(pa.table({"prompt": ["[1, 2] is a list", "What is 2 + 2?"]}), tmp_path / "plain.parquet")
+    config = to_config(compose_config([f"data.train_files={tmp_path}/plain.parquet"]))
+    conversations = read_conversations(config.data)
+    assert conversations.messages[0] == [{"role": "user", "content": "[1, 2] is a list"}]
+    assert conversations.plain_strings == 2
+    assert read_conversations(to_config(compose_config([])).data).plain_strings == 0
+
+
 def test_a_file_without_the_prompt_column_is_an_error_naming_it(tmp_path):
     path = tmp_path / "bad.parquet"
     pq.write_table(pa.table({"question": ["What is 2 + 2?"]}), path)
