@@ -28,11 +28,16 @@ class DataConfig:
     seed: int = 1
 
     def __post_init__(self) -> None:
-        if isinstance(self.train_files, str):
-            self.train_files = [self.train_files]
-        self.train_files = list(self.train_files)
-        if not self.train_files or not all(isinstance(p, str) and p for p in self.train_files):
-            raise ValueError("data.train_files must be a parquet path or a non-empty list of paths")
-        if isinstance(self.val_files, str):
-            self.val_files = [self.val_files]
-        self.val_files = list(self.val_files or [])
+        self.train_files = path_list(self.train_files, "train_files")
+        self.val_files = path_list(self.val_files, "val_files", none_ok=True)
+
+
+def path_list(value: Any, key: str, none_ok: bool = False) -> list[str]:
+    """One path or a list of them, as a list (null or [] an empty one where `none_ok`); anything else (a number,
+    a null or empty name in the list) refused naming the key."""
+    paths = ([] if value is None and none_ok else value) if not isinstance(value, str) else [value]
+    ok = isinstance(paths, (list, tuple)) and (none_ok or paths) and all(isinstance(p, str) and p for p in paths)
+    if not ok:
+        shape = "a parquet path, a list of paths or null" if none_ok else "a parquet path or a non-empty list of paths"
+        raise ValueError(f"data.{key} must be {shape}, not {value!r}")
+    return list(paths)

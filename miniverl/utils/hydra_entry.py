@@ -132,7 +132,13 @@ def one_line_hydra_errors(entry: Callable) -> Callable:
                         raise
                     raise SystemExit(exit_code_of(MiniverlError(hydra_error_line(error)))) from None
                 except OSError as error:  # Hydra creates the run folder (and its log) before our code runs
-                    line = unwritable(error, "choose another hydra.run.dir (hydra.sweep.dir with -m)")
+                    fix = "choose another hydra.run.dir (hydra.sweep.dir with -m)"
+                    if isinstance(error, (FileExistsError, NotADirectoryError)):  # a file where a folder goes
+                        path = Path(error.filename)
+                        in_the_way = next((p for p in (path, *path.parents) if p.is_file()), path)
+                        line = MiniverlError(f"{in_the_way} is a file, not a folder: {fix}")
+                    else:
+                        line = unwritable(error, fix)
                     raise SystemExit(exit_code_of(line)) from None
 
             return original(guarded)

@@ -154,6 +154,19 @@ def test_an_output_folder_that_cannot_be_created_is_one_line_from_the_command(tm
     assert last.startswith(f"{prefix}: error: cannot write {UNWRITABLE}: ") and last.endswith(f"; {fix}")
 
 
+@pytest.mark.parametrize("below", ["", "run"])
+def test_a_run_folder_that_is_a_file_or_lies_under_one_is_one_line_naming_the_file(tmp_path, capfd, below):
+    """A new-user audit gave hydra.run.dir its data file: Hydra's FileExistsError traceback, exit 1."""
+    data = tmp_path / "train.parquet"
+    data.write_bytes(b"PAR1")
+    assert run_as_command("main", *BASE, f"hydra.run.dir={data / below if below else data}") == 2
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and data.read_bytes() == b"PAR1"
+    assert err.strip().splitlines()[-1] == (
+        f"miniverl: error: {data} is a file, not a folder: choose another hydra.run.dir (hydra.sweep.dir with -m)"
+    )
+
+
 # What a full disk raises: the OS's error, or safetensors' own (its Rust writer reports the OS's as
 # text; measured on a 1.2 MB tmpfs, where an unrecognised one used to end in a traceback).
 FULL_DISK = {
