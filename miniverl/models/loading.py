@@ -132,6 +132,13 @@ def offline_error(where: str, source: Source, error: Exception, key: str = "mode
                 "writes there: config.json, the weights (*.safetensors) and the tokenizer's files"
             )
         return MiniverlError(unreadable)
+    if folder.is_file():  # a weights or data file given for the folder
+        fix = (
+            f"give its folder: {setting}={folder.parent}"
+            if (folder.parent / "config.json").is_file()
+            else "give the folder save_pretrained wrote (config.json, *.safetensors, the tokenizer's files)"
+        )
+        return MiniverlError(f"{setting}={source.path} is a file, not a model folder; {fix}")
     # A hub id is "org/name"; anything else not on disk is a path that is not there.
     if folder.is_absolute() or source.path.startswith((".", "~")) or source.path.count("/") > 1:
         return MiniverlError(

@@ -101,6 +101,10 @@ def locate(name: str) -> Path:
 
 
 def missing_line(key: str, name: str) -> str:
+    if Path(name).is_dir():  # verl reads files: a folder of them is listed, not globbed
+        inside = [str(p) for p in sorted(Path(name).glob("*.parquet"))]
+        listed = f"give its files: data.{key}=[{','.join(inside[:3])}{',...' * (len(inside) > 3)}]"
+        return f"data.{key}: {name} is a folder; " + (listed if inside else "give parquet files (it holds none)")
     where = f"{Path.cwd()}, or to {CHECKOUT} for the prompts miniverl ships in data/"
     if Path.cwd().resolve() == CHECKOUT.resolve():  # one folder: named once
         where = f"{CHECKOUT}, miniverl's checkout, whose data/ holds the prompts it ships"

@@ -291,3 +291,18 @@ def test_a_student_loaded_from_a_relative_folder_names_its_base_absolutely_in_it
     assert loaded.peft_config["default"].base_model_name_or_path == str(student)
     hub = models.source_of(StudentConfig(model_id="Qwen/Qwen3-0.6B"), None)
     assert hub.path == "Qwen/Qwen3-0.6B"  # a hub id is no folder here: as given
+
+
+def test_a_file_given_as_the_model_folder_is_named_a_file_and_its_folder_offered(toy_dirs, tmp_path):
+    """A new-user audit gave model.model_id a file and read "no such folder" for a path that exists."""
+    weights = next(toy_dirs["student"].glob("*.safetensors"))
+    block = StudentConfig(model_id=str(weights))
+    with pytest.raises(MiniverlError) as info:
+        models.load_tokenizer("model", block, models.source_of(block, None))
+    assert str(info.value) == (
+        f"model.model_id={weights} is a file, not a model folder; give its folder: model.model_id={weights.parent}"
+    )
+    (tmp_path / "notes.txt").write_text("x")
+    other = StudentConfig(model_id=str(tmp_path / "notes.txt"))
+    with pytest.raises(MiniverlError, match="is a file, not a model folder; give the folder save_pretrained wrote"):
+        models.load_tokenizer("model", other, models.source_of(other, None))

@@ -196,6 +196,19 @@ def test_a_prompt_column_of_json_text_is_refused_and_plain_strings_are_one_user_
     assert read_conversations(to_config(compose_config([])).data).plain_strings == 0
 
 
+def test_a_folder_of_parquet_files_is_named_a_folder_with_its_files_to_give(tmp_path):
+    """A new-user audit gave data.train_files a folder of parquet files and read "does not exist"."""
+    for name in ("a.parquet", "b.parquet"):
+        pq.write_table(pa.table({"prompt": [[{"role": "user", "content": "1 + 1?"}]]}), tmp_path / name)
+    config = to_config(compose_config([f"data.train_files={tmp_path}"]))
+    with pytest.raises(MiniverlError) as refused:
+        read_conversations(config.data)
+    assert str(refused.value) == (
+        f"data.train_files: {tmp_path} is a folder; give its files: "
+        f"data.train_files=[{tmp_path}/a.parquet,{tmp_path}/b.parquet]"
+    )
+
+
 def test_a_file_without_the_prompt_column_is_an_error_naming_it(tmp_path):
     path = tmp_path / "bad.parquet"
     pq.write_table(pa.table({"question": ["What is 2 + 2?"]}), path)
