@@ -238,13 +238,21 @@ def edited_files(override: str, settings: dict) -> str | None:
     return f"the files of {block}.{name}={flatten(settings).get(f'{block}.{name}')}"
 
 
+def earlier_plan(run_dir: Path) -> dict:
+    """The plan.json of the run in `run_dir` ({} where there is none to read)."""
+    try:
+        return json.loads((run_dir / "plan.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
 def earlier_overrides(run_dir: Path, settings: dict) -> list[str]:
     """`key=value` overrides that give a run whose plan holds `settings` (plan.json's "settings":
     every config field that shapes the experiment) those of the run in `run_dir`, where they differ:
     what a refused resume needs, for instance after a recipe changed between versions."""
     try:
-        before = flatten(json.loads((run_dir / "plan.json").read_text(encoding="utf-8"))["settings"])
-    except (OSError, ValueError, KeyError, TypeError):
+        before = flatten(earlier_plan(run_dir)["settings"])
+    except (KeyError, TypeError):
         return []
     now = flatten(settings)
     differing = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k) and k != "miniverl_version")
@@ -258,13 +266,15 @@ def verify_checkpoint(
     run_dir: Path | None = None,
     numerics: tuple[dict, bool] | None = None,
     legacy_digests: tuple[str, ...] = (),
+    input_digest: str | None = None,
 ) -> Checkpoint:
     """Every check a resume needs, reading only: files present, hashes right, same plan, and the
     earlier trajectory files of its run present and intact. `run_dir`: the folder of the run that
     resumes (a refusal then says how to start a new run there instead). `numerics`: this process's
     kernel environment and whether trainer.resume_inexact lets another one go on; checked before the
     plan, whose CPU-resolved settings another environment changes too. `legacy_digests`: what this plan's
-    digest was under an earlier miniverl that recorded less of it, also accepted."""
+    digest was under an earlier miniverl that recorded less of it, also accepted. `input_digest`: this
+    plan's digest of the training data (a refusal names data.train_files when it differs from that run's)."""
     path = resolve_checkpoint(path)
     where = f"checkpoint {path}"  # trainer.resume_from's, or this folder's own (trainer.resume_mode=auto)
     missing = [name for name in (*TENSOR_FILES, STATE_FILE) if not (path / name).is_file()]
@@ -300,9 +310,12 @@ def verify_checkpoint(
         how = (
             f"resume with {' '.join(overrides)}" if overrides else "resume with the overrides of the run that wrote it"
         )
-        if edited:
-            changed = " and ".join(dict.fromkeys(edited_files(o, settings) for o in edited))
-            how = f"{changed} changed since that run: resume with them as they were" + (
+        changed = list(dict.fromkeys(edited_files(o, settings) for o in edited))
+        before = earlier_plan(checkpoint.run_dir).get("input_parquet_sha256")
+        if input_digest is not None and before not in (None, input_digest):  # the prompts' bytes
+            changed.insert(0, "the files of data.train_files")
+        if changed:
+            how = f"{' and '.join(changed)} changed since that run: resume with them as they were" + (
                 f" and {' '.join(overrides)}" if overrides else ""
             )
         if run_dir is None or checkpoint.run_dir.resolve() == Path(run_dir).resolve():
@@ -351,7 +364,7 @@ def checkpoint_to_resume(trainer_config: TrainerConfig, run_dir: Path, plan, dev
         return None
     numerics = (numerics_environment(device), trainer_config.resume_inexact)
     legacy = (plan.digest_before_folder_digests,)  # checkpoints written before plans held the folders' digests
-    return verify_checkpoint(source, plan.digest, plan.settings, run_dir, numerics, legacy)
+    return verify_checkpoint(source, plan.digest, plan.settings, run_dir, numerics, legacy, plan.input_parquet_sha256)
 
 
 def trajectory_path(run_dir: Path, update: int) -> Path:

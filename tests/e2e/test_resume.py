@@ -759,3 +759,24 @@ def test_a_resume_after_its_model_folder_was_saved_again_with_other_weights_is_r
         ]
         == "resumed"
     )
+
+
+@pytest.mark.slow
+def test_a_resume_after_its_training_data_was_edited_is_refused_naming_the_data(tmp_path):
+    """A new-user audit edited one prompt of its parquet between the stop and the resume: the refusal said
+    to resume "with the overrides of the run that wrote it", which were the same."""
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "mine.parquet"
+    table = pq.read_table(ROOT / "data" / "toy_prompts.parquet")
+    pq.write_table(table, data)
+    own = ["+recipe=opd_k1", "model=toy", "teacher=toy", "hardware=cpu", f"data.train_files={data}"]
+    own += ["recipe.optimizer_updates=2", "recipe.interrupt_after_updates=null", "recipe.response_limit=8"]
+    stopped = tmp_path / "stopped"
+    assert run(compose_config([*own, "trainer.stop_after_updates=1"]), stopped)["status"] == "interrupted"
+    rows = table.to_pylist()
+    rows[0]["prompt"][-1]["content"] += " Answer in words."
+    pq.write_table(type(table).from_pylist(rows, schema=table.schema), data)
+    with pytest.raises(MiniverlError) as info:
+        run(compose_config([*own, f"trainer.resume_from={stopped}"]), tmp_path / "resumed")
+    assert "the files of data.train_files changed since that run: resume with them as they were" in str(info.value)
