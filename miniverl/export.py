@@ -14,12 +14,13 @@ from omegaconf import DictConfig, OmegaConf
 from miniverl.config.export import EXPORT_FOLDER
 from miniverl.utils.errors import MiniverlError, exit_code_of
 from miniverl.utils.hydra_entry import KeepEarlierRunRecord, log_line, one_line_hydra_errors, run_as_main
+from miniverl.verl_compat.field_rules import miniverl_names
 from miniverl.verl_compat.launch_writer import export
 
 log = logging.getLogger("miniverl")
 
 
-@one_line_hydra_errors
+@one_line_hydra_errors(other_names=miniverl_names)
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()

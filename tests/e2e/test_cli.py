@@ -130,6 +130,17 @@ def test_a_finished_run_of_other_settings_is_refused_as_finished_not_as_another_
     "override,wording,fix",
     [
         ("recipe.logical_btch=2", "Could not override 'recipe.logical_btch'", "did you mean recipe.logical_batch?"),
+        # verl's own names (a new-user audit: "spell the key as --cfg job prints it", though the field rules know)
+        (
+            "data.max_prompt_length=256",
+            "Could not override",
+            "data.max_prompt_length is verl's name: miniverl's is recipe.prompt_limit",
+        ),
+        (
+            "actor_rollout_ref.actor.optim.lr=1e-5",
+            "Could not override",
+            "actor_rollout_ref.actor.optim.lr is verl's name: miniverl's is actor.optim.lr",
+        ),
         (
             "model=tyo",
             "Could not find 'model/tyo'",

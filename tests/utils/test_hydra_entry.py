@@ -25,6 +25,20 @@ def test_a_misspelt_key_names_the_closest_key_of_its_node():
     assert line == "Could not override 'model.lora.rr'; Key 'rr' not in 'LoraSettings'; did you mean model.lora.r?"
 
 
+def test_a_key_under_another_programs_name_is_given_miniverls_and_a_key_several_fields_map_is_not():
+    from miniverl.verl_compat.field_rules import miniverl_names
+
+    names = miniverl_names()
+    assert names["data.train_batch_size"] == "recipe.logical_batch" and "data.train_files" not in names  # same name
+    assert "actor_rollout_ref.rollout.max_model_len" not in names  # both prompt_limit and response_limit hold it
+    with pytest.raises(ConfigCompositionException) as info:
+        compose_config(["+recipe=opd_k1", "data.train_batch_size=4"])
+    assert hydra_error_line(info.value, miniverl_names).endswith(
+        "data.train_batch_size is verl's name: miniverl's is recipe.logical_batch"
+    )
+    assert hydra_error_line(info.value).endswith("spell the key as `--cfg job` prints it")
+
+
 def test_an_unknown_top_level_key_points_at_the_composed_config():
     assert _line_of("foo=3").endswith("Key 'foo' not in 'MiniverlConfig'; spell the key as `--cfg job` prints it")
 

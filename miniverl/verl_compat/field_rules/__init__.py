@@ -26,6 +26,7 @@ __all__ = [
     "STATUSES",
     "TOY_FIELDS",
     "Rule",
+    "miniverl_names",
     "rule_for",
     "rule_table",
     "rules_for",
@@ -65,6 +66,17 @@ IMPORTED_BY_CODE = {
     "algorithm.adv_estimator": "only verl's critic-free estimators (grpo, rloo) carry over",
 }
 TEACHER_ENTRY = "distillation.teacher_models."
+
+
+def miniverl_names() -> dict[str, str]:
+    """verl key -> the one miniverl field that holds it, where the two names differ (a verl user's spelling,
+    for the one-line error of an unknown key; a verl key several fields map, max_model_len, is left out)."""
+    fields: dict[str, set[str]] = {}
+    for rule in RULES:
+        for key in rule.verl_keys:
+            if key != rule.field and not key.startswith(TEACHER_ENTRY + "<"):
+                fields.setdefault(key, set()).add(rule.field)
+    return {key: next(iter(names)) for key, names in fields.items() if len(names) == 1}
 
 
 def rules_for(version: str) -> tuple[Rule, ...]:
