@@ -39,7 +39,7 @@ from miniverl.models import loading as models
 from miniverl.models.attention import attention_problem
 from miniverl.trainer.memory_estimate import architecture, estimate_peak_bytes
 from miniverl.trainer.plan import read_rows, route_column, teacher_contexts, teacher_routes, uses_context
-from miniverl.utils.dataset import read_conversations, tokenize_prompts
+from miniverl.utils.dataset import missing_data_file, read_conversations, tokenize_prompts
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.text_alignment import align_response
 
@@ -64,6 +64,9 @@ def guarded(name: str, fn, *args) -> Check:
 
 # ------------------------------------------------------------------ cheap checks
 def check_data(cfg: MiniverlConfig, tokenizer) -> Check:
+    unread = cfg.data.val_files and cfg.eval.every == -1  # verl reads its val_files at start-up whatever test_freq
+    if unread and (missing := missing_data_file(cfg.data, ("val_files",))):
+        return Check("FAIL", "data", missing)
     conversations = read_conversations(cfg.data)
     lengths = [
         len(
@@ -106,15 +109,15 @@ def check_data(cfg: MiniverlConfig, tokenizer) -> Check:
         )
     dropped = f", {len(over)} dropped as overlong" if over else ""
     line = f"{facts}{dropped}; the plan consumes {needed} of {usable} usable prompts"
+    if unread:
+        line += "; data.val_files is not read with eval.every=-1 (eval.every=N measures held-out progress)"
     if conversations.plain_strings:  # a column picked by mistake (data.prompt_key) trains on whatever it holds
         column = cfg.data.prompt_key
-        return Check(
-            "WARN",
-            "data",
-            f"{line}; column {column!r} holds plain strings in {conversations.plain_strings} rows, each taken as one "
-            "user message (verl reads lists of {role, content} messages): check data.prompt_key",
+        line += (
+            f"; column {column!r} holds plain strings in {conversations.plain_strings} rows, each taken as one user "
+            "message (verl reads lists of {role, content} messages): check data.prompt_key"
         )
-    return Check("PASS", "data", line)
+    return Check("WARN" if unread or conversations.plain_strings else "PASS", "data", line)
 
 
 def check_reward(cfg: MiniverlConfig) -> Check:

@@ -245,8 +245,7 @@ class SweepPreflight(Callback):
             name = f"job {num} ({swept})" if swept else f"job {num}"
             try:
                 checked = to_config(loader.load_sweep_config(config, list(job)))
-                read = ("train_files", "val_files") if checked.eval.every != -1 else ("train_files",)
-                if missing := missing_data_file(checked.data, read):  # cheap; the rest of its pre-flight is the job's
+                if missing := missing_data_file(checked.data, ("train_files", "val_files")):  # the rest: the job's
                     raise MiniverlError(missing)
             except CompactHydraException as error:
                 refused.append(f"{name}: {hydra_error_line(error)}")

@@ -80,6 +80,18 @@ def test_a_prompt_column_of_plain_strings_warns_naming_the_column(tmp_path):
     assert checks_of(f"data.train_files={path}", "recipe.optimizer_updates=2")["data"].status == "PASS"
 
 
+def test_held_out_files_without_a_probe_are_checked_and_said_to_be_unread(tmp_path):
+    """A new-user audit's data.val_files=<missing file> ran and said nothing (eval.every=-1: the probe is off)."""
+    missing = checks_of(f"data.val_files={tmp_path}/nope.parquet")["data"]
+    assert missing.status == "FAIL" and missing.reason.startswith(f"data.val_files: {tmp_path}/nope.parquet does not")
+    unread = checks_of("data.val_files=data/toy_prompts_heldout.parquet")["data"]
+    assert unread.status == "WARN" and unread.reason.endswith(
+        "data.val_files is not read with eval.every=-1 (eval.every=N measures held-out progress)"
+    )
+    read = checks_of("data.val_files=data/toy_prompts_heldout.parquet", "eval.every=4")["data"]
+    assert read.status == "PASS"
+
+
 def test_an_overlong_prompt_of_a_second_file_is_named_by_that_file(tmp_path):
     path = tmp_path / "long.parquet"
     pq.write_table(pa.table({"prompt": [[{"role": "user", "content": "word " * 300}]]}), path)
