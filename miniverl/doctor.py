@@ -1,7 +1,7 @@
 """Pre-flight checks: `python -m miniverl.doctor +recipe=<name> [overrides]`.
 
 Before hours of GPU time, check that the teacher and the student can be distilled at all: one line
-per check, PASS / WARN / FAIL with the reason (miniverl/trainer/preflight.py has what each checks);
+per check, PASS / WARN / FAIL with the reason (miniverl/trainer/preflight.py says what each checks);
 any FAIL makes the exit code 1. The training command (`miniverl.main`) runs the cheap ones (data,
 tokenizer, memory) first and stops on a FAIL. It writes nothing into outputs/: what the checks build
 goes to a temporary folder, or with `--out DIR` to DIR.
@@ -29,8 +29,9 @@ def run_checks(cfg: MiniverlConfig, run_dir: Path) -> list:
     """Every check, in order (trainer.preflight.Check each); the model checks only if the cheap pass."""
     # Imported here, after the config composed: a mistake in it is reported without loading torch.
     from miniverl.models import loading as models
+    from miniverl.trainer.model_checks import check_nf4_gradients, check_self_test
     from miniverl.trainer.opd_trainer import OPDTrainer
-    from miniverl.trainer.preflight import cheap_checks, check_nf4_gradients, check_self_test, guarded
+    from miniverl.trainer.preflight import cheap_checks, guarded
     from miniverl.utils.device import resolve_device
 
     device = resolve_device(cfg.hardware)

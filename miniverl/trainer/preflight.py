@@ -20,12 +20,12 @@ check is one line, PASS / WARN / FAIL with the reason.
                   multiplies the dequantized weights in the same compute dtype
 
 The training command (`miniverl.main`) runs the cheap ones (data, tokenizer, memory, topk, reward,
-routing, context) first and stops on a FAIL. The self-test scores without any teacher context.
+routing, context) first and stops on a FAIL. The two that load the models, self-test and
+nf4-gradients, are in model_checks.py; the self-test scores without any teacher context.
 """
 
 from __future__ import annotations
 
-import types
 from dataclasses import dataclass
 
 import psutil
@@ -34,8 +34,8 @@ import torch
 from miniverl.config import MiniverlConfig
 from miniverl.config.model import StudentConfig
 from miniverl.config.teacher import TeacherConfig
-from miniverl.models import cpu_gemm, precision, tokenizers
 from miniverl.models import loading as models
+from miniverl.models import tokenizers
 from miniverl.models.attention import attention_problem
 from miniverl.trainer.memory_estimate import architecture, estimate_peak_bytes
 from miniverl.trainer.plan import read_rows, route_column, teacher_contexts, teacher_routes, uses_context
@@ -299,108 +299,3 @@ def cheap_checks(cfg: MiniverlConfig, device: torch.device) -> list[Check]:
         *([guarded("routing", check_routing, cfg)] if cfg.routed else []),
         *([guarded("context", check_context, cfg, tokenizer)] if uses_context(cfg) or own_prompts(cfg) else []),
     ]
-
-
-# ------------------------------------------------------------------ checks that load the models
-def check_self_test(trainer) -> Check:
-    """The student's own weights as teacher: k1 = log pi - log pi must vanish at every position,
-    up to the rounding of the student's compute precision (miniverl/models/precision.py)."""
-    from miniverl.workers.teacher import TeacherWorker
-
-    update = trainer.plan.updates[0]
-    prompts = trainer.prompts.token_ids_of(update.sample_rows)
-    batch = trainer.rollout.generate_sequences(
-        prompts,
-        list(update.sample_rows),
-        list(update.sample_seeds),
-        response_limit=trainer.cfg.recipe.response_limit,
-        physical_batches=list(update.rollout_physical_batches),
-    )
-    own = TeacherWorker(
-        trainer.student.get_base_model(),
-        logprob_chunk=trainer.cfg.hardware.logprob_chunk,
-        topk=None,
-        tokenizer_vocab=len(trainer.tokenizer),
-        float32_gemm=trainer.rollout.float32_gemm,  # every role's alike (models/cpu_gemm.py)
-    )
-    batch = own.compute_teacher_log_prob(batch, trainer.cfg.hardware.update_chunk)
-    k1 = batch.rollout_log_probs - batch.teacher_logprobs  # (B, T)
-    status, line = precision.agreement(k1, batch.response_mask, precision.least_precise_dtype(trainer.student))
-    return Check(status, "self-test", line)
-
-
-def dequantized_twin(nf4_model, source: models.Source, block, float32_gemm: bool):
-    """A dense copy of an NF4 model that computes what its NF4 layers should: each linear layer
-    holds exactly the dequantized weight and multiplies in the layer's compute dtype (bitsandbytes
-    casts the input to it and the output back; with `float32_gemm` as cpu_gemm does), every other
-    weight in the NF4 model's dtype. The comparison is like with like: only the NF4 path itself can
-    make the two differ."""
-    import bitsandbytes as bnb
-    from transformers import AutoModelForCausalLM
-
-    dense = AutoModelForCausalLM.from_pretrained(
-        source.path, revision=source.revision, dtype=torch.float32, trust_remote_code=block.trust_remote_code
-    )
-    quantized = {n.replace(".base_layer", ""): m for n, m in nf4_model.named_modules()}
-    with torch.no_grad():
-        for name, module in dense.named_modules():
-            src = quantized.get(name)
-            if isinstance(src, bnb.nn.Linear4bit):
-                module.weight.copy_(bnb.functional.dequantize_4bit(src.weight.data, src.weight.quant_state).float())
-                module.forward = types.MethodType(_linear_in(src.compute_dtype or torch.float32, float32_gemm), module)
-        unquantized = {
-            n.replace(".base_layer", ""): p
-            for n, p in nf4_model.named_parameters()
-            if p.dtype.is_floating_point and "lora_" not in n
-        }
-        for name, param in dense.named_parameters():
-            if name in unquantized and not isinstance(quantized.get(name.rsplit(".", 1)[0]), bnb.nn.Linear4bit):
-                param.data = param.data.to(unquantized[name].dtype)
-    return dense
-
-
-def _linear_in(compute: torch.dtype, float32_gemm: bool):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        bias = None if self.bias is None else self.bias.to(compute)
-        return cpu_gemm.linear(x.to(compute), self.weight.to(compute), bias, float32_gemm=float32_gemm).to(x.dtype)
-
-    return forward
-
-
-def check_nf4_gradients(trainer, source: models.Source) -> Check:
-    block = trainer.cfg.model
-    if block.quantization != "nf4":
-        return Check("PASS", "nf4-gradients", "the student is not quantized")
-    if block.adapter:
-        return Check("PASS", "nf4-gradients", "skipped: the student starts from an adapter")
-    twin = dequantized_twin(trainer.student.get_base_model(), source, block, trainer.rollout.float32_gemm)
-    dense = models.wrap_student(twin, block, torch.device("cpu"), lora_seed=0)
-    nf4 = trainer.student
-    ids = torch.tensor([trainer.prompts.token_ids[0]], device=trainer.device)
-    grads = []
-    for model in (nf4, dense.to(trainer.device)):
-        with torch.no_grad():
-            for (name, p), (_, q) in zip(model.named_parameters(), nf4.named_parameters()):
-                if "lora_" in name:
-                    p.copy_(torch.full_like(p, 0.01) if "lora_B" in name else q)
-        model.train()
-        model.zero_grad()
-        # The products training uses, in the backward's recomputed forward too.
-        with cpu_gemm.float32_products(model, trainer.rollout.float32_gemm):
-            logits = model(input_ids=ids, use_cache=False).logits.float()
-            # log_softmax + gather, not cross_entropy: CUDA's NLLLoss has no deterministic kernel.
-            loss = -logits[0, :-1].log_softmax(-1).gather(-1, ids[0, 1:, None]).mean()
-            loss.backward()
-        grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.requires_grad})
-        model.zero_grad(set_to_none=True)
-        model.eval()
-    worst = max(
-        float((grads[0][n] - grads[1][n]).abs().max() / grads[1][n].abs().max().clamp_min(1e-12)) for n in grads[1]
-    )
-    dtype = precision.least_precise_dtype(nf4)
-    allowed = precision.GRADIENT_TOLERANCE
-    line = (
-        f"largest relative difference of the LoRA gradients: {worst:.1e} against the dequantized base in the "
-        f"same {str(dtype).replace('torch.', '')} compute (allowed {allowed:g})"
-    )
-    return Check("PASS" if worst <= allowed else "FAIL", "nf4-gradients", line)

@@ -5,7 +5,6 @@ and meanings (docs/report.md says how each figure is measured). Reading two repo
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import statistics
 import time
@@ -16,10 +15,9 @@ import torch
 
 from miniverl import VERL_COMMIT, VERL_REPOSITORY, VERL_TAG, __version__
 from miniverl.config import MiniverlConfig
-from miniverl.config.model import hub_revision
 from miniverl.config.recipe import teacher_target_for
-from miniverl.models.adapters import adapter_sha256
 from miniverl.trainer.plan import PLAN_VERSION, Plan, aligned_teacher_tokenizer
+from miniverl.trainer.report_models import student_block, teachers_block
 from miniverl.utils.device import hardware_facts
 from miniverl.utils.identity import sha256_file, sha256_json
 from miniverl.utils.measure import (
@@ -97,32 +95,6 @@ def task_rewards_block(cfg: MiniverlConfig) -> dict | None:
         "norm_adv_by_std_in_grpo": cfg.algorithm.norm_adv_by_std_in_grpo,
         "distillation_loss_coef": cfg.estimator.distillation_loss_coef,
         "reward_function": f"{custom.path}:{custom.name}" if custom.path else "rule of data_source",
-    }
-
-
-def teachers_block(cfg: MiniverlConfig, weight_bytes: dict[str, int]) -> dict:
-    """The report's teacher entries: `teacher` (the reference report's fields), or with several
-    `teachers` by name (each with its key), `teacher_key` and `default_teacher`; each with the
-    bytes its weights add (`weight_bytes`, measured on the loaded model)."""
-
-    def entry(name: str, block, with_key: bool) -> dict:
-        fields = {**config_fields(block), **loaded_revisions(block)}
-        if not with_key:
-            fields.pop("key")  # the single teacher reads no key
-        context = sha256_json(fields["context"]) if block.context.enabled else None  # the templates' identity
-        return {
-            **fields,
-            "adapter_sha256": adapter_sha256(block.adapter),
-            "context_sha256": context,
-            "weight_bytes": weight_bytes.get(name),
-        }
-
-    if not cfg.teachers:
-        return {"teacher": entry("teacher", cfg.teacher, with_key=False)}
-    return {
-        "teachers": {name: entry(name, block, with_key=True) for name, block in cfg.teachers.items()},
-        "teacher_key": cfg.teacher_key,
-        "default_teacher": cfg.default_teacher,
     }
 
 
@@ -237,31 +209,6 @@ def checkpoint_facts(folder: Path | None) -> tuple[dict | None, int | None]:
     state = json.loads((folder / "state.json").read_text())
     hashes = {**state["files"], "state.json": sha256_file(folder / "state.json")}
     return hashes, folder_bytes(folder)
-
-
-def config_fields(block) -> dict:
-    """A model block's config fields; its `toy` settings only where it is a toy (they build nothing else)."""
-    fields = dataclasses.asdict(block)
-    if block.model_id != "toy":
-        fields.pop("toy")
-    return fields
-
-
-def loaded_revisions(block) -> dict:
-    """The revisions a model block was loaded at: null for a local folder (a preset's pin names
-    another repository's commit there), as the config gives them for a hub id."""
-    return {
-        "revision": hub_revision(block.model_id, block.revision),
-        "tokenizer_revision": hub_revision(block.tokenizer_id, block.tokenizer_revision),
-    }
-
-
-def student_block(cfg: MiniverlConfig) -> dict:
-    """`models.student`: the student's config under the reference report's names; `lora.enabled` is
-    always true (miniverl trains LoRA adapters only, so it is no config key)."""
-    block = {**config_fields(cfg.model), **loaded_revisions(cfg.model)}
-    block["lora"] = {"enabled": True, **block["lora"]}
-    return {**block, "adapter_sha256": adapter_sha256(cfg.model.adapter)}
 
 
 def profile_identity(cfg: MiniverlConfig) -> dict:

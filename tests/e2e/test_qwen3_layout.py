@@ -16,7 +16,7 @@ from miniverl.config import to_config
 from miniverl.main import run
 from miniverl.models import cpu_gemm, precision, tokenizers, toy
 from miniverl.models import loading as models
-from miniverl.trainer import memory_estimate, preflight
+from miniverl.trainer import memory_estimate, model_checks
 from miniverl.trainer.opd_trainer import OPDTrainer
 from miniverl.trainer.resume_check import first_difference
 from miniverl.utils import device as device_module
@@ -200,9 +200,9 @@ def test_a_teacher_padded_to_another_row_count_is_accepted_and_scores_the_same(t
 def test_the_doctor_passes_the_recipes_precision_and_fails_a_broken_nf4_path(trainer, monkeypatch, float32_gemm):
     monkeypatch.setattr(trainer.rollout, "float32_gemm", float32_gemm)
     source = models.source_of(trainer.cfg.model, trainer.run_dir / "toy_models" / "student")
-    self_test = preflight.check_self_test(trainer)
+    self_test = model_checks.check_self_test(trainer)
     assert self_test.status == "PASS" and "bfloat16 compute" in self_test.reason
-    gradients = preflight.check_nf4_gradients(trainer, source)
+    gradients = model_checks.check_nf4_gradients(trainer, source)
     assert gradients.status == "PASS" and "bfloat16" in gradients.reason
     # An NF4 path that no longer computes its weights: the kernel the products go through.
     if float32_gemm:
@@ -211,7 +211,7 @@ def test_the_doctor_passes_the_recipes_precision_and_fails_a_broken_nf4_path(tra
     else:
         real = bnb.matmul_4bit
         monkeypatch.setattr(bnb, "matmul_4bit", lambda A, B, *args, **kwargs: real(A, B, *args, **kwargs) * 1.01)
-    assert preflight.check_nf4_gradients(trainer, source).status == "FAIL"
+    assert model_checks.check_nf4_gradients(trainer, source).status == "FAIL"
 
 
 def test_the_memory_estimate_counts_the_tied_embedding_once_in_float32():
@@ -317,5 +317,5 @@ def test_on_cuda_sampling_equals_scoring_within_the_bf16_tolerance_and_the_docto
         float(diff.abs().max()) <= worst_allowed and abs(float(diff.sum() / batch.response_mask.sum())) <= mean_allowed
     )
     source = models.source_of(trainer.cfg.model, trainer.run_dir / "toy_models" / "student")
-    for check in (preflight.check_self_test(trainer), preflight.check_nf4_gradients(trainer, source)):
+    for check in (model_checks.check_self_test(trainer), model_checks.check_nf4_gradients(trainer, source)):
         assert check.status == "PASS", str(check)

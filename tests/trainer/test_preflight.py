@@ -13,7 +13,7 @@ import torch
 from miniverl.config import to_config
 from miniverl.main import run
 from miniverl.models import toy
-from miniverl.trainer import preflight
+from miniverl.trainer import model_checks, preflight
 from miniverl.utils.errors import MiniverlError
 
 from conftest import ROOT, SHORT, compose_config, run_as_command
@@ -140,12 +140,12 @@ def test_the_self_test_fails_when_scoring_disagrees_with_sampling(tmp_path, monk
     cfg = compose_config([*BASE, *SHORT])
     trainer = OPDTrainer(to_config(cfg), {}, tmp_path / "run")
     trainer.setup()
-    assert preflight.check_self_test(trainer).status == "PASS"
+    assert model_checks.check_self_test(trainer).status == "PASS"
     import miniverl.workers.teacher as teacher_module
 
     real = teacher_module.response_log_probs
     monkeypatch.setattr(teacher_module, "response_log_probs", lambda *a, **k: real(*a, **k) + 0.01)  # misaligned
-    assert preflight.check_self_test(trainer).status == "FAIL"
+    assert model_checks.check_self_test(trainer).status == "FAIL"
 
 
 @pytest.mark.slow
