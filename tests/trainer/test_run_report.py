@@ -98,6 +98,8 @@ def test_the_report_figures_are_measured(recipe_run):
     assert pi["digest"] == report_module.sha256_json({k: v for k, v in pi.items() if k != "digest"})
     assert ours["resume"]["status"] == "exact_match"
     assert ours["resource_contract"]["total_workload_seconds"] > 0
+    # Which files trained it, beside the digest of their bytes (`report compare` could not name them).
+    assert ours["recipe"]["train_files"] == ["data/toy_prompts.parquet"]
 
 
 def run_toy(tmp_path, name, *extra):
