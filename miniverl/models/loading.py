@@ -326,6 +326,7 @@ def wrap_student(model: PreTrainedModel, block: StudentConfig, device: torch.dev
         target_modules=targets,
         bias=block.lora.bias,
         task_type="CAUSAL_LM",
+        revision=hub_revision(block.model_id, block.revision),  # adapter_config.json's: the base's pinned commit
     )
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(lora_seed)  # LoRA A's initialisation draws from the global generator

@@ -3,6 +3,8 @@ NF4 layers stay on one numerical path in every mode, and missing weights give on
 
 from __future__ import annotations
 
+import json
+
 import bitsandbytes as bnb
 import pytest
 import torch
@@ -306,3 +308,17 @@ def test_a_file_given_as_the_model_folder_is_named_a_file_and_its_folder_offered
     other = StudentConfig(model_id=str(tmp_path / "notes.txt"))
     with pytest.raises(MiniverlError, match="is a file, not a model folder; give the folder save_pretrained wrote"):
         models.load_tokenizer("model", other, models.source_of(other, None))
+
+
+def test_a_student_of_a_pinned_hub_model_names_that_commit_in_its_adapter(toy_dirs, tmp_path):
+    """adapter_config.json's revision was null: AutoPeftModelForCausalLM would load the base's default branch."""
+    from miniverl.utils.checkpoint import save_adapter
+
+    base = AutoModelForCausalLM.from_pretrained(toy_dirs["student"], dtype=torch.float32)
+    pinned = StudentConfig(model_id="Qwen/Qwen3-0.6B", revision="c1899de289a04d12100db370d81485cdf75e47ca")
+    save_adapter(models.wrap_student(base, pinned, torch.device("cpu"), lora_seed=0), tmp_path / "adapter")
+    saved = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert saved["revision"] == "c1899de289a04d12100db370d81485cdf75e47ca"
+    local = StudentConfig(model_id=str(toy_dirs["student"]), revision="c1899de289a04d12100db370d81485cdf75e47ca")
+    fresh = AutoModelForCausalLM.from_pretrained(toy_dirs["student"], dtype=torch.float32)
+    assert models.wrap_student(fresh, local, torch.device("cpu"), lora_seed=0).peft_config["default"].revision is None
