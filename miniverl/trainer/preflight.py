@@ -64,9 +64,9 @@ def guarded(name: str, fn, *args) -> Check:
 
 # ------------------------------------------------------------------ cheap checks
 def check_data(cfg: MiniverlConfig, tokenizer) -> Check:
-    unread = cfg.data.val_files and cfg.eval.every == -1  # verl reads its val_files at start-up whatever test_freq
-    if unread and (missing := missing_data_file(cfg.data, ("val_files",))):
+    if missing := missing_data_file(cfg.data, ("val_files",)):  # verl reads its val_files at start-up, test_freq or not
         return Check("FAIL", "data", missing)
+    unread = cfg.data.val_files and cfg.eval.every == -1
     conversations = read_conversations(cfg.data)
     lengths = [
         len(
