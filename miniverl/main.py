@@ -60,6 +60,7 @@ def run(cfg: DictConfig, run_dir: Path, args: list[str] = (), sweep: bool = Fals
     from miniverl.trainer.opd_trainer import OPDTrainer
 
     preflight(config)
+    refuse_overwriting_inputs(config, run_dir)
     trainer = OPDTrainer(config, resolved, run_dir)
     try:
         setup_or_discard(trainer)
@@ -216,6 +217,20 @@ def preflight(config) -> None:
     failed = [f"{', '.join(names)}: {reason}" for reason, names in reasons.items()]
     if failed:
         raise MiniverlError("pre-flight check failed (python -m miniverl.doctor shows all): " + "; ".join(failed))
+
+
+def refuse_overwriting_inputs(config, run_dir: Path) -> None:
+    """trainer.overwrite=true empties the folder's run outputs before the models load: an input among them
+    (an earlier run's peft_adapter/ as model.adapter, its toy_models/) would be gone, with the run's work."""
+    from miniverl.trainer.plan import local_inputs
+    from miniverl.utils.run_folder import outputs_holding
+
+    if config.trainer.overwrite and (inside := outputs_holding(run_dir, local_inputs(config))):
+        key, path = next(iter(inside.items()))
+        raise MiniverlError(
+            f"trainer.overwrite=true would remove {path} from {run_dir} before the run reads it ({key.split('=')[0]}): "
+            "copy it out of that folder first, or choose another hydra.run.dir"
+        )
 
 
 def check_own_resume(trainer, run_dir: Path, args: list[str], k: int) -> dict:

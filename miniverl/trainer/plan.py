@@ -23,6 +23,7 @@ from miniverl.models import loading as models
 from miniverl.utils.dataset import (
     Conversations,
     PromptSet,
+    locate,
     read_conversations,
     teacher_conversations,
     teacher_corpora,
@@ -90,6 +91,21 @@ class Plan:
 # The settings of a model block that may name a local folder: each such folder's digest enters the plan under
 # the block's FOLDER_DIGESTS (utils/identity.model_folder_digest), which is not a config key.
 FOLDER_KEYS = ("model_id", "tokenizer_id", "adapter")
+
+
+def local_inputs(cfg: MiniverlConfig) -> dict[str, Path]:
+    """Every local file or folder the run reads, by the setting that names it: the models', tokenizers' and
+    adapters' folders, the data files, the task-reward function."""
+    inputs = {}
+    for name, block in [("model", cfg.model), *((cfg.teacher_where(n), b) for n, b in cfg.teacher_blocks.items())]:
+        for key in FOLDER_KEYS:
+            if (value := getattr(block, key)) and value != "toy" and Path(value).expanduser().exists():
+                inputs[f"{name}.{key}"] = Path(value).expanduser()
+    for key in ("train_files", "val_files"):
+        inputs.update({f"data.{key}={n}": locate(n) for n in getattr(cfg.data, key) if locate(n).exists()})
+    if (custom := cfg.reward.custom_reward_function.path) and Path(custom).exists():
+        inputs["reward.custom_reward_function.path"] = Path(custom)
+    return inputs
 
 
 def model_blocks(settings: dict) -> list[dict]:

@@ -86,6 +86,21 @@ def test_a_finished_run_folder_is_replaced_only_when_told(tmp_path):
     assert [p.name for p in checkpoint.checkpoints_in(tmp_path / "run")] == ["update_1", "update_2"]
 
 
+@pytest.mark.slow
+def test_an_overwrite_that_would_remove_the_runs_own_input_is_refused_before_anything_goes(tmp_path):
+    """A new-user audit continued from a run's adapter in that run's own folder with trainer.overwrite=true:
+    the folder was emptied first, the adapter then "not a PEFT adapter folder", the earlier run lost."""
+    run_toy(tmp_path / "run", "recipe.optimizer_updates=2")
+    adapter = tmp_path / "run" / "peft_adapter"
+    with pytest.raises(MiniverlError) as refused:
+        run_toy(tmp_path / "run", f"model.adapter={adapter}", "trainer.overwrite=true")
+    assert str(refused.value) == (
+        f"trainer.overwrite=true would remove {adapter} from {tmp_path / 'run'} before the run reads it "
+        "(model.adapter): copy it out of that folder first, or choose another hydra.run.dir"
+    )
+    assert (adapter / "adapter_config.json").is_file() and (tmp_path / "run" / "report.json").is_file()
+
+
 def test_a_read_only_output_folder_is_one_line(tmp_path, monkeypatch):
     def read_only(self, *args, **kwargs):
         raise OSError(errno.EROFS, "Read-only file system", str(self))
