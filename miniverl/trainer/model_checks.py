@@ -89,11 +89,13 @@ def check_nf4_gradients(trainer, source: models.Source) -> Check:
     nf4 = trainer.student
     ids = torch.tensor([trainer.prompts.token_ids[0]], device=trainer.device)
     grads = []
+    # By name: a shared_base student also holds its teacher's adapter, which the twin has not.
+    trained = {name: p for name, p in nf4.named_parameters() if p.requires_grad}
     for model in (nf4, dense.to(trainer.device)):
         with torch.no_grad():
-            for (name, p), (_, q) in zip(model.named_parameters(), nf4.named_parameters()):
-                if "lora_" in name:
-                    p.copy_(torch.full_like(p, 0.01) if "lora_B" in name else q)
+            for name, p in model.named_parameters():
+                if name in trained:
+                    p.copy_(torch.full_like(p, 0.01) if "lora_B" in name else trained[name])
         model.train()
         model.zero_grad()
         # The products training uses, in the backward's recomputed forward too.
