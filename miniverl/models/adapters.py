@@ -30,7 +30,12 @@ TEACHER_ADAPTER = "teacher"  # the shared_base teacher's adapter name; the stude
 def check_folder(path: str, where: str) -> Path:
     folder = Path(path)
     if not (folder / "adapter_config.json").is_file():
-        raise MiniverlError(f"{where}={path}: not a PEFT adapter folder (no adapter_config.json)")
+        hint = ""
+        if (folder / "peft_adapter" / "adapter_config.json").is_file():  # a run folder
+            hint = f"; a run's adapter is its peft_adapter/: {where}={folder / 'peft_adapter'}"
+        elif (folder / "adapter.safetensors").is_file() and (folder / "state.json").is_file():  # a checkpoint
+            hint = f"; a checkpoint goes on with trainer.resume_from={folder}, its run's adapter is in peft_adapter/"
+        raise MiniverlError(f"{where}={path}: not a PEFT adapter folder (no adapter_config.json){hint}")
     if not (folder / WEIGHTS).is_file():
         raise MiniverlError(f"{where}={path}: no {WEIGHTS} (miniverl reads adapters from safetensors only)")
     return folder
@@ -77,6 +82,11 @@ def check_fits(model: PreTrainedModel, folder: Path, where: str) -> None:
     config = json.loads((folder / "adapter_config.json").read_text())
     if config.get("peft_type") != "LORA":
         raise MiniverlError(f"{where}={folder}: a {config.get('peft_type')} adapter; miniverl uses LoRA adapters")
+    if config.get("use_dora"):  # a magnitude vector per layer: another forward than the LoRA paths compute
+        raise MiniverlError(
+            f"{where}={folder}: a DoRA adapter (use_dora); miniverl computes plain LoRA: merge it into its base "
+            "(PeftModel.merge_and_unload) and give that as the model"
+        )
     targets = config.get("target_modules") or []
     targets = [targets] if isinstance(targets, str) else targets
     missing = absent_targets(model, targets)
@@ -88,11 +98,15 @@ def check_fits(model: PreTrainedModel, folder: Path, where: str) -> None:
     shapes = dict(model.named_modules())
     with safe_open(str(folder / WEIGHTS), "pt") as tensors:
         for key in tensors.keys():
-            # base_model.model.<module path>.lora_A.weight -> the layer being adapted
-            path = key.removeprefix("base_model.model.").split(".lora_")[0]
+            # base_model.model.<module path>.lora_A.weight -> the layer being adapted; beside LoRA's own, a whole
+            # layer saved with it (<path>.base_layer.weight: an adapted embedding or output layer; modules_to_save)
+            name = key.removeprefix("base_model.model.")
+            path = name.split(".lora_")[0] if ".lora_" in name else name.rsplit(".", 1)[0].removesuffix(".base_layer")
             layer = shapes.get(path) or shapes.get(path + ".base_layer")
             if layer is None:
                 raise MiniverlError(f"{where}={folder}: adapts {path}, which the base model does not have")
+            if ".lora_A." not in name and ".lora_B." not in name:  # an embedding's LoRA, a saved layer: no shape here
+                continue
             rows, cols = tensors.get_slice(key).get_shape()
             expected = getattr(layer, "in_features", None) if ".lora_A" in key else getattr(layer, "out_features", None)
             actual = cols if ".lora_A" in key else rows
