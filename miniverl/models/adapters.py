@@ -9,6 +9,7 @@ refused with one line naming the setting.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager as ContextManager
 from contextlib import contextmanager
@@ -21,7 +22,9 @@ from transformers import PreTrainedModel
 from transformers.pytorch_utils import Conv1D
 
 from miniverl.utils.errors import MiniverlError
-from miniverl.utils.identity import sha256_file
+from miniverl.utils.identity import model_folder_digest, sha256_file
+
+log = logging.getLogger(__name__)
 
 WEIGHTS = "adapter_model.safetensors"
 TEACHER_ADAPTER = "teacher"  # the shared_base teacher's adapter name; the student's is "default"
@@ -77,6 +80,15 @@ def linear_layer_names(model: PreTrainedModel) -> list[str]:
     return list(dict.fromkeys(found))
 
 
+def same_base(a: str, b: str) -> bool:
+    """Two model names for one base: the same name, or two local folders of the same files (a copy, a toy
+    built again from the same seed)."""
+    if a == b:
+        return True
+    folders = [Path(name).expanduser() for name in (a, b)]
+    return all(f.is_dir() for f in folders) and model_folder_digest(folders[0]) == model_folder_digest(folders[1])
+
+
 def check_fits(model: PreTrainedModel, folder: Path, where: str) -> None:
     """Refuse an adapter whose target modules or tensor shapes do not exist in `model`."""
     config = json.loads((folder / "adapter_config.json").read_text())
@@ -94,6 +106,16 @@ def check_fits(model: PreTrainedModel, folder: Path, where: str) -> None:
         raise MiniverlError(
             f"{where}={folder}: targets modules {missing} that the base model "
             f"({type(model).__name__}) does not have; it was trained for another architecture"
+        )
+    trained_on, here = config.get("base_model_name_or_path"), getattr(model, "name_or_path", None)
+    if trained_on and here and not same_base(trained_on, here):  # shapes can fit another base of the family
+        log.warning(
+            "%s=%s was trained on %s (its adapter_config.json), not on this base, %s: its shapes fit, "
+            "its weights were learnt for other ones",
+            where,
+            folder,
+            trained_on,
+            here,
         )
     shapes = dict(model.named_modules())
     with safe_open(str(folder / WEIGHTS), "pt") as tensors:

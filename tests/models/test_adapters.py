@@ -69,3 +69,24 @@ def test_a_run_folder_or_a_checkpoint_given_as_the_adapter_is_told_where_the_ada
     (checkpoint / "state.json").write_text("{}")
     with pytest.raises(MiniverlError, match=rf"a checkpoint goes on with trainer.resume_from={checkpoint}, "):
         check_folder(str(checkpoint), "model.adapter")
+
+
+def test_an_adapter_trained_on_another_base_of_the_same_shapes_is_warned_of(tmp_path, caplog):
+    """A new-user audit's adapter of the 24-layer cut loaded on the 30-layer teacher without a word."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = toy.build_toy_tokenizer()
+    for name, seed in (("a", 1), ("b", 2)):
+        toy.save_toy(toy.build_toy_model(ToyArchitecture(dtype="float32"), tokenizer, seed=seed), tokenizer,
+                     tmp_path / name, "float32")  # fmt: skip
+    shutil.copytree(tmp_path / "a", tmp_path / "a_copy")
+    on_a = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tmp_path / "a"), LoraConfig(r=4, target_modules=["q_proj"])
+    )
+    save_adapter(on_a, tmp_path / "adapter")
+    for name, warned in (("a_copy", False), ("b", True)):
+        caplog.clear()
+        check_fits(AutoModelForCausalLM.from_pretrained(tmp_path / name), tmp_path / "adapter", "model.adapter")
+        assert (f"was trained on {tmp_path / 'a'} (its adapter_config.json), not on this base" in caplog.text) == warned
