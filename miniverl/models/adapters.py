@@ -139,10 +139,26 @@ def check_fits(model: PreTrainedModel, folder: Path, where: str) -> None:
                 )
 
 
+def lora_settings(path: str) -> dict:
+    """An adapter folder's LoRA settings under model.lora's names (what a student started from it trains)."""
+    config = json.loads((Path(path) / "adapter_config.json").read_text())
+    targets = config.get("target_modules")
+    return {
+        "r": config.get("r"),
+        "alpha": config.get("lora_alpha"),
+        "dropout": config.get("lora_dropout"),
+        "target_modules": sorted(targets) if isinstance(targets, list) else targets,
+        "bias": config.get("bias"),
+    }
+
+
 def student_from_adapter(model: PreTrainedModel, path: str) -> PeftModel:
     """model.adapter: continue training exactly the weights of an existing adapter."""
     folder = check_folder(path, "model.adapter")
     check_fits(model, folder, "model.adapter")
+    lora = lora_settings(path)
+    log.info("model.adapter: LoRA r=%s alpha=%s on %s, from its adapter_config.json (model.lora is not read)",
+             lora["r"], lora["alpha"], lora["target_modules"])  # fmt: skip
     return PeftModel.from_pretrained(model, str(folder), is_trainable=True)
 
 

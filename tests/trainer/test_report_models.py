@@ -50,3 +50,34 @@ def test_a_model_block_carries_toy_settings_only_where_the_model_is_a_toy(tmp_pa
     cfg = to_config(compose_config(["+recipe=opd_k1", f"model.model_id={folder}", "teacher=toy"]))
     assert "toy" not in student_block(cfg)
     assert teachers_block(cfg, {})["teacher"]["toy"]["hidden_size"] == cfg.teacher.toy.hidden_size
+
+
+def test_a_student_started_from_an_adapter_reports_that_adapters_lora_not_model_lora(tmp_path):
+    """A new-user audit's report said r=16 on all-linear for a run that trained an r8 q/v adapter."""
+    import json
+
+    from miniverl.config import to_config
+
+    (tmp_path / "adapter").mkdir()
+    config = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "bias": "none",
+              "target_modules": ["v_proj", "q_proj"]}  # fmt: skip
+    (tmp_path / "adapter" / "adapter_config.json").write_text(json.dumps(config))
+    (tmp_path / "adapter" / "adapter_model.safetensors").write_bytes(b"")  # its sha256 is reported too
+    cfg = to_config(compose_config(["+recipe=opd_k1_real_cpu", f"model.adapter={tmp_path / 'adapter'}"]))
+    assert cfg.model.lora.r == 16 and cfg.model.lora.target_modules == "all-linear"  # the recipe's, not read
+    assert student_block(cfg)["lora"] == {
+        "enabled": True, "r": 8, "alpha": 16, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"], "bias": "none"
+    }  # fmt: skip
+
+
+def test_a_teacher_of_the_students_base_reports_the_students_model_not_its_unread_block():
+    """A new-user audit's report named SmolLM2-135M (the preset's teacher) for a teacher.mode=ref run on its own
+    Llama: the block's model_id and quantization are not read in that mode."""
+    from miniverl.config import to_config
+
+    cfg = to_config(compose_config(["+recipe=opd_k1_real_cpu", "teacher.mode=ref", "teacher.quantization=none"]))
+    teacher, student = teachers_block(cfg, {})["teacher"], student_block(cfg)
+    assert teacher["mode"] == "ref" and teacher["model_id"] == student["model_id"] == cfg.model.model_id
+    assert teacher["quantization"] == student["quantization"] == "nf4" and "toy" not in teacher
+    standard = teachers_block(to_config(compose_config(["+recipe=opd_k1_real_cpu"])), {})["teacher"]
+    assert standard["model_id"] != cfg.model.model_id  # its own teacher
