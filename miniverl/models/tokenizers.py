@@ -124,15 +124,18 @@ def tokenizers_differ(student_tok, teacher_tok) -> str | None:
     wrong = [f"{n} {a!r} vs {b!r}" for n, a, b in specials if a != b]
     if wrong:
         return f"special tokens differ: {', '.join(wrong)}"
-    rendered = [
-        t.apply_chat_template(PROBE_CONVERSATION, add_generation_prompt=True, tokenize=False)
-        for t in (student_tok, teacher_tok)
-    ]
-    if rendered[0] != rendered[1]:
-        return (
-            f"chat templates render the probe conversation differently: {rendered[0][:60]!r}... vs "
-            f"{rendered[1][:60]!r}...; set teacher.tokenizer_id to the student's tokenizer or pick a matching teacher"
-        )
+    # With a system message and without: a template's default system prompt (Qwen2.5's against Qwen2's) shows
+    # only in the second, and the data's rows mostly have none.
+    tokenizers = (student_tok, teacher_tok)
+    for probe, which in ((PROBE_CONVERSATION, ""), (PROBE_CONVERSATION[1:], " without a system message")):
+        a, b = (t.apply_chat_template(probe, add_generation_prompt=True, tokenize=False) for t in tokenizers)
+        if a != b:
+            at = max(0, next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))) - 20)
+            return (
+                f"chat templates render the probe conversation{which} differently: {a[at : at + 60]!r}... vs "
+                f"{b[at : at + 60]!r}...; set teacher.tokenizer_id to the student's tokenizer or pick a matching "
+                "teacher"
+            )
     return None
 
 

@@ -51,6 +51,22 @@ def test_a_teacher_with_another_chat_template_fails(tmp_path):
     assert check.status == "FAIL" and "chat templates render the probe conversation differently" in check.reason
 
 
+def test_a_teacher_whose_template_differs_only_in_its_default_system_prompt_fails(tmp_path):
+    """Qwen2.5's template against Qwen2's: alike with a system message (the old probe), not without one (the
+    data's rows). A new-user audit's pair passed as identical, and text alignment was then skipped."""
+
+    def default_system(t):
+        default = "{%- if messages[0]['role'] != 'system' %}<|im_start|>system\nYou are Qwen.<|im_end|>\n{%- endif %}"
+        t.chat_template = default + t.chat_template
+
+    folder = tokenizer_folder(tmp_path, default_system)
+    check = checks_of(f"teacher.tokenizer_id={folder}")["tokenizer"]
+    assert check.status == "FAIL" and "render the probe conversation without a system message differently" in (
+        check.reason
+    )
+    assert "You are Qwen." in check.reason  # where they part
+
+
 def test_too_few_prompts_fail(tmp_path):
     path = tmp_path / "two.parquet"
     pq.write_table(
