@@ -160,11 +160,11 @@ def check_tokenizers(cfg: MiniverlConfig, student_tok) -> Check:
             f"vocabulary {len(student_tok.get_vocab())} (embedding rows: student {student_rows}, {', '.join(scored)}), "
             f"eos/pad, and chat template output identical{padding}"
         )
-        if cfg.model.model_id != "toy":  # a toy's files are written when the run starts
-            stops = tokenizers.configured_stop_ids(student_tok, models.source_of(cfg.model, None))
-            facts.append(f"responses end at ids {stops} (the tokenizer's EOS and the model's generation config)")
-            if problem := tokenizers.stop_ids_problem(student_tok, stops):
-                return Check("WARN", "tokenizer", "; ".join([*facts, problem]))
+    if cfg.model.model_id != "toy":  # the student's own, whatever its teacher (a toy's files come at the start)
+        stops = tokenizers.configured_stop_ids(student_tok, models.source_of(cfg.model, None))
+        facts.append(f"responses end at ids {stops} (the tokenizer's EOS and the model's generation config)")
+        if problem := tokenizers.stop_ids_problem(student_tok, stops):
+            return Check("WARN", "tokenizer", "; ".join([*facts, problem]))
     return Check("PASS", "tokenizer", "; ".join(facts))
 
 

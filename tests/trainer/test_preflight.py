@@ -67,6 +67,27 @@ def test_a_teacher_whose_template_differs_only_in_its_default_system_prompt_fail
     assert "You are Qwen." in check.reason  # where they part
 
 
+def test_the_students_own_stop_ids_are_checked_whatever_its_teachers_mode(tmp_path):
+    """A new-user audit's student whose EOS is not its template's end of turn was warned of beside a standard
+    teacher, and PASSed with teacher.mode=ref."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from conftest import toy_model_folders
+
+    student = toy_model_folders(tmp_path / "models")["student"]
+    tokenizer = AutoTokenizer.from_pretrained(student)
+    tokenizer.eos_token = "<|endoftext|>"
+    tokenizer.save_pretrained(student)
+    generation = json.loads((student / "generation_config.json").read_text())
+    generation["eos_token_id"] = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    (student / "generation_config.json").write_text(json.dumps(generation))
+    for mode in ("teacher.mode=ref", f"teacher.model_id={student}"):
+        check = checks_of(f"model.model_id={student}", mode)["tokenizer"]
+        assert check.status == "WARN" and "ends an assistant turn with '<|im_end|>'" in check.reason, (mode, check)
+
+
 def test_too_few_prompts_fail(tmp_path):
     path = tmp_path / "two.parquet"
     pq.write_table(
