@@ -131,6 +131,9 @@ def offline_error(where: str, source: Source, error: Exception, key: str = "mode
                 f"{setting}={source.path} is a folder but not a model ({what}); it needs what save_pretrained "
                 "writes there: config.json, the weights (*.safetensors) and the tokenizer's files"
             )
+        if "trust_remote_code" in str(error) or "custom code" in str(error):  # a model with its own code
+            own = "" if where.startswith("--") else f"; if you trust it: {where}.trust_remote_code=true"
+            return MiniverlError(f"{setting}={source.path} runs code of its own, which transformers does not run{own}")
         return MiniverlError(unreadable)
     if folder.is_file():  # a weights or data file given for the folder
         fix = (

@@ -322,3 +322,24 @@ def test_a_student_of_a_pinned_hub_model_names_that_commit_in_its_adapter(toy_di
     local = StudentConfig(model_id=str(toy_dirs["student"]), revision="c1899de289a04d12100db370d81485cdf75e47ca")
     fresh = AutoModelForCausalLM.from_pretrained(toy_dirs["student"], dtype=torch.float32)
     assert models.wrap_student(fresh, local, torch.device("cpu"), lora_seed=0).peft_config["default"].revision is None
+
+
+def test_a_model_with_code_of_its_own_is_one_line_naming_trust_remote_code(toy_dirs, tmp_path):
+    """A new-user audit's custom-code model got transformers' text with no word of the setting that loads it."""
+    import shutil
+
+    folder = tmp_path / "custom"
+    shutil.copytree(toy_dirs["student"], folder)
+    (folder / "configuration_custom.py").write_text(
+        "from transformers import Qwen3Config\nclass CustomConfig(Qwen3Config):\n    model_type = 'custom_rc'\n"
+    )
+    config = json.loads((folder / "config.json").read_text())
+    config.update(model_type="custom_rc", auto_map={"AutoConfig": "configuration_custom.CustomConfig"})
+    (folder / "config.json").write_text(json.dumps(config))
+    block = StudentConfig(model_id=str(folder))
+    with pytest.raises(MiniverlError) as info:
+        models.load_causal_lm("model", block, models.source_of(block, None), torch.device("cpu"))
+    assert str(info.value) == (
+        f"model.model_id={folder} runs code of its own, which transformers does not run; if you trust it: "
+        "model.trust_remote_code=true"
+    )
