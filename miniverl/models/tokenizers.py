@@ -104,6 +104,11 @@ def tokenizer_problem(
     problem = tokenizers_differ(student_tok, teacher_tok)
     if problem and where.startswith("--"):  # a bench flag: the bench has no tokenizer_alignment setting
         return f"{problem}; the bench measures a pair of one tokenizer: give {where} a model of the student's"
+    if problem and where.startswith("teachers."):  # text alignment serves the single `teacher` only
+        return (
+            f"{problem}; a teacher of another tokenizer scores text as the single `teacher` only "
+            "(teacher.tokenizer_alignment=text): each of several teachers shares the student's tokenizer"
+        )
     if problem:
         return f"{problem}; to distil from a teacher with another tokenizer, set {where}.tokenizer_alignment=text"
     problem = output_rows_problem(student_rows, teacher_rows, len(student_tok))

@@ -298,6 +298,18 @@ def test_with_task_rewards_the_doctor_checks_every_row_can_be_scored(tmp_path):
     assert "reward" not in [c.name for c in plain]  # pure distillation reads no reward
 
 
+def test_one_of_several_teachers_with_another_vocabulary_is_not_told_to_set_what_is_then_refused(tmp_path):
+    """A new-user audit set teachers.<name>.tokenizer_alignment=text as the line said, and was refused: text
+    alignment serves the single teacher only."""
+    folder = tokenizer_folder(tmp_path, lambda t: t.add_tokens(["<extra>"]))
+    recipe = ["+recipe=opd_k1_two_teachers_toy", f"teachers.echo.tokenizer_id={folder}"]
+    check = {c.name: c for c in preflight.cheap_checks(to_config(compose_config(recipe)), torch.device("cpu"))}
+    reason = check["tokenizer"].reason
+    assert check["tokenizer"].status == "FAIL" and "teachers.echo.tokenizer_alignment" not in reason
+    assert reason.endswith("scores text as the single `teacher` only (teacher.tokenizer_alignment=text): each of "
+                           "several teachers shares the student's tokenizer")  # fmt: skip
+
+
 def test_with_several_teachers_the_doctor_checks_every_row_has_one(tmp_path):
     recipe = "+recipe=opd_k1_two_teachers_toy"
     checks = {c.name: c for c in preflight.cheap_checks(to_config(compose_config([recipe])), torch.device("cpu"))}
