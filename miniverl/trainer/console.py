@@ -27,16 +27,17 @@ def _model_line(block) -> str:
 
 def _teacher_line(block, where: str) -> str:
     if block.mode == "ref":  # the student's own base: see models/adapters.py
-        return f"the student's base ({where}.mode=ref)"
-    if block.mode == "shared_base":  # its adapter on the student's base, one copy of the base
-        return f"the student's base + the adapter {block.adapter} ({where}.mode=shared_base)"
-    line = _model_line(block)
-    if block.adapter:
-        line += f" + the adapter {block.adapter}"
+        line = f"the student's base ({where}.mode=ref)"
+    elif block.mode == "shared_base":  # its adapter on the student's base, one copy of the base
+        line = f"the student's base + the adapter {block.adapter} ({where}.mode=shared_base)"
+    else:
+        line = _model_line(block) + (f" + the adapter {block.adapter}" if block.adapter else "")
     if block.context.enabled:  # what it reads is not the student's prompt
         line += f", with a privileged context ({where}.context)"
-    if block.text_aligned:  # what it scores is text, in its own tokens
-        line += f", scoring the text in its own tokens ({where}.tokenizer_alignment=text)"
+    if block.text_aligned:  # what it scores is text, in its own tokens (its tokenizers are not loaded yet here)
+        line += (
+            f", scoring the text in its own tokens where they are not the student's ({where}.tokenizer_alignment=text)"
+        )
     return line
 
 

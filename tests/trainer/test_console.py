@@ -137,7 +137,11 @@ def test_the_final_loss_of_a_centred_policy_gradient_is_said_to_be_zero_by_const
         (["+recipe=opd_k1_privileged_toy"], ", with a privileged context (teacher.context)"),
         (
             ["+recipe=opd_k1_cross_tokenizer_cpu"],
-            ", scoring the text in its own tokens (teacher.tokenizer_alignment=text)",
+            ", scoring the text in its own tokens if not the student's (teacher.tokenizer_alignment=text)",
+        ),
+        (  # a ref teacher's context went unsaid (a new-user audit)
+            ["+recipe=opd_k1_privileged_toy", "teacher.mode=ref"],
+            "the student's base (teacher.mode=ref), with a privileged context (teacher.context)",
         ),
         (  # the banner named the base and not the adapter that makes it a teacher
             ["+recipe=opd_k1", "model=toy", "teacher.mode=shared_base", "teacher.adapter=/adapters/teacher"],
