@@ -35,9 +35,7 @@ def _teacher_line(block, where: str) -> str:
     if block.context.enabled:  # what it reads is not the student's prompt
         line += f", with a privileged context ({where}.context)"
     if block.text_aligned:  # what it scores is text, in its own tokens (its tokenizers are not loaded yet here)
-        line += (
-            f", scoring the text in its own tokens where they are not the student's ({where}.tokenizer_alignment=text)"
-        )
+        line += f", scoring the text in its own tokens if not the student's ({where}.tokenizer_alignment=text)"
     return line
 
 
