@@ -46,7 +46,7 @@ def run_checks(cfg: MiniverlConfig, run_dir: Path) -> list:
     return checks
 
 
-@one_line_hydra_errors(other_names=miniverl_names)
+@one_line_hydra_errors(verl_names=miniverl_names)
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def doctor_app(cfg: DictConfig) -> None:
     try:

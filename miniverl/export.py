@@ -20,7 +20,7 @@ from miniverl.verl_compat.launch_writer import export
 log = logging.getLogger("miniverl")
 
 
-@one_line_hydra_errors(other_names=miniverl_names)
+@one_line_hydra_errors(verl_names=miniverl_names)
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()

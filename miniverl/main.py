@@ -226,9 +226,9 @@ def refuse_overwriting_inputs(config, run_dir: Path) -> None:
     from miniverl.utils.run_folder import outputs_holding
 
     if config.trainer.overwrite and (inside := outputs_holding(run_dir, local_inputs(config))):
-        key, path = next(iter(inside.items()))
+        key, path = inside[0]
         raise MiniverlError(
-            f"trainer.overwrite=true would remove {path} from {run_dir} before the run reads it ({key.split('=')[0]}): "
+            f"trainer.overwrite=true would remove {path} from {run_dir} before the run reads it ({key}): "
             "copy it out of that folder first, or choose another hydra.run.dir"
         )
 
@@ -264,7 +264,7 @@ def resume_verdict(report: dict, run_dir: Path) -> dict:
     return report
 
 
-@one_line_hydra_errors(other_names=miniverl_names)
+@one_line_hydra_errors(verl_names=miniverl_names)
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()

@@ -157,8 +157,8 @@ def student_from_adapter(model: PreTrainedModel, path: str) -> PeftModel:
     folder = check_folder(path, "model.adapter")
     check_fits(model, folder, "model.adapter")
     lora = lora_settings(path)
-    log.info("model.adapter: LoRA r=%s alpha=%s on %s, from its adapter_config.json (model.lora is not read)",
-             lora["r"], lora["alpha"], lora["target_modules"])  # fmt: skip
+    said = f"LoRA r={lora['r']} alpha={lora['alpha']} on {lora['target_modules']}"
+    log.info("model.adapter: %s, from its adapter_config.json (model.lora is not read)", said)
     return PeftModel.from_pretrained(model, str(folder), is_trainable=True)
 
 

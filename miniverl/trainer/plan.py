@@ -93,18 +93,18 @@ class Plan:
 FOLDER_KEYS = ("model_id", "tokenizer_id", "adapter")
 
 
-def local_inputs(cfg: MiniverlConfig) -> dict[str, Path]:
-    """Every local file or folder the run reads, by the setting that names it: the models', tokenizers' and
+def local_inputs(cfg: MiniverlConfig) -> list[tuple[str, Path]]:
+    """Every local file or folder the run reads, with the setting that names it: the models', tokenizers' and
     adapters' folders, the data files, the task-reward function."""
-    inputs = {}
+    inputs = []
     for name, block in [("model", cfg.model), *((cfg.teacher_where(n), b) for n, b in cfg.teacher_blocks.items())]:
         for key in FOLDER_KEYS:
             if (value := getattr(block, key)) and value != "toy" and Path(value).expanduser().exists():
-                inputs[f"{name}.{key}"] = Path(value).expanduser()
+                inputs.append((f"{name}.{key}", Path(value).expanduser()))
     for key in ("train_files", "val_files"):
-        inputs.update({f"data.{key}={n}": locate(n) for n in getattr(cfg.data, key) if locate(n).exists()})
+        inputs += [(f"data.{key}", locate(n)) for n in getattr(cfg.data, key) if locate(n).exists()]
     if (custom := cfg.reward.custom_reward_function.path) and Path(custom).exists():
-        inputs["reward.custom_reward_function.path"] = Path(custom)
+        inputs.append(("reward.custom_reward_function.path", Path(custom)))
     return inputs
 
 

@@ -73,10 +73,10 @@ OmegaConf.register_new_resolver("app_help", app_help, replace=True)
 _HYDRA_NOISE = ("To append to your config", "full_key:", "reference_type=", "object_type=")
 
 
-def hydra_error_line(error: Exception, other_names: Callable[[], dict[str, str]] | None = None) -> str:
+def hydra_error_line(error: Exception, verl_names: Callable[[], dict[str, str]] | None = None) -> str:
     """Hydra's own wording of a composition error (and its OmegaConf cause) as one line, with the
-    fix: the closest key of the node for a misspelt key (or, `other_names`: another program's key -> the
-    miniverl key that holds it, verl's name's own), the options of a group for a missing one."""
+    fix: the closest key of the node for a misspelt key (for a key of verl's, miniverl's name for it from
+    `verl_names`: verl key -> miniverl key), the options of a group for a missing one."""
     text = str(error)
     cause = error.__cause__
     if cause is not None and type(cause).__module__.startswith("omegaconf"):
@@ -101,7 +101,7 @@ def hydra_error_line(error: Exception, other_names: Callable[[], dict[str, str]]
         prefix = full_key.rsplit(".", 1)[0] + "." if "." in full_key else ""
         fix = f"did you mean {prefix}{close[0]}?" if close else "spell the key as `--cfg job` prints it"
         given = re.search(r"override '([^']+)'", message)  # the whole key as typed (full_key stops at the miss)
-        ours = (other_names() if other_names else {}).get(given.group(1) if given else full_key)
+        ours = (verl_names() if verl_names else {}).get(given.group(1) if given else full_key)
         if ours:
             fix = f"{given.group(1) if given else full_key} is verl's name: miniverl's is {ours}"
         message += f"; {fix}"
@@ -116,13 +116,13 @@ def hydra_error_line(error: Exception, other_names: Callable[[], dict[str, str]]
     return message
 
 
-def one_line_hydra_errors(entry: Callable | None = None, *, other_names: Callable[[], dict[str, str]] | None = None):
+def one_line_hydra_errors(entry: Callable | None = None, *, verl_names: Callable[[], dict[str, str]] | None = None):
     """Wrap a `@hydra.main` entry point so that Hydra's composition errors (an unknown key, a
     value of the wrong type, a missing config option, an override it cannot parse), which are
     user mistakes, end like every other one: one line on stderr, exit 2 (HYDRA_FULL_ERROR=1:
-    Hydra's own report). `other_names` (read on an error only): verl's keys -> miniverl's, for its hint."""
-    if entry is None:  # @one_line_hydra_errors(other_names=...)
-        return functools.partial(one_line_hydra_errors, other_names=other_names)
+    Hydra's own report). `verl_names` (called on an error only): verl's keys -> miniverl's, for its hint."""
+    if entry is None:  # @one_line_hydra_errors(verl_names=...)
+        return functools.partial(one_line_hydra_errors, verl_names=verl_names)
 
     @functools.wraps(entry)
     def wrapped(*args, **kwargs):
@@ -138,7 +138,7 @@ def one_line_hydra_errors(entry: Callable | None = None, *, other_names: Callabl
                 except CompactHydraException as error:
                     if os.environ.get("HYDRA_FULL_ERROR") == "1":
                         raise
-                    raise SystemExit(exit_code_of(MiniverlError(hydra_error_line(error, other_names)))) from None
+                    raise SystemExit(exit_code_of(MiniverlError(hydra_error_line(error, verl_names)))) from None
                 except OSError as error:  # Hydra creates the run folder (and its log) before our code runs
                     fix = "choose another hydra.run.dir (hydra.sweep.dir with -m)"
                     if isinstance(error, (FileExistsError, NotADirectoryError)):  # a file where a folder goes

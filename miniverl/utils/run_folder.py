@@ -50,13 +50,11 @@ RUN_OUTPUTS = (
 REPLACED_BY_NAME = ("resolved_config.yaml", "report.md", "curves.png", "peft_adapter", "checkpoints", "trajectories")
 
 
-def outputs_holding(root: Path, inputs: dict[str, Path]) -> dict[str, Path]:
-    """The inputs (setting -> path) that lie in a run output of `root` (its peft_adapter/, toy_models/, ...),
+def outputs_holding(root: Path, inputs: list[tuple[str, Path]]) -> list[tuple[str, Path]]:
+    """The inputs (setting, path) that lie in a run output of `root` (its peft_adapter/, toy_models/, ...),
     which trainer.overwrite=true would remove before the run reads them."""
     outputs = [(root / name).resolve() for name in RUN_OUTPUTS]
-    return {
-        key: path for key, path in inputs.items() if any(path.resolve().is_relative_to(output) for output in outputs)
-    }
+    return [(key, path) for key, path in inputs if any(path.resolve().is_relative_to(out) for out in outputs)]
 
 
 def holds(path: Path) -> bool:
