@@ -35,7 +35,10 @@ class DataConfig:
 def path_list(value: Any, key: str, none_ok: bool = False) -> list[str]:
     """One path or a list of them, as a list (null or [] an empty one where `none_ok`); anything else (a number,
     a null or empty name in the list) refused naming the key."""
-    paths = ([] if value is None and none_ok else value) if not isinstance(value, str) else [value]
+    if isinstance(value, str):
+        paths = [value]
+    else:
+        paths = [] if value is None and none_ok else value
     ok = isinstance(paths, (list, tuple)) and (none_ok or paths) and all(isinstance(p, str) and p for p in paths)
     if not ok:
         shape = "a parquet path, a list of paths or null" if none_ok else "a parquet path or a non-empty list of paths"
