@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-LOGGERS = ("console", "jsonl", "tensorboard")  # verl's trainer.logger names; tensorboard is an extra
+LOGGERS = ("console", "jsonl", "tensorboard")  # verl's console and tensorboard; jsonl is verl's `file` (exported so)
 RESUME_MODES = ("auto", "disable", "resume_path")
 
 
@@ -17,22 +17,27 @@ class TrainerConfig:
     project_name: str = "miniverl"
     # A label for loggers and the report (verl: trainer.experiment_name).
     experiment_name: str = "opd"
-    # Where metrics go: console, jsonl (metrics.jsonl), tensorboard, wandb (verl: trainer.logger).
+    # Where metrics go: console, jsonl (metrics.jsonl: one flat object per update; verl's `file` logger writes
+    # {"step", "data"} lines), tensorboard (verl: trainer.logger; verl's wandb, mlflow... are not here).
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     # tqdm's bar of updates on the console (false: one line per update).
     progress_bar: bool = True
-    # verl's trainer.save_freq: a checkpoint every N updates (-1: only at a stop and at the end).
+    # verl's trainer.save_freq: a checkpoint every N updates (-1: only at a stop and at the end; verl's -1
+    # saves none, not even at the end).
     save_freq: int = 1
-    # verl's trainer.max_actor_ckpt_to_keep: keep only the newest N checkpoints (null: keep all). verl
-    # keeps all by default, having saved one at the end (its save_freq -1); miniverl saves after every
-    # update, so it keeps 2: the newest, and the one before in case the newest is damaged.
+    # verl's trainer.max_actor_ckpt_to_keep: keep only the newest N checkpoints (null: keep all, verl's
+    # default, where its save_freq -1 saves none); miniverl saves after every update, so it keeps 2: the
+    # newest, and the one before in case the newest is damaged.
     max_actor_ckpt_to_keep: Optional[int] = 2
     # Stop after this update as a preemption would: checkpoint, report status `interrupted`, exit 0.
     stop_after_updates: Optional[int] = None
     # verl's trainer.resume_mode: auto resumes from trainer.resume_from, or else from the latest
-    # checkpoint already in the run folder; resume_path requires resume_from; disable starts fresh.
+    # checkpoint already in the run folder (verl's auto reads only the latter); resume_path requires
+    # resume_from; disable starts fresh.
     resume_mode: str = "auto"
-    resume_from: Optional[str] = None  # a checkpoint folder, or a run folder (its latest checkpoint)
+    # A checkpoint folder, or a run folder (its latest checkpoint); verl's trainer.resume_from_path, which
+    # verl reads with resume_mode=resume_path only.
+    resume_from: Optional[str] = None
     # Resume in a process that computes otherwise than the one that wrote the checkpoint (other torch
     # threads, CPU kernels, GPU or package releases; utils/numerics.py): false refuses,
     # as the run would not go on byte for byte; true goes on, and the report says the resume is inexact.

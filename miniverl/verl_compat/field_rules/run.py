@@ -179,7 +179,12 @@ RUN_RULES: tuple[Rule, ...] = (
         note="verl's file logger writes one JSON line per step",
     ),
     not_applicable("trainer.progress_bar", "miniverl's console progress bar"),
-    mapped("trainer.save_freq", "trainer.save_freq", note="verl's checkpoints (FSDP shards + LoRA) are not miniverl's"),
+    mapped(
+        "trainer.save_freq",
+        "trainer.save_freq",
+        note="verl's checkpoints (FSDP shards + LoRA) are not miniverl's; verl's -1 saves none, miniverl's at a stop "
+        "and at the end",
+    ),
     mapped("trainer.max_actor_ckpt_to_keep", "trainer.max_actor_ckpt_to_keep"),
     not_applicable("trainer.stop_after_updates", "miniverl's simulated preemption"),
     not_applicable("trainer.overwrite", "whether miniverl may replace a previous run in its own run folder"),
