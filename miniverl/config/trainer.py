@@ -48,7 +48,8 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         unknown = [name for name in self.logger if name not in LOGGERS]
         if unknown:
-            raise ValueError(f"trainer.logger: unknown logger(s) {unknown}; choose from {', '.join(LOGGERS)}")
+            verls = " (verl's file logger is miniverl's jsonl)" if "file" in unknown else ""
+            raise ValueError(f"trainer.logger: unknown logger(s) {unknown}; choose from {', '.join(LOGGERS)}{verls}")
         if self.resume_mode not in RESUME_MODES:
             raise ValueError(f"trainer.resume_mode={self.resume_mode!r}; choose one of {', '.join(RESUME_MODES)}")
         if self.resume_mode == "resume_path" and not self.resume_from:
