@@ -76,9 +76,10 @@ def test_rollout_and_actor_log_probs_agree_within_the_bf16_tolerance_on_real_wei
 
 
 def adapter_snippet() -> str:
-    """docs/outputs.md's "Use the adapter" block, as a user copies it."""
+    """docs/outputs.md's "Use the adapter" block, as a user copies it, up to its prompt (its generation and
+    merge run in tests/test_readme.py, on the quick start's run)."""
     text = (ROOT / "docs" / "outputs.md").read_text().split("### Use the adapter", 1)[1]
-    return text.split("```python\n", 1)[1].split("```", 1)[0]
+    return text.split("```python\n", 1)[1].split("```", 1)[0].split("output = student.generate", 1)[0]
 
 
 @pytest.mark.slow
