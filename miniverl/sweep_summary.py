@@ -224,6 +224,9 @@ def plot(jobs: list[tuple[dict, list[float], list[tuple[int, float]]]], path: Pa
     plt.close(fig)
 
 
+EXPORT_JOB = "export"  # Hydra's job name of `python -m miniverl.export` (its module's name)
+
+
 class SweepSummaryCallback(Callback):
     """Rewrites the summary after every job of a multirun (Hydra stops a sweep's bookkeeping when a
     job fails, so waiting for on_multirun_end would lose it)."""
@@ -231,10 +234,12 @@ class SweepSummaryCallback(Callback):
     def on_job_end(self, config, job_return, **kwargs) -> None:
         from hydra.types import RunMode
 
-        if config.hydra.mode == RunMode.MULTIRUN:
+        if config.hydra.mode == RunMode.MULTIRUN and config.hydra.job.name != EXPORT_JOB:
             write_summary(Path(config.hydra.sweep.dir))
 
     def on_multirun_end(self, config, **kwargs) -> None:
+        if config.hydra.job.name == EXPORT_JOB:  # a swept export trains nothing: each job printed where it wrote
+            return
         sweep_dir = Path(config.hydra.sweep.dir)
         rows = write_summary(sweep_dir)
         failed = [row["job"] for row in rows if row["status"] not in DONE]

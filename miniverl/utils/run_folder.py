@@ -80,7 +80,7 @@ def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
     """`write(tmp)` to a temporary file beside `path`, fsync, rename: a crash leaves either the old
     file or the new one. The one way miniverl writes a file a user reads (checkpoints add a folder
     rename on top: utils/checkpoint.py)."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # per process: a parallel sweep's jobs write one summary
     write(tmp)
     with_umask_mode(tmp)  # safetensors' own 0600, as every other file
     with open(tmp, "rb+") as handle:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from miniverl.utils.errors import MiniverlError
@@ -32,3 +34,27 @@ def test_empty_folders_a_failed_start_left_are_no_ones_files(tmp_path):
     (tmp_path / "trajectories").mkdir()
     (tmp_path / "checkpoints").mkdir()
     assert RunFolder(tmp_path).fresh
+
+
+def _write_many(path: str, tag: bytes) -> None:
+    from miniverl.utils.run_folder import atomic_write_bytes
+
+    for _ in range(300):
+        atomic_write_bytes(Path(path), tag * 1000)
+
+
+def test_two_processes_writing_one_file_atomically_do_not_trip_over_each_others_temporary_file(tmp_path):
+    """A parallel sweep's jobs each rewrite the sweep summary: with one temporary name for both, one renamed
+    the other's file away (a new-user audit: FileNotFoundError on .sweep_summary.png.tmp, 1 try in 2)."""
+    import multiprocessing
+
+    target = tmp_path / "sweep_summary.md"
+    context = multiprocessing.get_context("spawn")
+    writers = [context.Process(target=_write_many, args=(str(target), tag)) for tag in (b"a", b"b")]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join(timeout=120)
+    assert [writer.exitcode for writer in writers] == [0, 0]
+    assert target.read_bytes() in (b"a" * 1000, b"b" * 1000)
+    assert [p.name for p in tmp_path.iterdir()] == ["sweep_summary.md"]  # no temporary file left behind

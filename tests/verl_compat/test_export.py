@@ -1003,3 +1003,16 @@ def test_local_model_folders_export_as_absolute_paths_and_hub_ids_as_they_are(tm
         export(compose_config([*RECIPE, "model.model_id=models/absent"]), tmp_path / "hub", cwd=tmp_path).lines
     )
     assert hub["actor_rollout_ref.model.path"] == "models/absent"  # no such folder here: a hub id, as written
+
+
+@pytest.mark.slow
+def test_a_swept_export_writes_each_jobs_launch_and_exits_0_without_a_training_summary(tmp_path):
+    """A new-user audit swept the export (-m): both launches written, then "0 of 2 jobs completed", exit 1."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    swept = [sys.executable, "-m", "miniverl.export", "-m", *RECIPE, "estimator=k1,k3", f"hydra.sweep.dir={tmp_path}"]
+    done = subprocess.run(swept, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "failed" not in done.stderr and not (tmp_path / "sweep_summary.md").exists()
+    for job, estimator in ((0, "k1"), (1, "k3")):
+        assert f"loss_mode={estimator}" in (tmp_path / str(job) / "verl" / "overrides.txt").read_text()
