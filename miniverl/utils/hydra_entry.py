@@ -157,12 +157,18 @@ def one_line_hydra_errors(entry: Callable | None = None, *, verl_names: Callable
         # launchers, --cfg, the run folder). So that one helper is swapped, only while the entry
         # point runs; tests/e2e/test_cli.py (a composition mistake in one line) fails if a Hydra release moves it.
         hydra_internal.run_and_report = run_and_report
+        ENTRY_VERL_NAMES[:] = [verl_names]  # for SweepPreflight, which Hydra builds from the config
         try:
             return entry(*args, **kwargs)
         finally:
             hydra_internal.run_and_report = original
+            ENTRY_VERL_NAMES.clear()
 
     return wrapped
+
+
+# The running entry point's `verl_names` (one_line_hydra_errors), read by SweepPreflight's one-line errors.
+ENTRY_VERL_NAMES: list[Callable[[], dict[str, str]] | None] = []
 
 
 class KeepEarlierRunRecord(Callback):
@@ -248,7 +254,7 @@ class SweepPreflight(Callback):
                 if missing := missing_data_file(checked.data, ("train_files", "val_files")):  # the rest: the job's
                     raise MiniverlError(missing)
             except CompactHydraException as error:
-                refused.append(f"{name}: {hydra_error_line(error)}")
+                refused.append(f"{name}: {hydra_error_line(error, *ENTRY_VERL_NAMES[:1])}")
             except MiniverlError as error:
                 refused.append(f"{name}: {error}")
             except Exception:  # anything else is the job's to report as it runs, as without this check

@@ -157,6 +157,15 @@ def test_a_composition_mistake_is_hydras_wording_in_one_line_and_exit_2(override
     assert result.stderr.startswith("miniverl: error: ") and wording in result.stderr and fix in result.stderr
 
 
+def test_a_swept_verl_key_is_answered_with_miniverls_name_as_a_single_one_is(tmp_path):
+    """A new-user audit: with -m the sweep's own check of every job dropped the hint the single run gives."""
+    result = main("-m", "+recipe=opd_k1", "model=toy", "teacher=toy", "data.max_prompt_length=64,128",
+                  f"hydra.sweep.dir={tmp_path}")  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "job 0 (data.max_prompt_length=64): " in result.stderr
+    assert "data.max_prompt_length is verl's name: miniverl's is recipe.prompt_limit" in result.stderr
+
+
 def refused_run_folder(run_dir) -> str:
     """What a refused command leaves: Hydra's record and its log, whose last line is the error."""
     assert sorted(p.name for p in run_dir.iterdir()) == [".hydra", "main.log"]
