@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from miniverl.utils.errors import MiniverlError, exit_code_of, unwritable
+from miniverl.utils.errors import MiniverlError, exit_code_of
 from miniverl.verl_compat.import_verl import __doc__ as what
 from miniverl.verl_compat.import_verl import import_file
 from miniverl.verl_compat.versions import EXPORT_DEFAULT, RELEASES
@@ -35,8 +35,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             Path(args.output).parent.mkdir(parents=True, exist_ok=True)
             Path(args.output).write_text(text)
-        except OSError as error:
-            return exit_code_of(unwritable(error, "choose another -o"))
+        except OSError as error:  # whatever the reason (read-only, full, /proc): the one line, the same fix
+            where = error.filename or args.output
+            return exit_code_of(MiniverlError(f"cannot write {where}: {error.strerror}; choose another -o"))
         print(f"miniverl overrides written to {args.output}")
     else:
         sys.stdout.write(text)

@@ -249,7 +249,13 @@ def read_overrides(path: str | Path, env: Mapping[str, str] | None = None) -> li
     except UnicodeDecodeError:
         raise MiniverlError(f"cannot read {path}: not a text file; {give}") from None
     if path.suffix == ".sh" or text.startswith("#!") or "verl.trainer.main_ppo" in text:
-        found = _Shell(os.environ if env is None else env, str(path.resolve().parent)).run(text)
+        try:
+            found = _Shell(os.environ if env is None else env, str(path.resolve().parent)).run(text)
+        except (ValueError, IndexError, ArithmeticError) as error:  # an unclosed quote, $((1/0)): not a shell's line
+            raise MiniverlError(
+                f"{path}: cannot read it as a shell script ({type(error).__name__}: {error}: an unclosed quote, or "
+                f"arithmetic the reader cannot do); {give}"
+            ) from None
         if found is None:
             raise MiniverlError(f"{path}: no `python3 -m verl.trainer.main_ppo` command line found")
         return found

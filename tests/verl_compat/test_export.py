@@ -1016,3 +1016,26 @@ def test_a_swept_export_writes_each_jobs_launch_and_exits_0_without_a_training_s
     assert "failed" not in done.stderr and not (tmp_path / "sweep_summary.md").exists()
     for job, estimator in ((0, "k1"), (1, "k3")):
         assert f"loss_mode={estimator}" in (tmp_path / str(job) / "verl" / "overrides.txt").read_text()
+
+
+@pytest.mark.parametrize(
+    "script,what",
+    [
+        ('#!/bin/bash\npython3 -m verl.trainer.main_ppo "distillation.enabled=True\n', "IndexError"),  # no closing "
+        ("python3 -m verl.trainer.main_ppo trainer.total_training_steps=$((3/0))\n", "ZeroDivisionError"),
+        ("# verl launch\nSee the field's rules: python3 -m verl.trainer.main_ppo < overrides.txt\n", "ValueError"),
+    ],
+)
+def test_a_launch_the_reader_cannot_parse_is_one_line_not_a_traceback(tmp_path, capsys, script, what):
+    """A new-user audit fed the export's README.md (an apostrophe in its prose), an unclosed quote and $((3/0))."""
+    launch = tmp_path / "run.sh"
+    launch.write_text(script)
+    assert import_command.main([str(launch)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"miniverl: error: {launch}: cannot read it as a shell script ({what}")
+    assert err.count("\n") == 1
+    assert import_command.main([str(launch), "-o", "/proc/miniverl-x"]) == 2  # first the launch, then -o
+    export(compose_config(RECIPE), tmp_path / "verl", cwd=ROOT)
+    assert import_command.main([str(tmp_path / "verl" / "overrides.txt"), "-o", "/proc/miniverl-x"]) == 2
+    said = "cannot write /proc/miniverl-x: No such file or directory; choose another -o\n"
+    assert capsys.readouterr().err.endswith(said)
