@@ -141,6 +141,15 @@ def to_miniverl(lines: list[str], version: str = EXPORT_DEFAULT) -> tuple[list[t
     inference = f"{TEACHER}.inference"
     per_replica = v(f"{inference}.tensor_model_parallel_size") * v(f"{inference}.data_parallel_size")
     replicas = v("distillation.nnodes") * v("distillation.n_gpus_per_node") // per_replica
+    if replicas == 0 and not several:  # verl's defaults, 0 nodes: a pool of no GPU, the teacher on none
+        unmapped.append(
+            (
+                f"distillation.nnodes={hydra_value(v('distillation.nnodes'))}, "
+                f"n_gpus_per_node={hydra_value(v('distillation.n_gpus_per_node'))}",
+                "no GPU for the teacher's pool (verl's defaults): set export.teacher_nnodes and "
+                "export.teacher_n_gpus_per_node before exporting again",
+            )
+        )
     emit("export.teacher_replicas", replicas, f"{TEACHER}.num_replicas")
     given = values.get(f"{TEACHER}.num_replicas")
     if not several and given is not None and given != replicas:
@@ -217,7 +226,10 @@ def to_miniverl(lines: list[str], version: str = EXPORT_DEFAULT) -> tuple[list[t
     emit("data.train_files", files, "data.train_files")
     emit("data.val_files", [] if val == files else val, "data.val_files")  # the train files: none held out
     if v("data.seed") is None:
-        skip("data.seed", "null (an unseeded shuffle): miniverl's data.seed is a number")
+        why = "null (an unseeded shuffle): miniverl's data.seed is a number"
+        skip("data.seed", why)
+        if "data.seed" not in values and v("data.shuffle"):  # verl's default: each launch shuffles otherwise
+            unmapped.append(("data.seed=null (verl's default, with data.shuffle=True)", f"{why}, its default 1"))
     else:
         emit("data.seed", v("data.seed"), "data.seed")
     steps = v("trainer.total_training_steps")

@@ -848,6 +848,20 @@ def test_a_single_teachers_num_replicas_that_verl_overwrites_is_listed_as_not_im
     assert not any(line.startswith(f"{TEACHER}.num_replicas") for line, _ in import_verl.to_miniverl(lines)[1])
 
 
+def test_verl_defaults_that_do_not_carry_over_are_listed_when_a_launch_leaves_them(tmp_path):
+    """A new-user audit's launch left data.seed (verl: null, an unseeded shuffle) and distillation.nnodes (verl: 0)
+    at verl's defaults: imported as miniverl's seed 1 and a pool of 0 GPUs, without a word."""
+    lines = export(compose_config([*RECIPE, "data.shuffle=true"]), tmp_path / "verl", cwd=ROOT).lines
+    left = [line for line in lines if not line.startswith(("data.seed=", "distillation.nnodes="))]
+    _, unmapped = import_verl.to_miniverl(left)
+    listed = dict(unmapped)
+    assert "its default 1" in listed["data.seed=null (verl's default, with data.shuffle=True)"]
+    assert any(line.startswith("distillation.nnodes=0") and "no GPU for the teacher's pool" in why
+               for line, why in unmapped)  # fmt: skip
+    whole = import_verl.to_miniverl(lines)[1]
+    assert not any(line.startswith(("data.seed", "distillation.nnodes")) for line, _ in whole)
+
+
 # ---------------------------------------------------------------- several teachers
 
 TWO_TEACHERS = [
