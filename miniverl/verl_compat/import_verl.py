@@ -17,7 +17,6 @@ export -> import -> export gives the same overrides on every mapped field.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ from miniverl.verl_compat.defaults import (
     verl_defaults,
 )
 from miniverl.verl_compat.field_rules import RULES, table_read
+from miniverl.verl_compat.import_render import render
 from miniverl.verl_compat.launch_files import NO_TASK_REWARD_FILE, TASK_REWARD_FILE
 from miniverl.verl_compat.launch_reader import exported_for, read_overrides
 from miniverl.verl_compat.not_imported import ENGINE_WHY, NOT_IN_MINIVERL, why_not_imported
@@ -352,56 +352,6 @@ def _dict_parent(key: str) -> str | None:
         if isinstance(verl_defaults(PROFILE_VERSION).get(parent), dict):
             return parent
     return None
-
-
-FREE_FORM_DICTS = ("data.apply_chat_template_kwargs", "reward.custom_reward_function.reward_kwargs")
-
-
-def override_lines(mapped: list[tuple[str, Any]]) -> list[str]:
-    """miniverl override lines; a non-empty free-form dict field is written key by key (`++`, since
-    Hydra refuses to merge new keys into a dict node of the config)."""
-    lines = []
-    for name, value in mapped:
-        if isinstance(value, dict) and value and name in FREE_FORM_DICTS:
-            lines += [f"++{name}.{k}={hydra_value(v)}" for k, v in value.items()]
-        else:
-            lines.append(f"{name}={hydra_value(value)}")
-    return lines
-
-
-def unset_fields(mapped: list[tuple[str, Any]]) -> list[str]:
-    """miniverl fields a verl launch does not set (kept from the config the import is applied to)."""
-    names = {name for name, _ in mapped}
-    unread = "teacher." if any(name.startswith("teachers.") for name in names) else "teachers."
-    out: list[str] = []
-    for rule in RULES:
-        if rule.field in names or rule.status not in ("no_verl_equivalent", "not_applicable"):
-            continue
-        if rule.field.startswith(unread):  # the single teacher's fields, or several teachers'
-            continue
-        name = re.sub(r"\.toy\..*$", ".toy.*", rule.field)
-        if name not in out:
-            out.append(name)
-    return out
-
-
-def render(source: str, mapped: list[tuple[str, Any]], unmapped: list[tuple[str, str]], version: str) -> str:
-    lines = [
-        f"# miniverl overrides read from {source} (verl {version}: a key the launch leaves out takes its default)",
-        "# use: python -m miniverl.main +recipe=opd_k1 $(grep -v '^#' THIS_FILE)",
-    ]
-    lines += override_lines(mapped)
-    engine = [(line, why) for line, why in unmapped if why == ENGINE_WHY]
-    lines.append("# verl overrides with no miniverl field (not imported):")
-    lines += [f"#   {line}  -- {why}" for line, why in unmapped if why != ENGINE_WHY] or ["#   (none)"]
-    if engine:
-        lines.append("# verl engine settings (how verl runs, not what it computes; miniverl runs one device):")
-        lines += [f"#   {line}" for line, _ in engine]
-    lines.append(
-        "# miniverl fields verl does not set (kept from the config you apply this to): "
-        + ", ".join(unset_fields(mapped))
-    )
-    return "\n".join(lines) + "\n"
 
 
 def import_file(path: str | Path, env: Mapping[str, str] | None = None, version: str | None = None) -> str:
