@@ -80,7 +80,7 @@ def linear_layer_names(model: PreTrainedModel) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def same_base(a: str, b: str) -> bool:
+def same_model(a: str, b: str) -> bool:
     """Two model names for one base: the same name, or two local folders of the same files (a copy, a toy
     built again from the same seed)."""
     if a == b:
@@ -108,7 +108,7 @@ def check_fits(model: PreTrainedModel, folder: Path, where: str) -> None:
             f"({type(model).__name__}) does not have; it was trained for another architecture"
         )
     trained_on, here = config.get("base_model_name_or_path"), getattr(model, "name_or_path", None)
-    if trained_on and here and not same_base(trained_on, here):  # shapes can fit another base of the family
+    if trained_on and here and not same_model(trained_on, here):  # shapes can fit another base of the family
         log.warning(
             "%s=%s was trained on %s (its adapter_config.json), not on this base, %s: its shapes fit, "
             "its weights were learnt for other ones",
