@@ -16,7 +16,9 @@ from miniverl.verl_compat.versions import EXPORT_DEFAULT, RELEASES
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m miniverl.import_verl", description=what.split("\n\n")[0])
     parser.add_argument("file", help="a verl launch script (run_*.sh) or an overrides file (one per line)")
-    parser.add_argument("-o", "--output", help="write the miniverl overrides here (default: stdout)")
+    parser.add_argument(
+        "-o", "--output", help="write the miniverl overrides to this new file (default: stdout); never replaces another"
+    )
     parser.add_argument(
         "--verl-version",
         choices=tuple(RELEASES),
@@ -32,9 +34,14 @@ def main(argv: list[str] | None = None) -> int:
     except MiniverlError as error:
         return exit_code_of(error)
     if args.output:
+        out = Path(args.output)
         try:
-            Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.output).write_text(text)
+            if out.is_file() and out.read_bytes() != text.encode():  # the same import again is no replacement
+                return exit_code_of(
+                    MiniverlError(f"-o {out} exists and holds other text; choose another -o, or remove it first")
+                )
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(text)
         except OSError as error:  # whatever the reason (read-only, full, /proc): the one line, the same fix
             where = error.filename or args.output
             return exit_code_of(MiniverlError(f"cannot write {where}: {error.strerror}; choose another -o"))

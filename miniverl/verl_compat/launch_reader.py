@@ -131,6 +131,22 @@ class _Shell:
         expr = re.sub(r"[A-Za-z_]\w*", lambda m: self.vars.get(m.group(0), "0") or "0", expr)
         return _eval_int(ast.parse(expr.strip(), mode="eval").body)
 
+    def stdin_lines(self, redirections: list[str]) -> list[str]:
+        """The lines of the file a command reads as its standard input (`< FILE`), the script's
+        folder first, then the working directory; [] without one."""
+        for j, word in enumerate(redirections):
+            if word.startswith("<") and not word.startswith("<<"):
+                name = word[1:] or (redirections[j + 1] if j + 1 < len(redirections) else "")
+                candidates = [Path(self.script_dir or ".") / name, Path(name)]
+                path = next((c for c in candidates if c.is_file()), None)
+                if path is None:
+                    raise MiniverlError(
+                        f"the launch's `xargs ... verl.trainer.main_ppo < {name}` reads {name}, which is not beside "
+                        "the script nor in the working directory; give that overrides file itself"
+                    )
+                return override_lines(path.read_text(), path)
+        return []
+
     # -- statements
     def run(self, text: str) -> list[str] | None:
         """The main_ppo command line's overrides, or None if the script has none."""
@@ -162,6 +178,8 @@ class _Shell:
                     rest = words[k + 1 :]
                     end = next((j for j, w in enumerate(rest) if _SHELL_OPERATOR.match(w)), len(rest))
                     found = (found or []) + [w for w in rest[:end] if w]  # up to `| tee log`, `2>&1`, `&&` ...
+                    if "xargs" in words[:k]:  # xargs ... main_ppo < overrides.txt: the file's lines follow
+                        found += self.stdin_lines(rest[end:])
                     break
         return found
 
@@ -239,29 +257,34 @@ def read_overrides(path: str | Path, env: Mapping[str, str] | None = None) -> li
     """The verl overrides of a launch script or an overrides file."""
     path = Path(path)
     give = (
-        "give a verl launch script or overrides file, such as the verl/run_opd.sh or verl/overrides.txt that "
+        "; give a verl launch script or overrides file, such as the verl/run_opd.sh or verl/overrides.txt that "
         "`python -m miniverl.export +recipe=<name>` writes into its run folder"
     )
     try:
         text = path.read_text()
     except OSError as error:
-        raise MiniverlError(f"cannot read {path}: {error.strerror}; {give}") from None
+        raise MiniverlError(f"cannot read {path}: {error.strerror}{give}") from None
     except UnicodeDecodeError:
-        raise MiniverlError(f"cannot read {path}: not a text file; {give}") from None
+        raise MiniverlError(f"cannot read {path}: not a text file{give}") from None
     if path.suffix == ".sh" or text.startswith("#!") or "verl.trainer.main_ppo" in text:
         try:
             found = _Shell(os.environ if env is None else env, str(path.resolve().parent)).run(text)
         except (ValueError, IndexError, ArithmeticError) as error:  # an unclosed quote, $((1/0)): not a shell's line
             raise MiniverlError(
                 f"{path}: cannot read it as a shell script ({type(error).__name__}: {error}: an unclosed quote, or "
-                f"arithmetic the reader cannot do); {give}"
+                f"arithmetic the reader cannot do){give}"
             ) from None
         if found is None:
             raise MiniverlError(f"{path}: no `python3 -m verl.trainer.main_ppo` command line found")
         return found
+    return override_lines(text, path, give)
+
+
+def override_lines(text: str, path: Path, give: str = "") -> list[str]:
+    """The overrides of an overrides file's text: one key=value (or ~key) per line, # comments."""
     lines = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
     if not lines or not all(
         line.startswith("~") or ("=" in line and " " not in line.split("=", 1)[0]) for line in lines
     ):
-        raise MiniverlError(f"{path}: neither a launch script nor overrides (one key=value per line); {give}")
+        raise MiniverlError(f"{path}: neither a launch script nor overrides (one key=value per line)" + give)
     return lines

@@ -735,6 +735,37 @@ def test_import_command_writes_the_overrides_and_refuses_a_launch_without_distil
     assert capsys.readouterr().err.startswith("miniverl: error: this verl launch does not enable distillation")
 
 
+def test_an_xargs_line_reading_overrides_txt_imports_that_file(tmp_path):
+    """A new-user audit pasted the export README's `xargs ... < overrides.txt` line into a script: it
+    was read as a launch without distillation."""
+    export(compose_config(RECIPE), tmp_path / "verl", cwd=ROOT)
+    launch = tmp_path / "verl" / "launch.sh"
+    launch.write_text(
+        "#!/bin/bash\nxargs -d '\\n' python3 -m verl.trainer.main_ppo trainer.total_epochs=2 < overrides.txt\n"
+    )
+    lines = launch_reader.read_overrides(launch, env={})
+    overrides = launch_reader.read_overrides(tmp_path / "verl" / "overrides.txt", env={})
+    assert lines == ["trainer.total_epochs=2", *overrides]  # xargs puts stdin's words after the command's
+    (tmp_path / "verl" / "overrides.txt").unlink()
+    with pytest.raises(MiniverlError, match="reads overrides.txt, which is not beside the script"):
+        launch_reader.read_overrides(launch, env={})
+
+
+def test_import_o_never_replaces_another_file_but_writes_the_same_import_again(tmp_path, capsys):
+    export(compose_config(RECIPE), tmp_path / "verl", cwd=ROOT)
+    out = tmp_path / "imported.txt"
+    out.write_text("my notes\n")
+    assert import_command.main([str(tmp_path / "verl" / "overrides.txt"), "-o", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        f"miniverl: error: -o {out} exists and holds other text; choose another -o, or remove it first\n"
+    )
+    assert out.read_text() == "my notes\n"
+    out.unlink()
+    for _ in range(2):
+        assert import_command.main([str(tmp_path / "verl" / "overrides.txt"), "-o", str(out)]) == 0
+    assert "estimator=k1" in out.read_text().splitlines()
+
+
 @pytest.mark.parametrize(
     "value",
     [
