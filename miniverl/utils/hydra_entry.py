@@ -171,6 +171,18 @@ def one_line_hydra_errors(entry: Callable | None = None, *, verl_names: Callable
 ENTRY_VERL_NAMES: list[Callable[[], dict[str, str]] | None] = []
 
 
+def refuse_an_empty_folder(config: DictConfig, key: str) -> None:
+    """An empty run or sweep folder (`hydra.run.dir=$OUT` with OUT unset) is the working directory:
+    the run's files would land among the user's own. Refused before Hydra creates or writes anything."""
+    if not str(OmegaConf.select(config, key) or "").strip():
+        print(
+            f"miniverl: error: {key} is empty (an unset shell variable?): give the folder to write to, "
+            f"or leave {key} out for a new dated folder under outputs/",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+
+
 class KeepEarlierRunRecord(Callback):
     """Hydra rewrites <run dir>/.hydra/ (config, overrides) before the job starts. In a folder that
     already holds a run, which miniverl then resumes in place or refuses, or an export, which the
@@ -185,6 +197,7 @@ class KeepEarlierRunRecord(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
         KeepEarlierRunRecord.kept_export_record = False
+        refuse_an_empty_folder(config, "hydra.run.dir")
         run_dir = Path(config.hydra.run.dir)
         exporting = config.hydra.job.name == "export"
         if not (run_dir / ".hydra").is_dir() or (OmegaConf.select(config, "trainer.overwrite") and not exporting):
@@ -208,6 +221,7 @@ class SweepPreflight(Callback):
     too): only SystemExit stops the sweep here."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        refuse_an_empty_folder(config, "hydra.sweep.dir")
         refusal = self.slurm_missing(config) or self.another_sweep(config) or self.invalid_jobs(config)
         if refusal:
             print(f"miniverl: error: {refusal}", file=sys.stderr)

@@ -182,6 +182,27 @@ def test_a_run_folder_that_is_a_file_or_lies_under_one_is_one_line_naming_the_fi
     )
 
 
+@pytest.mark.parametrize(
+    "command,args,key",
+    [
+        ("main", ["hydra.run.dir="], "hydra.run.dir"),
+        ("main", ["-m", "trainer.seed=1,2", "hydra.sweep.dir="], "hydra.sweep.dir"),
+        ("export", ["hydra.run.dir="], "hydra.run.dir"),
+    ],
+)
+def test_an_empty_run_or_sweep_folder_is_refused_before_anything_is_written(
+    tmp_path, monkeypatch, capfd, command, args, key
+):
+    """A new-user audit's `hydra.run.dir=$OUT` with OUT unset wrote the run into the working directory."""
+    monkeypatch.chdir(tmp_path)
+    assert run_as_command(command, *args, *BASE) == 2
+    assert capfd.readouterr().err.strip().splitlines()[-1] == (
+        f"miniverl: error: {key} is empty (an unset shell variable?): give the folder to write to, "
+        f"or leave {key} out for a new dated folder under outputs/"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
 # What a full disk raises: the OS's error, or safetensors' own (its Rust writer reports the OS's as
 # text; measured on a 1.2 MB tmpfs, where an unrecognised one used to end in a traceback).
 FULL_DISK = {
