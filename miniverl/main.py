@@ -291,8 +291,8 @@ def main(cfg: DictConfig) -> None:
 
             message = str(error) if isinstance(error, MiniverlError) else f"{type(error).__name__}: {error}"
             (run_dir / ERROR_FILE).write_text(message + "\n")
-            log.error("job %s: %s", "stopped" if isinstance(error, RunStopped) else "failed", message)
             if not isinstance(error, RunStopped):
+                log.error("job failed: %s", message)
                 return
             sweep_dir = Path(hydra_cfg.sweep.dir)
             try:

@@ -186,7 +186,9 @@ def test_a_signal_stops_the_whole_sweep_and_its_line_gives_both_ways_to_go_on(tm
     sweep_dir, job = tmp_path / "s", tmp_path / "s" / "0"
     swept = ["+recipe=opd_k1", "model=toy", "teacher=toy", "estimator=k1,k3"]
     assert multirun(sweep_dir, *swept) == 128 + signal.SIGTERM
-    errors = [line for line in capfd.readouterr().err.splitlines() if line.startswith("miniverl: error:")]
+    printed = capfd.readouterr()
+    errors = [line for line in printed.err.splitlines() if line.startswith("miniverl: error:")]
+    assert (printed.out + printed.err).count("stopped by SIGTERM") == 1  # once, not also as a log line before it
     command = shlex.join(["python", "-m", "miniverl.main", *swept[:3], "estimator=k1", *SHORT_SWEEP])
     # The suite's workers set OMP_NUM_THREADS, as joblib's do: the job's command carries it.
     threads = f"OMP_NUM_THREADS={torch.get_num_threads()} " if "OMP_NUM_THREADS" in os.environ else ""
