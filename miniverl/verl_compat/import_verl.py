@@ -277,6 +277,15 @@ def to_miniverl(lines: list[str], version: str = EXPORT_DEFAULT) -> tuple[list[t
         used.add(key)
         if key in values and values[key] != value and not (forced and key == f"{TEACHER}.inference.temperature"):
             unmapped.append((f"{key}={hydra_value(values[key])}", f"miniverl means {hydra_value(value)}: {why}"))
+    inherited = v(f"{TEACHER}.inference.temperature")  # verl's default follows the rollout's temperature
+    if f"{TEACHER}.inference.temperature" not in values and inherited != 1.0 and not forced:
+        unmapped.append(
+            (
+                f"{TEACHER}.inference.temperature={hydra_value(inherited)}",
+                f"inherited from {ROLLOUT}.temperature: verl {version} refuses a teacher temperature other than 1.0 "
+                f"at start-up, so this launch does not run there; miniverl scores the teacher at 1.0",
+            )
+        )
     # Settings that agree with miniverl when off: read, nothing to import.
     for key, why in NOT_IN_MINIVERL.items():
         if values.get(key):

@@ -893,6 +893,23 @@ def test_verl_defaults_that_do_not_carry_over_are_listed_when_a_launch_leaves_th
     assert not any(line.startswith(("data.seed", "distillation.nnodes")) for line, _ in whole)
 
 
+def test_a_teacher_temperature_inherited_from_the_rollout_is_listed_where_verl_refuses_it(tmp_path):
+    """verl 0.8.0's teacher temperature defaults to the rollout's, and its start-up refuses any but 1.0: a
+    launch with a sampling temperature and no teacher temperature does not run there (0.9 forces 1.0)."""
+    lines = export(compose_config(RECIPE), tmp_path / "verl", cwd=ROOT).lines
+    kept = [
+        line
+        for line in lines
+        if not line.startswith(("actor_rollout_ref.rollout.temperature=", f"{TEACHER}.inference.temperature="))
+    ]
+    warm = [*kept, "actor_rollout_ref.rollout.temperature=0.7"]
+    listed = dict(import_verl.to_miniverl(warm, "0.8.0")[1])
+    assert "verl 0.8.0 refuses a teacher temperature other than 1.0" in listed[f"{TEACHER}.inference.temperature=0.7"]
+    assert not any(line.startswith(f"{TEACHER}.inference") for line, _ in import_verl.to_miniverl(warm, "0.9.1")[1])
+    given = [*warm, f"{TEACHER}.inference.temperature=1.0"]  # the export's own launch sets it
+    assert not any(line.startswith(f"{TEACHER}.inference") for line, _ in import_verl.to_miniverl(given, "0.8.0")[1])
+
+
 # ---------------------------------------------------------------- several teachers
 
 TWO_TEACHERS = [
