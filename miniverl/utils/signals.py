@@ -54,8 +54,16 @@ def _handling(handler):
             signal.signal(s, before)
 
 
+# The signal whose Interrupted was last raised by interrupting_signals, until it is seen to propagate:
+# Python swallows an exception raised inside a __del__ ("Exception ignored in ..."), and a signal that
+# lands in one during loading would be lost; the next update's start raises it again.
+_raised: list[int] = []
+
+
 @contextmanager
 def deferred_signals():
+    if _raised:  # an earlier Interrupted was swallowed: stop now, before the update starts
+        raise Interrupted(_raised.pop())
     request = StopRequest()
 
     def note(signum, frame):
@@ -74,10 +82,16 @@ def interrupting_signals():
     deferred_signals) set their own handlers."""
 
     def stop(signum, frame):
+        _raised[:] = [signum]
         raise Interrupted(signum)
 
+    _raised.clear()  # an earlier command's, in this process
     with _handling(stop):
-        yield
+        try:
+            yield
+        except KeyboardInterrupt:
+            _raised.clear()  # it propagated
+            raise
 
 
 class SignalReceived(Exception):

@@ -3,13 +3,15 @@ and a SIGTERM under HYDRA_FULL_ERROR=1 still ends as SIGTERM does (143), traceba
 
 from __future__ import annotations
 
+import os
 import pickle
 import signal
+import sys
 
 import pytest
 
 from miniverl.utils.errors import ctrl_c_stop
-from miniverl.utils.signals import Interrupted, SignalReceived, signal_of
+from miniverl.utils.signals import Interrupted, SignalReceived, deferred_signals, interrupting_signals, signal_of
 
 
 def test_an_interrupt_names_its_signal_and_survives_pickling():
@@ -33,3 +35,26 @@ def test_a_sigterm_under_hydra_full_error_ends_with_its_own_status(monkeypatch, 
             raise KeyboardInterrupt
         except KeyboardInterrupt:
             raise ctrl_c_stop("stopped by SIGINT") from None
+
+
+class _SignalledInAFinalizer:
+    """SIGTERM arriving while a __del__ runs (the audit's: a `regex` Group's, while the models loaded)."""
+
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_a_signal_python_swallows_in_a_finalizer_still_stops_the_run_before_its_first_update(monkeypatch):
+    """Python only prints "Exception ignored in ..." for an exception raised inside a __del__: the
+    handler's Interrupted was lost and the run trained to the end."""
+    swallowed = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: swallowed.append(unraisable.exc_type))
+    with pytest.raises(Interrupted) as stopped:
+        with interrupting_signals():
+            _SignalledInAFinalizer()  # its Interrupted is raised in __del__, and swallowed
+            assert swallowed == [Interrupted]
+            with deferred_signals():
+                pytest.fail("an update started after the SIGTERM")
+    assert stopped.value.signum == signal.SIGTERM
+    with interrupting_signals(), deferred_signals():  # nothing left over for the next command in this process
+        pass
