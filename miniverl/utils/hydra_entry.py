@@ -14,7 +14,8 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from miniverl.utils.errors import MiniverlError, exit_code_of, unwritable
+from miniverl.utils.errors import MiniverlError, ctrl_c_stop, exit_code_of, unwritable
+from miniverl.utils.signals import signal_of
 
 
 def run_as_main(module: str) -> None:
@@ -116,6 +117,9 @@ def hydra_error_line(error: Exception, verl_names: Callable[[], dict[str, str]] 
     return message
 
 
+RUN_DIR_FIX = "choose another hydra.run.dir (hydra.sweep.dir with -m)"
+
+
 def one_line_hydra_errors(entry: Callable | None = None, *, verl_names: Callable[[], dict[str, str]] | None = None):
     """Wrap a `@hydra.main` entry point so that Hydra's composition errors (an unknown key, a
     value of the wrong type, a missing config option, an override it cannot parse), which are
@@ -139,14 +143,21 @@ def one_line_hydra_errors(entry: Callable | None = None, *, verl_names: Callable
                     if os.environ.get("HYDRA_FULL_ERROR") == "1":
                         raise
                     raise SystemExit(exit_code_of(MiniverlError(hydra_error_line(error, verl_names)))) from None
+                except KeyboardInterrupt as stop:  # before the command's own code: Hydra's callbacks import torch
+                    by = signal_of(stop)
+                    line = ctrl_c_stop(f"stopped by {by.name}; run the same command again to go on", by)
+                    raise SystemExit(exit_code_of(line)) from None
+                except ValueError as error:  # logging's dictConfig: "Unable to configure handler 'file'"
+                    if not isinstance(error.__cause__, OSError):
+                        raise
+                    raise SystemExit(exit_code_of(unwritable(error.__cause__, RUN_DIR_FIX))) from None
                 except OSError as error:  # Hydra creates the run folder (and its log) before our code runs
-                    fix = "choose another hydra.run.dir (hydra.sweep.dir with -m)"
                     if isinstance(error, (FileExistsError, NotADirectoryError)):  # a file where a folder goes
                         path = Path(error.filename)
                         in_the_way = next((p for p in (path, *path.parents) if p.is_file()), path)
-                        line = MiniverlError(f"{in_the_way} is a file, not a folder: {fix}")
+                        line = MiniverlError(f"{in_the_way} is a file, not a folder: {RUN_DIR_FIX}")
                     else:
-                        line = unwritable(error, fix)
+                        line = unwritable(error, RUN_DIR_FIX)
                     raise SystemExit(exit_code_of(line)) from None
 
             return original(guarded)

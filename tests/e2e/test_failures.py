@@ -203,6 +203,39 @@ def test_an_empty_run_or_sweep_folder_is_refused_before_anything_is_written(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_ctrl_c_while_hydras_callbacks_import_is_one_line_not_a_traceback(tmp_path, monkeypatch, capfd):
+    """A new-user audit's Ctrl-C 1.5 s after the start: an 89-line KeyboardInterrupt traceback from the
+    callback's `import torch`, before miniverl's own handling starts."""
+    from miniverl.utils.hydra_entry import KeepEarlierRunRecord
+
+    def interrupted(self, config, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(KeepEarlierRunRecord, "on_run_start", interrupted)
+    assert run_as_command("main", *BASE, f"hydra.run.dir={tmp_path / 'run'}") == 130
+    err = capfd.readouterr().err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == "miniverl: error: stopped by SIGINT; run the same command again to go on"
+
+
+def test_a_run_folder_whose_log_cannot_be_opened_is_one_line(tmp_path, monkeypatch, capfd):
+    """A new-user audit resumed in a run folder remounted read-only: logging's "Unable to configure
+    handler 'file'" traceback (a new folder there was already one line)."""
+    import logging
+
+    def read_only(self, *args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", str(tmp_path / "run" / "main.log"))
+
+    monkeypatch.setattr(logging.FileHandler, "__init__", read_only)
+    assert run_as_command("main", *BASE, f"hydra.run.dir={tmp_path / 'run'}") == 2
+    err = capfd.readouterr().err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == (
+        f"miniverl: error: cannot write {tmp_path / 'run' / 'main.log'}: Read-only file system; "
+        "choose another hydra.run.dir (hydra.sweep.dir with -m)"
+    )
+
+
 # What a full disk raises: the OS's error, or safetensors' own (its Rust writer reports the OS's as
 # text; measured on a 1.2 MB tmpfs, where an unrecognised one used to end in a traceback).
 FULL_DISK = {
