@@ -189,6 +189,11 @@ def resolve_checkpoint(path: str | Path) -> Path:
             "stopped run (outputs/<date>/<time>) or one of its checkpoints/update_<k>/"
         )
     found = checkpoints_in(path)
+    if not found and (path / "plan.json").is_file() and _report_status(path) in ("interrupted", "measured"):
+        raise MiniverlError(  # it checkpointed (stopped or finished), and checkpoints/ was removed since
+            f"trainer.resume_from={path}: that run's checkpoints/ is gone (removed or moved), so nothing is left "
+            f"to resume; start the run anew: in another hydra.run.dir, or in {path} with trainer.overwrite=true"
+        )
     if not found and (path / "plan.json").is_file():  # a run stopped (SIGKILL, a failure) before its first save
         raise MiniverlError(
             f"trainer.resume_from={path}: that run stopped before its first checkpoint, so nothing is left to "
@@ -202,6 +207,14 @@ def resolve_checkpoint(path: str | Path) -> Path:
             "updates, and when it stops)"
         )
     return found[-1]
+
+
+def _report_status(run_dir: Path) -> str | None:
+    """The status in a run folder's report.json; None without a readable one."""
+    try:
+        return json.loads((run_dir / "report.json").read_text()).get("status")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 @dataclass

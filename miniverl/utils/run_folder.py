@@ -132,10 +132,11 @@ class RunFolder:
             taken = held = []
         if taken and not continuing:
             status = f"status {self.earlier['status']}: " if "status" in self.earlier else ""
+            resume = f"resume it with trainer.resume_from={self.root}, " if checkpoints_in(self.root) else ""
             raise MiniverlError(
-                f"run folder {self.root} already holds a run ({status}{', '.join(taken)}); "
-                "choose another hydra.run.dir, resume it with "
-                f"trainer.resume_from={self.root}, or replace it with trainer.overwrite=true"
+                f"run folder {self.root} already holds a run ({status}{', '.join(taken)}"
+                + ("" if resume else "; no checkpoint to resume")
+                + f"); choose another hydra.run.dir, {resume}or replace it with trainer.overwrite=true"
             )
         if held and not continuing:
             raise MiniverlError(

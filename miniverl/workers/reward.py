@@ -72,8 +72,9 @@ class RewardWorker:
                 location = where_in(error, self.file) if self.file else ""
                 raise RewardFailed(
                     f"the task reward ({self.scorer}) {type(error).__name__}: {error}{location} on row {row} "
-                    f"(data_source {task.data_source!r}, response {text[:40]!r}); fix it and rerun the same "
-                    "command"
+                    f"(data_source {task.data_source!r}, response {text[:40]!r}); fix it and start a new run (the "
+                    "function's file is part of the plan: without hydra.run.dir the same command makes a new folder; "
+                    "with it, choose another or add trainer.overwrite=true)"
                 ) from error
             scores[i, max(length, 1) - 1] = score
         batch.token_level_scores = scores.to(batch.responses.device)

@@ -676,6 +676,11 @@ def test_a_died_run_is_not_started_again_over_another_plan_a_report_or_a_checkpo
     with pytest.raises(MiniverlError, match="already holds a run") as info:
         RunFolder(folder, plan_digest=None if leftover == "no plan digest" else digest)
     assert "\n" not in str(info.value)
+    # A new-user audit followed "resume it with trainer.resume_from" to a folder without a checkpoint, which
+    # resume_from then refused pointing back here: the way out offered is only one that works.
+    offers_resume = f"resume it with trainer.resume_from={folder}" in str(info.value)
+    assert offers_resume == (leftover == "a checkpoint")
+    assert ("no checkpoint to resume" in str(info.value)) != offers_resume
     assert tree_digest(folder) == before
 
 

@@ -182,7 +182,10 @@ def test_a_reward_function_that_raises_mid_run_fails_the_update_with_a_report(tm
     message = str(error.value)
     assert message.startswith("update 2 failed: the task reward (compute_score of ")
     assert "RuntimeError: boom (late_reward.py line 5) on row" in message
-    assert "the last complete update is checkpointed" in message
+    # A new-user audit fixed the function and reran "the same command", as the line said: refused, since the
+    # file is part of the plan. The line now says a fixed function is a new run; the checkpoint resumes unchanged.
+    assert "fix it and start a new run (the function's file is part of the plan" in message
+    assert f"(resume with trainer.resume_from={run_dir} with the function's file unchanged)" in message
     assert json.loads((run_dir / "report.json").read_text())["status"] == "failed"
     cause = error.value.__cause__.__cause__  # MiniverlError <- RewardFailed <- the user's own exception
     assert isinstance(cause, RuntimeError) and cause.__traceback__.tb_next is not None  # HYDRA_FULL_ERROR shows it

@@ -60,3 +60,10 @@ def test_resume_from_a_missing_or_empty_folder_says_which_and_what_to_give(tmp_p
         "the command that started it again (with hydra.run.dir=empty it starts again in that folder, from where that "
         "command started)"
     )
+    (tmp_path / "empty" / "report.json").write_text('{"status": "interrupted"}')  # stopped, checkpoints/ removed
+    with pytest.raises(MiniverlError) as refused:
+        checkpoint.resolve_checkpoint("empty")
+    assert str(refused.value) == (
+        "trainer.resume_from=empty: that run's checkpoints/ is gone (removed or moved), so nothing is left to "
+        "resume; start the run anew: in another hydra.run.dir, or in empty with trainer.overwrite=true"
+    )
