@@ -239,16 +239,23 @@ class Checkpoint:
 REWARD_FUNCTION_DIGEST = "reward.custom_reward_function.sha256"
 
 
+def digested_key(override: str) -> str | None:
+    """The config key whose file or folder an override of earlier_overrides sets the digest of
+    (model.model_id for model.folder_sha256.model_id); None for an override of a config key."""
+    key = override.lstrip("~").split("=", 1)[0]
+    if key == REWARD_FUNCTION_DIGEST:
+        return "reward.custom_reward_function.path"
+    block, found, name = key.partition(f".{FOLDER_DIGESTS}.")
+    return f"{block}.{name}" if found else None
+
+
 def edited_files(override: str, settings: dict) -> str | None:
     """What an override of earlier_overrides names when it sets a file's or folder's digest rather than a
     config key ("the files of model.model_id=<folder>"); None for a config key."""
-    key = override.lstrip("~").split("=", 1)[0]
-    if key == REWARD_FUNCTION_DIGEST:
-        return "the file of reward.custom_reward_function.path"
-    block, found, name = key.partition(f".{FOLDER_DIGESTS}.")
-    if not found:
-        return None
-    return f"the files of {block}.{name}={flatten(settings).get(f'{block}.{name}')}"
+    key = digested_key(override)
+    if key is None or key == "reward.custom_reward_function.path":
+        return None if key is None else f"the file of {key}"
+    return f"the files of {key}={flatten(settings).get(key)}"
 
 
 def earlier_plan(run_dir: Path) -> dict:
@@ -323,7 +330,8 @@ def verify_checkpoint(
         how = (
             f"resume with {' '.join(overrides)}" if overrides else "resume with the overrides of the run that wrote it"
         )
-        changed = list(dict.fromkeys(edited_files(o, settings) for o in edited))
+        named = {o.lstrip("~").split("=", 1)[0] for o in overrides}  # a folder named anew was not edited
+        changed = list(dict.fromkeys(edited_files(o, settings) for o in edited if digested_key(o) not in named))
         before = earlier_plan(checkpoint.run_dir).get("input_parquet_sha256")
         if input_digest is not None and before not in (None, input_digest):  # the prompts' bytes
             changed.insert(0, "the files of data.train_files")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -751,6 +752,14 @@ def test_a_resume_after_its_model_folder_was_saved_again_with_other_weights_is_r
         f"the files of model.model_id={folders['student']} changed since that run: resume with them as they were"
         in line
     )
+    # Another folder named (here with other weights too) is no edit: a new-user audit was told its folders
+    # "changed since that run". The line names the folder the run had, to resume with.
+    other = tmp_path / "models" / "student_copy"
+    shutil.copytree(folders["student"], other)
+    with pytest.raises(MiniverlError) as info:
+        run(compose_config([*own, f"model.model_id={other}", f"trainer.resume_from={stopped}"]), tmp_path / "named")
+    line = str(info.value)
+    assert "changed since that run" not in line and f"resume with model.model_id={folders['student']}" in line
     weights.write_bytes(saved)
     report = run(compose_config([*own, f"trainer.resume_from={stopped}"]), tmp_path / "resumed")
     assert report["resume"]["status"] == "resumed"
