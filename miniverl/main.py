@@ -59,12 +59,15 @@ def run(cfg: DictConfig, run_dir: Path, args: list[str] = (), sweep: bool = Fals
     # Heavy imports (torch, transformers) after validation.
     from miniverl.trainer.opd_trainer import OPDTrainer
 
-    preflight(config)
+    warnings = preflight(config)
     refuse_overwriting_inputs(config, run_dir)
     trainer = OPDTrainer(config, resolved, run_dir)
     try:
         setup_or_discard(trainer)
-        to_main_log(starting)  # once the folder is this run's: a refused command leaves an earlier run's log alone
+        # Once the folder is this run's: a refused command leaves an earlier run's log alone.
+        to_main_log(starting)
+        for line in warnings:
+            log_line(log, line, logging.WARNING)
         stop, resumed = config.trainer.stop_after_updates, trainer.resumed
         if stop is not None and resumed is not None and stop < resumed.update:  # equal: the stop's own command
             log.warning(
@@ -204,15 +207,16 @@ def interrupted_line(trainer, command: str, by: str) -> str:
     )
 
 
-def preflight(config) -> None:
-    """The doctor's cheap checks (data, tokenizers, memory) before any model is loaded."""
+def preflight(config) -> list[str]:
+    """The doctor's cheap checks (data, tokenizers, memory) before any model is loaded; returns their
+    warnings, shown on the console now and written to main.log once the folder is this run's."""
     from miniverl.trainer.preflight import cheap_checks
     from miniverl.utils.device import resolve_device
 
     checks = cheap_checks(config, resolve_device(config.hardware))
-    for check in checks:
-        if check.status == "WARN":  # a FAIL is the error line below
-            log.warning("pre-flight %s", check)
+    warnings = [f"pre-flight {check}" for check in checks if check.status == "WARN"]  # a FAIL: the error line below
+    for line in warnings:
+        log_line(log, line, logging.WARNING, console=True, main_log=False)
     reasons: dict[str, list[str]] = {}  # a model that cannot be read fails several checks alike
     for check in checks:
         if check.status == "FAIL":
@@ -220,6 +224,7 @@ def preflight(config) -> None:
     failed = [f"{', '.join(names)}: {reason}" for reason, names in reasons.items()]
     if failed:
         raise MiniverlError("pre-flight check failed (python -m miniverl.doctor shows all): " + "; ".join(failed))
+    return warnings
 
 
 def refuse_overwriting_inputs(config, run_dir: Path) -> None:

@@ -47,15 +47,19 @@ def config_flags(hydra_cfg: DictConfig) -> list[str]:
     return flags + [o for o in hydra_cfg.overrides.hydra if o.lstrip("+").startswith("hydra.searchpath=")]
 
 
-def log_line(logger: logging.Logger, message: str, level: int = logging.INFO, *, console: bool = False) -> None:
+def log_line(
+    logger: logging.Logger, message: str, level: int = logging.INFO, *, console: bool = False, main_log: bool = True
+) -> None:
     """A line for the run folder's main.log (Hydra's file handler); with `console` on the console too,
-    as any log line. Without it the console has the line already (printed) or shows the progress bar."""
-    if console:
+    as any log line. Without it the console has the line already (printed) or shows the progress bar.
+    `main_log=False` (with `console`): the console alone, for a line written before the folder is
+    known to be this run's (a refused command leaves an earlier run's log as it was)."""
+    if console and main_log:
         logger.log(level, message)
         return
     record = logger.makeRecord(logger.name, level, __file__, 0, message, None, None)
     for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.FileHandler):
+        if main_log if isinstance(handler, logging.FileHandler) else console:
             handler.handle(record)
 
 

@@ -207,3 +207,19 @@ def test_a_combination_verl_refuses_is_one_line(tmp_path):
     assert result.returncode == 2
     assert "miniverl: error: estimator: loss_mode=k1 with use_policy_gradient=false is refused" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_refused_resume_leaves_the_earlier_runs_log_as_it_was_and_shows_its_warnings(tmp_path, capfd):
+    """A new-user audit's refused resume (another learning rate) appended its pre-flight WARN line to the
+    earlier run's main.log, whose last line was then another command's."""
+    run_dir = tmp_path / "run"
+    unread = ["data.val_files=data/toy_prompts_heldout.parquet", "eval.every=-1"]  # a pre-flight WARN
+    stopped = [*TOY, "recipe.interrupt_after_updates=null", *unread, f"hydra.run.dir={run_dir}"]
+    assert run_as_command("main", *stopped, "trainer.stop_after_updates=1") == 0
+    log_before = (run_dir / "main.log").read_bytes()
+    assert b"pre-flight WARN data" in log_before  # the run's own warning, in its own log
+    capfd.readouterr()
+    assert run_as_command("main", *stopped, "trainer.stop_after_updates=1", "actor.optim.lr=1e-3") == 2
+    printed = capfd.readouterr()
+    assert "pre-flight WARN data" in printed.out + printed.err and "belongs to another plan" in printed.err
+    assert (run_dir / "main.log").read_bytes() == log_before
