@@ -350,9 +350,16 @@ def verify_checkpoint(
     for update, digest in enumerate(state["trajectory_digests"], start=1):
         source = trajectory_path(checkpoint.run_dir, update)
         if not source.is_file() or sha256_file(source) != digest:
+            earlier = [c for c in checkpoints_in(checkpoint.run_dir) if checkpoint_update(c) < update]
+            way = (
+                f"resume from {earlier[-1]}, whose updates come before it (trainer.resume_from={earlier[-1]})"
+                if earlier
+                else "no checkpoint of that run comes before it: start the run anew (another hydra.run.dir, or "
+                "trainer.overwrite=true in its folder)"
+            )
             raise MiniverlError(
-                f"{where}: its run's trajectory {source} is missing or altered; "
-                "the resumed run needs every earlier update's trajectory"
+                f"{where}: its run's trajectory {source} is missing or altered; the resumed run needs every earlier "
+                f"update's trajectory: {way}"
             )
     return checkpoint
 

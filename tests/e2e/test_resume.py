@@ -306,6 +306,23 @@ def stopped_run(tmp_path):
     return folder
 
 
+@pytest.mark.slow
+def test_an_altered_trajectory_names_the_checkpoint_before_it_or_says_to_start_anew(stopped_run, tmp_path):
+    """A new-user audit flipped a byte of a stopped run's trajectory: "missing or altered", and no way on."""
+    kept = checkpoint.checkpoints_in(stopped_run)
+    for update in (1, 2):
+        source = stopped_run / "trajectories" / f"update_{update:06d}.safetensors"
+        intact = source.read_bytes()
+        source.write_bytes(intact[:-1] + bytes([intact[-1] ^ 1]))
+        with pytest.raises(MiniverlError, match=f"trajectory {source} is missing or altered") as info:
+            run_in_process(tmp_path / f"new{update}", f"trainer.resume_from={stopped_run}")
+        before = [c for c in kept if checkpoint.checkpoint_update(c) < update]
+        way = f"trainer.resume_from={before[-1]})" if before else "start the run anew (another hydra.run.dir"
+        assert way in str(info.value)
+        source.write_bytes(intact)
+    assert [checkpoint.checkpoint_update(c) for c in kept] == [1, 2]  # both ways were taken
+
+
 def test_a_stop_before_the_update_a_run_resumes_from_is_said_not_silently_ignored(stopped_run, tmp_path, caplog):
     """The stop's own command (stop_after_updates=2) resumes the run to its end by design; an earlier
     stop cannot apply to a run past it: the log says so."""
