@@ -101,9 +101,8 @@ def run(cfg: DictConfig, run_dir: Path, args: list[str] = (), sweep: bool = Fals
         check = check_command(list(args), run_dir) if checking else None
         raise RunStopped(stopped_line(trainer, run_dir, by, check, same_command(args, sweep)), trainer.stopped_by)
     if status == "failed":
-        from miniverl.workers.reward import RewardFailed  # loaded by the trainer already
-
-        unchanged = " with the function's file unchanged" if isinstance(trainer.failure_cause, RewardFailed) else ""
+        # A reward function's file is part of the plan: a resume takes it only as it was.
+        unchanged = " with the function's file unchanged" if getattr(trainer.failure_cause, "file", None) else ""
         kept = (
             f"the last complete update is checkpointed (resume with trainer.resume_from={run_dir}{unchanged})"
             if trainer.last_checkpoint

@@ -253,8 +253,10 @@ def edited_files(override: str, settings: dict) -> str | None:
     """What an override of earlier_overrides names when it sets a file's or folder's digest rather than a
     config key ("the files of model.model_id=<folder>"); None for a config key."""
     key = digested_key(override)
-    if key is None or key == "reward.custom_reward_function.path":
-        return None if key is None else f"the file of {key}"
+    if key is None:
+        return None
+    if key == "reward.custom_reward_function.path":
+        return f"the file of {key}"
     return f"the files of {key}={flatten(settings).get(key)}"
 
 

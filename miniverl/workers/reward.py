@@ -34,7 +34,12 @@ from miniverl.utils.reward_score import (
 
 
 class RewardFailed(Exception):
-    """The user's reward function raised, or returned no number: the update is not applied."""
+    """The user's reward function raised, or returned no number: the update is not applied. `file`:
+    the function's file (None for a built-in rule), which the run's plan holds the digest of."""
+
+    def __init__(self, message: str, file: Path | None):
+        super().__init__(message)
+        self.file = file
 
 
 class RewardWorker:
@@ -70,11 +75,16 @@ class RewardWorker:
                 score = score_value(result)
             except Exception as error:  # the user's function: what, where and on what, in one line
                 location = where_in(error, self.file) if self.file else ""
+                fix = (  # a resume refuses the fixed file
+                    "fix it and start a new run (the function's file is part of the plan: without hydra.run.dir "
+                    "the same command makes a new folder; with it, choose another or add trainer.overwrite=true)"
+                    if self.file
+                    else "fix it and rerun the same command"
+                )
                 raise RewardFailed(
                     f"the task reward ({self.scorer}) {type(error).__name__}: {error}{location} on row {row} "
-                    f"(data_source {task.data_source!r}, response {text[:40]!r}); fix it and start a new run (the "
-                    "function's file is part of the plan: without hydra.run.dir the same command makes a new folder; "
-                    "with it, choose another or add trainer.overwrite=true)"
+                    f"(data_source {task.data_source!r}, response {text[:40]!r}); {fix}",
+                    self.file,
                 ) from error
             scores[i, max(length, 1) - 1] = score
         batch.token_level_scores = scores.to(batch.responses.device)
