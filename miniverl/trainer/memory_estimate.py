@@ -9,6 +9,7 @@ from miniverl.config import MiniverlConfig
 from miniverl.config.model import ALL_LINEAR
 from miniverl.models import cpu_gemm
 from miniverl.models import loading as models
+from miniverl.workers.logprobs import rows_per_chunk
 from miniverl.workers.rollout.lean_decode import by_bf16_instructions
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -67,12 +68,18 @@ def linear_weights(a: dict) -> int:
     return a["layers"] * (a["hidden"] * a["head_dim"] * (2 * a["heads"] + 2 * a["kv"]) + 3 * a["hidden"] * a["inter"])
 
 
-def estimate_peak_bytes(cfg: MiniverlConfig, device_type: str = "cpu") -> int:
+def estimate_peak_bytes(cfg: MiniverlConfig, device_type: str = "cpu", heldout_rows: int | None = None) -> int:
     """Weights + KV cache of the rollout (and on the CPU its dense copies of the 4-bit weights and
     the lm_head's float16 copy) + the activations of one update chunk (checkpointed or all) + the
     logits of one log-prob chunk + the held-out probe's full-vocabulary blocks + LoRA weights,
-    gradients and AdamW state. An estimate."""
+    gradients and AdamW state. An estimate, at the sizes that run: a physical batch or a chunk
+    holds at most the rows there are (`heldout_rows`: the probe's prompts; None: unknown, as many as
+    the physical batch), a log-prob chunk at most MAX_CHUNK_ELEMENTS logits."""
     s = architecture("model", cfg.model)
+    hw, train_rows = cfg.hardware, cfg.recipe.logical_batch * cfg.rollout.n
+    probe_rows = (hw.rollout_physical_batch if heldout_rows is None else heldout_rows) if cfg.eval.every != -1 else 0
+    rows = min(hw.rollout_physical_batch, max(train_rows, probe_rows))  # (B) of one decode
+    chunk, probe_chunk = min(hw.update_chunk, train_rows), min(hw.update_chunk, probe_rows)
     # prepare_model_for_kbit_training casts every unquantized weight of the student to float32:
     # the embedding (tied to the output layer: one copy) and the norms.
     prepared = cfg.model.quantization == "nf4" and cfg.model.prepare_kbit_training
@@ -82,23 +89,22 @@ def estimate_peak_bytes(cfg: MiniverlConfig, device_type: str = "cpu") -> int:
             t = architecture(cfg.teacher_where(name), block)
             total += weight_bytes(t, block.quantization, DTYPE_BYTES.get(t["dtype"], 4))
     tokens = cfg.recipe.prompt_limit + cfg.recipe.response_limit
-    rows = cfg.hardware.rollout_physical_batch
     total += 2 * s["layers"] * rows * tokens * s["kv"] * s["head_dim"] * 4  # KV cache
-    chunk, layer_activations = cfg.hardware.update_chunk, 16 * s["hidden"] * 4  # per position, float32
+    layer_activations = 16 * s["hidden"] * 4  # per position, float32
     if cfg.model.gradient_checkpointing:  # every layer's input kept, one layer's activations recomputed at a time
         total += chunk * tokens * (s["layers"] * s["hidden"] * 4 + layer_activations)
     else:  # every layer's activations kept for the backward
         total += chunk * tokens * s["layers"] * layer_activations
-    total += cfg.hardware.logprob_chunk * s["vocab"] * 4 * 3  # logits, exp and gradient of one chunk
-    if device_type == "cpu" and cfg.model.quantization == "nf4" and cfg.hardware.rollout_dequantize_4bit_once:
+    total += rows_per_chunk(hw.logprob_chunk, s["vocab"]) * s["vocab"] * 4 * 3  # logits, exp, gradient of a chunk
+    if device_type == "cpu" and cfg.model.quantization == "nf4" and hw.rollout_dequantize_4bit_once:
         # the rollout's dense copies of the 4-bit weights: float32 where the roles multiply in float32
-        float32 = cpu_gemm.enabled_for(cfg.hardware, torch.device("cpu"))
+        float32 = cpu_gemm.enabled_for(hw, torch.device("cpu"))
         total += linear_weights(s) * (4 if float32 else DTYPE_BYTES.get(s["dtype"], 4))
-    if device_type == "cpu" and prepared and by_bf16_instructions(cfg.hardware.rollout_cpu_fp16_lm_head):
+    if device_type == "cpu" and prepared and by_bf16_instructions(hw.rollout_cpu_fp16_lm_head):
         total += s["vocab"] * s["hidden"] * 2  # the float16 copy of the float32 lm_head (where its values allow)
     if cfg.eval.every != -1 and s["vocab"] <= cfg.eval.exact_kl_max_vocab:
         # the probe's exact KL: student and teacher log-probs, exp and product, (rows, R, V) float32 each
-        total += 4 * cfg.hardware.update_chunk * (cfg.eval.response_limit or cfg.recipe.response_limit) * s["vocab"] * 4
+        total += 4 * probe_chunk * (cfg.eval.response_limit or cfg.recipe.response_limit) * s["vocab"] * 4
     targets = cfg.model.lora.peft_targets()
     adapted = LLAMA_LINEAR_LAYERS if targets == ALL_LINEAR else len(targets)
     lora = 2 * cfg.model.lora.r * s["hidden"] * s["layers"] * adapted

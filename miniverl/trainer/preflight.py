@@ -39,7 +39,7 @@ from miniverl.models import tokenizers
 from miniverl.models.attention import attention_problem
 from miniverl.trainer.memory_estimate import architecture, estimate_peak_bytes
 from miniverl.trainer.plan import read_rows, route_column, teacher_contexts, teacher_routes, uses_context
-from miniverl.utils.dataset import missing_data_file, read_conversations, tokenize_prompts
+from miniverl.utils.dataset import count_rows, missing_data_file, read_conversations, tokenize_prompts
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.text_alignment import align_response
 
@@ -232,7 +232,7 @@ def check_memory(cfg: MiniverlConfig, device: torch.device) -> Check:
     """The estimate against the device's memory. On the CPU the report's peak is the process's
     resident memory, so what the process holds already (Python, torch, transformers: about 0.4 GiB)
     is added; on CUDA the report's peak is torch's reserved memory, which holds only the run's tensors."""
-    estimate = estimate_peak_bytes(cfg, device.type) / 2**30
+    estimate = estimate_peak_bytes(cfg, device.type, count_rows(cfg.data.val_files or [])) / 2**30
     runtime = psutil.Process().memory_info().rss / 2**30 if device.type == "cpu" else 0.0
     if cfg.hardware.peak_reserved_limit_gib is not None:
         limit, what = (
@@ -250,7 +250,8 @@ def check_memory(cfg: MiniverlConfig, device: torch.device) -> Check:
         return Check(
             "FAIL",
             "memory",
-            line + "; lower recipe.response_limit, hardware.rollout_physical_batch or hardware.update_chunk",
+            line + "; lower recipe.response_limit, hardware.rollout_physical_batch, hardware.update_chunk or "
+            "hardware.logprob_chunk",
         )
     return Check("WARN" if estimate > 0.8 * limit else "PASS", "memory", line)
 

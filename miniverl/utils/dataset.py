@@ -111,6 +111,14 @@ def missing_line(key: str, name: str) -> str:
     return f"data.{key}: {name} does not exist (paths are relative to {where})"
 
 
+def count_rows(names: list[str]) -> int | None:
+    """The rows of these parquet files, read from their footers; None where one cannot be read."""
+    try:
+        return sum(pq.ParquetFile(locate(name)).metadata.num_rows for name in names)
+    except (OSError, ValueError):
+        return None
+
+
 def missing_data_file(data: DataConfig, keys: tuple[str, ...]) -> str | None:
     """The line for the first file of `data.<key>` (each of `keys`) that is not there, or None."""
     missing = [(key, name) for key in keys for name in getattr(data, key) if not locate(name).is_file()]

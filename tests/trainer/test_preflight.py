@@ -141,6 +141,34 @@ def test_an_estimate_over_the_memory_limit_fails():
     assert check.status == "FAIL" and "estimated peak" in check.reason
 
 
+def test_the_memory_estimate_counts_the_rows_and_chunks_that_run_not_the_sizes_set():
+    """A new-user audit: rollout_physical_batch and update_chunk 100000 on the toy were refused at 71.81 GiB,
+    though a decode holds the update's 4 samples; a log-prob chunk past its cap of logits counted whole."""
+    from miniverl.trainer.memory_estimate import architecture, estimate_peak_bytes
+    from miniverl.workers.logprobs import MAX_CHUNK_ELEMENTS
+
+    def estimate(*overrides, heldout_rows=None):
+        return estimate_peak_bytes(to_config(compose_config([*BASE, *overrides])), "cpu", heldout_rows)
+
+    assert (
+        checks_of("hardware.rollout_physical_batch=100000", "hardware.update_chunk=100000")["memory"].status == "PASS"
+    )
+    rows = 4  # recipe.logical_batch x rollout.n
+    at_rows = estimate(f"hardware.rollout_physical_batch={rows}", f"hardware.update_chunk={rows}")
+    assert estimate("hardware.rollout_physical_batch=100000", "hardware.update_chunk=100000") == at_rows
+    assert estimate("hardware.rollout_physical_batch=2", "hardware.update_chunk=2") < at_rows  # smaller still counts
+    # The held-out probe decodes its prompts at the physical batch: 16 of them make 16 rows, not 100000.
+    probed = ["data.val_files=data/toy_prompts_heldout.parquet", "eval.every=2"]
+    assert checks_of(*probed, "hardware.rollout_physical_batch=100000")["memory"].status == "PASS"
+    assert estimate(*probed, "hardware.rollout_physical_batch=100000", heldout_rows=16) == estimate(
+        *probed, "hardware.rollout_physical_batch=16", heldout_rows=16
+    )
+    vocab = architecture("model", to_config(compose_config(BASE)).model)["vocab"]
+    cap = MAX_CHUNK_ELEMENTS // vocab
+    assert estimate("hardware.logprob_chunk=100000000") == estimate(f"hardware.logprob_chunk={cap}")
+    assert estimate(f"hardware.logprob_chunk={cap - 1}") < estimate(f"hardware.logprob_chunk={cap}")
+
+
 @pytest.mark.parametrize("loss", ["forward_kl_topk", "forward_kl_topk_tail", "reverse_kl_topk"])
 def test_a_topk_larger_than_the_vocabulary_fails_in_one_line(loss):
     check = checks_of(f"estimator={loss}", "estimator.topk=260")["topk"]  # the toy tokenizer has 259 tokens
