@@ -178,6 +178,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         )
     if args.repeats is not None and args.repeats < 1:
         p.error(f"--repeats {args.repeats}: give at least 1 timed round (leave it out for the default per scale)")
+    if args.logprob_chunk < 1:
+        p.error(f"--logprob-chunk {args.logprob_chunk}: give at least 1 position per log-prob chunk")
     if args.quality and (args.seeds < 1 or args.updates < 2):
         p.error("--quality needs --seeds >= 1 and --updates >= 2")
     if args.student and args.path != "both":

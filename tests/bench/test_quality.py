@@ -224,6 +224,7 @@ def test_quality_needs_the_users_models():
         (["--override", "data.shuffle=true"], "--override sets bench --quality"),
         (["--scale", "toy", "--repeats", "-1"], "--repeats -1: give at least 1 timed round"),
         (["--scale", "toy", "--repeats", "0"], "--repeats 0: give at least 1 timed round"),
+        (["--scale", "toy", "--logprob-chunk", "0"], "--logprob-chunk 0: give at least 1 position"),  # a traceback
     ],
 )
 def test_options_the_speed_bench_would_not_read_are_refused_in_one_line(argv, said, capsys):
