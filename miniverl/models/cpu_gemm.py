@@ -43,12 +43,27 @@ def enabled_for(hardware, device: torch.device) -> bool:
     return hardware.cpu_float32_gemm
 
 
-def product_name(float32_gemm: bool, device: torch.device) -> str:
-    """The report's name for the products a run's roles computed."""
+def half_dtypes(models) -> set[torch.dtype]:
+    """The half-precision dtypes these models compute in: their weights' and their 4-bit layers'
+    compute dtype (bitsandbytes' `compute_dtype`)."""
+    found = set()
+    for model in models:
+        found.update(m.compute_dtype for m in model.modules() if getattr(m, "compute_dtype", None) in HALF)
+        found.update(p.dtype for p in model.parameters() if p.dtype in HALF)
+    return found
+
+
+def product_name(float32_gemm: bool, device: torch.device, half: set[torch.dtype] = frozenset(HALF[:1])) -> str:
+    """The report's name for the products a run's roles computed; `half`: the half-precision dtypes
+    they compute in (none: every product is float32's, whatever the setting says)."""
+    if not half:
+        return "float32 GEMM (no half-precision weights)"
     if device.type != "cpu":
         return f"{device.type}: native half-precision GEMM"
-    found = cpu_bf16_instructions()
-    return "float32 GEMM of bf16 operands" if float32_gemm else f"native bf16 GEMM ({found or 'no bf16 instructions'})"
+    kinds = " and ".join("bf16" if dtype == torch.bfloat16 else "float16" for dtype in HALF if dtype in half)
+    if float32_gemm:
+        return f"float32 GEMM of {kinds} operands"
+    return f"native {kinds} GEMM ({cpu_bf16_instructions() or 'no bf16 instructions'})"
 
 
 def linear(

@@ -83,7 +83,8 @@ def build_roles(
         teacher_heads=tuple(w.output_head for w in workers.values()) if cfg.estimator.uses_full_vocab else (),
         alignment_credit=cfg.teacher.alignment_credit,  # read with a text-aligned teacher (the single one)
     )
-    products = cpu_gemm.product_name(float32_gemm, device)
+    computing = [base, *(w.model for w in workers.values() if getattr(w, "model", None) is not None)]
+    products = cpu_gemm.product_name(float32_gemm, device, cpu_gemm.half_dtypes(computing))
     return Roles(rollout, teacher, actor, {name: w.weight_bytes for name, w in workers.items()}, products)
 
 

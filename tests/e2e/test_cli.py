@@ -92,6 +92,8 @@ def test_the_recipe_checks_its_own_exact_resume(toy_run):
     resume = report["resume"]
     # Written after the models are released for the check: the last rollout's CPU decode paths survive them.
     assert set(report["hardware"]["rollout_decode"]) == {"reordered_layers", "fp16_lm_head"}
+    # The toys' float32 weights: no half-precision product on any CPU (it said "native bf16 GEMM" on one with bf16).
+    assert report["hardware"]["products"] == "float32 GEMM (no half-precision weights)"
     reference = json.loads((ROOT / "recipes/opd_k1/reference-report-rtx4080.json").read_text())["resume"]
     assert set(reference) <= set(resume)
     assert resume["status"] == "exact_match" and resume["first_difference"] is None

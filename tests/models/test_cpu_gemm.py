@@ -58,6 +58,21 @@ def test_the_products_and_the_decode_gemv_are_chosen_by_the_cpu_unless_set(monke
     assert cpu_gemm.enabled_for(HardwareConfig(cpu_float32_gemm=True), cuda) is False
 
 
+def test_the_products_named_are_those_of_the_weights_the_roles_compute_with():
+    import bitsandbytes as bnb
+
+    cpu, float32 = torch.device("cpu"), torch.nn.Linear(4, 4)
+    assert cpu_gemm.half_dtypes([float32]) == set()
+    assert cpu_gemm.product_name(False, cpu, set()) == "float32 GEMM (no half-precision weights)"
+    assert cpu_gemm.half_dtypes([float32, torch.nn.Linear(4, 4).to(torch.float16)]) == {torch.float16}
+    nf4 = bnb.nn.Linear4bit(64, 64, compute_dtype=torch.bfloat16)  # 4-bit weights: their compute dtype counts
+    assert cpu_gemm.half_dtypes([nf4]) == {torch.bfloat16}
+    assert (
+        cpu_gemm.product_name(True, cpu, {torch.bfloat16, torch.float16}) == "float32 GEMM of bf16 and float16 operands"
+    )
+    assert cpu_gemm.product_name(True, torch.device("cuda"), set()) == "float32 GEMM (no half-precision weights)"
+
+
 @pytest.mark.skipif(
     cpu_bf16_instructions() is None, reason="this CPU has no bf16 instructions (AVX2): float32 products"
 )
