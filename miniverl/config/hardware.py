@@ -62,7 +62,8 @@ class HardwareConfig:
     cpu_float32_gemm: Optional[bool] = None
     # Resource contract of this hardware option (null: no limit).
     gpu_hour_limit: Optional[float] = None
-    # Resource contract: the most GPU memory the run may reserve (null: no limit).
+    # Resource contract: the most GPU memory the run may reserve (null: no limit); on CUDA the
+    # pre-flight refuses a run estimated above it, on the CPU it is not read.
     peak_reserved_limit_gib: Optional[float] = None
     # Test only: fault injection, a forward of more rows than this raises torch.OutOfMemoryError,
     # exercising the out-of-memory downshift (null: off; leave it off).

@@ -234,7 +234,7 @@ def check_memory(cfg: MiniverlConfig, device: torch.device) -> Check:
     is added; on CUDA the report's peak is torch's reserved memory, which holds only the run's tensors."""
     estimate = estimate_peak_bytes(cfg, device.type, count_rows(cfg.data.val_files or [])) / 2**30
     runtime = psutil.Process().memory_info().rss / 2**30 if device.type == "cpu" else 0.0
-    if cfg.hardware.peak_reserved_limit_gib is not None:
+    if cfg.hardware.peak_reserved_limit_gib is not None and device.type == "cuda":  # a limit of GPU memory
         limit, what = (
             cfg.hardware.peak_reserved_limit_gib,
             f"hardware.peak_reserved_limit_gib={cfg.hardware.peak_reserved_limit_gib}",
@@ -244,7 +244,7 @@ def check_memory(cfg: MiniverlConfig, device: torch.device) -> Check:
     else:
         limit, what = psutil.virtual_memory().total / 2**30, "this machine's memory"
     parts = f" ({estimate:.2f} GiB of models, cache, activations and optimizer + {runtime:.2f} GiB the process holds)"
-    line = f"estimated peak {estimate + runtime:.2f} GiB{parts if runtime else ''} against {what} ({limit:.1f} GiB)"
+    line = f"estimated peak {estimate + runtime:.2f} GiB{parts if runtime else ''} against {what} ({limit:.3g} GiB)"
     estimate += runtime
     if estimate > limit:
         return Check(

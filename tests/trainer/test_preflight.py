@@ -136,9 +136,24 @@ def test_an_overlong_prompt_of_a_second_file_is_named_by_that_file(tmp_path):
     assert check.status == "FAIL" and f"1 over the limit (first: data.train_files {path} row 0)" in check.reason
 
 
-def test_an_estimate_over_the_memory_limit_fails():
-    check = checks_of("hardware.peak_reserved_limit_gib=0.001")["memory"]
+def small_machine(monkeypatch, gib: float = 0.001) -> None:
+    """psutil's machine memory, as a machine with `gib` GiB reports it."""
+    real = preflight.psutil.virtual_memory()
+    monkeypatch.setattr(preflight.psutil, "virtual_memory", lambda: real._replace(total=int(gib * 2**30)))
+
+
+def test_an_estimate_over_the_memory_limit_fails(monkeypatch):
+    small_machine(monkeypatch)
+    check = checks_of()["memory"]
     assert check.status == "FAIL" and "estimated peak" in check.reason
+    assert "against this machine's memory (0.001 GiB)" in check.reason  # it said "(0.0 GiB)"
+
+
+def test_a_gpu_memory_limit_is_no_limit_on_the_cpu():
+    """A new-user audit: hardware.peak_reserved_limit_gib (the most GPU memory the run may reserve, reported
+    as met or not) refused a CPU run before it started, against the process's resident memory."""
+    check = checks_of("hardware.peak_reserved_limit_gib=0.001")["memory"]
+    assert check.status == "PASS" and "against this machine's memory" in check.reason
 
 
 def test_the_memory_estimate_counts_the_rows_and_chunks_that_run_not_the_sizes_set():
@@ -181,9 +196,10 @@ def test_a_topk_larger_than_the_vocabulary_fails_in_one_line(loss):
     assert "topk" not in checks_of("estimator=k3")  # a loss without a top-k is not checked
 
 
-def test_the_training_command_stops_on_a_cheap_fail(tmp_path):
+def test_the_training_command_stops_on_a_cheap_fail(tmp_path, monkeypatch):
+    small_machine(monkeypatch)
     with pytest.raises(MiniverlError, match="pre-flight check failed .* memory: estimated peak"):
-        run(compose_config([*BASE, *SHORT, "hardware.peak_reserved_limit_gib=0.001"]), tmp_path / "run")
+        run(compose_config([*BASE, *SHORT]), tmp_path / "run")
     assert not (tmp_path / "run").exists()  # stopped before writing anything
 
 
