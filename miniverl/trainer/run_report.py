@@ -69,16 +69,16 @@ class RunFacts:
     extra_measurements: dict = field(default_factory=dict)
 
 
-def device_facts(device: torch.device, products: str | None, decode=None) -> dict:
-    """RunFacts' device fields: the hardware, the half-precision products every role computed
-    (models/cpu_gemm.py), the rollout's CPU decode paths (`decode`: its last LeanDecode), and
-    the peak memory of this process so far."""
+def device_facts(device: torch.device, products: str | None, decode=None, option: str | None = None) -> dict:
+    """RunFacts' device fields: the hardware (`option`: the hardware option's name), the half-precision
+    products every role computed (models/cpu_gemm.py), the rollout's CPU decode paths (`decode`: its
+    last LeanDecode), and the peak memory of this process so far."""
     peak_allocated, peak_reserved = cuda_peaks(device)
     decode_paths = None
     if decode is not None and device.type == "cpu":
         decode_paths = {"reordered_layers": decode.reordered_layers, "fp16_lm_head": decode.fp16_head_bytes > 0}
     return {
-        "hardware": {**hardware_facts(device), "products": products, "rollout_decode": decode_paths},
+        "hardware": {**hardware_facts(device), "option": option, "products": products, "rollout_decode": decode_paths},
         "peak_allocated_gib": peak_allocated,
         "peak_reserved_gib": peak_reserved,
         "peak_rss_gib": peak_rss_gib(),
@@ -102,7 +102,12 @@ def trainer_facts(trainer, status: str, resume: dict) -> RunFacts:
     """The facts an OPDTrainer observed (its run so far), for the report."""
     shifts = [trainer.downshift, trainer.eval_downshift]
     return RunFacts(
-        **device_facts(trainer.device, trainer.products, getattr(trainer.rollout, "last_decode", trainer.last_decode)),
+        **device_facts(
+            trainer.device,
+            trainer.products,
+            getattr(trainer.rollout, "last_decode", trainer.last_decode),
+            trainer.cfg.hardware.name,
+        ),
         status=status,
         history=trainer.history,
         run_dir=trainer.run_dir,

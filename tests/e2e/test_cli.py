@@ -94,6 +94,7 @@ def test_the_recipe_checks_its_own_exact_resume(toy_run):
     assert set(report["hardware"]["rollout_decode"]) == {"reordered_layers", "fp16_lm_head"}
     # The toys' float32 weights: no half-precision product on any CPU (it said "native bf16 GEMM" on one with bf16).
     assert report["hardware"]["products"] == "float32 GEMM (no half-precision weights)"
+    assert report["hardware"]["option"] == "auto"  # hardware.name, which its schema says the report records
     reference = json.loads((ROOT / "recipes/opd_k1/reference-report-rtx4080.json").read_text())["resume"]
     assert set(reference) <= set(resume)
     assert resume["status"] == "exact_match" and resume["first_difference"] is None
