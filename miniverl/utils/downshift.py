@@ -39,10 +39,16 @@ def split(total: int, size: int) -> list[int]:
     return [min(size, total - start) for start in range(0, total, size)]
 
 
+def named(kind: str) -> str:
+    """ "a rollout", "an update chunk": a kind of forward in a sentence."""
+    words = kind.replace("_", " ")
+    return f"{'an' if words[0] in 'aeiou' else 'a'} {words}"
+
+
 class OutOfMemoryAtOneRow(Exception):
     def __init__(self, kind: str, error: BaseException | str):
         super().__init__(
-            f"out of memory in a {kind.replace('_', ' ')} of a single row ({error}); "
+            f"out of memory in {named(kind)} of a single row ({error}); "
             "use a smaller recipe.response_limit or prompt_limit, a smaller model, or a larger device"
         )
         self.kind = kind
@@ -122,4 +128,4 @@ class Downshift:
                 raise OutOfMemoryAtOneRow(kind, failure)
             self.rows[kind] = max(sizes) // 2  # from the size that failed, which a plan can keep below `rows`
             self.counts[f"{kind}_oom"] += 1
-            log.warning("out of memory in a %s of %d rows: retrying at %d", kind, max(sizes), self.rows[kind])
+            log.warning("out of memory in %s of %d rows: retrying at %d", named(kind), max(sizes), self.rows[kind])
