@@ -44,8 +44,9 @@ class HardwareConfig:
     # physical batch into oneDNN's blocked layout for the decode step's rows, and layers that read
     # one input (q/k/v, gate/up) are stacked into one product, so that no product reorders its
     # weight again per call (bitwise the same products, checked per layer on entry; else the plain
-    # copy). The prompt's prefill then dequantizes per call. Not with rollout_compile. null: where
-    # the CPU has bf16 instructions (measured on an AMX Xeon: docs/bench.md).
+    # copy). The prompt's prefill then dequantizes per call. Not with rollout_compile (true with it
+    # is refused). null: where the CPU has bf16 instructions and the decode is not compiled (measured
+    # on an AMX Xeon: docs/bench.md).
     rollout_cpu_prepack: Optional[bool] = None
     # CPU only: while decoding, a frozen float32 lm_head whose values are all exact float16 normals
     # (a bf16 checkpoint's, upcast by prepare_model_for_kbit_training) is read from a float16 copy
@@ -77,3 +78,8 @@ class HardwareConfig:
         check_range("hardware.gpu_hour_limit", self.gpu_hour_limit, above=0, null_ok=True)
         check_range("hardware.peak_reserved_limit_gib", self.peak_reserved_limit_gib, above=0, null_ok=True)
         check_range("hardware.simulate_oom_above_rows", self.simulate_oom_above_rows, at_least=0, null_ok=True)
+        if self.rollout_cpu_prepack and self.rollout_compile:  # the compiled step reads the copies as they are
+            raise ValueError(
+                "hardware.rollout_cpu_prepack=true does not apply with hardware.rollout_compile=true; set "
+                "rollout_cpu_prepack=false (or null: by the CPU, off when compiling) or rollout_compile=false"
+            )

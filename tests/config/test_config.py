@@ -157,6 +157,16 @@ def test_a_refused_value_is_one_line_naming_the_key(override, message):
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
+def test_the_cpu_prepack_asked_for_with_the_compiled_decode_is_refused_not_ignored():
+    """A new-user audit set both: the prepack was silently not applied (reordered_layers 0), plan.json said true."""
+    both = ["+recipe=opd_k1", "hardware.rollout_cpu_prepack=true", "hardware.rollout_compile=true"]
+    with pytest.raises(
+        MiniverlError, match="hardware.rollout_cpu_prepack=true does not apply with hardware.rollout_co"
+    ):
+        to_config(compose_config(both))
+    to_config(compose_config(["+recipe=opd_k1", "hardware.rollout_compile=true"]))  # by the CPU: off when compiling
+
+
 # Every numeric knob a user can get wrong, with a value its range refuses (issue: `lr=-1e-4` used to
 # reach torch's optimizer, after plan.json, toy_models/ and trajectories/ were written).
 OUT_OF_RANGE = [

@@ -36,7 +36,7 @@ def resolved_decode_settings(hardware) -> dict[str, bool]:
     the bench record these)."""
     return {
         "rollout_cpu_gemv": few_row_gemv_enabled(hardware.rollout_cpu_gemv),
-        "rollout_cpu_prepack": by_bf16_instructions(hardware.rollout_cpu_prepack),
+        "rollout_cpu_prepack": by_bf16_instructions(hardware.rollout_cpu_prepack) and not hardware.rollout_compile,
         "rollout_cpu_fp16_lm_head": by_bf16_instructions(hardware.rollout_cpu_fp16_lm_head),
     }
 
