@@ -27,7 +27,7 @@ from miniverl.trainer.plan import Plan, UpdatePlan, compile_plan, derive_seed
 from miniverl.trainer.report_page import write_report_page
 from miniverl.trainer.run_report import build_report, resume_block, trainer_facts
 from miniverl.trainer.validation import PROGRESS_METRICS, ValidationProbe, probe_owed
-from miniverl.utils import checkpoint
+from miniverl.utils import checkpoint, resume_from
 from miniverl.utils.dataset import PromptSet, tokenize_prompts
 from miniverl.utils.device import resolve_device, set_determinism, timed
 from miniverl.utils.downshift import Downshift, OutOfMemoryAtOneRow
@@ -82,7 +82,7 @@ class OPDTrainer:
         # Teacher contexts and, with task rewards, reward rules are checked on every row before any model loads.
         self.reward = RewardWorker(self.tokenizer, self.prompts, cfg.reward) if cfg.estimator.use_task_rewards else None
         # Every resume check reads only; nothing is written before they all pass.
-        self.resumed = checkpoint.checkpoint_to_resume(cfg.trainer, self.run_dir, self.plan, self.device)
+        self.resumed = resume_from.checkpoint_to_resume(cfg.trainer, self.run_dir, self.plan, self.device)
         self.out = RunFolder(
             self.run_dir,
             continuing=self.resumed is not None and self.resumed.run_dir.resolve() == self.run_dir.resolve(),

@@ -142,7 +142,7 @@ def experiment_settings(cfg: MiniverlConfig) -> dict:
             settings.pop(unread)
     for block in model_blocks(settings):
         # A local folder's files are part of the experiment too: weights saved again there are another plan
-        # (utils/checkpoint.edited_files: a refused resume names the folder). A hub id is pinned by its revision.
+        # (utils/resume_from.edited_files: a refused resume names the folder). A hub id is pinned by its revision.
         folders = {key: block[key] for key in FOLDER_KEYS if block.get(key) and block[key] != "toy"}
         digests = {key: model_folder_digest(path) for key, path in folders.items() if Path(path).expanduser().is_dir()}
         if digests:
@@ -150,7 +150,7 @@ def experiment_settings(cfg: MiniverlConfig) -> dict:
     custom = cfg.reward.custom_reward_function
     if cfg.estimator.use_task_rewards and custom.path and Path(custom.path).is_file():
         # The function's code is part of the experiment, like the data: an edited file is another plan
-        # (checkpoint.REWARD_FUNCTION_DIGEST: a refused resume names the file).
+        # (resume_from.REWARD_FUNCTION_DIGEST: a refused resume names the file).
         settings["reward"]["custom_reward_function"]["sha256"] = sha256_file(Path(custom.path))
     return settings
 

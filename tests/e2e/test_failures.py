@@ -26,7 +26,7 @@ from miniverl.main import run
 from miniverl.models import loading as models_loading
 from miniverl.trainer.opd_trainer import OPDTrainer
 from miniverl.trainer.resume_check import first_difference
-from miniverl.utils import checkpoint
+from miniverl.utils import checkpoint, resume_from
 from miniverl.utils.dataset import read_conversations
 from miniverl.utils.errors import MiniverlError, RunStopped
 from miniverl.utils.identity import canonical_json, sha256_json
@@ -265,7 +265,7 @@ def test_a_full_disk_keeps_the_last_checkpoint_whole_and_says_how_to_resume(tmp_
     plan_digest = json.loads((tmp_path / "run" / "checkpoints" / "update_1" / "state.json").read_text())[
         "compiled_plan_sha256"
     ]
-    assert checkpoint.verify_checkpoint(tmp_path / "run", plan_digest).update == 1
+    assert resume_from.verify_checkpoint(tmp_path / "run", plan_digest).update == 1
 
 
 def test_a_nan_loss_stops_at_once_keeps_the_last_good_checkpoint_and_reports_failed(tmp_path, monkeypatch):

@@ -35,35 +35,3 @@ def test_lora_on_the_output_layer_saves_it_whole():
     assert not checkpoint.embeddings_targeted(student)
     student.peft_config["default"].target_modules = {"q_proj", "lm_head"}
     assert checkpoint.embeddings_targeted(student)
-
-
-def test_resume_from_a_missing_or_empty_folder_says_which_and_what_to_give(tmp_path, monkeypatch):
-    import pytest
-
-    from miniverl.utils.errors import MiniverlError
-
-    monkeypatch.chdir(tmp_path)
-    with pytest.raises(MiniverlError) as refused:
-        checkpoint.resolve_checkpoint("outputs/nope")
-    assert str(refused.value) == (
-        f"trainer.resume_from=outputs/nope: no such folder (relative to {tmp_path}); give the run folder of the "
-        "stopped run (outputs/<date>/<time>) or one of its checkpoints/update_<k>/"
-    )
-    (tmp_path / "empty").mkdir()
-    with pytest.raises(MiniverlError, match=r"^trainer.resume_from=empty: neither a checkpoint folder"):
-        checkpoint.resolve_checkpoint("empty")
-    (tmp_path / "empty" / "plan.json").write_text("{}")  # a run killed in update 1, before its first checkpoint
-    with pytest.raises(MiniverlError) as refused:
-        checkpoint.resolve_checkpoint("empty")
-    assert str(refused.value) == (
-        "trainer.resume_from=empty: that run stopped before its first checkpoint, so nothing is left to resume; run "
-        "the command that started it again (with hydra.run.dir=empty it starts again in that folder, from where that "
-        "command started)"
-    )
-    (tmp_path / "empty" / "report.json").write_text('{"status": "interrupted"}')  # stopped, checkpoints/ removed
-    with pytest.raises(MiniverlError) as refused:
-        checkpoint.resolve_checkpoint("empty")
-    assert str(refused.value) == (
-        "trainer.resume_from=empty: that run's checkpoints/ is gone (removed or moved), so nothing is left to "
-        "resume; start the run anew: in another hydra.run.dir, or in empty with trainer.overwrite=true"
-    )
