@@ -54,9 +54,9 @@ def _handling(handler):
             signal.signal(s, before)
 
 
-# The signal whose Interrupted was last raised by interrupting_signals, until it is seen to propagate:
-# Python swallows an exception raised inside a __del__ ("Exception ignored in ..."), and a signal that
-# lands in one during loading would be lost; the next update's start raises it again.
+# The signal whose Interrupted interrupting_signals raised, while its block runs: Python swallows an
+# exception raised inside a __del__ ("Exception ignored in ..."), and a signal that lands in one during
+# loading would be lost; the next update's start raises it again.
 _raised: list[int] = []
 
 
@@ -85,13 +85,12 @@ def interrupting_signals():
         _raised[:] = [signum]
         raise Interrupted(signum)
 
-    _raised.clear()  # an earlier command's, in this process
+    _raised.clear()
     with _handling(stop):
         try:
             yield
-        except KeyboardInterrupt:
-            _raised.clear()  # it propagated
-            raise
+        finally:
+            _raised.clear()  # none left for another command in this process (a sweep's next job, a test)
 
 
 class SignalReceived(Exception):
