@@ -232,7 +232,8 @@ def check_memory(cfg: MiniverlConfig, device: torch.device) -> Check:
     """The estimate against the device's memory. On the CPU the report's peak is the process's
     resident memory, so what the process holds already (Python, torch, transformers: about 0.4 GiB)
     is added; on CUDA the report's peak is torch's reserved memory, which holds only the run's tensors."""
-    estimate = estimate_peak_bytes(cfg, device.type, count_rows(cfg.data.val_files or [])) / 2**30
+    heldout_rows = count_rows(cfg.data.val_files or []) if cfg.eval.every != -1 else None  # the probe's rows
+    estimate = estimate_peak_bytes(cfg, device.type, heldout_rows) / 2**30
     runtime = psutil.Process().memory_info().rss / 2**30 if device.type == "cpu" else 0.0
     if cfg.hardware.peak_reserved_limit_gib is not None and device.type == "cuda":  # a limit of GPU memory
         limit, what = (

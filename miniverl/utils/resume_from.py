@@ -23,6 +23,7 @@ from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import FOLDER_DIGESTS, sha256_file
 from miniverl.utils.numerics import numerics_environment, refused_numerics
 from miniverl.utils.overrides import hydra_value
+from miniverl.utils.run_folder import earlier_report
 from miniverl.utils.tables import flatten
 
 
@@ -37,12 +38,14 @@ def resolve_checkpoint(path: str | Path) -> Path:
             "stopped run (outputs/<date>/<time>) or one of its checkpoints/update_<k>/"
         )
     found = checkpoints_in(path)
-    if not found and (path / "plan.json").is_file() and _report_status(path) in ("interrupted", "measured"):
-        raise MiniverlError(  # it checkpointed (stopped or finished), and checkpoints/ was removed since
+    run_without_checkpoint = not found and (path / "plan.json").is_file()
+    # A stopped or finished run checkpointed: its checkpoints/ was removed since.
+    if run_without_checkpoint and earlier_report(path).get("status") in ("interrupted", "measured"):
+        raise MiniverlError(
             f"trainer.resume_from={path}: that run's checkpoints/ is gone (removed or moved), so nothing is left "
             f"to resume; start the run anew: in another hydra.run.dir, or in {path} with trainer.overwrite=true"
         )
-    if not found and (path / "plan.json").is_file():  # a run stopped (SIGKILL, a failure) before its first save
+    if run_without_checkpoint:  # a run stopped (SIGKILL, a failure) before its first save
         raise MiniverlError(
             f"trainer.resume_from={path}: that run stopped before its first checkpoint, so nothing is left to "
             f"resume; run the command that started it again (with hydra.run.dir={path} it starts again in that "
@@ -55,14 +58,6 @@ def resolve_checkpoint(path: str | Path) -> Path:
             "updates, and when it stops)"
         )
     return found[-1]
-
-
-def _report_status(run_dir: Path) -> str | None:
-    """The status in a run folder's report.json; None without a readable one."""
-    try:
-        return json.loads((run_dir / "report.json").read_text()).get("status")
-    except (OSError, ValueError, AttributeError):
-        return None
 
 
 # The plan's digest of a custom reward function's file (trainer/plan.py experiment_settings): in the
