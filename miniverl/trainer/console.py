@@ -153,6 +153,21 @@ def heldout_rows(progress: dict | None) -> list[tuple[str, str]]:
     return rows
 
 
+def centred_advantages(recipe: dict) -> bool:
+    """Whether a policy gradient's loss is ~0 whatever the student learned: at ratio 1 it is minus the
+    mean advantage, which the batch-mean baseline makes zero where the loss averages what the baseline
+    averaged (every response token, summed or token-averaged) and nothing else enters the advantage (a
+    discount sums future estimates after the baseline; a task reward adds its own advantage)."""
+    selection = recipe.get("token_selection") or {}
+    return (
+        recipe.get("advantage_baseline", "none") != "none"
+        and not recipe.get("kl_discount_factor")
+        and selection.get("by", "none") == "none"
+        and recipe.get("loss_agg_mode", "token-mean") != "seq-mean-token-mean"
+        and not recipe.get("task_rewards")
+    )
+
+
 def closing_lines(report: dict, history: list[dict], run_dir: Path) -> str:
     """The closing table: status, final loss, phases, memory, downshifts, resume and where it all is."""
     m, resume = report["measurements"], report["resume"]
@@ -161,9 +176,12 @@ def closing_lines(report: dict, history: list[dict], run_dir: Path) -> str:
     # A log-ratio of probabilities (nats), squared for mse/k2; with policy gradient the surrogate of it.
     unit = "nats^2" if report["recipe"]["estimator"] in ("mse", "k2") else "nats"
     loss = f"{history[-1][LOSS_KEY]:.4g} {unit} ({LOSS_KEY} at update {len(history)})" if history else "no update ran"
-    if history and report["recipe"].get("advantage_baseline", "none") != "none":
-        # The update's mean advantage is zero by construction, and so is a policy gradient's loss at ratio 1.
-        loss += "; ~0 by construction with estimator.advantage_baseline: the held-out KL says what the student learned"
+    if history and centred_advantages(report["recipe"]):
+        loss += "; ~0 by construction with estimator.advantage_baseline: " + (
+            "the held-out KL says what the student learned"
+            if (report.get("distillation_progress") or {}).get("exact_reverse_kl")
+            else "set eval.every to measure what the student learned on held-out prompts"
+        )
     if m["peak_reserved_gib"] is not None:
         memory = f"{m['peak_reserved_gib']:.2f} GiB reserved, {m['peak_allocated_gib']:.2f} GiB allocated (CUDA)"
     else:

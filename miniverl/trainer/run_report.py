@@ -289,6 +289,7 @@ def build_report(cfg: MiniverlConfig, plan: Plan, facts: RunFacts) -> dict:
             "logical_batch": cfg.recipe.logical_batch,
             "optimizer_updates": cfg.recipe.optimizer_updates,
             "policy_loss": est.policy_loss_mode if est.use_policy_gradient else None,
+            "loss_agg_mode": est.loss_agg_mode,
             "prompt_limit": cfg.recipe.prompt_limit,
             "prompts_available": plan.prompts_available,
             "prompts_consumed": plan.prompts_consumed,
