@@ -8,6 +8,7 @@ import json
 import math
 import re
 
+import numpy as np
 import pytest
 
 from miniverl.utils.errors import MiniverlError
@@ -132,9 +133,17 @@ def test_a_wrong_custom_function_is_one_line(tmp_path, source, name, message):
     assert "\n" not in str(error.value)
 
 
-def test_a_result_that_is_no_number_says_what_came_back():
+def test_a_result_that_is_no_finite_number_says_what_came_back():
     with pytest.raises(ValueError, match="returned 'yes': return a number or a dict with a 'score'"):
         score_value("yes")
+    # A new-user audit: "1" was taken as 1.0 (verl's reward tensor takes no text), and a NaN was blamed on
+    # the learning rate by the non-finite loss it made.
+    with pytest.raises(ValueError, match="returned '1': return a number or a dict with a 'score', not text"):
+        score_value("1")
+    for value in (float("nan"), {"score": float("inf")}):
+        with pytest.raises(ValueError, match="a task reward must be a finite number"):
+            score_value(value)
+    assert score_value(True) == 1.0 and score_value(np.float32(0.5)) == 0.5
     assert score_value({"score": 1, "extra": "kept for verl's reward_extra_info"}) == 1.0
 
 

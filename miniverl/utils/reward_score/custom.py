@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import inspect
+import math
 import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -69,7 +70,12 @@ def score_value(result: Any) -> float:
     """A scorer's result as a float: a number, or a dict's "score" (verl's reward manager); a
     ValueError saying what came back otherwise."""
     value = result.get("score") if isinstance(result, dict) else result
+    if isinstance(value, (str, bytes)):  # float("1") would take it; verl's reward tensor takes no text
+        raise ValueError(f"returned {result!r:.80}: return a number or a dict with a 'score', not text")
     try:
-        return float(value)
+        number = float(value)
     except (TypeError, ValueError):
         raise ValueError(f"returned {result!r:.80}: return a number or a dict with a 'score'") from None
+    if not math.isfinite(number):  # it would reach every advantage of its group, and the loss, as NaN
+        raise ValueError(f"returned {result!r:.80}: a task reward must be a finite number")
+    return number
