@@ -96,17 +96,22 @@ class MiniverlConfig:
                 f"{self.recipe.optimizer_updates}"
             )
         response = self.recipe.response_limit
-        blocks = [("model", self.model, "recipe.prompt_limit", self.recipe.prompt_limit)]
-        for name, teacher in self.teacher_blocks.items():  # a teacher's context may have its own limit
-            where, own = self.teacher_where(name), teacher.context.prompt_limit
-            key = f"{where}.context.prompt_limit" if own else "recipe.prompt_limit"
-            blocks.append((where, teacher, key, own or self.recipe.prompt_limit))
-        for where, block, limit_key, limit in blocks:
+        for where, block, limit_key, limit in self.prompt_limits():  # a folder's: the pre-flight reads its config
             if block.model_id == "toy" and block.toy.max_position_embeddings < limit + response:
                 raise ValueError(
                     f"{where}.toy.max_position_embeddings={block.toy.max_position_embeddings} is below "
                     f"{limit_key} + recipe.response_limit = {limit + response}"
                 )
+
+    def prompt_limits(self) -> list[tuple[str, StudentConfig | TeacherConfig, str, int]]:
+        """(config path, block, the key of its prompt limit, that limit) of the student and every teacher:
+        each model reads at most that many prompt tokens and recipe.response_limit more."""
+        limits = [("model", self.model, "recipe.prompt_limit", self.recipe.prompt_limit)]
+        for name, teacher in self.teacher_blocks.items():  # a teacher's context may have its own limit
+            where, own = self.teacher_where(name), teacher.context.prompt_limit
+            key = f"{where}.context.prompt_limit" if own else "recipe.prompt_limit"
+            limits.append((where, teacher, key, own or self.recipe.prompt_limit))
+        return limits
 
     def check_text_alignment(self) -> None:
         """A teacher with another tokenizer scores spans of text, not the student's ids: only the

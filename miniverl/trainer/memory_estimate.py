@@ -17,8 +17,9 @@ LLAMA_LINEAR_LAYERS = 7  # q, k, v, o, gate, up, down: what all-linear adapts in
 
 
 def architecture(where: str, block) -> dict:
-    """The sizes the memory estimate needs, and the dtype the weights load in (`dtype: auto`: the
-    checkpoint's); a model that cannot be read is the one line of `where` (`model`, `teacher`)."""
+    """The sizes the memory estimate needs, the dtype the weights load in (`dtype: auto`: the
+    checkpoint's) and the positions the model was trained for (None where its config names none); a
+    model that cannot be read is the one line of `where` (`model`, `teacher`)."""
     if block.model_id == "toy":
         t = block.toy
         return dict(
@@ -31,6 +32,7 @@ def architecture(where: str, block) -> dict:
             head_dim=t.attention_head_dim,
             tied=t.tie_word_embeddings,
             dtype=t.dtype if block.dtype == "auto" else block.dtype,
+            positions=t.max_position_embeddings,
         )
     from transformers import AutoConfig
 
@@ -51,6 +53,7 @@ def architecture(where: str, block) -> dict:
         head_dim=head_dim,
         tied=bool(getattr(c, "tie_word_embeddings", False)),
         dtype=dtype,
+        positions=getattr(c, "max_position_embeddings", None) or getattr(c, "n_positions", None),  # GPT-2's name
     )
 
 

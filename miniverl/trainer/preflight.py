@@ -9,6 +9,8 @@ check is one line, PASS / WARN / FAIL with the reason.
                   with teacher.tokenizer_alignment=text and another tokenizer, the share of the
                   data's text that aligns into common spans
     memory        an estimate of the peak memory against the hardware option's limit
+    positions     every model from a folder: its prompt limit + recipe.response_limit within its
+                  max_position_embeddings
     routing       several teachers: every row's teacher_key value has a teacher (or a default)
     context       a teacher with a privileged context: its prompt renders for every row (a missing
                   field names the row) and fits its limit
@@ -19,7 +21,7 @@ check is one line, PASS / WARN / FAIL with the reason.
     nf4-gradients LoRA gradients through the NF4 base equal those through a dense twin that
                   multiplies the dequantized weights in the same compute dtype
 
-The training command (`miniverl.main`) runs the cheap ones (data, tokenizer, memory, topk, reward,
+The training command (`miniverl.main`) runs the cheap ones (data, tokenizer, attention, positions, memory, topk, reward,
 routing, context) first and stops on a FAIL. The two that load the models, self-test and
 nf4-gradients, are in model_checks.py; the self-test scores without any teacher context.
 """
@@ -228,6 +230,31 @@ def check_routing(cfg: MiniverlConfig) -> Check:
     return Check("PASS", "routing", f"rows by {cfg.teacher_key}: {shares}")
 
 
+def check_positions(cfg: MiniverlConfig) -> Check:
+    """Every model from a folder reads its prompt limit and recipe.response_limit in tokens at most: within
+    the positions its config says it was trained for (max_position_embeddings), as verl's vLLM rollout
+    requires of max_model_len (without VLLM_ALLOW_LONG_MAX_MODEL_LEN). transformers would run past them
+    silently, on positions the model never saw (a text-aligned teacher's response is the student's text in
+    its own tokens: counted as recipe.response_limit here)."""
+    facts, problems = [], []
+    response = cfg.recipe.response_limit
+    folders = dict(model_blocks(cfg))
+    for where, block, limit_key, limit in cfg.prompt_limits():
+        if where not in folders:  # a toy (checked by the config) or a teacher running on the student's model
+            continue
+        positions = architecture(where, block)["positions"]
+        if positions is not None and limit + response > positions:
+            problems.append(
+                f"{where}: {limit_key} + recipe.response_limit = {limit + response} tokens is beyond its "
+                f"max_position_embeddings ({positions}, the positions it was trained for; verl's vLLM rollout "
+                f"refuses such a max_model_len too): lower {limit_key} or recipe.response_limit"
+            )
+        facts.append(f"{where} {limit + response} of {positions if positions is not None else 'unnamed'} positions")
+    if problems:
+        return Check("FAIL", "positions", "; ".join(problems))
+    return Check("PASS", "positions", "; ".join(facts))
+
+
 def check_memory(cfg: MiniverlConfig, device: torch.device) -> Check:
     """The estimate against the device's memory. On the CPU the report's peak is the process's
     resident memory, so what the process holds already (Python, torch, transformers: about 0.4 GiB)
@@ -295,6 +322,7 @@ def cheap_checks(cfg: MiniverlConfig, device: torch.device) -> list[Check]:
         guarded("data", check_data, cfg, tokenizer),
         guarded("tokenizer", check_tokenizers, cfg, tokenizer),
         *([guarded("attention", check_attention, cfg, device)] if model_blocks(cfg) else []),
+        *([guarded("positions", check_positions, cfg)] if model_blocks(cfg) else []),
         guarded("memory", check_memory, cfg, device),
         *([guarded("topk", check_topk, cfg, tokenizer)] if cfg.estimator.topk_loss else []),
         *([guarded("reward", check_reward, cfg)] if cfg.estimator.use_task_rewards else []),

@@ -17,7 +17,7 @@ from miniverl.config.model import StudentConfig
 from miniverl.main import run
 from miniverl.models import loading as models
 from miniverl.models import precision
-from miniverl.trainer.preflight import check_attention
+from miniverl.trainer.preflight import check_attention, check_positions
 from miniverl.utils.errors import MiniverlError
 
 from conftest import compose_config, family_folder, main, resumed_in_this_process
@@ -154,3 +154,36 @@ def test_the_attention_check_names_each_models_class_and_warns_of_what_it_could_
         torch.device("cpu"),
     )
     assert (read.status, read.reason) == ("PASS", "model sdpa (Phi3ForCausalLM); teacher sdpa (Phi3ForCausalLM)")
+
+
+def test_a_prompt_and_response_beyond_the_models_positions_are_refused_in_one_line_before_the_folder_is_a_runs(
+    folders, tmp_path
+):
+    """A new-user audit ran a Llama of 512 positions on 639-token sequences (recipe.prompt_limit=4000) with no
+    word from the run or the doctor: transformers runs past max_position_embeddings silently."""
+    student, teacher = folders["phi3"]  # max_position_embeddings=512 (conftest.family_folder)
+    models_ = [f"model.model_id={student}", f"teacher.model_id={teacher}"]
+    fits = check_positions(to_config(compose_config([*RUN, *models_, "recipe.prompt_limit=504"])))
+    assert (fits.status, fits.reason) == ("PASS", "model 512 of 512 positions; teacher 512 of 512 positions")
+    args = [*RUN, *models_, "recipe.prompt_limit=4000"]
+    with pytest.raises(MiniverlError) as refused:
+        run(compose_config(args), tmp_path / "run")
+    assert str(refused.value) == (
+        "pre-flight check failed (python -m miniverl.doctor shows all): positions: "
+        + "; ".join(
+            f"{where}: recipe.prompt_limit + recipe.response_limit = 4008 tokens is beyond its max_position_embeddings "
+            f"(512, the positions it was trained for; verl's vLLM rollout refuses such a max_model_len too): lower "
+            "recipe.prompt_limit or recipe.response_limit"
+            for where in ("model", "teacher")
+        )
+    )
+    assert not (tmp_path / "run" / "plan.json").exists()
+    # A teacher's own context limit is the one named for it; a teacher on the student's model is not read twice.
+    own = check_positions(
+        to_config(
+            compose_config([*RUN, *models_, "teacher.context.system=Answer.", "teacher.context.prompt_limit=600"])
+        )
+    )
+    assert own.status == "FAIL" and own.reason.startswith("teacher: teacher.context.prompt_limit + recipe.response")
+    shared = check_positions(to_config(compose_config([*RUN, f"model.model_id={student}", "teacher.mode=ref"])))
+    assert shared.reason == "model 136 of 512 positions"

@@ -204,12 +204,12 @@ def test_the_training_command_stops_on_a_cheap_fail(tmp_path, monkeypatch):
 
 
 def test_a_teacher_that_cannot_be_read_is_one_line_naming_it_once(tmp_path):
-    """Its tokenizer and the memory estimate (its config.json) fail alike: one reason, both checks."""
+    """Its tokenizer, its positions and the memory estimate (its config.json) fail alike: one reason, both checks."""
     missing = tmp_path / "no_teacher"
     with pytest.raises(MiniverlError) as refused:
         run(compose_config([*BASE, *SHORT, f"teacher.model_id={missing}"]), tmp_path / "run")
     assert str(refused.value) == (
-        f"pre-flight check failed (python -m miniverl.doctor shows all): tokenizer, memory: "
+        f"pre-flight check failed (python -m miniverl.doctor shows all): tokenizer, positions, memory: "
         f"teacher.model_id={missing}: no such folder (relative to {Path.cwd()}); give the folder of a Hugging "
         "Face model (config.json, *.safetensors, the tokenizer's files) or a hub id in the Hugging Face cache"
     )
