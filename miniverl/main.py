@@ -52,7 +52,7 @@ def run(cfg: DictConfig, run_dir: Path, args: list[str] = (), sweep: bool = Fals
             return resume_verdict(kept, run_dir)  # raises: its check found a difference, as the first time
         log.info("job folder %s holds this job's run, finished: kept (another hydra.sweep.dir runs it again)", run_dir)
         return kept
-    starting = start_lines(config, run_dir, sweep=sweep, pending_check=pending)
+    starting = start_lines(config, run_dir, sweep=sweep, pending_check=pending, overrides=list(args))
     print(starting, flush=True)  # at once: imports take seconds
     if pending:  # this very run, finished; a Ctrl-C stopped its resume check
         return finish_pending_check(run_dir, list(args), k)

@@ -53,7 +53,9 @@ def teacher_rows(cfg: MiniverlConfig) -> list[tuple[str, str]]:
     return rows
 
 
-def start_lines(cfg: MiniverlConfig, run_dir: Path, *, sweep: bool = False, pending_check: bool = False) -> str:
+def start_lines(
+    cfg: MiniverlConfig, run_dir: Path, *, sweep: bool = False, pending_check: bool = False, overrides: list[str] = ()
+) -> str:
     """The run folder and what will run: the models, the updates, the loss and the device (and
     whether the resume check runs: not in a sweep job unless asked; alone for a finished run
     whose check was stopped)."""
@@ -100,11 +102,32 @@ def start_lines(cfg: MiniverlConfig, run_dir: Path, *, sweep: bool = False, pend
                 f"{est.distillation_loss_coef:g} x the distillation loss",
             )
         )
-    elif cfg.reward.custom_reward_function.path:  # set, and not read: say so before the run, not after
-        rows.append(("note", "reward.custom_reward_function.path is not read: estimator.use_task_rewards=false"))
+    rows += [("note", note) for note in unread_settings(cfg, overrides)]  # set, and not read: before the run
     if checked and runs_here and recipe.resume_check_note:  # a sweep job without the check: nothing to note
         rows.append(("note", recipe.resume_check_note))
     return f"miniverl: run folder {run_dir}\n" + _table(rows)
+
+
+# Keys that only task rewards read (algorithm.bypass_mode and rollout_correction reach distillation too).
+TASK_REWARD_KEYS = ("reward.", "algorithm.adv_estimator", "algorithm.norm_adv_by_std_in_grpo")
+
+
+def unread_settings(cfg: MiniverlConfig, overrides: list[str]) -> list[str]:
+    """What the command sets that this run does not read, one note per reason: the single `teacher` block
+    beside `teachers`, the task reward's settings without task rewards (the recipe's reward function
+    file too, set or not on the command line)."""
+    keys = {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o and not o.startswith("--")}
+    notes = []
+    if cfg.teachers and (single := sorted(k for k in keys if k == "teacher" or k.startswith("teacher."))):
+        names = ", ".join(f"teachers.{name}" for name in cfg.teachers)
+        notes.append(f"{', '.join(single)} {'is' if len(single) == 1 else 'are'} not read: {names} score the rows")
+    if not cfg.estimator.use_task_rewards:
+        rewards = {k for k in keys if k.startswith(TASK_REWARD_KEYS)}
+        rewards |= {"reward.custom_reward_function.path"} if cfg.reward.custom_reward_function.path else set()
+        if rewards:
+            verb = "is" if len(rewards) == 1 else "are"
+            notes.append(f"{', '.join(sorted(rewards))} {verb} not read: estimator.use_task_rewards=false")
+    return notes
 
 
 def _table(rows: list[tuple[str, str]]) -> str:

@@ -72,6 +72,28 @@ def test_a_reward_function_given_without_task_rewards_is_noted_as_not_read(tmp_p
     assert "note" in lines and "reward.custom_reward_function.path is not read" in lines
 
 
+@pytest.mark.parametrize(
+    ("overrides", "note"),
+    [
+        # A new-user audit: these ran with no word that they were not read.
+        (
+            ["+recipe=opd_k1_two_teachers_toy", "teacher.mode=ref", "teacher.dtype=bfloat16"],
+            "teacher.dtype, teacher.mode are not read: teachers.arithmetic, teachers.echo score the rows",
+        ),
+        (
+            ["+recipe=opd_k1", "model=toy", "teacher=toy", "algorithm.adv_estimator=rloo", "rollout.n=2"],
+            "algorithm.adv_estimator is not read: estimator.use_task_rewards=false",
+        ),
+        (["+recipe=opd_k1_two_teachers_toy", "teachers.echo.mode=ref", "rollout.n=2"], None),
+        (["+recipe=opd_k1_grpo_toy", "algorithm.adv_estimator=rloo", "teacher.dtype=bfloat16"], None),
+    ],
+)
+def test_a_setting_the_command_sets_and_the_run_does_not_read_is_noted(overrides, note, tmp_path):
+    lines = start_lines(to_config(compose_config(overrides)), tmp_path, overrides=overrides)
+    notes = [line.split("note", 1)[1].strip() for line in lines.splitlines() if line.strip().startswith("note ")]
+    assert notes == ([note] if note else [])
+
+
 def test_the_start_lines_name_each_teacher_with_the_key_it_scores(tmp_path):
     extra = ["teachers.echo.mode=ref", "default_teacher=echo"]
     config = to_config(compose_config(["+recipe=opd_k1_two_teachers_toy", *extra]))
