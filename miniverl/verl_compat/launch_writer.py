@@ -31,7 +31,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from miniverl.config import MiniverlConfig, to_config
-from miniverl.utils.dataset import locate
+from miniverl.utils.dataset import locate, read_conversations
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import resolved_config, sha256_file, sha256_json
 from miniverl.utils.tables import flatten
@@ -293,6 +293,25 @@ def edited_since_written(folder: Path, files: dict[str, str], unedited: dict[str
     return [name for name in changed if name not in unedited]
 
 
+def plain_string_prompts(config: MiniverlConfig) -> list[str]:
+    """miniverl takes a plain-string prompt as one user message; verl's RLHFDataset hands each prompt to
+    the chat template as a message list, which a string is not. A file that cannot be read here is the
+    missing-file warning's or the run's to say."""
+    found = []
+    for key in ("train_files", "val_files"):
+        try:
+            plain = read_conversations(config.data, key).plain_strings if getattr(config.data, key) else 0
+        except MiniverlError:
+            continue
+        if plain:
+            found.append(
+                f"data.{key} holds plain-string prompts in {plain} rows (column {config.data.prompt_key!r}): verl "
+                "reads each prompt as a list of {role, content} messages, which its chat template needs; store each "
+                "as [{'role': 'user', 'content': <the text>}]"
+            )
+    return found
+
+
 def export(cfg: DictConfig, folder: Path, *, cwd: Path | None = None) -> ExportResult:
     """Validate `cfg`, build its verl launch, check it as verl would, and write it into `folder`."""
     config = to_config(cfg)
@@ -317,6 +336,7 @@ def export(cfg: DictConfig, folder: Path, *, cwd: Path | None = None) -> ExportR
                 f"data file {path} does not exist here: the verl trainer must see it at this path "
                 "(or set TRAIN_FILES in run_opd.sh)"
             )
+    warnings += plain_string_prompts(config)
     if reward.written is None and not os.path.exists(reward.path):
         warnings.append(f"reward function file {reward.path} does not exist here: the verl trainer must see it there")
     digest = field_rule_digest(version=version)

@@ -18,6 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
@@ -1101,3 +1103,20 @@ def test_a_launch_the_reader_cannot_parse_is_one_line_not_a_traceback(tmp_path, 
     assert import_command.main([str(tmp_path / "verl" / "overrides.txt"), "-o", "/proc/miniverl-x"]) == 2
     said = "cannot write /proc/miniverl-x: No such file or directory; choose another -o\n"
     assert capsys.readouterr().err.endswith(said)
+
+
+def test_an_export_of_plain_string_prompts_warns_that_verl_reads_message_lists(tmp_path):
+    """A new-user audit exported a file of plain-string prompts (miniverl's one user message each) without
+    a word: verl's dataset hands each prompt to the chat template, which needs a message list."""
+    plain = tmp_path / "plain.parquet"
+    pq.write_table(pa.table({"prompt": ["What is 2 + 2?", "Name a sea."]}), plain)
+    result = export(compose_config([*RECIPE, f"data.train_files=[{plain}]"]), tmp_path / "verl")
+    said = [w for w in result.warnings if "plain-string prompts" in w]
+    assert said == [
+        "data.train_files holds plain-string prompts in 2 rows (column 'prompt'): verl reads each prompt as a list "
+        "of {role, content} messages, which its chat template needs; store each as [{'role': 'user', 'content': "
+        "<the text>}]"
+    ]
+    assert said[0] in (tmp_path / "verl" / "README.md").read_text()
+    shipped = export(compose_config(RECIPE), tmp_path / "verl2")
+    assert not any("plain-string" in w for w in shipped.warnings)
