@@ -107,16 +107,6 @@ def check_fits(model: PreTrainedModel, folder: Path, where: str) -> None:
             f"{where}={folder}: targets modules {missing} that the base model "
             f"({type(model).__name__}) does not have; it was trained for another architecture"
         )
-    trained_on, here = config.get("base_model_name_or_path"), getattr(model, "name_or_path", None)
-    if trained_on and here and not same_model(trained_on, here):  # shapes can fit another base of the family
-        log.warning(
-            "%s=%s was trained on %s (its adapter_config.json), not on this base, %s: its shapes fit, "
-            "its weights were learnt for other ones",
-            where,
-            folder,
-            trained_on,
-            here,
-        )
     shapes = dict(model.named_modules())
     with safe_open(str(folder / WEIGHTS), "pt") as tensors:
         for key in tensors.keys():
@@ -137,6 +127,17 @@ def check_fits(model: PreTrainedModel, folder: Path, where: str) -> None:
                     f"{where}={folder}: {path} has {expected} features in this base model but "
                     f"{actual} in the adapter; it was trained on another base model"
                 )
+    # After the shapes: a warning that they fit, then a refusal because they do not, said both.
+    trained_on, here = config.get("base_model_name_or_path"), getattr(model, "name_or_path", None)
+    if trained_on and here and not same_model(trained_on, here):  # shapes can fit another base of the family
+        log.warning(
+            "%s=%s was trained on %s (its adapter_config.json), not on this base, %s: its shapes fit, "
+            "its weights were learnt for other ones",
+            where,
+            folder,
+            trained_on,
+            here,
+        )
 
 
 def lora_settings(path: str) -> dict:

@@ -39,10 +39,15 @@ def test_an_adapter_with_a_layer_saved_whole_beside_its_lora_fits_its_base(tmp_p
     check_fits(base(), saved(tmp_path, "a", **lora), "model.adapter")
 
 
-def test_an_adapter_of_another_width_a_missing_layer_or_dora_is_one_line(tmp_path):
+def test_an_adapter_of_another_width_a_missing_layer_or_dora_is_one_line(tmp_path, caplog):
     folder = saved(tmp_path, "a", target_modules=["q_proj"])
+    config = folder / "adapter_config.json"
+    config.write_text(config.read_text().replace('"base_model_name_or_path": null', '"base_model_name_or_path": "/x"'))
+    wider = base(128)
+    wider.name_or_path = str(tmp_path / "another_base")  # not the adapter's: only a fitting adapter is warned of
     with pytest.raises(MiniverlError, match=r"q_proj has 128 features in this base model but 64 in the adapter"):
-        check_fits(base(128), folder, "model.adapter")
+        check_fits(wider, folder, "model.adapter")
+    assert "its shapes fit" not in caplog.text  # a new-user audit: "its shapes fit", then the refusal that they do not
     dora = get_peft_model(base(), LoraConfig(r=4, target_modules=["q_proj"], use_dora=True))
     save_adapter(dora, tmp_path / "dora")  # a traceback before ("not enough values to unpack")
     with pytest.raises(MiniverlError) as refused:
