@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 from miniverl.config import MiniverlConfig, to_config
 from miniverl.utils.errors import MiniverlError, ctrl_c_stop, exit_code_of
 from miniverl.utils.hydra_entry import one_line_hydra_errors, run_as_main
-from miniverl.verl_compat.field_rules import miniverl_names
+from miniverl.verl_compat.field_rules import verl_key_hints
 
 MODEL_CHECKS = ("self-test", "nf4-gradients")  # after the three cheap ones, with the models loaded
 
@@ -46,7 +46,7 @@ def run_checks(cfg: MiniverlConfig, run_dir: Path) -> list:
     return checks
 
 
-@one_line_hydra_errors(verl_names=miniverl_names)
+@one_line_hydra_errors(verl_hints=verl_key_hints)
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def doctor_app(cfg: DictConfig) -> None:
     try:

@@ -14,13 +14,13 @@ from omegaconf import DictConfig, OmegaConf
 from miniverl.config.export import EXPORT_FOLDER
 from miniverl.utils.errors import MiniverlError, exit_code_of
 from miniverl.utils.hydra_entry import KeepEarlierRunRecord, log_line, one_line_hydra_errors, run_as_main
-from miniverl.verl_compat.field_rules import miniverl_names
+from miniverl.verl_compat.field_rules import verl_key_hints
 from miniverl.verl_compat.launch_writer import export
 
 log = logging.getLogger("miniverl")
 
 
-@one_line_hydra_errors(verl_names=miniverl_names)
+@one_line_hydra_errors(verl_hints=verl_key_hints)
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()

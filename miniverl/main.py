@@ -33,7 +33,7 @@ from miniverl.utils.errors import WRITE_ERRNOS, MiniverlError, RunStopped, ctrl_
 from miniverl.utils.hydra_entry import config_flags, log_line, one_line_hydra_errors, run_as_main
 from miniverl.utils.identity import resolved_config
 from miniverl.utils.signals import interrupting_signals, signal_of
-from miniverl.verl_compat.field_rules import miniverl_names
+from miniverl.verl_compat.field_rules import verl_key_hints
 
 log = logging.getLogger("miniverl")
 
@@ -271,7 +271,7 @@ def resume_verdict(report: dict, run_dir: Path) -> dict:
     return report
 
 
-@one_line_hydra_errors(verl_names=miniverl_names)
+@one_line_hydra_errors(verl_hints=verl_key_hints)
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()

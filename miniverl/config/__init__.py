@@ -158,6 +158,9 @@ def unknown_key_line(full_key: str) -> str:
     keys = [str(k) for k in node.keys()] if isinstance(node, DictConfig) else []
     close = difflib.get_close_matches(key, keys, n=1)
     fix = f"did you mean {parent + '.' if parent else ''}{close[0]}?" if close else "`--cfg job` prints every key"
+    from miniverl.utils.hydra_entry import verl_hint  # verl's own key, forced in with +key=value
+
+    fix = verl_hint(full_key) or fix
     where = f"the {parent} node" if parent else "the top level"
     return f"unknown config key {full_key}: the schema ({where}) has no such key; {fix}"
 

@@ -78,10 +78,11 @@ OmegaConf.register_new_resolver("app_help", app_help, replace=True)
 _HYDRA_NOISE = ("To append to your config", "full_key:", "reference_type=", "object_type=")
 
 
-def hydra_error_line(error: Exception, verl_names: Callable[[], dict[str, str]] | None = None) -> str:
+def hydra_error_line(error: Exception, verl_hints: Callable[[], dict[str, str]] | None = None) -> str:
     """Hydra's own wording of a composition error (and its OmegaConf cause) as one line, with the
-    fix: the closest key of the node for a misspelt key (for a key of verl's, miniverl's name for it from
-    `verl_names`: verl key -> miniverl key), the options of a group for a missing one."""
+    fix: the closest key of the node for a misspelt key (for a key of verl's, its fix from `verl_hints`:
+    verl key -> the line that says miniverl's name for it, or why there is none), the options of a group for a
+    missing one."""
     text = str(error)
     cause = error.__cause__
     if cause is not None and type(cause).__module__.startswith("omegaconf"):
@@ -106,9 +107,7 @@ def hydra_error_line(error: Exception, verl_names: Callable[[], dict[str, str]] 
         prefix = full_key.rsplit(".", 1)[0] + "." if "." in full_key else ""
         fix = f"did you mean {prefix}{close[0]}?" if close else "spell the key as `--cfg job` prints it"
         given = re.search(r"override '([^']+)'", message)  # the whole key as typed (full_key stops at the miss)
-        ours = (verl_names() if verl_names else {}).get(given.group(1) if given else full_key)
-        if ours:
-            fix = f"{given.group(1) if given else full_key} is verl's name: miniverl's is {ours}"
+        fix = (verl_hints() if verl_hints else {}).get(given.group(1) if given else full_key) or fix
         message += f"; {fix}"
     elif "could not be converted" in message:
         message += "; give it a value of the type its schema in miniverl/config/ declares"
@@ -124,13 +123,13 @@ def hydra_error_line(error: Exception, verl_names: Callable[[], dict[str, str]] 
 RUN_DIR_FIX = "choose another hydra.run.dir (hydra.sweep.dir with -m)"
 
 
-def one_line_hydra_errors(entry: Callable | None = None, *, verl_names: Callable[[], dict[str, str]] | None = None):
+def one_line_hydra_errors(entry: Callable | None = None, *, verl_hints: Callable[[], dict[str, str]] | None = None):
     """Wrap a `@hydra.main` entry point so that Hydra's composition errors (an unknown key, a
     value of the wrong type, a missing config option, an override it cannot parse), which are
     user mistakes, end like every other one: one line on stderr, exit 2 (HYDRA_FULL_ERROR=1:
-    Hydra's own report). `verl_names` (called on an error only): verl's keys -> miniverl's, for its hint."""
-    if entry is None:  # @one_line_hydra_errors(verl_names=...)
-        return functools.partial(one_line_hydra_errors, verl_names=verl_names)
+    Hydra's own report). `verl_hints` (called on an error only): verl's keys -> the fix for each."""
+    if entry is None:  # @one_line_hydra_errors(verl_hints=...)
+        return functools.partial(one_line_hydra_errors, verl_hints=verl_hints)
 
     @functools.wraps(entry)
     def wrapped(*args, **kwargs):
@@ -146,7 +145,7 @@ def one_line_hydra_errors(entry: Callable | None = None, *, verl_names: Callable
                 except CompactHydraException as error:
                     if os.environ.get("HYDRA_FULL_ERROR") == "1":
                         raise
-                    raise SystemExit(exit_code_of(MiniverlError(hydra_error_line(error, verl_names)))) from None
+                    raise SystemExit(exit_code_of(MiniverlError(hydra_error_line(error, verl_hints)))) from None
                 except KeyboardInterrupt as stop:  # before the command's own code: Hydra's callbacks import torch
                     by = signal_of(stop)
                     line = ctrl_c_stop(f"stopped by {by.name}; run the same command again to go on", by)
@@ -172,18 +171,25 @@ def one_line_hydra_errors(entry: Callable | None = None, *, verl_names: Callable
         # launchers, --cfg, the run folder). So that one helper is swapped, only while the entry
         # point runs; tests/e2e/test_cli.py (a composition mistake in one line) fails if a Hydra release moves it.
         hydra_internal.run_and_report = run_and_report
-        ENTRY_VERL_NAMES[:] = [verl_names]  # for SweepPreflight, which Hydra builds from the config
+        ENTRY_VERL_HINTS[:] = [verl_hints]  # for SweepPreflight, which Hydra builds from the config, and to_config
         try:
             return entry(*args, **kwargs)
         finally:
             hydra_internal.run_and_report = original
-            ENTRY_VERL_NAMES.clear()
+            ENTRY_VERL_HINTS.clear()
 
     return wrapped
 
 
-# The running entry point's `verl_names` (one_line_hydra_errors), read by SweepPreflight's one-line errors.
-ENTRY_VERL_NAMES: list[Callable[[], dict[str, str]] | None] = []
+# The running entry point's `verl_hints` (one_line_hydra_errors), read by SweepPreflight's one-line errors and
+# the config's unknown-key line (a key forced in with +key=value).
+ENTRY_VERL_HINTS: list[Callable[[], dict[str, str]] | None] = []
+
+
+def verl_hint(key: str) -> str | None:
+    """The running entry point's fix for verl's `key` typed as a miniverl key, if it has one."""
+    hints = ENTRY_VERL_HINTS[0] if ENTRY_VERL_HINTS and ENTRY_VERL_HINTS[0] else None
+    return hints().get(key) if hints else None
 
 
 def refuse_an_empty_folder(config: DictConfig, key: str) -> None:
@@ -283,7 +289,7 @@ class SweepPreflight(Callback):
                 if missing := missing_data_file(checked.data, ("train_files", "val_files")):  # the rest: the job's
                     raise MiniverlError(missing)
             except CompactHydraException as error:
-                refused.append(f"{name}: {hydra_error_line(error, *ENTRY_VERL_NAMES[:1])}")
+                refused.append(f"{name}: {hydra_error_line(error, *ENTRY_VERL_HINTS[:1])}")
             except MiniverlError as error:
                 refused.append(f"{name}: {error}")
             except Exception:  # anything else is the job's to report as it runs, as without this check

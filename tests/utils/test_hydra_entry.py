@@ -10,6 +10,7 @@ from hydra.errors import ConfigCompositionException, OverrideParseException
 from omegaconf import OmegaConf
 
 from miniverl.utils.hydra_entry import hydra_error_line, numbered_jobs
+from miniverl.verl_compat.field_rules import verl_key_hints
 
 from conftest import compose_config
 
@@ -33,10 +34,41 @@ def test_a_key_under_another_programs_name_is_given_miniverls_and_a_key_several_
     assert "actor_rollout_ref.rollout.max_model_len" not in names  # both prompt_limit and response_limit hold it
     with pytest.raises(ConfigCompositionException) as info:
         compose_config(["+recipe=opd_k1", "data.train_batch_size=4"])
-    assert hydra_error_line(info.value, miniverl_names).endswith(
+    assert hydra_error_line(info.value, verl_key_hints).endswith(
         "data.train_batch_size is verl's name: miniverl's is recipe.logical_batch"
     )
     assert hydra_error_line(info.value).endswith("spell the key as `--cfg job` prints it")
+
+
+@pytest.mark.parametrize(
+    ("override", "fix"),
+    [
+        # A new-user audit: verl's keys miniverl has no field for got the generic fix, and total_epochs was
+        # sent to the update count alone.
+        ("data.truncation=left", "data.truncation is verl's: an overlong prompt is an error, or with"),
+        ("trainer.total_epochs=1", "trainer.total_epochs is verl's: miniverl counts optimizer updates, not passes"),
+        ("actor_rollout_ref.actor.ppo_epochs=2", "actor_rollout_ref.actor.ppo_epochs is verl's: one epoch per batch"),
+    ],
+)
+def test_a_verl_key_miniverl_has_no_field_for_says_why_or_where_it_went(override, fix):
+    with pytest.raises(ConfigCompositionException) as info:
+        compose_config(["+recipe=opd_k1", override])
+    assert fix in hydra_error_line(info.value, verl_key_hints)
+
+
+def test_a_verl_key_forced_in_with_a_plus_gets_the_same_hint(tmp_path, capsys):
+    """`+data.max_prompt_length=64` composes (the + adds the key) and the schema refuses it in to_config:
+    that line said only "unknown config key"; without the + the hint named recipe.prompt_limit."""
+    from conftest import run_as_command
+
+    status = run_as_command(
+        "main", "+recipe=opd_k1", "model=toy", "teacher=toy", "+data.max_prompt_length=64", f"hydra.run.dir={tmp_path}"
+    )
+    assert status == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "miniverl: error: unknown config key data.max_prompt_length: the schema (the data node) has no such key; "
+        "data.max_prompt_length is verl's name: miniverl's is recipe.prompt_limit"
+    )
 
 
 def test_an_unknown_top_level_key_points_at_the_composed_config():

@@ -27,6 +27,7 @@ __all__ = [
     "TOY_FIELDS",
     "Rule",
     "miniverl_names",
+    "verl_key_hints",
     "rule_for",
     "rule_table",
     "rules_for",
@@ -77,6 +78,23 @@ def miniverl_names() -> dict[str, str]:
             if key != rule.field and not key.startswith(TEACHER_ENTRY + "<"):
                 fields.setdefault(key, set()).add(rule.field)
     return {key: next(iter(names)) for key, names in fields.items() if len(names) == 1}
+
+
+# A verl key whose miniverl field holds something else: what the user who typed it most likely wants.
+KEY_HINTS = {
+    "trainer.total_epochs": "trainer.total_epochs is verl's: miniverl counts optimizer updates, not passes over "
+    "the data: recipe.optimizer_updates (the export sets total_epochs from it), and data.repeat_prompts=true to "
+    "go through the prompts more than once",
+}
+
+
+def verl_key_hints() -> dict[str, str]:
+    """verl key -> the fix for a user who typed it as a miniverl key (the one-line error of an unknown key):
+    the miniverl field that holds it under another name, or why miniverl has none to set (a value verl's
+    distillation needs, FIXED)."""
+    hints = {key: f"{key} is verl's name: miniverl's is {field}" for key, field in miniverl_names().items()}
+    hints.update({key: f"{key} is verl's: {why}" for key, _, why in FIXED if key not in hints})
+    return {**hints, **KEY_HINTS}
 
 
 def rules_for(version: str) -> tuple[Rule, ...]:
