@@ -17,7 +17,8 @@ class DataConfig:
     prompt_key: str = "prompt"
     # verl: drop prompts over max_prompt_length instead of failing (truncation=error otherwise).
     filter_overlong_prompts: bool = False
-    # Shuffle the prompts once per pass, seeded by data.seed (verl: data.shuffle); false: file order.
+    # Shuffle the prompts once per pass, seeded by data.seed (verl: data.shuffle, default true there); false:
+    # file order.
     shuffle: bool = False
     # Let the plan go through the prompts more than once (verl: more than one epoch); otherwise a
     # plan that needs more prompts than the data holds is refused.
