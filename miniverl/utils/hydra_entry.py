@@ -208,7 +208,8 @@ class KeepEarlierRunRecord(Callback):
     """Hydra rewrites <run dir>/.hydra/ (config, overrides) before the job starts. In a folder that
     already holds a run, which miniverl then resumes in place or refuses, or an export, which the
     export replaces or refuses, that record is the earlier command's: this job writes none, so a
-    refused command changes nothing there (an export that replaced the earlier one writes its own
+    refused command changes nothing there (nor in a folder of the user's own files a run would replace:
+    no .hydra/ and no error line in its main.log) (an export that replaced the earlier one writes its own
     record after: miniverl.export). With trainer.overwrite=true a new run replaces the old one,
     record included (an export never replaces a run)."""
 
@@ -221,7 +222,9 @@ class KeepEarlierRunRecord(Callback):
         refuse_an_empty_folder(config, "hydra.run.dir")
         run_dir = Path(config.hydra.run.dir)
         exporting = config.hydra.job.name == "export"
-        if not (run_dir / ".hydra").is_dir() or (OmegaConf.select(config, "trainer.overwrite") and not exporting):
+        if OmegaConf.select(config, "trainer.overwrite") and not exporting:
+            return
+        if not run_dir.is_dir() or not any(run_dir.iterdir()):  # a new folder: nothing to keep
             return
         from miniverl.config.export import EXPORT_FOLDER
         from miniverl.utils.run_folder import holds_outputs  # torch and peft: only in this case

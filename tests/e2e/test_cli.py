@@ -121,6 +121,17 @@ def test_a_finished_run_folder_is_never_overwritten(toy_run, capfd):
     assert all(p.read_bytes() == data for p, data in before.items())
 
 
+def test_a_folder_of_the_users_own_files_is_refused_without_writing_into_it(tmp_path, capfd):
+    """A new-user audit: the refusal was right, and its error line was appended to the user's own main.log
+    (and Hydra's .hydra/ written beside it)."""
+    (tmp_path / "main.log").write_text("mine\n")
+    (tmp_path / "report.md").write_text("mine\n")
+    assert run_as_command("main", *TOY, f"hydra.run.dir={tmp_path}") == 2
+    assert "holds report.md but no run of miniverl's" in capfd.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["main.log", "report.md"]
+    assert (tmp_path / "main.log").read_text() == "mine\n"
+
+
 def test_a_finished_run_of_other_settings_is_refused_as_finished_not_as_another_plan(toy_run, capfd):
     """Its plan's overrides would not resume it: the line says it is finished and where a new run goes."""
     _, run_dir = toy_run
