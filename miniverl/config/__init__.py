@@ -8,6 +8,7 @@ Hydra's own message. Cross-field rules (the ones verl checks at run time) run in
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -147,6 +148,18 @@ def register_configs() -> None:
     OmegaConf.register_new_resolver("real_model", real_model_path, replace=True)
 
 
+# The running entry point's verl key hints (verl key -> its fix), set by utils/hydra_entry.one_line_hydra_errors
+# from verl_compat's field rules, which import this package: read by the unknown-key line below and the sweep's
+# one-line errors.
+ENTRY_VERL_HINTS: list[Callable[[], dict[str, str]] | None] = []
+
+
+def verl_hint(key: str) -> str | None:
+    """The running entry point's fix for verl's `key` typed as a miniverl key, if it has one."""
+    hints = ENTRY_VERL_HINTS[0] if ENTRY_VERL_HINTS else None
+    return hints().get(key) if hints else None
+
+
 def unknown_key_line(full_key: str) -> str:
     """A key the schema lacks (forced in with `+key=value`, or by a recipe): the closest key of its
     node, and how to see them all."""
@@ -158,9 +171,7 @@ def unknown_key_line(full_key: str) -> str:
     keys = [str(k) for k in node.keys()] if isinstance(node, DictConfig) else []
     close = difflib.get_close_matches(key, keys, n=1)
     fix = f"did you mean {parent + '.' if parent else ''}{close[0]}?" if close else "`--cfg job` prints every key"
-    from miniverl.utils.hydra_entry import verl_hint  # verl's own key, forced in with +key=value
-
-    fix = verl_hint(full_key) or fix
+    fix = verl_hint(full_key) or fix  # verl's own key, forced in with +key=value
     where = f"the {parent} node" if parent else "the top level"
     return f"unknown config key {full_key}: the schema ({where}) has no such key; {fix}"
 

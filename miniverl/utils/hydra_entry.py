@@ -14,6 +14,7 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from miniverl.config import ENTRY_VERL_HINTS
 from miniverl.utils.errors import MiniverlError, ctrl_c_stop, exit_code_of, unwritable
 from miniverl.utils.signals import signal_of
 
@@ -179,17 +180,6 @@ def one_line_hydra_errors(entry: Callable | None = None, *, verl_hints: Callable
             ENTRY_VERL_HINTS.clear()
 
     return wrapped
-
-
-# The running entry point's `verl_hints` (one_line_hydra_errors), read by SweepPreflight's one-line errors and
-# the config's unknown-key line (a key forced in with +key=value).
-ENTRY_VERL_HINTS: list[Callable[[], dict[str, str]] | None] = []
-
-
-def verl_hint(key: str) -> str | None:
-    """The running entry point's fix for verl's `key` typed as a miniverl key, if it has one."""
-    hints = ENTRY_VERL_HINTS[0] if ENTRY_VERL_HINTS and ENTRY_VERL_HINTS[0] else None
-    return hints().get(key) if hints else None
 
 
 def refuse_an_empty_folder(config: DictConfig, key: str) -> None:
