@@ -85,7 +85,7 @@ def start_lines(
         *teacher_rows(cfg),
         (
             "plan",
-            f"{recipe.optimizer_updates} updates x {recipe.logical_batch} prompts"
+            f"{counted(recipe.optimizer_updates, 'update')} x {counted(recipe.logical_batch, 'prompt')}"
             + (f" x {cfg.rollout.n} samples" if cfg.rollout.n > 1 else "")
             + f", responses up to {recipe.response_limit} tokens; estimator {est.loss_mode} ({update}, "
             f"{est.loss_agg_mode})",
@@ -128,6 +128,10 @@ def unread_settings(cfg: MiniverlConfig, overrides: list[str]) -> list[str]:
             verb = "is" if len(rewards) == 1 else "are"
             notes.append(f"{', '.join(sorted(rewards))} {verb} not read: estimator.use_task_rewards=false")
     return notes
+
+
+def counted(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _table(rows: list[tuple[str, str]]) -> str:

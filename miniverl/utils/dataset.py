@@ -140,7 +140,13 @@ def read_conversations(
         try:
             table = pq.read_table(path)
         except (pa.ArrowException, OSError) as error:
-            raise MiniverlError(f"{where}: {name} is not a readable parquet file ({error})") from None
+            convert = (  # verl's data is parquet; JSON lines convert with pyarrow, which miniverl has
+                f'; miniverl reads parquet, as verl does: python -c "import pyarrow.json as j, pyarrow.parquet as q; '
+                f"q.write_table(j.read_json('{name}'), '{Path(name).with_suffix('.parquet')}')\""
+                if Path(name).suffix in (".jsonl", ".json")
+                else ""
+            )
+            raise MiniverlError(f"{where}: {name} is not a readable parquet file ({error}){convert}") from None
         if data.prompt_key not in table.column_names:
             raise MiniverlError(
                 f"{where}: {name} has no column {data.prompt_key!r} "

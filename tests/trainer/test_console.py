@@ -60,6 +60,8 @@ def test_the_start_lines_name_the_samples_the_reward_and_the_coefficient(tmp_pat
     assert "task rewards (the rule of each row's data_source), grpo advantages, + 0.1 x the distillation loss" in lines
     plain = start_lines(to_config(compose_config(["+recipe=opd_k1", "model=toy", "teacher=toy"])), tmp_path)
     assert "samples" not in plain and "reward" not in plain
+    one = start_lines(to_config(compose_config(["+recipe=opd_k1", "recipe.optimizer_updates=1"])), tmp_path)
+    assert "plan     1 update x 4 prompts," in one  # a new-user audit: "1 updates"
 
 
 def test_a_reward_function_given_without_task_rewards_is_noted_as_not_read(tmp_path):

@@ -12,6 +12,7 @@ import pytest
 from safetensors.torch import load_file
 
 from miniverl.config import to_config
+from miniverl.config.data import DataConfig
 from miniverl.models.toy import build_toy_tokenizer
 from miniverl.trainer.opd_trainer import OPDTrainer
 from miniverl.utils.dataset import read_conversations, tokenize_prompts
@@ -233,3 +234,18 @@ def test_only_a_data_path_falls_back_to_the_checkout(tmp_path, monkeypatch):
     assert locate("data/toy_prompts.parquet") == ROOT / "data" / "toy_prompts.parquet"
     assert locate("./data/toy_prompts.parquet") == Path("./data/toy_prompts.parquet")  # a path of the user's
     assert locate("conf/config.yaml") == Path("conf/config.yaml")
+
+
+def test_a_json_lines_file_is_refused_with_the_pyarrow_line_that_converts_it(tmp_path):
+    """A new-user audit gave its .jsonl and read only "Parquet magic bytes not found"."""
+    rows = tmp_path / "prompts.jsonl"
+    rows.write_text(
+        '{"prompt": [{"role": "user", "content": "What is 2 + 2?"}], "data_source": "x"}\n'
+        '{"prompt": [{"role": "user", "content": "Name a sea."}], "data_source": "x"}\n'
+    )
+    with pytest.raises(MiniverlError) as refused:
+        read_conversations(DataConfig(train_files=[str(rows)]))
+    convert = str(refused.value).split("miniverl reads parquet, as verl does: python -c ", 1)[1]
+    subprocess.run([sys.executable, "-c", convert.strip('"')], check=True, cwd=tmp_path)
+    read = read_conversations(DataConfig(train_files=[str(tmp_path / "prompts.parquet")]))
+    assert read.messages[1] == [{"role": "user", "content": "Name a sea."}]
