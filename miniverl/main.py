@@ -63,11 +63,13 @@ def run(cfg: DictConfig, run_dir: Path, args: list[str] = (), sweep: bool = Fals
     refuse_overwriting_inputs(config, run_dir)
     trainer = OPDTrainer(config, resolved, run_dir)
     try:
-        setup_or_discard(trainer)
-        # Once the folder is this run's: a refused command leaves an earlier run's log alone.
-        to_main_log(starting)
-        for line in warnings:
-            log_line(log, line, logging.WARNING)
+        try:
+            setup_or_discard(trainer)
+        finally:  # once the folder is this run's (a refused command leaves an earlier run's log alone), a
+            if trainer.out is not None:  # setup that fails there included: its error line follows these
+                to_main_log(starting)
+                for line in warnings:
+                    log_line(log, line, logging.WARNING)
         stop, resumed = config.trainer.stop_after_updates, trainer.resumed
         if stop is not None and resumed is not None and stop < resumed.update:  # equal: the stop's own command
             log.warning(

@@ -130,6 +130,21 @@ def test_a_run_whose_model_fails_to_load_leaves_its_folder_free_for_the_correcte
     assert run_toy(tmp_path / "run", "recipe.optimizer_updates=2")["status"] == "measured"  # another plan: the fix
 
 
+def test_a_setup_that_fails_in_its_own_folder_keeps_the_pre_flight_warnings_in_its_main_log(tmp_path, monkeypatch):
+    """The pre-flight's WARN lines go to main.log once the folder is the run's; a model that then failed to
+    load left only the error line there (the warnings were on the console alone)."""
+
+    def broken(*args, **kwargs):
+        raise MiniverlError("model.model_id=toy: cannot be loaded (simulated)")
+
+    monkeypatch.setattr(models_loading, "load_student", broken)
+    unread = ["data.val_files=data/toy_prompts_heldout.parquet", "eval.every=-1"]  # a WARN of the data check
+    assert run_as_command("main", *BASE, *unread, f"hydra.run.dir={tmp_path / 'run'}") == 2
+    log = (tmp_path / "run" / "main.log").read_text()
+    assert "pre-flight WARN data:" in log and "data.val_files is not read with eval.every=-1" in log
+    assert log.index("pre-flight WARN data:") < log.index("cannot be loaded (simulated)")
+
+
 # Nobody can create a folder in Linux's /sys, root included (who ignores permission bits): what a
 # read-only or foreign location does to a command, before any of miniverl's own code runs.
 UNWRITABLE = Path("/sys/miniverl-unwritable")
