@@ -65,8 +65,8 @@ def run(cfg: DictConfig, run_dir: Path, args: list[str] = (), sweep: bool = Fals
     try:
         try:
             setup_or_discard(trainer)
-        finally:  # once the folder is this run's (a refused command leaves an earlier run's log alone), a
-            if trainer.out is not None:  # setup that fails there included: its error line follows these
+        finally:  # main.log gets them once the folder is this run's (trainer.out), a setup failing there too;
+            if trainer.out is not None:  # a refused command leaves an earlier run's log as it was
                 to_main_log(starting)
                 for line in warnings:
                     log_line(log, line, logging.WARNING)

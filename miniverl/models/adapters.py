@@ -127,7 +127,7 @@ def check_fits(model: PreTrainedModel, folder: Path, where: str) -> None:
                     f"{where}={folder}: {path} has {expected} features in this base model but "
                     f"{actual} in the adapter; it was trained on another base model"
                 )
-    # After the shapes: a warning that they fit, then a refusal because they do not, said both.
+    # Only once the shapes fit: a refused adapter was first told that they did.
     trained_on, here = config.get("base_model_name_or_path"), getattr(model, "name_or_path", None)
     if trained_on and here and not same_model(trained_on, here):  # shapes can fit another base of the family
         log.warning(
