@@ -9,7 +9,7 @@ from typing import Any
 
 from miniverl.utils.overrides import hydra_value
 from miniverl.verl_compat.field_rules import RULES
-from miniverl.verl_compat.not_imported import ENGINE_WHY
+from miniverl.verl_compat.not_imported import ENGINE_WHY, REFUSED_WHY
 
 FREE_FORM_DICTS = ("data.apply_chat_template_kwargs", "reward.custom_reward_function.reward_kwargs")
 
@@ -49,8 +49,14 @@ def render(source: str, mapped: list[tuple[str, Any]], unmapped: list[tuple[str,
     ]
     lines += override_lines(mapped)
     engine = [(line, why) for line, why in unmapped if why == ENGINE_WHY]
+    refused = [line for line, why in unmapped if why == REFUSED_WHY]
+    if refused:  # first: the launch does not run as written, whatever is imported from it
+        lines.append(f"# verl {version} would refuse this launch at run time (the checks miniverl's export makes):")
+        lines += [f"#   {line}" for line in refused]
     lines.append("# verl overrides with no miniverl field (not imported):")
-    lines += [f"#   {line}  -- {why}" for line, why in unmapped if why != ENGINE_WHY] or ["#   (none)"]
+    lines += [f"#   {line}  -- {why}" for line, why in unmapped if why not in (ENGINE_WHY, REFUSED_WHY)] or [
+        "#   (none)"
+    ]
     if engine:
         lines.append("# verl engine settings (how verl runs, not what it computes; miniverl runs one device):")
         lines += [f"#   {line}" for line, _ in engine]

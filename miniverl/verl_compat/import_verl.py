@@ -39,8 +39,9 @@ from miniverl.verl_compat.field_rules import RULES, table_read
 from miniverl.verl_compat.import_render import render
 from miniverl.verl_compat.launch_files import NO_TASK_REWARD_FILE, TASK_REWARD_FILE
 from miniverl.verl_compat.launch_reader import exported_for, read_overrides
-from miniverl.verl_compat.not_imported import ENGINE_WHY, NOT_IN_MINIVERL, why_not_imported
+from miniverl.verl_compat.not_imported import ENGINE_WHY, NOT_IN_MINIVERL, REFUSED_WHY, why_not_imported
 from miniverl.verl_compat.overrides import get, virtual_verl_config
+from miniverl.verl_compat.runtime_checks import runtime_violations
 from miniverl.verl_compat.versions import EXPORT_DEFAULT, PROFILE_VERSION, release
 
 # ---------------------------------------------------------------- verl -> miniverl
@@ -121,6 +122,9 @@ def to_miniverl(lines: list[str], version: str = EXPORT_DEFAULT) -> tuple[list[t
     emit("estimator", v("distillation.distillation_loss.loss_mode"))  # the group; its fields follow
     emit("export.verl_version", version)  # exported again, the launch is for the same release
     for rule in table_read(version):  # every rule the table maps one to one; the rest below, each for its reason
+        if v(rule.verl_keys[0]) == "???":  # verl's mandatory value, left unset: the recipe's stays (refused below)
+            used.update(rule.verl_keys)
+            continue
         emit(rule.field, v(rule.verl_keys[0]), *rule.verl_keys)
         for key in rule.verl_keys[1:]:  # one miniverl field, several verl keys: they must agree
             if v(key) != v(rule.verl_keys[0]):
@@ -140,17 +144,22 @@ def to_miniverl(lines: list[str], version: str = EXPORT_DEFAULT) -> tuple[list[t
     # verl fills a single teacher's pool with as many replicas as fit (DistillationConfig).
     inference = f"{TEACHER}.inference"
     per_replica = v(f"{inference}.tensor_model_parallel_size") * v(f"{inference}.data_parallel_size")
-    replicas = v("distillation.nnodes") * v("distillation.n_gpus_per_node") // per_replica
-    if replicas == 0 and not several:  # verl's defaults, 0 nodes: a pool of no GPU, the teacher on none
+    per_replica *= v(f"{inference}.pipeline_model_parallel_size") or 1
+    pool = v("distillation.nnodes") * v("distillation.n_gpus_per_node")
+    replicas = pool // per_replica
+    if replicas == 0 and not several:  # no teacher replica on the pool: verl refuses it (listed), the recipe's stays
+        out[:] = [(name, value) for name, value in out if not name.startswith("export.teacher_")]
         unmapped.append(
             (
                 f"distillation.nnodes={hydra_value(v('distillation.nnodes'))}, "
                 f"n_gpus_per_node={hydra_value(v('distillation.n_gpus_per_node'))}",
-                "no GPU for the teacher's pool (verl's defaults): set export.teacher_nnodes and "
-                "export.teacher_n_gpus_per_node before exporting again",
+                ("no GPU for the teacher's pool" if pool == 0 else f"a pool of {pool} GPUs holds no teacher replica "
+                 f"of {per_replica} (tensor x data x pipeline parallel)")
+                + ": the recipe's export.teacher_* kept; set them before exporting again",
             )
-        )
-    emit("export.teacher_replicas", replicas, f"{TEACHER}.num_replicas")
+        )  # fmt: skip
+    else:
+        emit("export.teacher_replicas", replicas, f"{TEACHER}.num_replicas")
     given = values.get(f"{TEACHER}.num_replicas")
     if not several and given is not None and given != replicas:
         unmapped.append(
@@ -165,6 +174,8 @@ def to_miniverl(lines: list[str], version: str = EXPORT_DEFAULT) -> tuple[list[t
             emit(rule.field, rule.verl_value)
     emit("teacher.mode", "ref" if same_base(v(f"{TEACHER}.model_path"), v(f"{MODEL}.path")) else "standard",
          "distillation.enabled")  # fmt: skip
+    for block in ("model", "teacher"):  # verl loads the hub's head of the path it names: no recipe's pin
+        out += [(f"{block}.revision", None), (f"{block}.tokenizer_revision", None)]
     if several:
         out[:] = [(name, value) for name, value in out if not name.startswith("teacher.")]  # `teachers` instead
         out.extend(several_teachers(values, named, v(f"{MODEL}.path"), unmapped))
@@ -294,6 +305,7 @@ def to_miniverl(lines: list[str], version: str = EXPORT_DEFAULT) -> tuple[list[t
     for key, value in values.items():
         if key not in used and _dict_parent(key) not in used:
             unmapped.append((f"{key}={hydra_value(value)}", why_not_imported(key, version)))
+    unmapped += [(line, REFUSED_WHY) for line in runtime_violations(cfg, version)]
     # One line per field (the last value wins), the estimator group first, then in the rules' order.
     final = dict(out)
     order = {"estimator": -1, **{rule.field: k for k, rule in enumerate(RULES)}}

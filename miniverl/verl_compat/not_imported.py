@@ -40,6 +40,7 @@ NO_FIELD_WHY = {
     "held-out measurement is the student-teacher KL (eval.every)",
 }
 ENGINE_WHY = "verl engine setting: how verl runs (parallelism, offload, kernels), not what it computes"
+REFUSED_WHY = "verl refuses the launch at run time"  # runtime_checks' lines on the launch as written
 
 # verl keys of a later release than the launch's: {key: the release that added it}.
 NEWER = {key: rule.since for rule in RULES if rule.since for key in rule.verl_keys}

@@ -30,10 +30,11 @@ from miniverl.config import to_config
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import resolved_config, sha256_json
 from miniverl.utils.overrides import hydra_value
-from miniverl.verl_compat import import_verl, launch_reader
+from miniverl.verl_compat import import_render, import_verl, launch_reader
 from miniverl.verl_compat.defaults import DATACLASS_DEFAULTS_THAT_DIFFER, FIXED, LOSS, TEACHER, VERL_DEFAULTS
 from miniverl.verl_compat.field_rules import RULES, STATUSES, rule_for, rule_table, rules_for
 from miniverl.verl_compat.launch_writer import config_fields, export, field_rule_digest, field_rules
+from miniverl.verl_compat.not_imported import REFUSED_WHY
 from miniverl.verl_compat.runtime_checks import runtime_violations
 
 from conftest import ROOT, compose_config
@@ -1120,3 +1121,39 @@ def test_an_export_of_plain_string_prompts_warns_that_verl_reads_message_lists(t
     assert said[0] in (tmp_path / "verl" / "README.md").read_text()
     shipped = export(compose_config(RECIPE), tmp_path / "verl2")
     assert not any("plain-string" in w for w in shipped.warnings)
+
+
+def test_a_hand_written_launch_imports_to_overrides_the_run_takes_and_lists_what_verl_refuses(tmp_path):
+    """A new-user audit's launches: a Qwen3-8B teacher kept the recipe's Qwen3-1.7B commit pin (and the load
+    error's download hint named it); distillation.nnodes left at verl's 0 imported export.teacher_nnodes=0,
+    which the run refuses; a pool of one GPU for a teacher of tensor parallel 2 was said to be verl's defaults;
+    k1 without use_policy_gradient and an unset rollout name imported without a word that verl refuses them."""
+    base = [
+        "distillation.enabled=True",
+        f"{TEACHER}.model_path=Qwen/Qwen3-8B",
+        "actor_rollout_ref.model.path=Qwen/Qwen3-0.6B",
+        "distillation.distillation_loss.loss_mode=k1",
+        "distillation.distillation_loss.use_policy_gradient=True",
+        "trainer.total_training_steps=10",
+    ]
+    mapped, unmapped = import_verl.to_miniverl(base, "0.9.1")
+    values, refused = dict(mapped), [line for line, why in unmapped if why == REFUSED_WHY]
+    assert values["teacher.model_id"] == "Qwen/Qwen3-8B" and values["teacher.revision"] is None
+    assert values["model.revision"] is None and values["model.tokenizer_revision"] is None
+    assert not any(name.startswith("export.teacher_") for name in values) and "export.rollout_name" not in values
+    assert any(line.startswith("distillation.nnodes=0") and "no GPU for the teacher's pool" in why
+               for line, why in unmapped)  # fmt: skip
+    assert any(line.startswith("the teacher pool is empty") for line in refused)
+    assert not any("use_policy_gradient" in line for line in refused)
+    assert any(line.startswith("actor_rollout_ref.rollout.name='???'") for line in refused)
+    cfg = to_config(compose_config(["+recipe=opd_k1", *import_render.override_lines(mapped)]))  # the run takes them
+    assert (cfg.teacher.revision, cfg.export.teacher_nnodes) == (None, 1)
+    text = import_verl.render("launch", mapped, unmapped, "0.9.1")
+    assert "# verl 0.9.1 would refuse this launch at run time" in text
+    no_pg = [line for line in base if "use_policy_gradient" not in line]  # verl 0.9.1's default: False
+    _, unmapped = import_verl.to_miniverl(no_pg, "0.9.1")
+    assert any("loss_mode=k1 needs use_policy_gradient=True" in line for line, why in unmapped if why == REFUSED_WHY)
+    one_gpu = [*base, "distillation.nnodes=1", "distillation.n_gpus_per_node=1"]  # verl's teacher TP is 2
+    _, unmapped = import_verl.to_miniverl(one_gpu, "0.9.1")
+    assert any(line == "distillation.nnodes=1, n_gpus_per_node=1" and why.startswith(
+        "a pool of 1 GPUs holds no teacher replica of 2") for line, why in unmapped)  # fmt: skip
