@@ -196,8 +196,9 @@ def with_resume_check(report: dict, block: dict, run_bytes: int) -> dict:
 
 
 def steady_state(history: list[dict]) -> tuple[dict, dict]:
-    """Median seconds and median positions/s per phase over updates 2..N (update 1 pays warm-up)."""
-    steady = history[1:] or history
+    """Median seconds and median positions/s per phase over updates 2..N (update 1 pays warm-up); None
+    with one update (its figures are the warm-up's: metrics.jsonl has them)."""
+    steady = history[1:]
     seconds, throughput = {}, {}
     for phase, keys in PHASES.items():
         per_update = [sum(m[f"timing_s/{k}"] for k in keys) for m in steady]

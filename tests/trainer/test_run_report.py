@@ -258,3 +258,14 @@ def test_tensorboard_logger_writes_event_files(tmp_path):
     pytest.importorskip("tensorboard")
     run_toy(tmp_path, "tb", "trainer.logger=[console,jsonl,tensorboard]")
     assert list((tmp_path / "tb" / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_the_steady_state_of_one_update_is_null_not_the_warm_up_update():
+    """A new-user audit: with one update the "steady-state" rollout was update 1's (0.83 s against 0.11 s a
+    steady update): docs/report.md says these are medians over updates 2..N, null where they do not exist."""
+    update = {"timing_s/gen": 0.83, "timing_s/teacher": 0.2, "timing_s/update_actor": 0.5, "response_length/sum": 64}
+    seconds, throughput = report_module.steady_state([update])
+    assert set(seconds.values()) == {None} and set(throughput.values()) == {None}
+    steady = {**update, "timing_s/gen": 0.11}
+    seconds, throughput = report_module.steady_state([update, steady, steady])
+    assert seconds["rollout"] == 0.11 and throughput["rollout_tokens_per_second"] == round(64 / 0.11, 4)
