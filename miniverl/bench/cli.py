@@ -35,7 +35,7 @@ from miniverl.bench.setups import (
     build_real_setup,
     build_recipe_setup,
 )
-from miniverl.bench.tables import machine_facts, markdown
+from miniverl.bench.tables import machine_facts, markdown, result_folder
 from miniverl.models import cpu_gemm
 from miniverl.utils.errors import MiniverlError, ctrl_c_stop, exit_code_of, unwritable
 from miniverl.workers.rollout.lean_decode import resolved_decode_settings
@@ -125,7 +125,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--out",
         default=None,
-        help="output folder (default outputs/bench/<scale>, outputs/bench/real, outputs/bench/losses with --losses)",
+        help="output folder, refused if it holds an earlier bench's result (default: a new one per run, "
+        "outputs/bench/<scale, real, quality or losses>/<date>/<time>)",
     )
     p.add_argument(
         "--device",
@@ -211,7 +212,7 @@ def run(args: argparse.Namespace) -> dict:
         path: args.repeats or SCALES[args.scale]["recipe_repeats" if path != "float32" else "repeats"]
         for path in (*PATHS, "real")
     }
-    out = Path(args.out or Path("outputs") / "bench" / ("real" if real else args.scale))
+    out = result_folder(args.out, "real" if real else args.scale, "bench.json")
     out.mkdir(parents=True, exist_ok=True)
     command = " ".join(["python -m miniverl.bench", *args.argv])
     started = time.perf_counter()

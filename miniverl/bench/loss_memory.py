@@ -28,7 +28,6 @@ import os
 import sys
 import time
 from functools import partial
-from pathlib import Path
 
 import torch
 
@@ -256,10 +255,11 @@ def markdown(result: dict) -> str:
 
 
 def run(args) -> dict:
-    """Measures both tables and writes losses.json and losses.md to args.out (default outputs/bench/losses)."""
-    from miniverl.bench.tables import machine_facts
+    """Measures both tables and writes losses.json and losses.md to args.out (default a new folder under
+    outputs/bench/losses/)."""
+    from miniverl.bench.tables import machine_facts, result_folder
 
-    out = Path(args.out or Path("outputs") / "bench" / "losses")
+    out = result_folder(args.out, "losses", "losses.json")
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     torch.manual_seed(0)

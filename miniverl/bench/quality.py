@@ -193,9 +193,9 @@ class Prober:
 
 def run(args) -> dict:
     from miniverl.bench.quality_trl import run_trl, trl_missing
-    from miniverl.bench.tables import machine_facts
+    from miniverl.bench.tables import machine_facts, result_folder
 
-    out = Path(args.out or Path("outputs") / "bench" / "quality")
+    out = result_folder(args.out, "quality", "quality.json")
     if (out / "runs").exists():  # its miniverl runs would refuse the folders of the previous ones
         raise MiniverlError(f"--out {out} already holds a quality run (runs/); choose another --out or remove it")
     out.mkdir(parents=True, exist_ok=True)

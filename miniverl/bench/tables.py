@@ -1,14 +1,36 @@
-"""The report: each ratio's verdict against its target, one path's table rows, bench.md, and the
-machine's facts."""
+"""The report: where it goes, each ratio's verdict against its target, one path's table rows, bench.md,
+and the machine's facts."""
 
 from __future__ import annotations
+
+import time
+from pathlib import Path
 
 import torch
 
 from miniverl.bench.setups import BATCH, LORA, NEW_TOKENS, PATH_RATIO_KEYS, PREFIX, TARGETS
+from miniverl.utils.errors import MiniverlError
 
 
 # ---------------------------------------------------------------------------------------------- report
+def result_folder(given: str | None, kind: str, result: str) -> Path:
+    """Where a bench writes `result` (bench.json, quality.json, losses.json): `--out` as given, refused if
+    an earlier bench's result is there (a measurement is never replaced unasked); by default a new folder
+    per run, outputs/bench/<kind>/<date>/<time>, as a run's outputs/<date>/<time>."""
+    if given is not None:
+        out = Path(given)
+        if (out / result).exists():
+            raise MiniverlError(
+                f"--out {out} holds an earlier bench's {result}: give another --out (or leave it out: a new "
+                f"folder under outputs/bench/{kind}/), or remove that one"
+            )
+        return out
+    out = Path("outputs") / "bench" / kind / time.strftime("%Y-%m-%d") / time.strftime("%H-%M-%S")
+    while out.exists():  # two benches in one second
+        out = out.with_name(out.name + "_")
+    return out
+
+
 def verdict(key: str, value: float | None) -> str:
     if key not in TARGETS:
         return "—"

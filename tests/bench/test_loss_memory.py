@@ -53,3 +53,25 @@ def test_the_losses_bench_refuses_what_it_does_not_measure_in_one_line(argv, sai
     with pytest.raises(SystemExit) as error:
         parse_args(argv)
     assert error.value.code == 2 and said in capsys.readouterr().err
+
+
+def test_a_bench_never_replaces_an_earlier_result_and_by_default_writes_a_new_folder(tmp_path, monkeypatch, capsys):
+    """A new-user audit ran `bench --losses --out DIR` twice: the second replaced the first's losses.json, and
+    the default --out was one fixed folder per kind."""
+    from miniverl.bench.cli import main
+    from miniverl.bench.tables import result_folder
+
+    out = tmp_path / "losses"
+    out.mkdir()
+    (out / "losses.json").write_text("{}\n")  # an earlier measurement
+    assert main(["--losses", "--vocab", "16", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"miniverl.bench: error: --out {out} holds an earlier bench's losses.json: give another --out (or leave it "
+        "out: a new folder under outputs/bench/losses/), or remove that one"
+    )
+    assert (out / "losses.json").read_text() == "{}\n"
+    monkeypatch.chdir(tmp_path)
+    first = result_folder(None, "toy", "bench.json")
+    assert first.parts[:3] == ("outputs", "bench", "toy") and len(first.parts) == 5  # <date>/<time>
+    first.mkdir(parents=True)
+    assert result_folder(None, "toy", "bench.json") != first
