@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from miniverl.trainer.console import LOSS_KEY, SCORE_KEY, teacher_losses
+from miniverl.trainer.console import LOSS_KEY, SCORE_KEY, centred_advantages, heldout_rows, teacher_losses
 from miniverl.utils.run_folder import atomic_write
 from miniverl.utils.tables import flatten, format_value
 
@@ -36,13 +36,16 @@ def markdown(report: dict, history: list[dict]) -> str:
         f"estimator `{recipe['estimator']}`; resume `{report['resume']['status']}`.",
     ]
     if history:
-        lines.append(f"Final distillation loss ({LOSS_KEY}): **{history[-1][LOSS_KEY]:.5g}**.")
+        centred = " (~0 by construction with estimator.advantage_baseline)" if centred_advantages(recipe) else ""
+        lines.append(f"Final distillation loss ({LOSS_KEY}): **{history[-1][LOSS_KEY]:.5g}**{centred}.")
         if per_teacher := teacher_losses(history[-1]):
             lines.append(
                 "Per teacher: " + ", ".join(f"{name} **{value:.5g}**" for name, value in per_teacher.items()) + "."
             )
         if TASK_CURVE[0] in history[-1]:
             lines.append(f"Task score ({TASK_CURVE[0]}) at the last update: **{history[-1][TASK_CURVE[0]]:.4g}**.")
+    # What the student learned, as the console says it (a centred policy gradient's loss cannot say it).
+    lines += [f"Held-out: {text}." for _, text in heldout_rows(report.get("distillation_progress"))]
     if report.get("failure"):
         lines.append(f"Failure: update {report['failure']['update']}: {report['failure']['reason']}")
     lines += ["", "![curves](curves.png)", ""]

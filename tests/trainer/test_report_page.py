@@ -38,3 +38,25 @@ def test_a_teacher_of_another_tokenizer_has_its_log_likelihood_per_character_dra
     report = {"profile": "p", "status": "measured", "distillation_progress": progress}
     plot_curves(report, history(2, False), tmp_path / "curves.png")
     assert matplotlib.image.imread(str(tmp_path / "curves.png")).shape[:2] == (640, 1080)  # 3 curves + 2 held-out
+
+
+def test_the_page_headline_says_what_the_student_learned_where_the_loss_cannot():
+    """A new-user audit: report.md's headline was the final loss alone, -0.0020628 (a centred policy gradient:
+    ~0 by construction), with the held-out KL the console prints only in a raw table further down."""
+    from miniverl.trainer.report_page import markdown
+
+    report = {
+        "profile": "p",
+        "status": "measured",
+        "resume": {"status": "not_checked"},
+        "recipe": {"optimizer_updates": 4, "estimator": "k1", "advantage_baseline": "batch_mean"},
+        "distillation_progress": {
+            "exact_reverse_kl": [{"update": 0, "value": 2.279}, {"update": 4, "value": 1.842}],
+            "k1_mean": [{"update": 0, "value": 3.1}, {"update": 4, "value": 2.0}],
+        },
+    }
+    head = markdown(report, history(4, False)).split("![curves]", 1)[0]
+    assert "Final distillation loss (actor/distillation/loss): **1** (~0 by construction with " in head
+    assert "Held-out: 2.279 at update 0 -> 1.842 at update 4 (exact reverse KL" in head
+    plain = markdown({**report, "recipe": {**report["recipe"], "advantage_baseline": "none"}}, history(4, False))
+    assert "by construction" not in plain
