@@ -198,10 +198,10 @@ class KeepEarlierRunRecord(Callback):
     """Hydra rewrites <run dir>/.hydra/ (config, overrides) before the job starts. In a folder that
     already holds a run, which miniverl then resumes in place or refuses, or an export, which the
     export replaces or refuses, that record is the earlier command's: this job writes none, so a
-    refused command changes nothing there (nor in a folder of the user's own files a run would replace:
-    no .hydra/ and no error line in its main.log) (an export that replaced the earlier one writes its own
-    record after: miniverl.export). With trainer.overwrite=true a new run replaces the old one,
-    record included (an export never replaces a run)."""
+    refused command changes nothing there (an export that replaced the earlier one writes its own
+    record after: miniverl.export). The same in a folder of the user's own files that a run would
+    replace, which miniverl refuses: no .hydra/ there, no error line in its main.log. With
+    trainer.overwrite=true a new run replaces the old one, record included (an export never replaces a run)."""
 
     # Whether this command, an export, kept an earlier export's record (miniverl.export then writes
     # its own once the launch is written). Set at every command's start: one process may run several.
