@@ -1,7 +1,7 @@
 """`python -m miniverl.report compare A B` (report.json files or run folders): two run reports side
 by side — every measurement with both values and B/A, whether the two trained alike bit for bit,
-every identity field that differs, and the settings that differ (plan.json's, beside each report:
-the config fields that shape a run).
+every identity field that differs, the settings that differ (plan.json's, beside each report:
+the config fields that shape a run) and the other config keys that differ (resolved_config.yaml's).
 
 Named after its command, `python -m miniverl.report`; report.json is built by
 miniverl/trainer/run_report.py and rendered as report.md by miniverl/trainer/report_page.py.
@@ -33,10 +33,13 @@ def is_measurement(key: str) -> bool:
     )
 
 
-def compare(a: dict, b: dict, settings: tuple[dict, dict] | None = None) -> list[str]:
+def compare(
+    a: dict, b: dict, settings: tuple[dict, dict] | None = None, configs: tuple[dict, dict] | None = None
+) -> list[str]:
     """Lines of the side-by-side comparison: every measurement with both values and b/a, then every
     identity field that differs; with `settings` (each run's plan.json settings) the ones that differ,
-    which say what the identity fields' digests do not: what was changed."""
+    which say what the identity fields' digests do not: what was changed; with `configs` (each run's
+    resolved_config.yaml) the other keys that differ, which the plan leaves out (eval.*: the probe)."""
     fa, fb = flatten(a), flatten(b)
     keys = sorted(set(fa) | set(fb))
     width = max((len(k) for k in keys), default=10)
@@ -57,6 +60,12 @@ def compare(a: dict, b: dict, settings: tuple[dict, dict] | None = None) -> list
         changed = sorted(k for k in set(sa) | set(sb) if sa.get(k) != sb.get(k))
         lines += ["", f"settings that differ (plan.json): {len(changed)}"]
         lines += [f"  {k}: {format_value(sa.get(k))} | {format_value(sb.get(k))}" for k in changed]
+    if configs is not None:
+        ca, cb = (flatten(one) for one in configs)
+        planned = set(flatten(settings[0])) | set(flatten(settings[1])) if settings is not None else set()
+        other = sorted(k for k in set(ca) | set(cb) if k not in planned and ca.get(k) != cb.get(k))
+        lines += ["", f"other config that differs (resolved_config.yaml, outside the plan): {len(other)}"]
+        lines += [f"  {k}: {format_value(ca.get(k))} | {format_value(cb.get(k))}" for k in other]
     return lines
 
 
@@ -83,6 +92,17 @@ def plan_settings(report_path: Path) -> dict | None:
         return None
 
 
+def resolved_config_beside(report_path: Path) -> dict | None:
+    """The resolved_config.yaml beside a report (None: not there or not readable)."""
+    import yaml
+
+    try:
+        config = yaml.safe_load((report_path.parent / "resolved_config.yaml").read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m miniverl.report", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -90,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     cmp_parser.add_argument("a", type=Path, metavar="A", help="a report.json, or the run folder that holds one")
     cmp_parser.add_argument("b", type=Path, metavar="B", help="the report to compare with A (B/A in the table)")
     args = parser.parse_args(argv)
-    reports, settings = [], []
+    reports, settings, configs = [], [], []
     for path in (args.a, args.b):
         path = path / "report.json" if path.is_dir() else path  # a run folder: its report
         try:
@@ -104,8 +124,12 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         reports.append(report)
         settings.append(plan_settings(path))
+        configs.append(resolved_config_beside(path))
     print(f"A: {args.a}\nB: {args.b}")
-    print("\n".join(compare(*reports, settings=None if None in settings else tuple(settings))))
+    both = {
+        name: None if None in pair else tuple(pair) for name, pair in (("settings", settings), ("configs", configs))
+    }
+    print("\n".join(compare(*reports, **both)))
     return 0
 
 

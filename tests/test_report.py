@@ -70,3 +70,22 @@ def test_a_resume_and_its_twin_differ_in_no_identity_field_only_in_the_timings_s
     assert "training: not compared (a report lacks trajectory_sha256 or the adapter's sha256)" in compare(
         REPORT_A, REPORT_B
     )
+
+
+def test_a_setting_outside_the_plan_that_differs_is_named_from_the_resolved_configs(tmp_path, capsys):
+    """A new-user audit compared runs of eval.every=2 and -1: it showed only among the identity fields' digests
+    (eval.* is not part of the plan, whose settings the comparison listed)."""
+    for name, every in (("a", 2), ("b", -1)):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "report.json").write_text(json.dumps(REPORT_A))
+        (run / "plan.json").write_text(json.dumps({"settings": {"actor": {"optim": {"lr": 1e-5}}}}))
+        (run / "resolved_config.yaml").write_text(f"actor:\n  optim:\n    lr: 1.0e-05\neval:\n  every: {every}\n")
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-4:] == [
+        "settings that differ (plan.json): 0",
+        "",
+        "other config that differs (resolved_config.yaml, outside the plan): 1",
+        "  eval.every: 2 | -1",
+    ]
