@@ -65,6 +65,28 @@ def doctor_app(cfg: DictConfig) -> None:
     sys.exit(1 if failed else 0)
 
 
+# What a training run or an export leaves in its folder (a file, or a folder with something in it: the doctor's
+# own setup leaves trajectories/ empty): the doctor builds beside none of them (its setup would take
+# trainer.overwrite=true as leave to empty a run's folder, and it would replace .hydra/).
+NOT_THE_DOCTORS = ("report.json", "metrics.jsonl", "checkpoints", "peft_adapter", "trajectories", "verl")
+
+
+def refuse_out(out: Path) -> None:
+    """--out: a folder the doctor can write, holding no training run or export (one line otherwise)."""
+    held = [n for n in NOT_THE_DOCTORS if (out / n).is_file() or ((out / n).is_dir() and any((out / n).iterdir()))]
+    if held:
+        sys.exit(exit_code_of(MiniverlError(
+            f"--out {out} holds a training run's or an export's files ({', '.join(held)}): the doctor never "
+            "replaces them; give a new or empty folder"
+        )))  # fmt: skip
+    if out.exists() and not out.is_dir():
+        sys.exit(exit_code_of(MiniverlError(f"--out {out} is a file, not a folder; choose another --out")))
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:  # a file in the way (FileExistsError, NotADirectoryError), a read-only place
+        sys.exit(exit_code_of(MiniverlError(f"cannot write --out {out}: {error.strerror}; choose another --out")))
+
+
 def main() -> None:
     """`--out DIR` keeps what the checks build (plan.json, toy models, Hydra's .hydra/) in DIR;
     without it they go to a temporary folder that is removed, and outputs/ is left alone."""
@@ -76,6 +98,8 @@ def main() -> None:
             sys.exit(exit_code_of(MiniverlError("--out needs a folder: python -m miniverl.doctor --out DIR ...")))
         out = argv[at + 1]
         del argv[at : at + 2]
+    if out is not None:
+        refuse_out(Path(out))
     # The training command's own folder, copied along with its overrides: what the checks build
     # (plan.json) would make that folder look like a run's and refuse the training that follows.
     run_dirs = [a for a in argv if a.lstrip("+").startswith("hydra.run.dir=")]

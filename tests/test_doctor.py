@@ -1,0 +1,43 @@
+"""`python -m miniverl.doctor --out DIR`: the folder it builds in is never a training run's or an export's."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from miniverl import doctor
+
+
+def doctor_status(monkeypatch, *argv: str) -> int:
+    monkeypatch.setattr(sys, "argv", ["miniverl/doctor.py", *argv])
+    with pytest.raises(SystemExit) as done:
+        doctor.main()
+    return done.value.code
+
+
+@pytest.mark.parametrize("held", ["report.json", "checkpoints/update_1/state.json", "verl/overrides.txt"])
+def test_a_training_run_or_an_export_is_refused_as_the_doctors_out_before_anything_is_written(
+    held, tmp_path, monkeypatch, capsys
+):
+    """A new-user audit followed the refusal's own hint, trainer.overwrite=true, with --out a finished run's
+    folder: the doctor passed 5/5 and the run's checkpoints, adapter, report and metrics were gone."""
+    (tmp_path / held).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / held).write_text("kept\n")
+    argv = ["+recipe=opd_k1", "model=toy", "teacher=toy", "trainer.overwrite=true", "--out", str(tmp_path)]
+    assert doctor_status(monkeypatch, *argv) == 2
+    name = held.split("/")[0]
+    assert capsys.readouterr().err.strip() == (
+        f"miniverl: error: --out {tmp_path} holds a training run's or an export's files ({name}): the doctor never "
+        "replaces them; give a new or empty folder"
+    )
+    assert (tmp_path / held).read_text() == "kept\n" and not (tmp_path / ".hydra").exists()
+
+
+def test_an_out_that_cannot_be_a_folder_is_one_line_naming_out(tmp_path, monkeypatch, capsys):
+    """It said "choose another hydra.run.dir", a setting the user never gave, or was Hydra's traceback."""
+    (tmp_path / "file").write_text("x")
+    for out, said in ((tmp_path / "file", "is a file, not a folder"), ("/sys/miniverl-doctor", "cannot write")):
+        assert doctor_status(monkeypatch, "+recipe=opd_k1", "--out", str(out)) == 2
+        err = capsys.readouterr().err.strip()
+        assert said in err and err.endswith("choose another --out") and "\n" not in err
