@@ -19,6 +19,8 @@ def result_folder(given: str | None, kind: str, result: str) -> Path:
     per run, outputs/bench/<kind>/<date>/<time>, as a run's outputs/<date>/<time>."""
     if given is not None:
         out = Path(given)
+        if in_the_way := next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None):
+            raise MiniverlError(f"--out {out}: {in_the_way} is a file, not a folder; choose another --out")
         if (out / result).exists():
             raise MiniverlError(
                 f"--out {out} holds an earlier bench's {result}: give another --out (or leave it out: a new "

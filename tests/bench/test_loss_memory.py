@@ -70,6 +70,13 @@ def test_a_bench_never_replaces_an_earlier_result_and_by_default_writes_a_new_fo
         "out: a new folder under outputs/bench/losses/), or remove that one"
     )
     assert (out / "losses.json").read_text() == "{}\n"
+    for file in (out / "losses.json", out / "losses.json" / "sub"):  # a traceback (FileExistsError) before
+        assert main(["--losses", "--vocab", "16", "--out", str(file)]) == 2
+        assert (
+            capsys.readouterr()
+            .err.strip()
+            .endswith(f"{out / 'losses.json'} is a file, not a folder; choose another --out")
+        )
     monkeypatch.chdir(tmp_path)
     first = result_folder(None, "toy", "bench.json")
     assert first.parts[:3] == ("outputs", "bench", "toy") and len(first.parts) == 5  # <date>/<time>
