@@ -40,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
         "--rtol", type=float, default=None, help="relative tolerance for every case (default: per dtype and kind)"
     )
     args = parser.parse_args(argv)
+    if args.rtol is not None and not args.rtol >= 0:  # a negative or NaN tolerance fails every case
+        parser.error(f"--rtol {args.rtol}: give a tolerance of 0 or more")
+    golden = "the golden files are tests/data/verl-*.json"
 
     try:
         with open(args.file, encoding="utf-8") as fh:
@@ -49,9 +52,9 @@ def main(argv: list[str] | None = None) -> int:
             raise TypeError("'cases' is not a list")
         version = golden_version(data)
     except OSError as exc:
-        return exit_code_of(MiniverlError(f"cannot read {args.file}: {exc.strerror or exc}"), PROG)
+        return exit_code_of(MiniverlError(f"cannot read {args.file}: {exc.strerror or exc}; {golden}"), PROG)
     except (ValueError, KeyError, TypeError) as exc:  # JSONDecodeError is a ValueError
-        what = f"{args.file} is not a golden-vector file: {type(exc).__name__}: {exc}"
+        what = f"{args.file} is not a golden-vector file: {type(exc).__name__}: {exc}; {golden}"
         return exit_code_of(MiniverlError(what), PROG)
 
     dtype = getattr(torch, args.dtype)

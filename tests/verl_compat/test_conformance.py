@@ -70,6 +70,15 @@ def test_missing_or_invalid_file_exits_2_with_one_line_and_no_traceback(tmp_path
     assert len(captured.err.strip().splitlines()) == 1
     assert "Traceback" not in captured.err and str(path) in captured.err
     assert captured.err.startswith("miniverl.conformance: error: ")  # every command's form (docs/troubleshooting.md)
+    assert captured.err.strip().endswith("the golden files are tests/data/verl-*.json")  # where to look
+
+
+@pytest.mark.parametrize("rtol", ["-1", "nan"])
+def test_a_tolerance_that_fails_every_case_is_refused(rtol, capsys):
+    """A new-user audit's --rtol -1 (and nan) reported 0/54 matching, "expected 0.0515… got 0.0515…"."""
+    with pytest.raises(SystemExit) as refused:
+        main([str(GOLDEN), "--rtol", rtol])
+    assert refused.value.code == 2 and f"--rtol {float(rtol)}: give a tolerance of 0 or more" in capsys.readouterr().err
 
 
 # What each refusal message must name, by the golden file's `refused` entries (in order).
