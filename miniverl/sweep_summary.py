@@ -259,11 +259,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m miniverl.sweep_summary", description=__doc__.split("\n\n")[0])
     parser.add_argument("sweep_dir", type=Path, help="a Hydra sweep folder (hydra.sweep.dir)")
     args = parser.parse_args(argv)
+    fix = "give the sweep's hydra.sweep.dir (the folder of multirun.yaml and the numbered job folders)"
     if not args.sweep_dir.is_dir():
-        what = f"{args.sweep_dir}: no such folder (relative to {Path.cwd()}); give hydra.sweep.dir of the sweep"
-        return exit_code_of(MiniverlError(what))
+        what = "is a file, not a folder" if args.sweep_dir.exists() else f"no such folder (relative to {Path.cwd()})"
+        return exit_code_of(MiniverlError(f"{args.sweep_dir}: {what}; {fix}"))
     if not job_dirs(args.sweep_dir):
-        return exit_code_of(MiniverlError(f"{args.sweep_dir} holds no Hydra job folders (<n>/.hydra/overrides.yaml)"))
+        single = (
+            " (a single run's folder: its report.md is its summary)"
+            if (args.sweep_dir / "report.json").exists()
+            else ""
+        )
+        what = f"{args.sweep_dir} holds no Hydra job folders (<n>/.hydra/overrides.yaml){single}; {fix}"
+        return exit_code_of(MiniverlError(what))
     write_summary(args.sweep_dir)
     print((args.sweep_dir / "sweep_summary.md").read_text(), end="")
     print(f"wrote {args.sweep_dir / 'sweep_summary.csv'}, .md and .png")

@@ -56,13 +56,19 @@ def test_a_job_whose_report_a_crash_cut_short_is_listed_as_unreadable(tmp_path):
 def test_a_missing_or_empty_sweep_folder_is_one_line_saying_which(tmp_path, capsys):
     from miniverl.sweep_summary import main
 
+    fix = "give the sweep's hydra.sweep.dir (the folder of multirun.yaml and the numbered job folders)\n"
     assert main([str(tmp_path / "nope")]) == 2
     assert capsys.readouterr().err == (
-        f"miniverl: error: {tmp_path / 'nope'}: no such folder (relative to {Path.cwd()}); "
-        "give hydra.sweep.dir of the sweep\n"
+        f"miniverl: error: {tmp_path / 'nope'}: no such folder (relative to {Path.cwd()}); " + fix
     )
+    (tmp_path / "multirun.yaml").write_text("hydra: {}\n")  # a new-user audit gave the file: "no such folder"
+    assert main([str(tmp_path / "multirun.yaml")]) == 2
+    assert capsys.readouterr().err == f"miniverl: error: {tmp_path / 'multirun.yaml'}: is a file, not a folder; " + fix
     assert main([str(tmp_path)]) == 2
     assert capsys.readouterr().err.startswith(f"miniverl: error: {tmp_path} holds no Hydra job folders")
+    (tmp_path / "report.json").write_text("{}")  # a single run's folder
+    assert main([str(tmp_path)]) == 2
+    assert "(a single run's folder: its report.md is its summary); give the sweep's" in capsys.readouterr().err
 
 
 def test_the_held_out_kl_tells_jobs_apart_where_a_centred_policy_gradients_loss_is_zero(tmp_path):
