@@ -111,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     cmp_parser.add_argument("b", type=Path, metavar="B", help="the report to compare with A (B/A in the table)")
     args = parser.parse_args(argv)
     reports, settings, configs = [], [], []
-    for path in (args.a, args.b):
-        path = path / "report.json" if path.is_dir() else path  # a run folder: its report
+    paths = [path / "report.json" if path.is_dir() else path for path in (args.a, args.b)]  # a run folder: its report
+    for path in paths:
         try:
             report = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as error:
@@ -126,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         settings.append(plan_settings(path))
         configs.append(resolved_config_beside(path))
     print(f"A: {args.a}\nB: {args.b}")
+    if paths[0].resolve() == paths[1].resolve():  # a slip for two runs: every ratio would be 1
+        print("note: A and B are the same report")
     both = {
         name: None if None in pair else tuple(pair) for name, pair in (("settings", settings), ("configs", configs))
     }

@@ -89,3 +89,10 @@ def test_a_setting_outside_the_plan_that_differs_is_named_from_the_resolved_conf
         "other config that differs (resolved_config.yaml, outside the plan): 1",
         "  eval.every: 2 | -1",
     ]
+
+
+def test_a_report_compared_with_itself_says_so(tmp_path, capsys):
+    """A new-user audit compared a run with itself: every ratio 1, "training: the same, bit for bit", no word."""
+    (tmp_path / "report.json").write_text(json.dumps(REPORT_A))
+    assert main(["compare", str(tmp_path), str(tmp_path / "report.json")]) == 0
+    assert "note: A and B are the same report" in capsys.readouterr().out.splitlines()
