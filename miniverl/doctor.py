@@ -90,7 +90,7 @@ def refuse_out(out: Path) -> None:
 def main() -> None:
     """`--out DIR` keeps what the checks build (plan.json, toy models, Hydra's .hydra/) in DIR;
     without it they go to a temporary folder that is removed, and outputs/ is left alone."""
-    argv = sys.argv[1:]
+    argv = [part for arg in sys.argv[1:] for part in (arg.split("=", 1) if arg.startswith("--out=") else [arg])]
     out = None
     if "--out" in argv:
         at = argv.index("--out")

@@ -38,6 +38,6 @@ def test_an_out_that_cannot_be_a_folder_is_one_line_naming_out(tmp_path, monkeyp
     """It said "choose another hydra.run.dir", a setting the user never gave, or was Hydra's traceback."""
     (tmp_path / "file").write_text("x")
     for out, said in ((tmp_path / "file", "is a file, not a folder"), ("/sys/miniverl-doctor", "cannot write")):
-        assert doctor_status(monkeypatch, "+recipe=opd_k1", "--out", str(out)) == 2
+        assert doctor_status(monkeypatch, "+recipe=opd_k1", f"--out={out}") == 2  # --out=DIR as --out DIR
         err = capsys.readouterr().err.strip()
         assert said in err and err.endswith("choose another --out") and "\n" not in err
