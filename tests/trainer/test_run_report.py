@@ -240,10 +240,12 @@ def test_report_compare_prints_both_runs_side_by_side(plain_and_downshifted, cap
     line = next(x for x in out.splitlines() if x.startswith("measurements.prompts_consumed"))
     assert line.split()[1:] == ["8", "8", "1.000"]
     assert "identity fields that differ:" in out and "run_identity.resolved_config_digest" in out
-    # What the digests do not say: the one setting the two commands changed.
-    assert out.strip().splitlines()[-2:] == [
+    # What the digests do not say: the one setting the two commands changed (and none outside the plan).
+    assert out.strip().splitlines()[-4:] == [
         "settings that differ (plan.json): 1",
         "  hardware.simulate_oom_above_rows: null | 1",
+        "",
+        "other config that differs (resolved_config.yaml, outside the plan): 0",
     ]
 
 
