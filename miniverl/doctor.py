@@ -18,6 +18,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from miniverl.config import MiniverlConfig, to_config
+from miniverl.config.export import EXPORT_FOLDER
 from miniverl.utils.errors import MiniverlError, ctrl_c_stop, exit_code_of
 from miniverl.utils.hydra_entry import one_line_hydra_errors, run_as_main
 from miniverl.verl_compat.field_rules import verl_key_hints
@@ -65,15 +66,17 @@ def doctor_app(cfg: DictConfig) -> None:
     sys.exit(1 if failed else 0)
 
 
-# What a training run or an export leaves in its folder (a file, or a folder with something in it: the doctor's
-# own setup leaves trajectories/ empty): the doctor builds beside none of them (its setup would take
-# trainer.overwrite=true as leave to empty a run's folder, and it would replace .hydra/).
-NOT_THE_DOCTORS = ("report.json", "metrics.jsonl", "checkpoints", "peft_adapter", "trajectories", "verl")
+# What a training run or an export leaves in its folder: the doctor builds beside none of them (its setup would
+# take trainer.overwrite=true as leave to empty a run's folder, and it would replace .hydra/). plan.json is not
+# among them: the doctor writes one itself, and runs again in its own --out.
+NOT_THE_DOCTORS = ("report.json", "metrics.jsonl", "checkpoints", "peft_adapter", "trajectories", EXPORT_FOLDER)
 
 
 def refuse_out(out: Path) -> None:
     """--out: a folder the doctor can write, holding no training run or export (one line otherwise)."""
-    held = [n for n in NOT_THE_DOCTORS if (out / n).is_file() or ((out / n).is_dir() and any((out / n).iterdir()))]
+    from miniverl.utils.run_folder import holds  # a file, or a folder with something in it (not an empty one)
+
+    held = [name for name in NOT_THE_DOCTORS if holds(out / name)]
     if held:
         sys.exit(exit_code_of(MiniverlError(
             f"--out {out} holds a training run's or an export's files ({', '.join(held)}): the doctor never "
