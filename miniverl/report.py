@@ -14,6 +14,7 @@ import json
 import sys
 from pathlib import Path
 
+from miniverl import REPORT_SCHEMA_VERSION, __version__
 from miniverl.utils.tables import flatten, format_value
 
 IGNORED = ("measured_at",)
@@ -120,6 +121,13 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         if not isinstance(report, dict) or "schema_version" not in report:
             line = f"{path}: not a miniverl report (no schema_version); give a run's report.json or its folder"
+            print(f"miniverl: error: {line}", file=sys.stderr)
+            return 2
+        if report["schema_version"] != REPORT_SCHEMA_VERSION:
+            line = (
+                f"{path}: a report of schema_version {report['schema_version']!r}; this miniverl "
+                f"({__version__}) reads schema_version {REPORT_SCHEMA_VERSION}: compare with the release that wrote it"
+            )
             print(f"miniverl: error: {line}", file=sys.stderr)
             return 2
         reports.append(report)

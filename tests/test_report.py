@@ -42,6 +42,18 @@ def test_a_json_file_that_is_no_report_is_one_line(tmp_path, capsys):
     )
 
 
+def test_a_report_of_another_schema_version_is_refused_in_one_line(tmp_path, capsys):
+    from miniverl import __version__
+
+    (tmp_path / "b.json").write_text(json.dumps(REPORT_B))
+    (tmp_path / "later.json").write_text('{"schema_version": 99}')  # before, a table of nulls, no word
+    assert main(["compare", str(tmp_path / "b.json"), str(tmp_path / "later.json")]) == 2
+    assert capsys.readouterr().err == (
+        f"miniverl: error: {tmp_path / 'later.json'}: a report of schema_version 99; this miniverl ({__version__}) "
+        "reads schema_version 1: compare with the release that wrote it\n"
+    )
+
+
 def test_a_folder_without_a_report_is_one_line(tmp_path, capsys):
     (tmp_path / "b.json").write_text(json.dumps(REPORT_B))
     assert main(["compare", str(tmp_path), str(tmp_path / "b.json")]) == 2

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from miniverl import VERL_COMMIT, VERL_REPOSITORY, VERL_TAG, __version__
+from miniverl import REPORT_SCHEMA_VERSION, VERL_COMMIT, VERL_REPOSITORY, VERL_TAG, __version__
 from miniverl.config import MiniverlConfig
 from miniverl.config.recipe import teacher_target_for
 from miniverl.trainer.plan import PLAN_VERSION, Plan, aligned_teacher_tokenizer
@@ -30,7 +30,6 @@ from miniverl.utils.measure import (
 )
 from miniverl.verl_compat.launch_writer import field_rule_digest
 
-SCHEMA_VERSION = 1
 PROFILE_SCHEMA_VERSION = 1
 # Report phase -> the timing_s/* keys of metrics.jsonl it adds up.
 PHASES = {"rollout": ("gen",), "teacher_scoring": ("teacher",), "actor_update": ("update_actor",)}
@@ -266,7 +265,7 @@ def build_report(cfg: MiniverlConfig, plan: Plan, facts: RunFacts) -> dict:
     ckpt_hashes, ckpt_bytes = checkpoint_facts(facts.last_checkpoint)
     est = cfg.estimator
     return {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": REPORT_SCHEMA_VERSION,
         "kind": f"single_gpu_verl_{'pg' if est.use_policy_gradient else 'gkd'}_{est.loss_mode}_systems_workload",
         "status": facts.status,
         "failure": facts.failure,
