@@ -189,7 +189,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: argparse.Namespace, out: Path) -> dict:
     from miniverl.config.hardware import HardwareConfig
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -212,8 +212,6 @@ def run(args: argparse.Namespace) -> dict:
         path: args.repeats or SCALES[args.scale]["recipe_repeats" if path != "float32" else "repeats"]
         for path in (*PATHS, "real")
     }
-    out = result_folder(args.out, "real" if real else args.scale, "bench.json")
-    out.mkdir(parents=True, exist_ok=True)
     command = " ".join(["python -m miniverl.bench", *args.argv])
     started = time.perf_counter()
     memory = PeakMemory(device)
@@ -303,15 +301,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parse_args(sys.argv[1:] if argv is None else argv)
         if args.quality:
-            from miniverl.bench import quality
+            from miniverl.bench.quality import run as bench
 
-            quality.run(args)
+            kind, result = "quality", "quality.json"
         elif args.losses:
-            from miniverl.bench import loss_memory
+            from miniverl.bench.loss_memory import run as bench
 
-            loss_memory.run(args)
+            kind, result = "losses", "losses.json"
         else:
-            run(args)
+            bench, kind, result = run, "real" if args.student else args.scale, "bench.json"
+        with result_folder(args.out, kind, result) as out:
+            bench(args, out)
     except KeyboardInterrupt:  # the results are written once every measurement is done
         stop = ctrl_c_stop(
             "stopped by SIGINT before the bench finished (its results are written at the end): run it again"

@@ -28,6 +28,7 @@ import os
 import sys
 import time
 from functools import partial
+from pathlib import Path
 
 import torch
 
@@ -254,13 +255,10 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def run(args) -> dict:
-    """Measures both tables and writes losses.json and losses.md to args.out (default a new folder under
-    outputs/bench/losses/)."""
-    from miniverl.bench.tables import machine_facts, result_folder
+def run(args, out: Path) -> dict:
+    """Measures both tables and writes losses.json and losses.md to `out` (bench.tables.result_folder)."""
+    from miniverl.bench.tables import machine_facts
 
-    out = result_folder(args.out, "losses", "losses.json")
-    out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     torch.manual_seed(0)
     peaks = {name: {str(k): selection_peaks(family, k, args.vocab) for k in KEEPS} for name, family in FAMILIES.items()}

@@ -191,14 +191,12 @@ class Prober:
         return self.probe.measure(self.shift)["exact_reverse_kl"]
 
 
-def run(args) -> dict:
+def run(args, out: Path) -> dict:
     from miniverl.bench.quality_trl import run_trl, trl_missing
-    from miniverl.bench.tables import machine_facts, result_folder
+    from miniverl.bench.tables import machine_facts
 
-    out = result_folder(args.out, "quality", "quality.json")
     if (out / "runs").exists():  # its miniverl runs would refuse the folders of the previous ones
         raise MiniverlError(f"--out {out} already holds a quality run (runs/); choose another --out or remove it")
-    out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     chosen = [name for name, side in SIDES.items() if args.objective in ("both", side.objective)]

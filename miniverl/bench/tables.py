@@ -4,6 +4,8 @@ and the machine's facts."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -13,10 +15,13 @@ from miniverl.utils.errors import MiniverlError
 
 
 # ---------------------------------------------------------------------------------------------- report
-def result_folder(given: str | None, kind: str, result: str) -> Path:
-    """Where a bench writes `result` (bench.json, quality.json, losses.json): `--out` as given, refused if
-    an earlier bench's result is there (a measurement is never replaced unasked); by default a new folder
-    per run, outputs/bench/<kind>/<date>/<time>, as a run's outputs/<date>/<time>."""
+@contextmanager
+def result_folder(given: str | None, kind: str, result: str) -> Iterator[Path]:
+    """The folder a bench writes `result` to (bench.json, quality.json, losses.json), made for the bench:
+    `--out` as given, refused if an earlier bench's result is there (a measurement is never replaced
+    unasked); by default a new folder per run, outputs/bench/<kind>/<date>/<time>, as a run's
+    outputs/<date>/<time>. A bench that stops with nothing written there (a --student that is no
+    model) leaves none of the folders it made."""
     if given is not None:
         out = Path(given)
         if in_the_way := next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None):
@@ -26,11 +31,19 @@ def result_folder(given: str | None, kind: str, result: str) -> Path:
                 f"--out {out} holds an earlier bench's {result}: give another --out (or leave it out: a new "
                 f"folder under outputs/bench/{kind}/), or remove that one"
             )
-        return out
-    out = Path("outputs") / "bench" / kind / time.strftime("%Y-%m-%d") / time.strftime("%H-%M-%S")
-    while out.exists():  # two benches in one second
-        out = out.with_name(out.name + "_")
-    return out
+    else:
+        out = Path("outputs") / "bench" / kind / time.strftime("%Y-%m-%d") / time.strftime("%H-%M-%S")
+        while out.exists():  # two benches in one second
+            out = out.with_name(out.name + "_")
+    made = [folder for folder in (out, *out.parents) if not folder.exists()]  # deepest first
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        yield out
+    except BaseException:
+        for folder in made:  # an earlier side's runs stay: only what is still empty goes
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+        raise
 
 
 def verdict(key: str, value: float | None) -> str:

@@ -78,7 +78,20 @@ def test_a_bench_never_replaces_an_earlier_result_and_by_default_writes_a_new_fo
             .endswith(f"{out / 'losses.json'} is a file, not a folder; choose another --out")
         )
     monkeypatch.chdir(tmp_path)
-    first = result_folder(None, "toy", "bench.json")
-    assert first.parts[:3] == ("outputs", "bench", "toy") and len(first.parts) == 5  # <date>/<time>
-    first.mkdir(parents=True)
-    assert result_folder(None, "toy", "bench.json") != first
+    with result_folder(None, "toy", "bench.json") as first:
+        assert first.parts[:3] == ("outputs", "bench", "toy") and len(first.parts) == 5  # <date>/<time>
+        with result_folder(None, "toy", "bench.json") as second:
+            assert second != first and second.is_dir()
+
+
+def test_a_bench_refused_before_it_wrote_anything_leaves_no_folder_behind(tmp_path, monkeypatch, capsys):
+    """A new-user audit's bench with a --student that is no model left its empty --out folder."""
+    from miniverl.bench.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "kept").mkdir()  # a folder the user made: it stays
+    not_models = ["--student", str(tmp_path / "no_student"), "--teacher", str(tmp_path / "no_teacher")]
+    for out in ([], ["--out", "kept/new/bench"], ["--out", "kept"]):
+        assert main([*not_models, *out]) == 2
+        assert "no_student" in capsys.readouterr().err
+        assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == ["kept"]
