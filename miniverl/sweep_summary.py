@@ -25,7 +25,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
 from miniverl.utils.errors import MiniverlError, exit_code_of
-from miniverl.utils.hydra_entry import each_job, sweep_arguments
+from miniverl.utils.hydra_entry import RUN_CONTROL_KEYS, each_job, sweep_arguments
+from miniverl.utils.overrides import override_key
 from miniverl.utils.tables import format_value
 
 # A job's report status when every update ran: "measured", as in the reference report
@@ -56,7 +57,12 @@ COLUMNS = [
 def job_dirs(sweep_dir: Path) -> list[Path]:
     """Job folders (those with Hydra's .hydra/overrides.yaml), in job order."""
     found = [p.parent.parent for p in sweep_dir.glob("*/.hydra/overrides.yaml")]
-    return sorted(found, key=lambda p: (0, int(p.name)) if p.name.isdigit() else (1, p.name))
+    return sorted(found, key=lambda p: job_order(p.name))
+
+
+def job_order(name: str) -> tuple[int, int | str]:
+    """Hydra numbers its job folders 0, 1, ...; other names (a custom hydra.sweep.subdir) after them."""
+    return (0, int(name)) if name.isdigit() else (1, name)
 
 
 def job_overrides(job: Path) -> list[str]:
@@ -107,6 +113,18 @@ def summarize_job(job: Path, overrides: list[str]) -> tuple[dict, list[float], l
     return row, losses, heldout
 
 
+def job_computes(overrides: list[str]) -> list[str]:
+    """A job's overrides but those that say how it runs (RUN_CONTROL_KEYS), sorted."""
+    return sorted(o for o in overrides if override_key(o) not in RUN_CONTROL_KEYS)
+
+
+def not_run_row(number: int, overrides: list[str]) -> dict:
+    """The row of a job the sweep's multirun.yaml plans and no job folder holds."""
+    row = {column: None for column in COLUMNS}
+    why = "no job folder: the sweep has not reached this job or stopped before it; the same sweep command runs it"
+    return {**row, "job": str(number), "overrides": " ".join(overrides), "status": "not run", "error": why}
+
+
 def planned_jobs(sweep_dir: Path) -> list[list[str]] | None:
     """Every job's overrides as the sweep's multirun.yaml numbers them; None where it cannot tell."""
     try:
@@ -123,9 +141,21 @@ def write_summary(sweep_dir: Path) -> list[dict]:
     folders = job_dirs(sweep_dir)
     overrides = [job_overrides(job) for job in folders]  # lists: a quoted value may hold a space
     jobs = [summarize_job(job, own) for job, own in zip(folders, overrides)]
+    planned = planned_jobs(sweep_dir)
+    # A planned job without a folder (a sweep stopped before it) is a row too: a gap in the table says so.
+    # Matched on what the jobs compute: a kept job's folder has no trainer.overwrite the sweep run again has.
+    computes = [job_computes(own) for own in overrides]
+    for number, own in enumerate(planned or []):
+        if job_computes(own) in computes:
+            computes.remove(job_computes(own))
+        else:
+            jobs.append((not_run_row(number, own), [], []))
+            overrides.append(own)
+    in_order = sorted(zip(jobs, overrides), key=lambda pair: job_order(pair[0][0]["job"]))
+    jobs, overrides = [job for job, _ in in_order], [own for _, own in in_order]
     rows = [row for row, _, _ in jobs]
     # What tells the jobs apart: over every job of the sweep, those not run yet (a stopped sweep) included.
-    every = planned_jobs(sweep_dir) or overrides
+    every = planned or overrides
     common = set.intersection(*(set(job) for job in every)) if every else set()
     for row, own in zip(rows, overrides):
         row["swept"] = " ".join(o for o in own if o not in common) or "(none)"
@@ -242,16 +272,20 @@ class SweepSummaryCallback(Callback):
             return
         sweep_dir = Path(config.hydra.sweep.dir)
         rows = write_summary(sweep_dir)
-        failed = [row["job"] for row in rows if row["status"] not in DONE]
+        failed = [row["job"] for row in rows if row["status"] not in (*DONE, "not run")]
+        not_run = [row["job"] for row in rows if row["status"] == "not run"]  # a job folder removed meanwhile
         print(
-            f"sweep: {len(rows) - len(failed)} of {len(rows)} jobs completed; summary in {sweep_dir}/sweep_summary.md",
+            f"sweep: {len(rows) - len(failed) - len(not_run)} of {len(rows)} jobs completed; summary in "
+            f"{sweep_dir}/sweep_summary.md",
             flush=True,
         )
-        if failed:
-            print(
-                f"miniverl: error: sweep job(s) {', '.join(failed)} failed; see {sweep_dir}/sweep_summary.md",
-                file=sys.stderr,
-            )
+        if failed or not_run:
+            what = [
+                f"sweep job(s) {', '.join(jobs)} {how}"
+                for jobs, how in ((failed, "failed"), (not_run, "did not run"))
+                if jobs
+            ]
+            print(f"miniverl: error: {'; '.join(what)}; see {sweep_dir}/sweep_summary.md", file=sys.stderr)
             sys.exit(1)
 
 

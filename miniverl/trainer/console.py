@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from miniverl.config import MiniverlConfig
+from miniverl.utils.overrides import override_key
 
 # The distillation loss the closing table and the progress bar show (verl's metric name).
 LOSS_KEY = "actor/distillation/loss"
@@ -116,7 +117,7 @@ def unread_settings(cfg: MiniverlConfig, overrides: list[str]) -> list[str]:
     """What the command sets that this run does not read, one note per reason: the single `teacher` block
     beside `teachers`, the task reward's settings without task rewards (the recipe's reward function
     file too, set or not on the command line)."""
-    keys = {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o and not o.startswith("--")}
+    keys = {override_key(o) for o in overrides if "=" in o and not o.startswith("--")}
     notes = []
     if cfg.teachers and (single := sorted(k for k in keys if k == "teacher" or k.startswith("teacher."))):
         names = ", ".join(f"teachers.{name}" for name in cfg.teachers)

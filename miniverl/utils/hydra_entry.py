@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from miniverl.config import ENTRY_VERL_HINTS
 from miniverl.utils.errors import MiniverlError, ctrl_c_stop, exit_code_of, unwritable
+from miniverl.utils.overrides import override_key
 from miniverl.utils.signals import signal_of
 
 
@@ -328,7 +329,7 @@ RUN_CONTROL_KEYS = ("trainer.overwrite", "trainer.progress_bar")
 def sweep_arguments(hydra_cfg: DictConfig, leave_out: tuple[str, ...] = ()) -> list[str]:
     """The sweep's overrides, hydra.sweeper.params first (as Hydra reads them), but the keys in `leave_out`."""
     params = [f"{k}={v}" for k, v in (OmegaConf.select(hydra_cfg, "sweeper.params") or {}).items()]
-    return [o for o in [*params, *hydra_cfg.overrides.task] if o.lstrip("+~").split("=", 1)[0] not in leave_out]
+    return [o for o in [*params, *hydra_cfg.overrides.task] if override_key(o) not in leave_out]
 
 
 def each_job(arguments: list[str]) -> list[list[str]] | None:

@@ -1,5 +1,5 @@
 """Hydra's override grammar: a value written as `key=<value>` so that it parses back to itself (the
-export's and the import's lines, the settings a refused resume needs)."""
+export's and the import's lines, the settings a refused resume needs), and the key a line sets."""
 
 from __future__ import annotations
 
@@ -9,6 +9,11 @@ from typing import Any
 
 _SAFE = re.compile(r"^[A-Za-z0-9_./\-+@%]+$")  # not ~: Hydra reads it as a deletion
 _RESERVED = {"true", "false", "null", "inf", "nan", "-inf", "+inf"}
+
+
+def override_key(override: str) -> str:
+    """The config key an override line names: `a.b` for `a.b=1`, `+a.b=1`, `++a.b=1` and `~a.b`."""
+    return override.split("=", 1)[0].lstrip("+~")
 
 
 def hydra_value(value: Any) -> str:

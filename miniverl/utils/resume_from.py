@@ -22,7 +22,7 @@ from miniverl.utils.checkpoint import (
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import FOLDER_DIGESTS, sha256_file
 from miniverl.utils.numerics import numerics_environment, refused_numerics
-from miniverl.utils.overrides import hydra_value
+from miniverl.utils.overrides import hydra_value, override_key
 from miniverl.utils.run_folder import earlier_report
 from miniverl.utils.tables import flatten
 
@@ -68,7 +68,7 @@ REWARD_FUNCTION_DIGEST = "reward.custom_reward_function.sha256"
 def digested_key(override: str) -> str | None:
     """The config key whose file or folder an override of earlier_overrides sets the digest of
     (model.model_id for model.folder_sha256.model_id); None for an override of a config key."""
-    key = override.lstrip("~").split("=", 1)[0]
+    key = override_key(override)
     if key == REWARD_FUNCTION_DIGEST:
         return "reward.custom_reward_function.path"
     block, found, name = key.partition(f".{FOLDER_DIGESTS}.")
@@ -158,7 +158,7 @@ def verify_checkpoint(
         how = (
             f"resume with {' '.join(overrides)}" if overrides else "resume with the overrides of the run that wrote it"
         )
-        named = {o.lstrip("~").split("=", 1)[0] for o in overrides}  # a folder named anew was not edited
+        named = {override_key(o) for o in overrides}  # a folder named anew was not edited
         changed = list(dict.fromkeys(edited_files(o, settings) for o in edited if digested_key(o) not in named))
         before = earlier_plan(checkpoint.run_dir).get("input_parquet_sha256")
         if input_digest is not None and before not in (None, input_digest):  # the prompts' bytes

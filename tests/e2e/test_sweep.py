@@ -152,6 +152,24 @@ def test_the_summary_can_be_rebuilt_for_a_sweep_folder(sweep_2x2, capsys):
     assert "estimator=k3 model.lora.r=16" in capsys.readouterr().out
 
 
+def test_a_job_the_sweep_plans_and_no_folder_holds_is_listed_as_not_run(sweep_2x2, tmp_path):
+    """A new-user audit removed a job's folder: the summary listed three jobs of four without a word."""
+    import shutil
+
+    _, sweep_dir = sweep_2x2
+    copy = tmp_path / "s"
+    shutil.copytree(sweep_dir, copy, ignore=shutil.ignore_patterns("2"))
+    rows = sweep_summary.write_summary(copy)
+    assert [(row["job"], row["status"]) for row in rows] == [
+        ("0", "measured"),
+        ("1", "measured"),
+        ("2", "not run"),
+        ("3", "measured"),
+    ]
+    assert rows[2]["swept"] == read_csv(sweep_dir / "sweep_summary.csv")[2]["swept"]
+    assert rows[2]["error"].endswith("the same sweep command runs it")
+
+
 def test_rebuilding_a_folder_without_jobs_is_one_line(tmp_path, capsys):
     assert sweep_summary.main([str(tmp_path)]) == 2
     assert "holds no Hydra job folders" in capsys.readouterr().err
@@ -200,7 +218,8 @@ def test_a_signal_stops_the_whole_sweep_and_its_line_gives_both_ways_to_go_on(tm
     ]
     assert not (sweep_dir / "1").exists()
     rows = read_csv(sweep_dir / "sweep_summary.csv")
-    assert [row["status"] for row in rows] == ["interrupted"] and rows[0]["error"].startswith("stopped by SIGTERM")
+    assert [row["status"] for row in rows] == ["interrupted", "not run"]  # job 1 listed: the table has no gap
+    assert rows[0]["error"].startswith("stopped by SIGTERM") and rows[1]["swept"] == "estimator=k3"
     assert rows[0]["swept"] == "estimator=k1"  # swept over the sweep's jobs, job 1 not run yet
     monkeypatch.undo()
     resumed = tmp_path / "resumed"  # the line's command
