@@ -10,6 +10,7 @@ from pathlib import Path
 from miniverl.utils.errors import MiniverlError, exit_code_of
 from miniverl.verl_compat.import_verl import __doc__ as what
 from miniverl.verl_compat.import_verl import import_file
+from miniverl.verl_compat.launch_reader import release_note
 from miniverl.verl_compat.versions import EXPORT_DEFAULT, RELEASES
 
 
@@ -33,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
         text = import_file(args.file, version=args.verl_version)
     except MiniverlError as error:
         return exit_code_of(error)
+    if note := release_note(args.file, args.verl_version):  # also in the text, as a comment
+        print(f"miniverl: warning: {note}", file=sys.stderr)
     if args.output:
         out = Path(args.output)
         try:

@@ -42,11 +42,15 @@ def unset_fields(mapped: list[tuple[str, Any]]) -> list[str]:
     return out
 
 
-def render(source: str, mapped: list[tuple[str, Any]], unmapped: list[tuple[str, str]], version: str) -> str:
+def render(
+    source: str, mapped: list[tuple[str, Any]], unmapped: list[tuple[str, str]], version: str, note: str | None = None
+) -> str:
     lines = [
         f"# miniverl overrides read from {source} (verl {version}: a key the launch leaves out takes its default)",
         "# use: python -m miniverl.main +recipe=opd_k1 $(grep -v '^#' THIS_FILE)",
     ]
+    if note:  # read as another release than its header's (launch_reader.release_note)
+        lines.append(f"# note: {note}")
     lines += override_lines(mapped)
     engine = [(line, why) for line, why in unmapped if why == ENGINE_WHY]
     refused = [line for line, why in unmapped if why == REFUSED_WHY]

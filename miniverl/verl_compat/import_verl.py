@@ -38,7 +38,7 @@ from miniverl.verl_compat.defaults import (
 from miniverl.verl_compat.field_rules import RULES, table_read
 from miniverl.verl_compat.import_render import render
 from miniverl.verl_compat.launch_files import NO_TASK_REWARD_FILE, TASK_REWARD_FILE
-from miniverl.verl_compat.launch_reader import exported_for, read_overrides
+from miniverl.verl_compat.launch_reader import exported_for, read_overrides, release_note
 from miniverl.verl_compat.not_imported import ENGINE_WHY, NOT_IN_MINIVERL, REFUSED_WHY, why_not_imported
 from miniverl.verl_compat.overrides import get, virtual_verl_config
 from miniverl.verl_compat.runtime_checks import runtime_violations
@@ -378,6 +378,7 @@ def _dict_parent(key: str) -> str | None:
 def import_file(path: str | Path, env: Mapping[str, str] | None = None, version: str | None = None) -> str:
     """The miniverl overrides of a launch for verl `version`; None: the release miniverl's export wrote it
     for (its field_rules.json beside it, or run_opd.sh's header), else the export's default."""
+    note = release_note(path, version)
     version = version or exported_for(path) or EXPORT_DEFAULT
     mapped, unmapped = to_miniverl(read_overrides(path, env), version)
-    return render(str(path), mapped, unmapped, version)
+    return render(str(path), mapped, unmapped, version, note)

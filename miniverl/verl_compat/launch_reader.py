@@ -253,6 +253,19 @@ def exported_for(path: str | Path) -> str | None:
     return found.group(1) if found else None
 
 
+def release_note(path: str | Path, version: str | None) -> str | None:
+    """What to say where a launch is read as another verl release than the one miniverl's export wrote
+    it for (`--verl-version` against its header): that release's defaults fill what the launch leaves out."""
+    written_for = exported_for(path)
+    if version is None or written_for in (None, version):
+        return None
+    return (
+        f"{path} was written for verl {written_for} (miniverl's export) and is read as verl {version} "
+        f"(--verl-version): {version}'s defaults fill what it leaves out; leave --verl-version out to read it "
+        "as written"
+    )
+
+
 def read_overrides(path: str | Path, env: Mapping[str, str] | None = None) -> list[str]:
     """The verl overrides of a launch script or an overrides file."""
     path = Path(path)

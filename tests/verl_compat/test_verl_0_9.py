@@ -277,6 +277,25 @@ def test_the_import_reads_a_launch_for_the_release_the_export_wrote_it_for(tmp_p
     assert "export.verl_version=0.9.1" in import_verl.import_file(script, version="0.9.1").splitlines()
 
 
+def test_a_launch_read_as_another_release_than_its_header_says_so_in_the_text_and_on_the_console(tmp_path, capsys):
+    """A new-user audit read an export for verl 0.8.0 with --verl-version 0.9.1: converted without a word."""
+    from miniverl.import_verl import main
+
+    export(compose_config([*RECIPE, "export.verl_version=0.8.0"]), tmp_path / "old", cwd=ROOT)
+    script = tmp_path / "old" / "run_opd.sh"
+    note = (
+        f"{script} was written for verl 0.8.0 (miniverl's export) and is read as verl 0.9.1 (--verl-version): "
+        "0.9.1's defaults fill what it leaves out; leave --verl-version out to read it as written"
+    )
+    assert main([str(script), "--verl-version", "0.9.1", "-o", str(tmp_path / "read.txt")]) == 0
+    assert capsys.readouterr().err == f"miniverl: warning: {note}\n"
+    assert f"# note: {note}" in (tmp_path / "read.txt").read_text().splitlines()
+    for same in (["--verl-version", "0.8.0"], []):  # as written: no note
+        assert main([str(script), *same]) == 0
+        printed = capsys.readouterr()
+        assert printed.err == "" and "# note:" not in printed.out
+
+
 def test_a_teachers_block_of_one_exports_as_one_named_entry_without_routing(tmp_path, tree):
     one = [*RECIPE, "+teacher@teachers.only=qwen3_1_7b", "teachers.only.key=openai/gsm8k"]
     result = export(compose_config(one), tmp_path / "verl", cwd=ROOT)
