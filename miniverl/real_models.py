@@ -36,8 +36,14 @@ def main(argv: list[str] | None = None) -> int:
         help="also the student of another tokenizer (Qwen2's), for +recipe=opd_k1_cross_tokenizer_cpu",
     )
     args = parser.parse_args(argv)
-    if args.drop_every is not None and (args.drop_every < 2 or args.offset or args.keep_every is not None):
-        parser.error(f"--drop-every {args.drop_every}: need N >= 2, without --keep-every or --offset")
+    if args.drop_every is not None and (args.offset or args.keep_every is not None):
+        given = [f"--keep-every {args.keep_every}"] if args.keep_every is not None else []
+        given += [f"--offset {args.offset}"] if args.offset else []
+        parser.error(
+            f"--drop-every {args.drop_every} with {' '.join(given)}: choose one cut (drop layers, or keep every N-th)"
+        )
+    if args.drop_every is not None and args.drop_every < 2:
+        parser.error(f"--drop-every {args.drop_every}: need N >= 2 (2 drops every second layer)")
     cut_asked = args.keep_every is not None or args.drop_every is not None or args.offset
     args.keep_every = real_fixture.DEFAULT_KEEP_EVERY if args.keep_every is None else args.keep_every
     if args.keep_every < 1 or not 0 <= args.offset < args.keep_every:

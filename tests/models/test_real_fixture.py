@@ -129,14 +129,22 @@ def test_a_drop_every_student_keeps_all_but_every_nth_layer_in_its_own_folder(tm
         real_fixture.build_student(tmp_path, drop_every=1)
 
 
-@pytest.mark.parametrize("flags", [["--drop-every", "1"], ["--drop-every", "3", "--keep-every", "2"]])
-def test_drop_every_is_refused_below_two_or_beside_keep_every(flags, capsys):
+@pytest.mark.parametrize(
+    "flags,said",
+    [
+        ("--drop-every 1", "--drop-every 1: need N >= 2 (2 drops every second layer)"),
+        # A new-user audit's --keep-every 3 --drop-every 5 was told its --drop-every 5 needed N >= 2.
+        ("--keep-every 3 --drop-every 5", "--drop-every 5 with --keep-every 3: choose one cut"),
+        ("--drop-every 3 --offset 1", "--drop-every 3 with --offset 1: choose one cut"),
+    ],
+)
+def test_drop_every_is_refused_below_two_or_beside_keep_every_naming_what_clashes(flags, said, capsys):
     from miniverl.real_models import main
 
     with pytest.raises(SystemExit) as refused:
-        main(flags)
+        main(flags.split())
     assert refused.value.code == 2
-    assert f"error: --drop-every {flags[1]}: need N >= 2, without --keep-every or --offset" in capsys.readouterr().err
+    assert f"error: {said}" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
