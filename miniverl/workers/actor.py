@@ -148,11 +148,12 @@ class ActorWorker:
         batch.teacher_hidden_states = None
         if self.estimator.use_policy_gradient:
             # What the PG step maximised at each token: -d_t, or the discounted future loss over the
-            # response (kl_discount_factor), less the baseline; the same function on the same values as the loss's.
+            # scored response (kl_discount_factor), less the baseline: the loss's function on the loss's
+            # values and mask (_chunk_loss's advantage_mask), so the column is what was trained on.
             advantages = policy_gradient_advantages(
                 self.estimator,
                 distillation_losses,
-                batch.response_mask,
+                batch.scored_mask,
                 self.baseline_for(replace(batch, old_log_probs=given)),
             )
             batch.advantages = advantages if loss_mask is None else advantages * loss_mask  # 0: not trained on

@@ -261,3 +261,37 @@ def test_the_baseline_is_taken_from_the_batchs_old_log_probs_where_it_has_them()
     assert actor.baseline_for(batch) == pytest.approx(1.5, rel=1e-6)
     actor.estimator.advantage_baseline = "none"
     assert actor.baseline_for(batch) == 0.0
+
+
+def test_with_a_teacher_of_another_tokenizer_the_stored_advantage_is_the_one_trained_on():
+    """A teacher with another tokenizer leaves some response tokens unscored (Batch.scored_mask): the
+    discounted advantage runs over the scored ones. update_actor's `advantages` column summed over the
+    whole response instead (a house-style review found -0.455 stored where -0.905 was trained on).
+    Checked by the gradient: the textbook PG loss -sum_t A_t log pi(y_t) / N with the stored A, over
+    the scored tokens, has the LoRA gradient the actor computed."""
+    gamma = 0.8
+    est = k1_pg(gamma, advantage_baseline="batch_mean")
+
+    def aligned(batch):  # each token its own span, two left unaligned
+        span = torch.arange(batch.responses.shape[1]).expand_as(batch.responses).clone()  # (B, R)
+        span[0, 1] = span[1, 0] = -1
+        batch.student_span = span * batch.response_mask.long() - (1 - batch.response_mask.long())
+        batch.teacher_span_logprobs = batch.teacher_logprobs.double()  # (B, S = R)
+        return batch
+
+    actor, batch = toy_actor(est)
+    batch = aligned(batch)
+    scored = batch.scored_mask
+    assert float((batch.response_mask - scored).sum()) == 2
+    actor.accumulate_gradients(batch, [2, 2])
+    ours = {n: p.grad.clone() for n, p in zip(actor.param_names, actor.params)}
+    actor.optimizer.zero_grad(set_to_none=True)
+    stepped, same = toy_actor(est)  # the same start: update_actor takes its step there
+    trained, _ = stepped.update_actor(aligned(same), [4])
+
+    actor.peft_model.train()
+    logits = actor.model.get_output_embeddings()(response_hidden_states(actor.model, batch)) / actor.temperature
+    log_prob = logits.log_softmax(-1).gather(-1, batch.responses[..., None]).squeeze(-1)  # (B, R)
+    (-(trained.advantages * log_prob * scored).sum() / scored.sum()).backward()
+    for name, p in zip(actor.param_names, actor.params):
+        torch.testing.assert_close(ours[name], p.grad, rtol=1e-9, atol=1e-12)
