@@ -487,7 +487,8 @@ def test_bench_refuses_a_folder_that_is_not_a_model_in_one_line(tmp_path, capsys
 def test_a_ctrl_c_during_the_bench_is_one_line_and_exit_130(tmp_path, capsys, monkeypatch):
     from miniverl.bench import cli
 
-    def measured(args):
+    def measured(args, out):
+        assert out.is_dir()
         raise KeyboardInterrupt  # as Ctrl-C raises it, mid-measurement
 
     monkeypatch.setattr(cli, "run", measured)
@@ -498,6 +499,7 @@ def test_a_ctrl_c_during_the_bench_is_one_line_and_exit_130(tmp_path, capsys, mo
         "miniverl.bench: error: stopped by SIGINT before the bench finished (its results are written at the end): "
         "run it again"
     )
+    assert not (tmp_path / "o").exists()  # nothing written there: the folder the bench made is gone
 
 
 def test_bench_on_cuda_without_a_gpu_is_one_line(tmp_path, capsys, monkeypatch):
