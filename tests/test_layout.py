@@ -78,3 +78,21 @@ def test_every_console_script_names_a_command_that_imports():
         module, _, function = target.partition(":")
         assert layer_of(module) == LAYERS.index("commands"), name
         assert callable(getattr(importlib.import_module(module), function)), name
+
+
+def test_the_readme_layout_names_every_module():
+    """README.md's Layout is the map of the code: each module is named there (a folder of like modules,
+    reward_score/ and field_rules/, by the folder)."""
+    import re
+
+    readme = (PACKAGE.parent / "README.md").read_text()
+    layout = readme.split("## Layout", 1)[1].split("```", 2)[1]
+    words = set(re.findall(r"[\w]+", layout))
+    missing = [
+        str(path.relative_to(PACKAGE.parent))
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path.stem not in ("__init__", "__main__")
+        and path.parent.name not in ("reward_score", "field_rules")
+        and path.stem not in words
+    ]
+    assert missing == []
