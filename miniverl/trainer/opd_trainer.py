@@ -92,7 +92,6 @@ class OPDTrainer:
         self.tensorboard = TensorBoardLogger(self.run_dir) if "tensorboard" in cfg.trainer.logger else None
         self.out.write_yaml("resolved_config.yaml", self.resolved)
         self.out.write_json("plan.json", self.plan.to_dict(), canonical=True)
-
         # Toy models are written to the run folder and then loaded like any hub model; a toy
         # teacher learns the rows it scores (with several teachers, only its own).
         separate = {name: t for name, t in cfg.teacher_blocks.items() if t.mode == "standard"}
@@ -242,8 +241,9 @@ class OPDTrainer:
                 )
             self.mark_first("teacher_targets")
             with timed("update_actor", timings, self.device):
+                dropout = derive_seed(cfg.trainer.seed, "dropout", update.update)
                 batch, actor_metrics = shift.run(
-                    "update_chunk", chunks, lambda sizes: self.actor.update_actor(batch, sizes)
+                    "update_chunk", chunks, lambda sizes: self.actor.update_actor(batch, sizes, dropout)
                 )
             self.mark_first("update")
             self.out.write_trajectory(update.update, batch)

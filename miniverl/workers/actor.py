@@ -134,12 +134,18 @@ class ActorWorker:
             return self.compute_log_prob(batch, rows_per_forward)
         return None
 
-    def update_actor(self, batch: Batch, chunks: list[int]) -> tuple[Batch, dict[str, float]]:
+    def update_actor(
+        self, batch: Batch, chunks: list[int], dropout_seed: int | None = None
+    ) -> tuple[Batch, dict[str, float]]:
         """One optimizer step on `batch` (needs the teacher's columns). Returns the batch with the
         actor's columns filled — old_log_probs (`old_log_probs_for`, else this update's own
         forward's) and, for the policy-gradient estimators, advantages — and the update's metrics.
         The batch is written only once the step is taken, so an out-of-memory retry at smaller
-        chunks starts again from the batch as it came."""
+        chunks starts again from the batch as it came. `dropout_seed`: the update's, for a model with
+        dropout (its masks come from torch's global generators, CPU and CUDA: seeded per update, a
+        resumed run draws the masks the uninterrupted one drew)."""
+        if self.dropout_in_train_mode and dropout_seed is not None:
+            torch.manual_seed(dropout_seed)
         given = self.old_log_probs_for(batch, chunks[0])
         with cpu_gemm.float32_products(self.model, self.float32_gemm):  # the recomputed forward too
             metrics, distillation_losses, own, loss_mask = self._step(replace(batch, old_log_probs=given), chunks)

@@ -99,6 +99,23 @@ def test_stopped_after_k_and_resumed_in_a_fresh_process_equals_the_uninterrupted
 
 
 @pytest.mark.slow
+def test_a_student_with_dropout_resumes_exactly(tmp_path):
+    """Dropout's masks come from torch's global generators, which no checkpoint holds: seeded per update
+    from trainer.seed, a resumed run draws the uninterrupted run's (a CUDA review showed the recipe's
+    resume check failing with model.lora.dropout=0.1). In one process, so the generators have moved on
+    between the runs as they would not in a fresh one."""
+    dropout = "model.lora.dropout=0.1"
+    whole = run_in_process(tmp_path / "whole", dropout)
+    run_in_process(tmp_path / "stopped", dropout, "trainer.stop_after_updates=2")
+    torch.rand(7)  # the global generator elsewhere than where the stop left it
+    resumed = run_in_process(tmp_path / "resumed", dropout, f"trainer.resume_from={tmp_path / 'stopped'}")
+    assert resumed["resume"]["resumed_after_update"] == 2
+    for key in ("trajectory_sha256", "standard_peft_adapter_sha256"):
+        assert resumed["artifacts"][key] == whole["artifacts"][key], key
+    without = run_in_process(tmp_path / "without")  # the dropout is at work: other weights without it
+    assert without["artifacts"]["standard_peft_adapter_sha256"] != whole["artifacts"]["standard_peft_adapter_sha256"]
+
+
 def test_a_resumed_run_goes_on_at_the_sizes_an_out_of_memory_error_halved(tmp_path, monkeypatch):
     """A transient out-of-memory error halves the rollout's rows for the rest of the run; a run
     resumed after it must go on at the halved size, as the uninterrupted run does: in half
