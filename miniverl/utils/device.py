@@ -37,6 +37,8 @@ def resolve_device(hardware: HardwareConfig) -> torch.device:
 CUBLAS_WORKSPACES = (":4096:8", ":16:8")
 # =1 puts torch's NaN fill of new tensors back (below): a read of memory nothing wrote then shows as NaN.
 FILL_UNINITIALIZED_ENV = "MINIVERL_FILL_UNINITIALIZED_MEMORY"
+# transformers' flash-attention integration reads it (modeling_flash_attention_utils): "1" = deterministic backward.
+FLASH_DETERMINISTIC_ENV = "FLASH_ATTENTION_DETERMINISTIC"
 
 
 def set_determinism(device: torch.device, deterministic: bool) -> None:
@@ -69,12 +71,55 @@ def set_determinism(device: torch.device, deterministic: bool) -> None:
         if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):  # torch >= 2.3
             torch.backends.cuda.enable_cudnn_sdp(False)
         torch.backends.cuda.enable_math_sdp(True)
+        # attn_implementation=flash_attention_2: its backward is deterministic only when asked, and
+        # transformers asks only where this is set (torch's strict mode does not reach its kernels).
+        os.environ[FLASH_DETERMINISTIC_ENV] = "1"
     torch.use_deterministic_algorithms(True, warn_only=False)
     # Strict mode also fills every new tensor with NaN (or an integer's maximum) in case an op reads
     # memory nothing wrote. Nothing here does: a run computes the same bits with and without the fill
     # (tests/e2e/test_qwen3_layout.py), and torch says such a program stays deterministic with it off.
     # Its cost: 15 % of the real CPU recipe's time as the AVX2 kind runs it (recipes/opd_k1_real_cpu/README.md).
     torch.utils.deterministic.fill_uninitialized_memory = os.environ.get(FILL_UNINITIALIZED_ENV) == "1"
+
+
+@contextmanager
+def determinism_restored():
+    """Puts back, on leaving, the global switches `set_determinism` sets: what runs after a miniverl
+    run in the same process (the bench's TRL sides) runs as it would alone (TRL's IW-OPD calls a
+    float cumsum on CUDA, which strict deterministic mode refuses)."""
+    cuda = torch.backends.cuda
+    flash_env = os.environ.get(FLASH_DETERMINISTIC_ENV)
+    saved = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.utils.deterministic.fill_uninitialized_memory,
+        torch.backends.cudnn.benchmark,
+        torch.backends.cudnn.deterministic,
+        cuda.matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
+        cuda.flash_sdp_enabled(),
+        cuda.mem_efficient_sdp_enabled(),
+        cuda.cudnn_sdp_enabled() if hasattr(cuda, "cudnn_sdp_enabled") else None,
+        cuda.math_sdp_enabled(),
+    )
+    try:
+        yield
+    finally:
+        (algorithms, warn_only, fill, benchmark, cudnn_deterministic, tf32, cudnn_tf32, flash, mem_efficient, cudnn_sdp,
+         math_sdp) = saved  # fmt: skip
+        torch.use_deterministic_algorithms(algorithms, warn_only=warn_only)
+        torch.utils.deterministic.fill_uninitialized_memory = fill
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = benchmark, cudnn_deterministic
+        cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32, cudnn_tf32
+        cuda.enable_flash_sdp(flash)
+        cuda.enable_mem_efficient_sdp(mem_efficient)
+        if cudnn_sdp is not None:
+            cuda.enable_cudnn_sdp(cudnn_sdp)
+        cuda.enable_math_sdp(math_sdp)
+        if flash_env is None:
+            os.environ.pop(FLASH_DETERMINISTIC_ENV, None)
+        else:
+            os.environ[FLASH_DETERMINISTIC_ENV] = flash_env
 
 
 def synchronize(device: torch.device) -> None:

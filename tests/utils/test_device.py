@@ -56,6 +56,48 @@ def test_on_cuda_attention_runs_on_the_math_backend_only_with_strict_determinism
     assert torch.backends.cuda.matmul.allow_tf32 is False and torch.backends.cudnn.allow_tf32 is False
 
 
+def test_on_cuda_flash_attention_is_asked_for_its_deterministic_backward(switches, monkeypatch):
+    """transformers runs flash-attn's deterministic backward only where FLASH_ATTENTION_DETERMINISTIC=1
+    (a CUDA review: attn_implementation=flash_attention_2 broke exact resume without a word)."""
+    monkeypatch.setenv(device_module.FLASH_DETERMINISTIC_ENV, "0")
+    set_determinism(torch.device("cuda", 0), True)
+    assert device_module.os.environ[device_module.FLASH_DETERMINISTIC_ENV] == "1"
+
+
+def test_the_switches_set_determinism_sets_are_put_back_on_leaving_determinism_restored(monkeypatch):
+    """bench --quality runs miniverl, then TRL, in one process: TRL's sides must not inherit the strict
+    mode (on CUDA, TRL's IW-OPD's float cumsum raises there) nor the math-only attention."""
+    from miniverl.utils.device import determinism_restored
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    monkeypatch.delenv(device_module.FLASH_DETERMINISTIC_ENV, raising=False)
+    cuda, cudnn = torch.backends.cuda, torch.backends.cudnn
+
+    def switches_now():
+        return (
+            torch.are_deterministic_algorithms_enabled(),
+            torch.utils.deterministic.fill_uninitialized_memory,
+            cudnn.benchmark,
+            cudnn.deterministic,
+            cuda.matmul.allow_tf32,
+            cudnn.allow_tf32,
+            cuda.flash_sdp_enabled(),
+            cuda.mem_efficient_sdp_enabled(),
+            cuda.math_sdp_enabled(),
+            device_module.os.environ.get(device_module.FLASH_DETERMINISTIC_ENV),
+        )
+
+    cudnn.benchmark = True  # a user's own setting before the run
+    try:
+        before = switches_now()
+        with determinism_restored():
+            set_determinism(torch.device("cuda", 0), True)  # only switches are set: no GPU needed
+            assert switches_now() != before and torch.are_deterministic_algorithms_enabled()
+        assert switches_now() == before
+    finally:
+        cudnn.benchmark = False
+
+
 def test_a_cublas_workspace_torch_rejects_is_replaced_and_one_it_accepts_is_kept(switches, monkeypatch):
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":1:1")
     set_determinism(torch.device("cuda", 0), True)
