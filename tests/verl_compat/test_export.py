@@ -373,6 +373,44 @@ def test_a_launch_with_every_knob_changed_composes_and_type_checks(tmp_path, ver
     assert runtime_violations(OmegaConf.to_container(verl_cfg, resolve=True), "0.8.0") == []
 
 
+# Each setting with a value of its own, and the verl key it must land on, spelt out here apart from the
+# field-rule table: the export/import round trip reads that table both ways, so two keys swapped in it
+# (clip_ratio_low and clip_ratio_high, found by a tests audit) would pass it.
+LANDS_ON = {
+    "estimator.clip_ratio=0.15": ("distillation.distillation_loss.clip_ratio", 0.15),
+    "estimator.clip_ratio_low=0.1": ("distillation.distillation_loss.clip_ratio_low", 0.1),
+    "estimator.clip_ratio_high=0.28": ("distillation.distillation_loss.clip_ratio_high", 0.28),
+    "estimator.loss_max_clamp=7.0": ("distillation.distillation_loss.loss_max_clamp", 7.0),
+    "estimator.log_prob_min_clamp=-9.0": ("distillation.distillation_loss.log_prob_min_clamp", -9.0),
+    "estimator.distillation_loss_coef=0.5": ("distillation.distillation_loss.distillation_loss_coef", 0.5),
+    "actor.clip_ratio_low=0.12": ("actor_rollout_ref.actor.clip_ratio_low", 0.12),
+    "actor.clip_ratio_high=0.26": ("actor_rollout_ref.actor.clip_ratio_high", 0.26),
+    "actor.optim.lr=3e-6": ("actor_rollout_ref.actor.optim.lr", 3e-6),
+    "actor.optim.weight_decay=0.02": ("actor_rollout_ref.actor.optim.weight_decay", 0.02),
+    "rollout.top_p=0.9": ("actor_rollout_ref.rollout.top_p", 0.9),
+    "rollout.top_k=40": ("actor_rollout_ref.rollout.top_k", 40),
+    "data.seed=7": ("data.seed", 7),
+    "recipe.prompt_limit=256": ("data.max_prompt_length", 256),
+    "recipe.response_limit=512": ("data.max_response_length", 512),
+    "recipe.logical_batch=16": ("data.train_batch_size", 16),
+    "export.nnodes=4": ("trainer.nnodes", 4),
+    "export.n_gpus_per_node=1": ("trainer.n_gpus_per_node", 1),
+    "export.teacher_nnodes=1": ("distillation.nnodes", 1),
+    "export.teacher_n_gpus_per_node=4": ("distillation.n_gpus_per_node", 4),
+    "export.teacher_replicas=2": ("distillation.teacher_models.teacher_model.num_replicas", 2),
+    "export.teacher_tensor_parallel_size=2": (
+        "distillation.teacher_models.teacher_model.inference.tensor_model_parallel_size",
+        2,
+    ),
+}
+
+
+def test_each_setting_lands_on_its_own_verl_key(tmp_path):
+    written = parsed(export_lines(tmp_path, list(LANDS_ON)))
+    for override, (key, value) in LANDS_ON.items():
+        assert written.get(key) == value, override
+
+
 def test_the_type_check_catches_a_wrong_type(verl_root, verl_default):
     wrong = [
         "trainer.nnodes=one",
