@@ -97,6 +97,20 @@ def test_plan_lists_prompts_seeds_and_batches_per_update():
     assert len(set(seeds)) == len(seeds)  # one stream per sample
 
 
+def test_with_shuffle_each_pass_over_the_prompts_is_its_own_permutation():
+    """data.shuffle reorders the rows anew at each pass (epoch), from data.seed: a tests audit gave every
+    pass epoch 0's order and no test noticed."""
+    three_passes = ["recipe.logical_batch=16", "recipe.optimizer_updates=12"]  # 192 prompts of 64
+    config = to_config(compose_config([*BASE, "data.shuffle=true", "data.repeat_prompts=true", *three_passes]))
+    prompts = tokenize_prompts(read_conversations(config.data), config.data, build_toy_tokenizer(), 128)
+    order = [row for u in compile_plan(config, prompts).updates for row in u.prompt_rows]
+    rows = len(prompts)
+    passes = [order[start : start + rows] for start in range(0, 3 * rows, rows)]
+    assert all(sorted(each) == sorted(prompts.rows) for each in passes)
+    assert passes[0] != list(prompts.rows)  # shuffled
+    assert len({tuple(each) for each in passes}) == 3  # each pass its own order
+
+
 def test_canonical_json_is_sorted_compact_utf8():
     assert canonical_json({"b": 1, "a": ["é", 2.5]}) == '{"a":["é",2.5],"b":1}'.encode()
     with pytest.raises(ValueError):
