@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from miniverl import report as compare_command
+from miniverl.config import to_config
 from miniverl.main import run
 from miniverl.trainer import run_report as report_module
 from miniverl.utils import downshift
@@ -271,3 +272,25 @@ def test_the_steady_state_of_one_update_is_null_not_the_warm_up_update():
     steady = {**update, "timing_s/gen": 0.11}
     seconds, throughput = report_module.steady_state([update, steady, steady])
     assert seconds["rollout"] == 0.11 and throughput["rollout_tokens_per_second"] == round(64 / 0.11, 4)
+
+
+@pytest.mark.parametrize(
+    "device,reserved,limits,within",
+    [
+        ("cuda", 1.0, ["hardware.peak_reserved_limit_gib=0.5", "hardware.gpu_hour_limit=0.25"], (False, False)),
+        ("cuda", 1.0, ["hardware.peak_reserved_limit_gib=2", "hardware.gpu_hour_limit=1"], (True, True)),
+        ("cuda", 1.0, ["hardware.peak_reserved_limit_gib=1", "hardware.gpu_hour_limit=0.5"], (True, True)),
+        ("cuda", 1.0, [], (None, None)),  # no limit: nothing to judge
+        ("cpu", None, ["hardware.gpu_hour_limit=0.25"], (None, None)),  # no GPU hours on the CPU
+    ],
+)
+def test_the_resource_contract_judges_the_measured_figures_against_the_limits(device, reserved, limits, within):
+    """`peak_reserved_within_limit` and `gpu_hours_within_limit` had no test of their value (a tests audit);
+    a run of half an hour, 1 GiB reserved, at and on either side of each limit."""
+    from dataclasses import fields
+
+    cfg = to_config(compose_config(["+recipe=opd_k1", *SHORT, *limits]))
+    given = {"hardware": {"device": device}, "peak_reserved_gib": reserved, "workload_seconds": 1800.0}
+    facts = report_module.RunFacts(**{f.name: given.get(f.name) for f in fields(report_module.RunFacts)})
+    contract = report_module.resource_contract(cfg, facts)
+    assert (contract["peak_reserved_within_limit"], contract["gpu_hours_within_limit"]) == within
