@@ -61,6 +61,25 @@ def test_sampling_is_reproducible_and_seed_dependent(trainer):
     assert not torch.equal(first.responses, other_seeds.responses)  # same prompts, other streams
 
 
+@torch.no_grad()
+def test_at_temperature_0_7_the_rollout_samples_and_scores_the_tempered_distribution(tmp_path):
+    """The rollout's log-probs are log_softmax(logits / T) of the student at the sampled tokens (a tests
+    audit dropped the division: only a slow bench test noticed)."""
+    cfg = compose_config(["+recipe=opd_k1", *SHORT, "rollout.temperature=0.7"])
+    tempered = OPDTrainer(to_config(cfg), resolved_config(cfg), tmp_path)
+    tempered.setup()
+    batch = generate(tempered, [4])
+    student = tempered.student.eval()
+    out = student(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids)
+    start = batch.prompt_length - 1  # position P + t - 1 predicts response token t
+    logits = out.logits[:, start : start + batch.response_length].double()  # (B, R, V)
+    sampled = batch.responses[..., None]
+    for temperature, close in ((0.7, True), (1.0, False)):
+        expected = (logits / temperature).log_softmax(-1).gather(-1, sampled).squeeze(-1) * batch.response_mask
+        same = torch.allclose(batch.rollout_log_probs.double(), expected, atol=1e-4, rtol=0)
+        assert same == close, temperature
+
+
 @pytest.mark.slow
 def test_a_failed_resume_check_fails_the_command(monkeypatch, tmp_path):
     import miniverl.trainer.resume_check as resume_check
