@@ -149,6 +149,32 @@ def test_an_estimate_over_the_memory_limit_fails(monkeypatch):
     assert "against this machine's memory (0.001 GiB)" in check.reason  # it said "(0.0 GiB)"
 
 
+def test_an_estimate_near_the_memory_limit_warns(monkeypatch):
+    """Above 80 % of the limit, a WARN (no test looked at that branch: a tests audit made it PASS unseen)."""
+    import re
+
+    peak = float(re.search(r"estimated peak ([\d.]+) GiB", checks_of()["memory"].reason).group(1))
+    for share, status in ((0.9, "WARN"), (0.6, "PASS")):
+        small_machine(monkeypatch, peak / share)
+        assert checks_of()["memory"].status == status, share
+
+
+@pytest.mark.parametrize("unaligned,status", [(0.0, "PASS"), (0.3, "WARN"), (0.7, "FAIL")])
+def test_a_teacher_of_another_tokenizer_warns_below_95_and_fails_below_half_of_tokens_aligned(
+    monkeypatch, unaligned, status
+):
+    from types import SimpleNamespace
+
+    def align(student_tok, ids, *args, **kwargs):  # this share of each text's tokens left unaligned
+        return SimpleNamespace(unaligned_student_tokens=round(len(ids) * unaligned))
+
+    monkeypatch.setattr(preflight, "align_response", align)
+    cfg = to_config(compose_config([*BASE, "teacher.toy.tokenizer=bpe", "teacher.tokenizer_alignment=text"]))
+    check = preflight.check_alignment(cfg, toy.build_toy_tokenizer(), toy.build_toy_tokenizer("bpe"))
+    assert check.status == status and "tokens of the training rows' text" in check.reason
+    assert ("pick a closer teacher" in check.reason) == (status == "FAIL")
+
+
 def test_a_gpu_memory_limit_is_no_limit_on_the_cpu():
     """A new-user audit: hardware.peak_reserved_limit_gib (the most GPU memory the run may reserve, reported
     as met or not) refused a CPU run before it started, against the process's resident memory."""
