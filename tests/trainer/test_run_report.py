@@ -294,3 +294,16 @@ def test_the_resource_contract_judges_the_measured_figures_against_the_limits(de
     facts = report_module.RunFacts(**{f.name: given.get(f.name) for f in fields(report_module.RunFacts)})
     contract = report_module.resource_contract(cfg, facts)
     assert (contract["peak_reserved_within_limit"], contract["gpu_hours_within_limit"]) == within
+
+
+def test_prompts_read_again_count_once_among_the_distinct_ones(tmp_path):
+    """4 prompts, 3 updates of 4 with data.repeat_prompts: 12 consumed, 4 distinct (the suite's runs
+    never repeated a prompt, so a count of every row passed as the distinct one: a tests audit)."""
+    import pyarrow.parquet as pq
+
+    four = tmp_path / "four.parquet"
+    pq.write_table(pq.read_table(ROOT / "data" / "toy_prompts.parquet").slice(0, 4), four)
+    report = run_toy(tmp_path, "run", f"data.train_files=[{four}]", "data.repeat_prompts=true",
+                     "recipe.logical_batch=4", "recipe.optimizer_updates=3")  # fmt: skip
+    m = report["measurements"]
+    assert (m["prompts_consumed"], m["distinct_prompts_consumed"]) == (12, 4)
