@@ -31,6 +31,12 @@ PYTHON="${PYTHON:-python}"
 TINY="${GPU_CHECK_TINY:-0}"
 DEADLINE=$((SECONDS + ${GPU_CHECK_BUDGET:-540}))  # the whole check ends within 9 minutes
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
+# A check on the CPU would pass while checking nothing of CUDA: refused, but for the command-line check.
+if [ "$TINY" != 1 ] && ! "$PYTHON" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())'; then
+    echo "gpu_check: torch sees no GPU ($("$PYTHON" -c 'import torch; print(torch.__version__)')): run it on a CUDA" \
+        "machine, or GPU_CHECK_TINY=1 GPU_CHECK_HARDWARE=cpu to check its command lines here" >&2
+    exit 2
+fi
 mkdir -p "$OUT_DIR" "$WORK_DIR"
 STATUS_FILE="$OUT_DIR/steps.txt"
 : > "$STATUS_FILE"
@@ -191,10 +197,15 @@ for name in ("bench_cuda_graph.json", "bench.json", "real_bench.json"):
     print(f"  {name} ({b['scale']}, {b['bench_seconds']} s): " + ", ".join(
         f"{k} {v}" for k, v in b["ratios"].items() if v is not None))
 PY
-# Exit non-zero when any step failed, or the recipe did not measure with an exact resume.
+# Exit non-zero when any step failed, a gpu test was skipped (pytest exits 0 then), or the recipe did not
+# measure on the GPU with an exact resume.
 if grep -qv " rc=0 " "$STATUS_FILE"; then exit 1; fi
+if [ "$TINY" != 1 ] && [ -f "$OUT_DIR/tests.log" ] && grep -q " skipped" <(tail -n 1 "$OUT_DIR/tests.log"); then
+    echo "gpu_check: gpu tests were skipped (tests.log): they ran nothing on this GPU" >&2
+    exit 1
+fi
 for report in "$OUT_DIR/recipe_report.json" "$OUT_DIR/real_report.json"; do
     [ -f "$report" ] || continue
-    "$PYTHON" -c 'import json, sys; r = json.load(open(sys.argv[1])); sys.exit(r["status"] != "measured" or r["resume"]["status"] != "exact_match")' \
-        "$report" || exit 1
+    "$PYTHON" -c 'import json, sys; r = json.load(open(sys.argv[1])); sys.exit(r["status"] != "measured" or r["resume"]["status"] != "exact_match" or (sys.argv[2] != "1" and r["hardware"]["device"] != "cuda"))' \
+        "$report" "$TINY" || exit 1
 done
