@@ -316,6 +316,28 @@ def check_attention(cfg: MiniverlConfig, device: torch.device) -> Check:
     return Check("WARN" if unchecked else "PASS", "attention", "; ".join(facts))
 
 
+def check_precision(cfg: MiniverlConfig, device: torch.device) -> Check:
+    """On CUDA, a bf16 compute dtype on a GPU without bf16 arithmetic (before Ampere: a T4, a V100),
+    where torch only emulates it and bitsandbytes' NF4 kernels have fp16 alone: refused, with the keys."""
+    blocks = [("model", cfg.model)] + [(cfg.teacher_where(n), b) for n, b in cfg.teacher_blocks.items()]
+    dtypes = {where: planned_dtype(b) for where, b in blocks if where == "model" or b.mode == "standard"}
+    named = ", ".join(f"{where} {str(dtype).removeprefix('torch.')}" for where, dtype in dtypes.items())
+    line = f"{torch.cuda.get_device_name(device)}: compute in {named}"
+    bf16 = [where for where, dtype in dtypes.items() if dtype == torch.bfloat16]
+    if bf16 and not torch.cuda.is_bf16_supported(including_emulation=False):
+        major, minor = torch.cuda.get_device_capability(device)
+        fix = "set " + " ".join(f"{where}.dtype=float16" for where in bf16)
+        return Check("FAIL", "precision", f"{line}; compute capability {major}.{minor} has no bf16 arithmetic: {fix}")
+    return Check("PASS", "precision", line)
+
+
+def planned_dtype(block: StudentConfig | TeacherConfig) -> torch.dtype:
+    """The dtype a model will compute in (a toy's: the one its weights are written in, with `dtype: auto`)."""
+    if block.model_id == "toy":
+        return models.TORCH_DTYPES[block.toy.dtype if block.dtype == "auto" else block.dtype]
+    return models.compute_dtype(block, models.source_of(block, None))
+
+
 def cheap_checks(cfg: MiniverlConfig, device: torch.device) -> list[Check]:
     tokenizer = models.load_tokenizer("model", cfg.model, models.source_of(cfg.model, None))
     return [
@@ -323,6 +345,7 @@ def cheap_checks(cfg: MiniverlConfig, device: torch.device) -> list[Check]:
         guarded("tokenizer", check_tokenizers, cfg, tokenizer),
         *([guarded("attention", check_attention, cfg, device)] if model_blocks(cfg) else []),
         *([guarded("positions", check_positions, cfg)] if model_blocks(cfg) else []),
+        *([guarded("precision", check_precision, cfg, device)] if device.type == "cuda" else []),
         guarded("memory", check_memory, cfg, device),
         *([guarded("topk", check_topk, cfg, tokenizer)] if cfg.estimator.topk_loss else []),
         *([guarded("reward", check_reward, cfg)] if cfg.estimator.use_task_rewards else []),

@@ -175,6 +175,23 @@ def test_a_teacher_of_another_tokenizer_warns_below_95_and_fails_below_half_of_t
     assert ("pick a closer teacher" in check.reason) == (status == "FAIL")
 
 
+@pytest.mark.parametrize("bf16_arithmetic,status", [(False, "FAIL"), (True, "PASS")])
+def test_on_a_gpu_without_bf16_arithmetic_a_bf16_model_is_refused_naming_its_dtype_key(
+    monkeypatch, bf16_arithmetic, status
+):
+    """Before Ampere (a T4: compute capability 7.5) torch only emulates bf16 and bitsandbytes' NF4 kernels
+    have fp16 alone (a CUDA review: nothing checked). Checked here with torch.cuda's answers given."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: bf16_arithmetic)
+    cfg = to_config(compose_config([*BASE, "model.toy.dtype=bfloat16"]))  # the toy teacher: float32
+    check = preflight.check_precision(cfg, torch.device("cuda", 0))
+    assert check.status == status
+    assert check.reason.startswith("Tesla T4: compute in model bfloat16, teacher float32")
+    if status == "FAIL":
+        assert check.reason.endswith("compute capability 7.5 has no bf16 arithmetic: set model.dtype=float16")
+
+
 def test_a_gpu_memory_limit_is_no_limit_on_the_cpu():
     """A new-user audit: hardware.peak_reserved_limit_gib (the most GPU memory the run may reserve, reported
     as met or not) refused a CPU run before it started, against the process's resident memory."""
