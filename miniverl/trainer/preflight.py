@@ -267,8 +267,9 @@ def check_memory(cfg: MiniverlConfig, device: torch.device) -> Check:
             cfg.hardware.peak_reserved_limit_gib,
             f"hardware.peak_reserved_limit_gib={cfg.hardware.peak_reserved_limit_gib}",
         )
-    elif device.type == "cuda":
-        limit, what = torch.cuda.get_device_properties(device).total_memory / 2**30, "the GPU's memory"
+    elif device.type == "cuda":  # what is free: another process (a desktop's display, a notebook) holds the rest
+        free, total = torch.cuda.mem_get_info(device)
+        limit, what = free / 2**30, f"the free memory of the GPU's {total / 2**30:.3g} GiB"
     else:
         limit, what = psutil.virtual_memory().total / 2**30, "this machine's memory"
     parts = f" ({estimate:.2f} GiB of models, cache, activations and optimizer + {runtime:.2f} GiB the process holds)"

@@ -192,6 +192,14 @@ def test_on_a_gpu_without_bf16_arithmetic_a_bf16_model_is_refused_naming_its_dty
         assert check.reason.endswith("compute capability 7.5 has no bf16 arithmetic: set model.dtype=float16")
 
 
+def test_on_a_gpu_the_estimate_is_held_against_its_free_memory(monkeypatch):
+    """A desktop GPU that drives a display holds part of its memory already: the run has what is free
+    (a CUDA review: the check read the total)."""
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (int(0.001 * 2**30), 16 * 2**30))
+    check = preflight.check_memory(to_config(compose_config(BASE)), torch.device("cuda", 0))
+    assert check.status == "FAIL" and "against the free memory of the GPU's 16 GiB (0.001 GiB)" in check.reason
+
+
 def test_a_gpu_memory_limit_is_no_limit_on_the_cpu():
     """A new-user audit: hardware.peak_reserved_limit_gib (the most GPU memory the run may reserve, reported
     as met or not) refused a CPU run before it started, against the process's resident memory."""
