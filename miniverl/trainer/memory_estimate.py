@@ -98,6 +98,10 @@ def estimate_peak_bytes(cfg: MiniverlConfig, device_type: str = "cpu", heldout_r
         total += chunk * tokens * (s["layers"] * s["hidden"] * 4 + layer_activations)
     else:  # every layer's activations kept for the backward
         total += chunk * tokens * s["layers"] * layer_activations
+    if device_type == "cuda" and hw.deterministic:
+        # The math attention backend (utils/device.set_determinism) materialises one layer's (b, heads, L, L)
+        # scores in float32, their softmax and its gradient: 2.4 GB per score tensor at 4 x 16 heads x 3072.
+        total += 3 * chunk * s["heads"] * tokens**2 * 4
     total += rows_per_chunk(hw.logprob_chunk, s["vocab"]) * s["vocab"] * 4 * 3  # logits, exp, gradient of a chunk
     if device_type == "cpu" and cfg.model.quantization == "nf4" and hw.rollout_dequantize_4bit_once:
         # the rollout's dense copies of the 4-bit weights: float32 where the roles multiply in float32

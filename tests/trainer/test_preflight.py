@@ -235,6 +235,23 @@ def test_the_memory_estimate_counts_the_rows_and_chunks_that_run_not_the_sizes_s
     assert estimate(f"hardware.logprob_chunk={cap - 1}") < estimate(f"hardware.logprob_chunk={cap}")
 
 
+def test_on_cuda_the_estimate_counts_the_attention_scores_the_deterministic_math_backend_holds():
+    """Strict determinism runs attention on the math backend: one layer's (b, heads, L, L) float32 scores,
+    their softmax and its gradient (a CUDA review: at long sequences several GiB the estimate left out)."""
+    from miniverl.trainer.memory_estimate import architecture, estimate_peak_bytes
+
+    def estimate(*overrides, device="cuda"):
+        return estimate_peak_bytes(to_config(compose_config([*BASE, *overrides])), device)
+
+    heads = architecture("model", to_config(compose_config(BASE)).model)["heads"]
+    for limits in (["recipe.prompt_limit=64", "recipe.response_limit=64"], ["recipe.response_limit=512"]):
+        cfg = to_config(compose_config([*BASE, *limits]))
+        tokens, chunk = cfg.recipe.prompt_limit + cfg.recipe.response_limit, min(cfg.hardware.update_chunk, 4)
+        fused = estimate(*limits, "hardware.deterministic=false")
+        assert estimate(*limits) - fused == 3 * chunk * heads * tokens**2 * 4
+        assert estimate(*limits, device="cpu") == estimate(*limits, "hardware.deterministic=false", device="cpu")
+
+
 @pytest.mark.parametrize("loss", ["forward_kl_topk", "forward_kl_topk_tail", "reverse_kl_topk"])
 def test_a_topk_larger_than_the_vocabulary_fails_in_one_line(loss):
     check = checks_of(f"estimator={loss}", "estimator.topk=260")["topk"]  # the toy tokenizer has 259 tokens
