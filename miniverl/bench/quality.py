@@ -173,7 +173,7 @@ class Prober:
         self.initial = {k: v.clone() for k, v in self.lora_weights(self.student).items()}
         roles = build_roles(config, self.student, self.tokenizer, device, {}, {})
         self.teacher = roles.teacher
-        self.probe = ValidationProbe.from_config(config, self.tokenizer, roles.rollout, roles.teacher, self.student)
+        self.probe = ValidationProbe.from_config(config, self.tokenizer, roles.rollout, roles.teacher, roles.actor)
         self.shift = Downshift.for_hardware(device, config.hardware)
         self.config, self.device = config, device
 

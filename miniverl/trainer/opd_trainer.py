@@ -112,7 +112,7 @@ class OPDTrainer:
         self.rollout, self.teacher, self.actor = roles.rollout, roles.teacher, roles.actor
         self.teacher_weight_bytes, self.products = roles.teacher_weight_bytes, roles.products  # for the report
         if cfg.eval.every != -1:
-            self.probe = ValidationProbe.from_config(cfg, self.tokenizer, self.rollout, self.teacher, self.student)
+            self.probe = ValidationProbe.from_config(cfg, self.tokenizer, self.rollout, self.teacher, self.actor)
         self.downshift = Downshift.for_hardware(self.device, cfg.hardware, self.resumed)  # a resumed run: its sizes
         self.eval_downshift = Downshift.for_hardware(self.device, cfg.hardware, self.resumed, "eval_downshift")
         if self.resumed is not None:

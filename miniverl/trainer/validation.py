@@ -36,14 +36,15 @@ import logging
 import torch
 
 from miniverl.config.reward import RewardConfig
-from miniverl.models import cpu_gemm
 from miniverl.protocol import Batch
 from miniverl.trainer.plan import derive_seed, read_rows, teacher_contexts, teacher_routes
 from miniverl.utils.dataset import PromptSet, tokenize_prompts
 from miniverl.utils.downshift import Downshift
 from miniverl.utils.errors import MiniverlError
+from miniverl.workers.actor import ActorWorker
 from miniverl.workers.factory import with_contexts
-from miniverl.workers.logprobs import full_log_probs
+from miniverl.workers.full_vocab_loss import exact_reverse_kl
+from miniverl.workers.losses import kl_estimate
 from miniverl.workers.reward import RewardWorker
 from miniverl.workers.rollout import RolloutWorker
 from miniverl.workers.teacher import TeacherRouter, TeacherWorker
@@ -69,9 +70,9 @@ def probe_owed(progress: dict[str, list[dict]], update: int, every: int, last: i
 class ValidationProbe:
     @classmethod
     def from_config(
-        cls, cfg, tokenizer, rollout: RolloutWorker, teacher: TeacherWorker | TeacherRouter, student
+        cls, cfg, tokenizer, rollout: RolloutWorker, teacher: TeacherWorker | TeacherRouter, actor: ActorWorker
     ) -> ValidationProbe:
-        """The probe of a run: its `data.val_files` prompts, the run's rollout and teacher."""
+        """The probe of a run: its `data.val_files` prompts, the run's rollout, teacher and actor."""
         rows = read_rows(cfg, "val_files")
         heldout = tokenize_prompts(rows, cfg.data, tokenizer, cfg.recipe.prompt_limit)
         routes = teacher_routes(cfg, heldout.routes, "data.val_files")  # several teachers: each row's, as in training
@@ -85,7 +86,7 @@ class ValidationProbe:
             heldout,
             rollout,
             with_contexts(teacher, contexts) if contexts else teacher,
-            student.get_base_model(),
+            actor,
             seed=cfg.trainer.seed,
             response_limit=cfg.eval.response_limit or cfg.recipe.response_limit,
             exact_kl_max_vocab=cfg.eval.exact_kl_max_vocab,
@@ -98,7 +99,7 @@ class ValidationProbe:
         prompts: PromptSet,
         rollout: RolloutWorker,
         teacher: TeacherWorker | TeacherRouter,
-        student_model,
+        actor: ActorWorker,
         *,
         seed: int,
         response_limit: int,
@@ -106,13 +107,13 @@ class ValidationProbe:
         sample_teachers: list[str] = (),
         scorer: RewardWorker | None = None,
     ):
-        self.prompts, self.rollout, self.teacher, self.student_model = prompts, rollout, teacher, student_model
+        self.prompts, self.rollout, self.teacher, self.actor = prompts, rollout, teacher, actor
         self.sample_teachers = list(sample_teachers)  # several teachers: the one of each held-out row
         self.scorer = scorer  # the task reward of the held-out samples, where it can be scored
         self.seeds = [derive_seed(seed, "eval", i) for i in range(len(prompts))]  # the same streams every time
         self.response_limit = response_limit
         self.tokenizer_vocab = rollout.tokenizer_vocab  # the rows every role samples and scores
-        vocab = student_model.get_output_embeddings().weight.shape[0]
+        vocab = actor.model.get_output_embeddings().weight.shape[0]
         self.aligned = isinstance(teacher, TextAlignedTeacher)  # another vocabulary: no exact KL against it
         scored_vocab = min(vocab, self.tokenizer_vocab or vocab)
         self.exact = scored_vocab <= exact_kl_max_vocab and not self.aligned
@@ -141,7 +142,7 @@ class ValidationProbe:
         batch = shift.run("update_chunk", every, lambda sizes: self.teacher.compute_teacher_log_prob(batch, sizes[0]))
         mask = batch.scored_mask  # (B, R)
         tokens = mask.sum().clamp_min(1)
-        k1 = float(((batch.rollout_log_probs - batch.teacher_logprobs) * mask).sum() / tokens)
+        k1 = float((kl_estimate(batch.rollout_log_probs, batch.teacher_logprobs, "k1") * mask).sum() / tokens)
         exact = None
         if self.exact:
             per_position = shift.run("update_chunk", every, lambda sizes: self.exact_reverse_kl(batch, sizes[0]))
@@ -160,8 +161,7 @@ class ValidationProbe:
         parts = []
         for start in range(0, len(batch), rows_per_forward):
             rows = batch.rows(start, start + rows_per_forward)
-            with cpu_gemm.float32_products(self.student_model, self.rollout.float32_gemm):
-                student = full_log_probs(self.student_model, rows, self.tokenizer_vocab)  # (b, R, V)
+            student = self.actor.compute_full_log_probs(rows)  # (b, R, V)
             teacher = self.teacher.compute_full_log_probs(rows)  # (b, R, V), each row its own teacher's
-            parts.append((student.exp() * (student - teacher)).sum(-1))  # (b, R)
+            parts.append(exact_reverse_kl(student, teacher))  # (b, R)
         return torch.cat(parts)

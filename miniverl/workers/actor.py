@@ -39,7 +39,13 @@ from miniverl.protocol import Batch
 from miniverl.workers.actor_metrics import per_teacher_losses, rollout_actor_metrics
 from miniverl.workers.advantages import policy_gradient_advantages
 from miniverl.workers.full_vocab_loss import reverse_kl_full, reverse_kl_full_terms
-from miniverl.workers.logprobs import response_hidden_states, response_log_probs, sampled_log_probs, topk_terms
+from miniverl.workers.logprobs import (
+    full_log_probs,
+    response_hidden_states,
+    response_log_probs,
+    sampled_log_probs,
+    topk_terms,
+)
 from miniverl.workers.losses import (
     Spans,
     batch_normalisers,
@@ -103,6 +109,14 @@ class ActorWorker:
             any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
             or getattr(self.model.config, "attention_dropout", 0.0) > 0
         )
+
+    @torch.no_grad()
+    def compute_full_log_probs(self, batch: Batch) -> torch.Tensor:
+        """(B, R, V) the policy's next-token log-probs over the tokenizer's ids at temperature 1 (the held-out
+        exact KL; small vocabularies only), as the teacher's `compute_full_log_probs`."""
+        self.peft_model.eval()
+        with cpu_gemm.float32_products(self.model, self.float32_gemm):
+            return full_log_probs(self.model, batch, self.tokenizer_vocab)
 
     @torch.no_grad()
     def compute_log_prob(self, batch: Batch, rows_per_forward: int) -> torch.Tensor:

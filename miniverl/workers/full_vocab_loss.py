@@ -146,3 +146,9 @@ def reverse_kl_full(
         global_batch_size=global_batch_size,
         loss_scale_factor=loss_scale_factor,
     )
+
+
+def exact_reverse_kl(student_log_probs: torch.Tensor, teacher_log_probs: torch.Tensor) -> torch.Tensor:
+    """(B, T) KL(student || teacher) of two next-token distributions given whole, (B, T, V) log-probs each:
+    sum_v pi(v) (log pi(v) - log nu(v)). The held-out probe's measure (no gradient, no chunks: small V)."""
+    return (student_log_probs.exp() * (student_log_probs - teacher_log_probs)).sum(-1)
