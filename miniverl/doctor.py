@@ -21,6 +21,7 @@ from miniverl.config import MiniverlConfig, to_config
 from miniverl.config.export import EXPORT_FOLDER
 from miniverl.utils.errors import MiniverlError, ctrl_c_stop, exit_code_of
 from miniverl.utils.hydra_entry import one_line_hydra_errors, run_as_main
+from miniverl.utils.run_names import ADAPTER, CHECKPOINTS, METRICS, REPORT, TOY_MODELS, TRAJECTORIES
 from miniverl.verl_compat.field_rules import verl_key_hints
 
 MODEL_CHECKS = ("self-test", "nf4-gradients")  # after the three cheap ones, with the models loaded
@@ -42,7 +43,7 @@ def run_checks(cfg: MiniverlConfig, run_dir: Path) -> list:
     trainer = OPDTrainer(cfg, {}, run_dir)
     trainer.setup()
     checks.append(guarded(MODEL_CHECKS[0], check_self_test, trainer))
-    source = models.source_of(cfg.model, trainer.run_dir / "toy_models" / "student")
+    source = models.source_of(cfg.model, trainer.run_dir / TOY_MODELS / "student")
     checks.append(guarded(MODEL_CHECKS[1], check_nf4_gradients, trainer, source))
     return checks
 
@@ -69,7 +70,7 @@ def doctor_app(cfg: DictConfig) -> None:
 # What a training run or an export leaves in its folder: the doctor builds beside none of them (its setup would
 # take trainer.overwrite=true as leave to empty a run's folder, and it would replace .hydra/). plan.json is not
 # among them: the doctor writes one itself, and runs again in its own --out.
-NOT_THE_DOCTORS = ("report.json", "metrics.jsonl", "checkpoints", "peft_adapter", "trajectories", EXPORT_FOLDER)
+NOT_THE_DOCTORS = (REPORT, METRICS, CHECKPOINTS, ADAPTER, TRAJECTORIES, EXPORT_FOLDER)
 
 
 def refuse_out(out: Path) -> None:

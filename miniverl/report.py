@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from miniverl import REPORT_SCHEMA_VERSION, __version__
+from miniverl.utils.run_names import PLAN, REPORT, RESOLVED_CONFIG
 from miniverl.utils.tables import flatten, format_value
 
 IGNORED = ("measured_at",)
@@ -88,7 +89,7 @@ def training_verdict(fa: dict, fb: dict) -> str:
 def plan_settings(report_path: Path) -> dict | None:
     """The settings of the plan.json beside a report (None: not there, e.g. a report copied alone)."""
     try:
-        return json.loads((report_path.parent / "plan.json").read_text(encoding="utf-8"))["settings"]
+        return json.loads((report_path.parent / PLAN).read_text(encoding="utf-8"))["settings"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -98,7 +99,7 @@ def resolved_config_beside(report_path: Path) -> dict | None:
     import yaml
 
     try:
-        config = yaml.safe_load((report_path.parent / "resolved_config.yaml").read_text(encoding="utf-8"))
+        config = yaml.safe_load((report_path.parent / RESOLVED_CONFIG).read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError):
         return None
     return config if isinstance(config, dict) else None
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     cmp_parser.add_argument("b", type=Path, metavar="B", help="the report to compare with A (B/A in the table)")
     args = parser.parse_args(argv)
     reports, settings, configs = [], [], []
-    paths = [path / "report.json" if path.is_dir() else path for path in (args.a, args.b)]  # a run folder: its report
+    paths = [path / REPORT if path.is_dir() else path for path in (args.a, args.b)]  # a run folder: its report
     for path in paths:
         try:
             report = json.loads(path.read_text(encoding="utf-8"))

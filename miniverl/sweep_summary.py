@@ -27,6 +27,7 @@ from omegaconf import OmegaConf
 from miniverl.utils.errors import MiniverlError, exit_code_of
 from miniverl.utils.hydra_entry import RUN_CONTROL_KEYS, each_job, sweep_arguments
 from miniverl.utils.overrides import override_key
+from miniverl.utils.run_names import LOSS_KEY, METRICS, REPORT
 from miniverl.utils.tables import format_value
 
 # A job's report status when every update ran: "measured", as in the reference report
@@ -77,16 +78,12 @@ def summarize_job(job: Path, overrides: list[str]) -> tuple[dict, list[float], l
     row = {column: None for column in COLUMNS}
     row.update(job=job.name, overrides=" ".join(overrides), run_dir=str(job))
     losses = []
-    if (job / "metrics.jsonl").is_file():
-        losses = [
-            json.loads(line)["actor/distillation/loss"]
-            for line in (job / "metrics.jsonl").read_text().splitlines()
-            if line.strip()
-        ]
+    if (job / METRICS).is_file():
+        losses = [json.loads(line)[LOSS_KEY] for line in (job / METRICS).read_text().splitlines() if line.strip()]
     if losses:
         row.update(final_loss=losses[-1], mean_loss=statistics.fmean(losses))
     try:
-        report = json.loads((job / "report.json").read_text()) if (job / "report.json").is_file() else None
+        report = json.loads((job / REPORT).read_text()) if (job / REPORT).is_file() else None
     except ValueError:  # cut short by a crash: the job is listed, its report said to be unreadable
         report, row["status"], row["error"] = None, "report unreadable", f"{job / 'report.json'} is not valid JSON"
     heldout = []
@@ -236,7 +233,7 @@ def plot(jobs: list[tuple[dict, list[float], list[tuple[int, float]]]], path: Pa
         line = ax.plot(range(1, len(losses) + 1), losses, label=label, **style)[0]
         if measured and heldout:
             kl_ax.plot([u for u, _ in heldout], [v for _, v in heldout], color=line.get_color(), **style)
-    ax.set_ylabel("actor/distillation/loss")
+    ax.set_ylabel(LOSS_KEY)
     ax.set_title(f"sweep: {path.parent.name} ({len(jobs)} jobs)")
     if measured:
         kl_ax.set_ylabel("val/distillation/exact_reverse_kl (nats per position)")
@@ -298,11 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         what = "is a file, not a folder" if args.sweep_dir.exists() else f"no such folder (relative to {Path.cwd()})"
         return exit_code_of(MiniverlError(f"{args.sweep_dir}: {what}; {fix}"))
     if not job_dirs(args.sweep_dir):
-        single = (
-            " (a single run's folder: its report.md is its summary)"
-            if (args.sweep_dir / "report.json").exists()
-            else ""
-        )
+        single = " (a single run's folder: its report.md is its summary)" if (args.sweep_dir / REPORT).exists() else ""
         what = f"{args.sweep_dir} holds no Hydra job folders (<n>/.hydra/overrides.yaml){single}; {fix}"
         return exit_code_of(MiniverlError(what))
     write_summary(args.sweep_dir)

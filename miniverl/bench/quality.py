@@ -45,6 +45,7 @@ import torch
 from miniverl import CHECKOUT
 from miniverl.utils.dataset import locate
 from miniverl.utils.errors import MiniverlError
+from miniverl.utils.run_names import ADAPTER, METRICS
 
 
 @dataclass(frozen=True)
@@ -135,13 +136,13 @@ def run_miniverl(cfg, run_dir: Path) -> dict:
 
     with determinism_restored():  # the TRL sides after it run as a user runs TRL, not in miniverl's strict mode
         report = run(cfg, run_dir)
-    history = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    history = [json.loads(line) for line in (run_dir / METRICS).read_text().splitlines()]
     kl = {p["update"]: p["value"] for p in report["distillation_progress"]["exact_reverse_kl"]}
     return {
         "heldout_kl": kl,
         "update_seconds": [m["timing_s/step"] for m in history],
         # The LoRA weights as the run saved them: in the dtype it trained them in.
-        "adapter_dtype": dtype_names(load_file(run_dir / "peft_adapter" / "adapter_model.safetensors").values()),
+        "adapter_dtype": dtype_names(load_file(run_dir / ADAPTER / "adapter_model.safetensors").values()),
     }
 
 

@@ -23,6 +23,7 @@ from transformers.pytorch_utils import Conv1D
 
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import model_folder_digest, sha256_file
+from miniverl.utils.run_names import ADAPTER, STATE
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +35,9 @@ def check_folder(path: str, where: str) -> Path:
     folder = Path(path)
     if not (folder / "adapter_config.json").is_file():
         hint = ""
-        if (folder / "peft_adapter" / "adapter_config.json").is_file():  # a run folder
+        if (folder / ADAPTER / "adapter_config.json").is_file():  # a run folder
             hint = f"; a run's adapter is its peft_adapter/: {where}={folder / 'peft_adapter'}"
-        elif (folder / "adapter.safetensors").is_file() and (folder / "state.json").is_file():  # a checkpoint
+        elif (folder / "adapter.safetensors").is_file() and (folder / STATE).is_file():  # a checkpoint
             hint = f"; a checkpoint goes on with trainer.resume_from={folder}, its run's adapter is in peft_adapter/"
         raise MiniverlError(f"{where}={path}: not a PEFT adapter folder (no adapter_config.json){hint}")
     if not (folder / WEIGHTS).is_file():

@@ -8,10 +8,9 @@ from pathlib import Path
 
 from miniverl.config import MiniverlConfig
 from miniverl.utils.overrides import override_key
+from miniverl.utils.run_names import LOSS_KEY, SCORE_KEY
 
 # The distillation loss the closing table and the progress bar show (verl's metric name).
-LOSS_KEY = "actor/distillation/loss"
-SCORE_KEY = "critic/score/mean"  # with task rewards: the mean task reward of the update's samples
 
 
 def teacher_losses(metrics: dict) -> dict[str, float]:

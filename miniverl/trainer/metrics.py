@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from miniverl.protocol import Batch
+from miniverl.utils.run_names import LOSS_KEY, SCORE_KEY
 
 
 def batch_metrics(batch: Batch, response_limit: int) -> dict:
@@ -60,5 +61,5 @@ def task_metrics(batch: Batch) -> dict:
 
 
 def console_line(metrics: dict) -> str:
-    keys = ("actor/distillation/loss", "critic/score/mean", "actor/grad_norm", "response_length/mean", "timing_s/step")
+    keys = (LOSS_KEY, SCORE_KEY, "actor/grad_norm", "response_length/mean", "timing_s/step")
     return " ".join(f"{k}={metrics[k]:.4g}" for k in keys if k in metrics)

@@ -21,7 +21,6 @@ from miniverl.config import MiniverlConfig
 from miniverl.models import loading as models
 from miniverl.trainer import plan as planning
 from miniverl.trainer.checkpoint_state import checkpoint_state
-from miniverl.trainer.console import LOSS_KEY
 from miniverl.trainer.metrics import batch_metrics, console_line
 from miniverl.trainer.plan import Plan, UpdatePlan, compile_plan, derive_seed
 from miniverl.trainer.report_page import write_report_page
@@ -34,6 +33,7 @@ from miniverl.utils.downshift import Downshift, OutOfMemoryAtOneRow
 from miniverl.utils.hydra_entry import log_line
 from miniverl.utils.measure import release_memory, seconds_since_start
 from miniverl.utils.run_folder import RunFolder, TensorBoardLogger
+from miniverl.utils.run_names import ADAPTER, CHECKPOINTS, LOSS_KEY, PLAN, REPORT, RESOLVED_CONFIG, TOY_MODELS
 from miniverl.utils.signals import deferred_signals
 from miniverl.workers.actor import NonFiniteLoss
 from miniverl.workers.advantages import compute_advantage
@@ -90,15 +90,15 @@ class OPDTrainer:
             plan_digest=self.plan.digest,
         )
         self.tensorboard = TensorBoardLogger(self.run_dir) if "tensorboard" in cfg.trainer.logger else None
-        self.out.write_yaml("resolved_config.yaml", self.resolved)
-        self.out.write_json("plan.json", self.plan.to_dict(), canonical=True)
+        self.out.write_yaml(RESOLVED_CONFIG, self.resolved)
+        self.out.write_json(PLAN, self.plan.to_dict(), canonical=True)
         # Toy models are written to the run folder and then loaded like any hub model; a toy
         # teacher learns the rows it scores (with several teachers, only its own).
         separate = {name: t for name, t in cfg.teacher_blocks.items() if t.mode == "standard"}
         toy_paths = models.materialize_toys(
             cfg.model,
             separate,
-            self.out.path("toy_models"),
+            self.out.path(TOY_MODELS),
             student_seed=derive_seed(cfg.trainer.seed, "toy"),
             corpus_texts=planning.toy_teacher_corpora(cfg, conversations),
         )
@@ -269,7 +269,7 @@ class OPDTrainer:
     def save_checkpoint(self, update: int) -> Path:
         state = checkpoint_state(self, update)  # state.json: what a resume needs beside the tensors
         self.last_checkpoint = checkpoint.save_checkpoint(
-            self.out.path("checkpoints"), update, self.student, self.actor.optimizer, self.actor.param_names, state
+            self.out.path(CHECKPOINTS), update, self.student, self.actor.optimizer, self.actor.param_names, state
         )
         checkpoint.prune(self.run_dir, self.cfg.trainer.max_actor_ckpt_to_keep)  # after the new one is whole
         return self.last_checkpoint
@@ -283,7 +283,7 @@ class OPDTrainer:
         resume = resume_check or resume_block(self.resumed, self.resume_load_seconds, len(self.history), self.plan)
         facts = trainer_facts(self, status, resume)
         report = build_report(self.cfg, self.plan, facts)
-        self.out.write_json("report.json", report)
+        self.out.write_json(REPORT, report)
         write_report_page(report, self.history, self.run_dir)  # report.md and curves.png beside it
         return report
 
@@ -296,5 +296,5 @@ class OPDTrainer:
         release_memory(self.device, compiled=self.cfg.hardware.rollout_compile)
 
     def save_adapter(self) -> None:
-        checkpoint.save_adapter(self.student, self.out.path("peft_adapter"))
+        checkpoint.save_adapter(self.student, self.out.path(ADAPTER))
         self.adapter_saved = True

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from miniverl.trainer.console import LOSS_KEY, SCORE_KEY, centred_advantages, heldout_rows, teacher_losses
+from miniverl.trainer.console import centred_advantages, heldout_rows, teacher_losses
 from miniverl.utils.run_folder import atomic_write
+from miniverl.utils.run_names import LOSS_KEY, SCORE_KEY
 from miniverl.utils.tables import flatten, format_value
 
 # (metric, axis label) of the curves, in verl's metric names.

@@ -34,6 +34,7 @@ from miniverl.utils.checkpoint import checkpoint_update, checkpoints_in
 from miniverl.utils.errors import RunStopped
 from miniverl.utils.measure import folder_bytes
 from miniverl.utils.run_folder import atomic_write_bytes, readable_json
+from miniverl.utils.run_names import REPORT, STATE, TRAJECTORIES
 from miniverl.utils.signals import SignalReceived, raised_signals
 
 log = logging.getLogger(__name__)
@@ -110,8 +111,8 @@ def first_difference(reference: Path, resumed: Path) -> tuple[dict, str | None]:
         if (ref_ckpt / name).read_bytes() != (res_ckpt / name).read_bytes():
             tensors_same = False
             differences.append(f"{name} of {res_ckpt.name} differs from the reference's {ref_ckpt.name}")
-    ref_traj = sorted((reference / "trajectories").glob("*.safetensors"))
-    res_traj = sorted((resumed / "trajectories").glob("*.safetensors"))
+    ref_traj = sorted((reference / TRAJECTORIES).glob("*.safetensors"))
+    res_traj = sorted((resumed / TRAJECTORIES).glob("*.safetensors"))
     trajectories_same = [p.name for p in ref_traj] == [p.name for p in res_traj]
     if not trajectories_same:
         differences.append("the trajectory logs hold different updates")
@@ -119,8 +120,8 @@ def first_difference(reference: Path, resumed: Path) -> tuple[dict, str | None]:
         if a.read_bytes() != b.read_bytes():
             trajectories_same = False
             differences.append(f"trajectories/{a.name} differs")
-    ref_state = json.loads((ref_ckpt / "state.json").read_text())
-    res_state = json.loads((res_ckpt / "state.json").read_text())
+    ref_state = json.loads((ref_ckpt / STATE).read_text())
+    res_state = json.loads((res_ckpt / STATE).read_text())
     state_same = True
     for field in TRAINING_STATE_FIELDS:  # a field newer than the reference's checkpoint is not compared
         if field in ref_state and ref_state.get(field) != res_state.get(field):
@@ -187,7 +188,7 @@ def verify_resume(run_dir: Path, args: list[str], interrupt_after: int) -> dict:
             )
             return block
         run_child(args, [f"trainer.resume_from={interrupted}"], resumed)
-        resumed_block = json.loads((resumed / "report.json").read_text())["resume"]
+        resumed_block = json.loads((resumed / REPORT).read_text())["resume"]
     except (RuntimeError, IndexError, OSError, ValueError, KeyError) as error:
         block["first_difference"] = f"the interrupted or resumed run failed: {error}"
         return block
@@ -229,12 +230,12 @@ def report_with_check(run_dir: Path, block: dict) -> dict:
     from miniverl.trainer.report_page import write_report_page  # matplotlib, torch: not for check_is_pending
     from miniverl.trainer.run_report import with_resume_check
 
-    report = with_resume_check(json.loads((run_dir / "report.json").read_text()), block, folder_bytes(run_dir))
-    atomic_write_bytes(run_dir / "report.json", readable_json(report))
+    report = with_resume_check(json.loads((run_dir / REPORT).read_text()), block, folder_bytes(run_dir))
+    atomic_write_bytes(run_dir / REPORT, readable_json(report))
     write_report_page(report, finished_history(run_dir), run_dir)
     return report
 
 
 def finished_history(run_dir: Path) -> list[dict]:
     """Every update's metrics, as the run's last checkpoint holds them."""
-    return json.loads((checkpoints_in(run_dir)[-1] / "state.json").read_text())["history"]
+    return json.loads((checkpoints_in(run_dir)[-1] / STATE).read_text())["history"]

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import yaml
 
+from miniverl.utils.run_names import REPORT, RESOLVED_CONFIG
+
 PENDING, INTERRUPTED = "pending", "interrupted"  # the report's resume status before a verdict
 SOUND = ("exact_match", "not_checked", "resumed")  # a finished run's resume status that needs nothing more
 # Set in the environment of the check's two runs (resume_check.run_child): a twin never checks its
@@ -50,8 +52,8 @@ def finished_here(run_dir: Path, resolved: dict) -> dict | None:
 def finished_run_of(run_dir: Path, resolved: dict) -> dict | None:
     """The report of a run in `run_dir` that finished (`measured`) and computed what `resolved` does."""
     try:
-        report = json.loads((run_dir / "report.json").read_text())
-        earlier = yaml.safe_load((run_dir / "resolved_config.yaml").read_text())
+        report = json.loads((run_dir / REPORT).read_text())
+        earlier = yaml.safe_load((run_dir / RESOLVED_CONFIG).read_text())
     except (OSError, ValueError, yaml.YAMLError):
         return None
     same = isinstance(earlier, dict) and what_it_computes(earlier) == what_it_computes(resolved)

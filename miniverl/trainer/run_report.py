@@ -28,6 +28,7 @@ from miniverl.utils.measure import (
     source_commit,
     workload_driver_sha256,
 )
+from miniverl.utils.run_names import ADAPTER, STATE, TOY_MODELS
 from miniverl.verl_compat.launch_writer import field_rule_digest
 
 PROFILE_SCHEMA_VERSION = 1
@@ -211,8 +212,8 @@ def checkpoint_facts(folder: Path | None) -> tuple[dict | None, int | None]:
     """The sha256 of each file of a checkpoint (from its verified state.json) and its size in bytes."""
     if folder is None:
         return None, None
-    state = json.loads((folder / "state.json").read_text())
-    hashes = {**state["files"], "state.json": sha256_file(folder / "state.json")}
+    state = json.loads((folder / STATE).read_text())
+    hashes = {**state["files"], STATE: sha256_file(folder / STATE)}
     return hashes, folder_bytes(folder)
 
 
@@ -261,7 +262,7 @@ def build_report(cfg: MiniverlConfig, plan: Plan, facts: RunFacts) -> dict:
     done = plan.updates[: len(facts.history)]
     rows = [r for u in done for r in u.prompt_rows]
     run_dir = facts.run_dir
-    adapter_dir = run_dir / "peft_adapter"
+    adapter_dir = run_dir / ADAPTER
     ckpt_hashes, ckpt_bytes = checkpoint_facts(facts.last_checkpoint)
     est = cfg.estimator
     return {
@@ -306,7 +307,7 @@ def build_report(cfg: MiniverlConfig, plan: Plan, facts: RunFacts) -> dict:
         "measurements": {
             "adapter_bytes": folder_bytes(adapter_dir),
             "batch_downshifts": facts.batch_downshifts,
-            "cache_bytes": folder_bytes(run_dir / "toy_models"),
+            "cache_bytes": folder_bytes(run_dir / TOY_MODELS),
             "checkpoint_bytes": ckpt_bytes,
             "cold_startup_seconds": round(facts.cold_startup_seconds, 4),
             "distinct_prompts_consumed": len(set(rows)),

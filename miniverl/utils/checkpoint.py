@@ -24,9 +24,9 @@ from miniverl import __version__
 from miniverl.config.trainer import TrainerConfig
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import canonical_json, sha256_file
+from miniverl.utils.run_names import CHECKPOINTS, STATE, TRAJECTORIES
 
 TENSOR_FILES = ("adapter.safetensors", "optimizer.safetensors")
-STATE_FILE = "state.json"
 PREFIX = "update_"
 
 
@@ -83,12 +83,12 @@ def save_checkpoint(
     for name in TENSOR_FILES:
         with_umask_mode(tmp / name)
     files = {name: sha256_file(tmp / name) for name in TENSOR_FILES}
-    (tmp / STATE_FILE).write_bytes(canonical_json({**state, "miniverl_version": __version__, "files": files}))
-    for name in (*TENSOR_FILES, STATE_FILE):
+    (tmp / STATE).write_bytes(canonical_json({**state, "miniverl_version": __version__, "files": files}))
+    for name in (*TENSOR_FILES, STATE):
         _fsync_file(tmp / name)
     _fsync_dir(tmp)
     if _holds(final, files):  # the same tensors on disk, a new state (a probe a resume owed)
-        os.replace(tmp / STATE_FILE, final / STATE_FILE)  # atomic: the checkpoint stays whole throughout
+        os.replace(tmp / STATE, final / STATE)  # atomic: the checkpoint stays whole throughout
         _fsync_dir(final)
         shutil.rmtree(tmp)
         return final
@@ -167,7 +167,7 @@ def checkpoint_update(path: Path) -> int:
 
 def checkpoints_in(run_dir: Path) -> list[Path]:
     """Complete checkpoints of a run folder, oldest first."""
-    root = run_dir / "checkpoints"
+    root = run_dir / CHECKPOINTS
     found = (
         [p for p in root.glob(f"{PREFIX}*") if p.is_dir() and p.name[len(PREFIX) :].isdigit()] if root.is_dir() else []
     )
@@ -192,7 +192,7 @@ class Checkpoint:
 
 
 def trajectory_path(run_dir: Path, update: int) -> Path:
-    return run_dir / "trajectories" / f"update_{update:06d}.safetensors"
+    return run_dir / TRAJECTORIES / f"update_{update:06d}.safetensors"
 
 
 def restore(

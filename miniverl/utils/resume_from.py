@@ -12,7 +12,6 @@ import torch
 
 from miniverl.config.trainer import TrainerConfig
 from miniverl.utils.checkpoint import (
-    STATE_FILE,
     TENSOR_FILES,
     Checkpoint,
     checkpoint_update,
@@ -24,13 +23,14 @@ from miniverl.utils.identity import FOLDER_DIGESTS, sha256_file
 from miniverl.utils.numerics import numerics_environment, refused_numerics
 from miniverl.utils.overrides import hydra_value, override_key
 from miniverl.utils.run_folder import earlier_report
+from miniverl.utils.run_names import PLAN, STATE
 from miniverl.utils.tables import flatten
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
     """A checkpoint folder, or a run folder meaning its latest checkpoint."""
     path = Path(path)
-    if (path / STATE_FILE).is_file():
+    if (path / STATE).is_file():
         return path
     if not path.exists():
         raise MiniverlError(
@@ -38,7 +38,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
             "stopped run (outputs/<date>/<time>) or one of its checkpoints/update_<k>/"
         )
     found = checkpoints_in(path)
-    run_without_checkpoint = not found and (path / "plan.json").is_file()
+    run_without_checkpoint = not found and (path / PLAN).is_file()
     # A stopped or finished run checkpointed: its checkpoints/ was removed since.
     if run_without_checkpoint and earlier_report(path).get("status") in ("interrupted", "measured"):
         raise MiniverlError(
@@ -53,7 +53,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
         )
     if not found:
         raise MiniverlError(
-            f"trainer.resume_from={path}: neither a checkpoint folder (no {STATE_FILE}) "
+            f"trainer.resume_from={path}: neither a checkpoint folder (no {STATE}) "
             "nor a run folder with checkpoints/update_<k>/ (a run writes them every trainer.save_freq "
             "updates, and when it stops)"
         )
@@ -89,7 +89,7 @@ def edited_files(override: str, settings: dict) -> str | None:
 def earlier_plan(run_dir: Path) -> dict:
     """The plan.json of the run in `run_dir` ({} where there is none to read)."""
     try:
-        return json.loads((run_dir / "plan.json").read_text(encoding="utf-8"))
+        return json.loads((run_dir / PLAN).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
 
@@ -125,21 +125,20 @@ def verify_checkpoint(
     plan's digest of the training data (a refusal names data.train_files when it differs from that run's)."""
     path = resolve_checkpoint(path)
     where = f"checkpoint {path}"  # trainer.resume_from's, or this folder's own (trainer.resume_mode=auto)
-    missing = [name for name in (*TENSOR_FILES, STATE_FILE) if not (path / name).is_file()]
+    missing = [name for name in (*TENSOR_FILES, STATE) if not (path / name).is_file()]
     if missing:
         raise MiniverlError(f"{where} is incomplete: missing {', '.join(missing)}; resume from an earlier checkpoint")
     try:
-        state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
+        state = json.loads((path / STATE).read_text(encoding="utf-8"))
         files = state["files"]
     except (ValueError, KeyError, TypeError):
         raise MiniverlError(
-            f"{where}: {STATE_FILE} is not a miniverl checkpoint state; resume from an earlier checkpoint"
+            f"{where}: {STATE} is not a miniverl checkpoint state; resume from an earlier checkpoint"
         ) from None
     for name in TENSOR_FILES:
         if sha256_file(path / name) != files.get(name):
             raise MiniverlError(
-                f"{where}: {name} does not match its sha256 in {STATE_FILE} (corrupted); "
-                "resume from an earlier checkpoint"
+                f"{where}: {name} does not match its sha256 in {STATE} (corrupted); resume from an earlier checkpoint"
             )
     checkpoint = Checkpoint(path, state)
     # First: a finished run cannot be resumed under any settings, so naming its plan's overrides would mislead.

@@ -24,9 +24,10 @@ from miniverl.protocol import Batch
 from miniverl.utils.checkpoint import checkpoints_in, trajectory_path, with_umask_mode
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import canonical_json, sha256_file, sha256_json
+from miniverl.utils.run_names import ADAPTER, CHECKPOINTS, METRICS, PLAN, REPORT, RESOLVED_CONFIG, TRAJECTORIES
 
 log = logging.getLogger(__name__)
-FINISHED_MARKERS = ("metrics.jsonl", "report.json", "plan.json")
+FINISHED_MARKERS = (METRICS, REPORT, PLAN)
 ERROR_FILE = "error.txt"  # main.py's one-line error in the folder of a job that failed
 
 # What a run writes into its folder (Hydra's own .hydra/ and <job>.log are left alone).
@@ -47,7 +48,7 @@ RUN_OUTPUTS = (
 
 # What a run writes by these names, replacing what is there: in a folder without a run's markers
 # they are someone else's (a user's notes, a copied adapter), never replaced unasked.
-REPLACED_BY_NAME = ("resolved_config.yaml", "report.md", "curves.png", "peft_adapter", "checkpoints", "trajectories")
+REPLACED_BY_NAME = (RESOLVED_CONFIG, "report.md", "curves.png", ADAPTER, CHECKPOINTS, TRAJECTORIES)
 
 
 def outputs_holding(root: Path, inputs: list[tuple[str, Path]]) -> list[tuple[str, Path]]:
@@ -70,7 +71,7 @@ def holds_outputs(root: Path) -> bool:
 def earlier_report(root: Path) -> dict:
     """The report.json a run left in `root`; {} if there is none or it cannot be read."""
     try:
-        report = json.loads((root / "report.json").read_text())
+        report = json.loads((root / REPORT).read_text())
     except (OSError, ValueError):
         return {}
     return report if isinstance(report, dict) else {}
@@ -149,7 +150,7 @@ class RunFolder:
         self.found = {name for name in RUN_OUTPUTS if (self.root / name).exists()}
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            (self.root / "trajectories").mkdir(exist_ok=True)
+            (self.root / TRAJECTORIES).mkdir(exist_ok=True)
         except OSError as error:
             raise MiniverlError(f"cannot create the run folder {self.root}: {error.strerror}") from None
         self.trajectory_digests: list[str] = []
@@ -169,11 +170,11 @@ class RunFolder:
     def ended_before_first_checkpoint(self, plan_digest: str | None) -> bool:
         """A run of this plan killed, or failed in its first update, before any checkpoint: nothing
         of it can be resumed (a failed run's line says to run the command again once fixed)."""
-        plan = self.root / "plan.json"
+        plan = self.root / PLAN
         return (
             plan_digest is not None
             and plan.is_file()
-            and (self.earlier.get("status") == "failed" or not (self.root / "report.json").exists())
+            and (self.earlier.get("status") == "failed" or not (self.root / REPORT).exists())
             and not checkpoints_in(self.root)
             and sha256_file(plan) == plan_digest
         )
@@ -193,10 +194,10 @@ class RunFolder:
     def rewrite_metrics(self, history: list[dict]) -> None:
         """metrics.jsonl as of a resumed checkpoint (drops lines of updates after it)."""
         lines = "".join(json.dumps(m, sort_keys=True) + "\n" for m in history)
-        atomic_write_bytes(self.path("metrics.jsonl"), lines.encode())
+        atomic_write_bytes(self.path(METRICS), lines.encode())
 
     def append_metrics(self, metrics: dict) -> None:
-        with open(self.path("metrics.jsonl"), "a", encoding="utf-8") as handle:
+        with open(self.path(METRICS), "a", encoding="utf-8") as handle:
             handle.write(json.dumps(metrics, sort_keys=True) + "\n")
 
     def write_trajectory(self, update: int, batch: Batch) -> str:

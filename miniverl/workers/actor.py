@@ -36,6 +36,7 @@ from miniverl.config.actor import ActorConfig
 from miniverl.config.estimator import EstimatorConfig
 from miniverl.models import cpu_gemm
 from miniverl.protocol import Batch
+from miniverl.utils.run_names import LOSS_KEY
 from miniverl.workers.actor_metrics import per_teacher_losses, rollout_actor_metrics
 from miniverl.workers.advantages import policy_gradient_advantages
 from miniverl.workers.full_vocab_loss import reverse_kl_full, reverse_kl_full_terms
@@ -201,7 +202,7 @@ class ActorWorker:
     def _step(self, batch: Batch, chunks: list[int]):
         metrics, per_token_loss, log_probs, loss_mask = self._accumulate(batch, chunks)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip))
-        loss = metrics["actor/distillation/loss"] + metrics.get("actor/pg_loss", 0.0)
+        loss = metrics[LOSS_KEY] + metrics.get("actor/pg_loss", 0.0)
         if not (math.isfinite(grad_norm) and math.isfinite(loss)):
             # verl skips such a step and goes on; miniverl stops, so a diverging run does not burn
             # hours: the weights stay those of the last complete update.
@@ -285,7 +286,7 @@ class ActorWorker:
             per_token.append(chunk_per_token.detach())
             log_probs.append(log_prob.detach())  # (size, R): the policy before this step
         metrics = {f"actor/{k}": float(v) for k, v in combine_metrics(parts).items()}
-        metrics["actor/distillation/loss"] = total_loss  # before distillation_loss_coef, as verl logs it
+        metrics[LOSS_KEY] = total_loss  # before distillation_loss_coef, as verl logs it
         if self.estimator.advantage_baseline != "none":
             metrics["actor/distillation/advantage_baseline"] = baseline
         if self.estimator.token_selection.by != "none":

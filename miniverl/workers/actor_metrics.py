@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from miniverl.protocol import Batch
+from miniverl.utils.run_names import LOSS_KEY
 
 
 def per_teacher_losses(per_token_loss: torch.Tensor, batch: Batch, names: tuple[str, ...]) -> dict:
@@ -17,7 +18,7 @@ def per_teacher_losses(per_token_loss: torch.Tensor, batch: Batch, names: tuple[
         rows = batch.teacher_index == i  # (B,)
         mask = batch.response_mask[rows]
         if tokens := float(mask.sum()):
-            metrics[f"actor/distillation/loss/{name}"] = float((per_token_loss[rows] * mask).sum() / tokens)
+            metrics[f"{LOSS_KEY}/{name}"] = float((per_token_loss[rows] * mask).sum() / tokens)
     return metrics
 
 

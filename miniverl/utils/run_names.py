@@ -1,0 +1,18 @@
+"""The names a run's outputs go by: its folder's files and the metrics other commands read back. One
+place for each (the docs list them in docs/outputs.md); imports nothing, so the light readers (the
+sweep summary at Hydra start-up, `report compare`, the console) use it without torch."""
+
+from __future__ import annotations
+
+RESOLVED_CONFIG = "resolved_config.yaml"  # the composed config, as the run read it
+PLAN = "plan.json"  # the compiled plan: every update's prompts, seeds and sizes
+METRICS = "metrics.jsonl"  # one line of metrics per update
+REPORT = "report.json"  # what the run measured (trainer/run_report.py)
+CHECKPOINTS = "checkpoints"  # checkpoints/update_<k>/
+STATE = "state.json"  # a checkpoint's state beside its tensors (trainer/checkpoint_state.py)
+TRAJECTORIES = "trajectories"  # trajectories/update_<k>.safetensors: each update's batch
+ADAPTER = "peft_adapter"  # the standard PEFT adapter of the finished run
+TOY_MODELS = "toy_models"  # the toy models a run writes and loads like any model
+
+LOSS_KEY = "actor/distillation/loss"  # the update's distillation loss (per teacher: LOSS_KEY/<name>)
+SCORE_KEY = "critic/score/mean"  # with task rewards: the mean task reward of the update's samples
