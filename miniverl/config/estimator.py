@@ -60,9 +60,9 @@ class EstimatorConfig:
     policy_loss_mode: str = "vanilla"
     # PPO ratio clip of the distillation policy gradient (does nothing on-policy, ratio 1).
     clip_ratio: float = 0.2
-    # Lower PPO clip (null: clip_ratio).
+    # Lower PPO clip: the ratio's floor is 1 - it (a number, as verl's distillation_loss types it).
     clip_ratio_low: float = 0.2
-    # Upper PPO clip (null: clip_ratio).
+    # Upper PPO clip: the ratio's ceiling is 1 + it.
     clip_ratio_high: float = 0.2
     # Dual-clip bound. verl v0.8.0's distillation PG reads it from distillation.distillation_loss, which
     # has no such field, so verl always uses 3.0 (actor_rollout_ref.actor.clip_ratio_c is not read there).

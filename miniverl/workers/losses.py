@@ -221,10 +221,6 @@ def finish_loss(
             raise ValueError("use_policy_gradient=true needs log_prob of the sampled tokens")
         if old_log_prob is None:
             old_log_prob = log_prob.detach()  # strictly on-policy: ratio 1
-        clip_low = est.clip_ratio if est.clip_ratio_low is None else est.clip_ratio_low
-        clip_high = est.clip_ratio if est.clip_ratio_high is None else est.clip_ratio_high
-        if not est.clip_ratio_c > 1.0:
-            raise ValueError(f"clip_ratio_c must be > 1 for dual-clip PPO, got {est.clip_ratio_c}")
         # The negative distillation loss is the per-token reward/advantage (Thinking Machines' OPD),
         # discounted over the future tokens of the response with kl_discount_factor > 0.
         advantages = policy_gradient_advantages(
@@ -235,8 +231,8 @@ def finish_loss(
             old_log_prob,
             advantages,
             mask,
-            clip_ratio_low=clip_low,
-            clip_ratio_high=clip_high,
+            clip_ratio_low=est.clip_ratio_low,  # numbers, and clip_ratio_c > 1: EstimatorConfig checks both
+            clip_ratio_high=est.clip_ratio_high,
             clip_ratio_c=est.clip_ratio_c,
         )
         metrics.update({f"distillation/{k}": v for k, v in pg_metrics.items()})
