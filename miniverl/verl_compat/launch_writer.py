@@ -237,6 +237,9 @@ def teacher_overrides(config: MiniverlConfig, max_len: int, fixed: dict, cwd: Pa
         if several:  # the entry verl ships reads these from the rollout; a new one has its own defaults (512)
             keys.append(("inference.prompt_length", r.prompt_limit, ("recipe.prompt_limit",)))
             keys.append(("inference.response_length", r.response_limit, ("recipe.response_limit",)))
+            # The entry verl ships loads its checkpoint (its YAML: load_format auto); a new one would take
+            # the dataclass's "dummy", and vLLM would serve a teacher of random weights.
+            keys.append(("inference.load_format", "auto", ("fixed",)))
         keys.append(("inference.dtype", t.dtype, (f"{where}.dtype",)))
         keys.append(("inference.temperature", fixed[f"{TEACHER}.inference.temperature"], ("fixed",)))
         plus = "+" if several else ""

@@ -990,6 +990,11 @@ def test_several_teachers_export_as_verl_entries_that_compose_and_pass_its_run_t
         assert (
             t["inference"]["prompt_length"] + t["inference"]["response_length"] + 1 <= t["inference"]["max_model_len"]
         )
+        # and loads its checkpoint as the shipped entry does: the dataclass's "dummy" serves random weights
+        # (a fidelity audit against verl 0.9.1's code; 0.8.0's the same)
+        assert (
+            t["inference"]["load_format"] == d["teacher_models"]["teacher_model"]["inference"]["load_format"] == "auto"
+        )
     assert runtime_violations(resolved, "0.8.0") == []
     script = (tmp_path / "verl" / "run_opd.sh").read_text()
     assert "TEACHER_MATH_MODEL=${TEACHER_MATH_MODEL:-Qwen/Qwen3-1.7B}" in script
