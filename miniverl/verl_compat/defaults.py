@@ -62,6 +62,7 @@ VERL_DEFAULTS: dict[str, Any] = {
     f"{ACTOR}.use_dynamic_bsz": False,
     f"{ACTOR}.ppo_max_token_len_per_gpu": 16384,
     f"{ACTOR}.loss_agg_mode": "token-mean",
+    f"{ACTOR}.loss_scale_factor": None,  # seq-mean-token-sum-norm's divisor; null: the padded response width
     f"{ACTOR}.clip_ratio": 0.2,
     f"{ACTOR}.clip_ratio_low": 0.2,
     f"{ACTOR}.clip_ratio_high": 0.2,

@@ -280,8 +280,14 @@ def to_miniverl(lines: list[str], version: str = EXPORT_DEFAULT) -> tuple[list[t
         skip(f"{ACTOR}.ppo_max_token_len_per_gpu", "unused without use_dynamic_bsz")
         skip(f"{ROLLOUT}.log_prob_max_token_len_per_gpu", "unused without use_dynamic_bsz")
     # Derived keys: checked for consistency, not imported.
-    for key in (f"{ROLLOUT}.max_model_len", f"{TEACHER}.inference.max_model_len"):
+    for key in (f"{ROLLOUT}.max_model_len", f"{TEACHER}.inference.max_model_len", f"{ACTOR}.loss_scale_factor"):
         used.add(key)
+    scale, limit = v(f"{ACTOR}.loss_scale_factor"), v("data.max_response_length")  # read by one mode alone
+    padded = limit if version == "0.8.0" else None  # without it: 0.9.1's V1 trainer pads each micro-batch its own
+    if v(f"{ACTOR}.loss_agg_mode") == "seq-mean-token-sum-norm" and (scale or padded) != limit:
+        divisor = hydra_value(scale) if scale is not None else "each micro-batch's longest response"
+        why = f"verl divides by {divisor}; miniverl's seq-mean-token-sum-norm by recipe.response_limit"
+        unmapped.append((f"{ACTOR}.loss_scale_factor={hydra_value(scale)}", why))
     # The keys the export writes because of what the recipe is.
     forced = release(version).teacher_temperature_forced  # 0.9: any teacher temperature runs as 1.0
     for key, value, why in FIXED:

@@ -261,7 +261,8 @@ def readme(
         "xargs -d '\\n' python3 -m verl.trainer.main_ppo < overrides.txt   # the same launch, without the script",
         "```",
         "",
-        f"Run it where verl {verl.version} and {x.rollout_name} are installed, on a Ray cluster (or one machine) with "
+        f'Run it where verl {verl.version} and {x.rollout_name} are installed (`pip install "{verl.requirement}" '
+        f"{x.rollout_name}`), on a Ray cluster (or one machine) with "
         f"{trainer_gpus + teacher_gpus} GPUs: the trainer pool, {x.nnodes} x {x.n_gpus_per_node}, holds the FSDP "
         f"actor and its {x.rollout_name} rollout (tensor parallel {x.rollout_tensor_parallel_size}); the teacher "
         f"pool, {x.teacher_nnodes} x {x.teacher_n_gpus_per_node}, serves "

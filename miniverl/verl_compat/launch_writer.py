@@ -159,6 +159,10 @@ def verl_overrides(config: MiniverlConfig, *, reward: LaunchReward, cwd: Path) -
     add("data.max_prompt_length", r.prompt_limit, "recipe.prompt_limit")
     add("data.max_response_length", r.response_limit, "recipe.response_limit")
     add(f"{ROLLOUT}.max_model_len", r.prompt_limit + r.response_limit + 1, *lengths)
+    if config.estimator.loss_agg_mode == "seq-mean-token-sum-norm":
+        # Without it verl divides by the padded response width: max_response_length in 0.8.0, each micro-batch's
+        # longest response in 0.9.1's default (V1) trainer; miniverl divides by recipe.response_limit.
+        add(f"{ACTOR}.loss_scale_factor", r.response_limit, "recipe.response_limit", "estimator.loss_agg_mode")
     if d.apply_chat_template_kwargs:  # one `+key=value` each, as verl's examples write them
         for name, value in d.apply_chat_template_kwargs.items():
             add(f"data.apply_chat_template_kwargs.{name}", value, "data.apply_chat_template_kwargs", prefix="+")

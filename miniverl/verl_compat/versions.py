@@ -42,6 +42,9 @@ class VerlRelease:
     defaults_outside_yaml: dict[str, Any] = field(default_factory=dict)
     # YAML defaults that differ from v0.8.0's (defaults.VERL_DEFAULTS is v0.8.0's).
     defaults_changed: dict[str, Any] = field(default_factory=dict)
+    # What to install for its launch: 0.9.1's default trainer (trainer.use_v1: true, its TaskRunnerV1) imports
+    # transfer_queue, which only the verl-core extra brings; a plain `pip install verl` stops there.
+    requirement: str = ""
 
     @property
     def tag(self) -> str:
@@ -57,6 +60,7 @@ RELEASES: dict[str, VerlRelease] = {
         teacher_temperature_forced=False,
         dapo_boxed_fallback=False,
         defaults_outside_yaml={REWARD_KWARGS: {}},
+        requirement="verl==0.8.0",
     ),
     "0.9.1": VerlRelease(
         version="0.9.1",
@@ -79,6 +83,7 @@ RELEASES: dict[str, VerlRelease] = {
             f"{LOSS}.chunked_topk_chunk_size": 4096,
         },
         defaults_changed={f"{ROLLOUT}.calculate_log_probs": True},
+        requirement="verl[verl-core]==0.9.1",
     ),
 }
 assert tuple(RELEASES) == VERL_VERSIONS, "config/export.py's VERL_VERSIONS names the releases described here"

@@ -312,3 +312,40 @@ def test_the_0_8_0_export_with_task_rewards_says_its_dapo_rule_differs(tmp_path)
     assert any("math_dapo" in w and "\\boxed{}" in w for w in old.warnings)
     new = export(compose_config(["+recipe=opd_k1_grpo_toy"]), tmp_path / "new", cwd=ROOT)
     assert not any("math_dapo" in w for w in new.warnings)
+
+
+@pytest.mark.parametrize("version", ["0.9.1", "0.8.0"])
+def test_seq_mean_token_sum_norm_divides_by_the_response_limit_on_verl_too(tmp_path, version):
+    """verl divides that mode by its padded response width without loss_scale_factor: max_response_length in
+    0.8.0, but each micro-batch's longest response in 0.9.1's V1 trainer (a fidelity audit of 0.9.1's code).
+    The export writes the divisor; the import says where a launch divides otherwise."""
+    norm = [*RECIPE, "estimator.loss_agg_mode=seq-mean-token-sum-norm", f"export.verl_version={version}"]
+    lines = export(compose_config(norm), tmp_path / "verl", cwd=ROOT).lines
+    assert "actor_rollout_ref.actor.loss_scale_factor=64" in lines  # the recipe's response_limit
+    token_mean = export(compose_config([*RECIPE, f"export.verl_version={version}"]), tmp_path / "tm", cwd=ROOT)
+    assert not any("loss_scale_factor" in line for line in token_mean.lines)  # read by that mode alone
+    notes = {}
+    for name, edit in (("as written", None), ("left out", ""), ("another", "=100")):
+        launch = [line if edit is None or "loss_scale_factor" not in line else line.split("=")[0] + edit
+                  for line in lines if edit != "" or "loss_scale_factor" not in line]  # fmt: skip
+        (tmp_path / f"{name}.txt").write_text("\n".join(launch) + "\n")
+        text = import_verl.import_file(tmp_path / f"{name}.txt", version=version)
+        notes[name] = [line for line in text.splitlines() if "loss_scale_factor" in line]
+    assert notes["as written"] == []
+    assert notes["another"] == [
+        "#   actor_rollout_ref.actor.loss_scale_factor=100  -- verl divides by 100; miniverl's seq-mean-token-sum-norm "
+        "by recipe.response_limit"
+    ]
+    longest = [
+        "#   actor_rollout_ref.actor.loss_scale_factor=null  -- verl divides by each micro-batch's longest response; "
+        "miniverl's seq-mean-token-sum-norm by recipe.response_limit"
+    ]
+    assert notes["left out"] == (longest if version == "0.9.1" else [])  # 0.8.0 pads to max_response_length
+
+
+def test_the_launch_readme_names_what_to_install_for_its_release(tmp_path):
+    """0.9.1's default trainer (trainer.use_v1) imports transfer_queue, which only verl's verl-core extra
+    installs: a plain `pip install verl` stops there (a fidelity audit)."""
+    for version, requirement in (("0.9.1", "verl[verl-core]==0.9.1"), ("0.8.0", "verl==0.8.0")):
+        export(compose_config([*RECIPE, f"export.verl_version={version}"]), tmp_path / version, cwd=ROOT)
+        assert f'`pip install "{requirement}" vllm`' in (tmp_path / version / "README.md").read_text()
