@@ -110,9 +110,13 @@ def teacher_pool_problem(export: ExportConfig, teachers: int) -> str | None:
         return None
     each, needed = ("" if teachers == 1 else f"{teachers} teachers x "), teachers * replicas * replica
     nodes = export.teacher_nnodes if needed % export.teacher_nnodes == 0 else 1
+    why = (  # verl: DistillationConfig's teacher_models
+        "verl serves a single teacher with as many replicas as its pool holds, whatever num_replicas says"
+        if teachers == 1
+        else "verl checks the same at start-up"
+    )
     return (
         f"export: the teacher pool (teacher_nnodes x teacher_n_gpus_per_node = {pool} GPUs) must equal "
-        f"{each}teacher_replicas x teacher_tensor_parallel_size = {each}{replicas} x {replica} = {needed} (verl "
-        f"checks the same at start-up): e.g. export.teacher_nnodes={nodes} "
-        f"export.teacher_n_gpus_per_node={needed // nodes}"
+        f"{each}teacher_replicas x teacher_tensor_parallel_size = {each}{replicas} x {replica} = {needed} ({why}): "
+        f"e.g. export.teacher_nnodes={nodes} export.teacher_n_gpus_per_node={needed // nodes}"
     )

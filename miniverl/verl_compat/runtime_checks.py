@@ -57,12 +57,12 @@ def runtime_violations(cfg: Mapping, version: str) -> list[str]:
         )
     elif len(entries) == 1:
         (entry,) = entries
-        per_replica, replicas = world(entry), g(f"{entry}.num_replicas", 0)
-        if pool % per_replica or replicas * per_replica != pool:
+        per_replica = world(entry)  # verl sets a single teacher's num_replicas itself: as many as the pool holds
+        if pool % per_replica:
             out.append(
-                f"teacher pool size {pool} (distillation.nnodes x n_gpus_per_node) must equal num_replicas x "
-                f"tensor_model_parallel_size x data_parallel_size x pipeline_model_parallel_size = "
-                f"{replicas} x {per_replica}"
+                f"a single teacher's replica of {per_replica} GPUs (tensor_model_parallel_size x data_parallel_size "
+                f"x pipeline_model_parallel_size) must divide the teacher pool of {pool} (distillation.nnodes x "
+                "n_gpus_per_node)"
             )
         elif (t_per_node % per_replica if per_replica <= t_per_node else per_replica % t_per_node) != 0:
             out.append(f"a teacher replica of {per_replica} GPUs straddles nodes of {t_per_node} GPUs")

@@ -423,7 +423,11 @@ def test_the_type_check_catches_a_wrong_type(verl_root, verl_default):
 
 
 BROKEN = {  # overrides appended to a valid launch -> what verl would refuse at run time
-    "teacher_pool_not_replicas_x_tp": ("distillation.n_gpus_per_node=2", "teacher pool size 2"),
+    "teacher_replica_not_dividing_the_pool": (
+        f"distillation.n_gpus_per_node=3 {TEACHER}.inference.tensor_model_parallel_size=2",
+        "a single teacher's replica of 2 GPUs (tensor_model_parallel_size x data_parallel_size x "
+        "pipeline_model_parallel_size) must divide the teacher pool of 3",
+    ),
     "empty_teacher_pool": ("distillation.nnodes=0", "teacher pool is empty"),
     "no_micro_batch_without_dynamic_bsz": (
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null",
@@ -441,6 +445,13 @@ BROKEN = {  # overrides appended to a valid launch -> what verl would refuse at 
         "needs actor_rollout_ref.rollout.calculate_log_probs=True",
     ),
 }
+
+
+def test_a_single_teachers_replicas_are_verls_to_set_so_a_pool_they_do_not_fill_runs(verl_root, recipe_lines):
+    """verl sets a single teacher's num_replicas to what its pool holds (DistillationConfig, 0.8.0 and 0.9.1):
+    the run-time check refused a pool of 2 beside num_replicas=1 as if verl would (a fidelity audit)."""
+    wider = [*recipe_lines, "distillation.n_gpus_per_node=2"]
+    assert runtime_violations(OmegaConf.to_container(compose_verl(verl_root, wider), resolve=True), "0.8.0") == []
 
 
 @pytest.mark.parametrize("case", BROKEN)
