@@ -13,6 +13,7 @@ from typing import Any
 from miniverl.config import MiniverlConfig
 from miniverl.config.export import teacher_pool_problem
 from miniverl.config.model import hub_revision
+from miniverl.utils.dataset import count_rows
 from miniverl.verl_compat.defaults import TEACHER, TEACHERS
 from miniverl.verl_compat.field_rules import RULES
 from miniverl.verl_compat.launch_files import resolved_flat, teacher_variable
@@ -92,6 +93,14 @@ def differences(config: MiniverlConfig) -> list[str]:
     scale = micro_batch_scale(config)
     if scale is not None:
         out.append(scale)
+    rows, batch = count_rows(config.data.train_files), config.recipe.logical_batch
+    if rows is not None and rows < batch:  # miniverl repeats prompts (data.repeat_prompts); verl runs whole batches
+        out.append(
+            f"data.train_files hold {rows} rows, fewer than one batch (recipe.logical_batch={batch}, verl's "
+            f"data.train_batch_size): verl {version} stops at start-up ("
+            + ("'Train dataloader is empty!'" if version == "0.8.0" else "0 steps per epoch: a division by zero")
+            + "); give the launch more rows (TRAIN_FILES=...) or lower recipe.logical_batch"
+        )
     if config.estimator.use_task_rewards and not release(version).dapo_boxed_fallback:
         out.append(
             f"task rewards of math_dapo, math, math_dapo_reasoning and aime* rows: verl {version}'s rule reads the "

@@ -1211,3 +1211,19 @@ def test_a_hand_written_launch_imports_to_overrides_the_run_takes_and_lists_what
     _, unmapped = import_verl.to_miniverl(one_gpu, "0.9.1")
     assert any(line == "distillation.nnodes=1, n_gpus_per_node=1" and why.startswith(
         "a pool of 1 GPUs holds no teacher replica of 2") for line, why in unmapped)  # fmt: skip
+
+
+@pytest.mark.parametrize("version", ["0.9.1", "0.8.0"])
+def test_data_of_fewer_rows_than_one_batch_is_said_to_stop_verl_at_start_up(tmp_path, version):
+    """verl runs whole batches over the data: 0.9.1's V1 trainer divides by rows // train_batch_size, 0.8.0
+    refuses an empty dataloader; miniverl repeats prompts (a fidelity audit exported 128 of 64 rows silently)."""
+    over = [*RECIPE, "recipe.logical_batch=128", "data.repeat_prompts=true", f"export.verl_version={version}"]
+    said = [w for w in export(compose_config(over), tmp_path / "verl", cwd=ROOT).warnings if "fewer than one" in w]
+    stop = "'Train dataloader is empty!'" if version == "0.8.0" else "0 steps per epoch: a division by zero"
+    assert said == [
+        "data.train_files hold 64 rows, fewer than one batch (recipe.logical_batch=128, verl's data.train_batch_size): "
+        f"verl {version} stops at start-up ({stop}); give the launch more rows (TRAIN_FILES=...) or lower "
+        "recipe.logical_batch"
+    ]
+    fits = export(compose_config([*RECIPE, f"export.verl_version={version}"]), tmp_path / "fits", cwd=ROOT)
+    assert not any("fewer than one" in w for w in fits.warnings)
