@@ -43,7 +43,10 @@ ENGINE_WHY = "verl engine setting: how verl runs (parallelism, offload, kernels)
 REFUSED_WHY = "verl refuses the launch at run time"  # runtime_checks' lines on the launch as written
 
 # verl keys of a later release than the launch's: {key: the release that added it}.
-NEWER = {key: rule.since for rule in RULES if rule.since for key in rule.verl_keys}
+NEWER = {
+    **{key: rule.since for rule in RULES if rule.since for key in rule.verl_keys},
+    **{key: since for rule in RULES for key, since in rule.later_keys},
+}
 
 
 def why_not_imported(key: str, version: str) -> str:

@@ -82,7 +82,11 @@ RELEASES: dict[str, VerlRelease] = {
             f"{LOSS}.use_chunked_topk": False,
             f"{LOSS}.chunked_topk_chunk_size": 4096,
         },
-        defaults_changed={f"{ROLLOUT}.calculate_log_probs": True},
+        defaults_changed={
+            f"{ROLLOUT}.calculate_log_probs": True,
+            f"{ROLLOUT}.full_determinism": False,  # new: keys of 0.9.1's YAML that 0.8.0's lacks
+            f"{ROLLOUT}.seed": 42,
+        },
         requirement="verl[verl-core]==0.9.1",
     ),
 }

@@ -767,9 +767,11 @@ def test_import_reads_a_verl_example_shaped_script(tmp_path, verl_root):
     assert values["estimator.use_task_rewards"] is False and values["reward.custom_reward_function.path"] is None
     assert "trainer.logger: wandb" in notes
     assert "model.quantization" in notes  # a miniverl field verl does not set
-    # The imported overrides make a valid miniverl config that exports a launch verl accepts.
+    # The imported overrides make a valid miniverl config that exports a launch verl accepts: the release the
+    # import read it as (the script names none: 0.9.1), whose YAML has keys 0.8.0's lacks (rollout.seed).
+    assert values["export.verl_version"] == "0.9.1"
     result = export(compose_config([*RECIPE, *values_to_lines(values)]), tmp_path / "verl", cwd=ROOT)
-    compose_verl(verl_root, result.lines)
+    compose_verl(verl_tree("0.9.1"), result.lines)
 
 
 def values_to_lines(values: dict) -> list[str]:

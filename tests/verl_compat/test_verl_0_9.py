@@ -349,3 +349,18 @@ def test_the_launch_readme_names_what_to_install_for_its_release(tmp_path):
     for version, requirement in (("0.9.1", "verl[verl-core]==0.9.1"), ("0.8.0", "verl==0.8.0")):
         export(compose_config([*RECIPE, f"export.verl_version={version}"]), tmp_path / version, cwd=ROOT)
         assert f'`pip install "{requirement}" vllm`' in (tmp_path / version / "README.md").read_text()
+
+
+def test_the_0_9_1_rollout_is_seeded_and_deterministic_as_the_run_is(tmp_path):
+    """verl 0.9.1 added rollout.seed and rollout.full_determinism (vLLM's seed per request, batch-invariant
+    kernels): the export writes trainer.seed and hardware.deterministic there too, 0.8.0's has no such keys
+    (a fidelity audit: the 0.9.1 cluster sampled with seed 42 whatever trainer.seed said)."""
+    settings = ["trainer.seed=7", "hardware.deterministic=false"]
+    lines = export(compose_config([*RECIPE, *settings]), tmp_path / "new", cwd=ROOT).lines
+    for key, value in (("seed", "7"), ("full_determinism", "False")):
+        assert f"actor_rollout_ref.rollout.{key}={value}" in lines
+        assert f"actor_rollout_ref.actor.fsdp_config.{key}={value}" in lines
+    old = export(compose_config([*RECIPE, *settings, "export.verl_version=0.8.0"]), tmp_path / "old", cwd=ROOT)
+    assert not any(
+        line.startswith(("actor_rollout_ref.rollout.seed", "actor_rollout_ref.rollout.full_")) for line in old.lines
+    )

@@ -74,7 +74,7 @@ def miniverl_names() -> dict[str, str]:
     for the one-line error of an unknown key; a verl key several fields map, max_model_len, is left out)."""
     fields: dict[str, set[str]] = {}
     for rule in RULES:
-        for key in rule.verl_keys:
+        for key in (*rule.verl_keys, *(later for later, _ in rule.later_keys)):
             if key != rule.field and not key.startswith(TEACHER_ENTRY + "<"):
                 fields.setdefault(key, set()).add(rule.field)
     return {key: next(iter(names)) for key, names in fields.items() if len(names) == 1}

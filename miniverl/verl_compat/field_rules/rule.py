@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from miniverl.config.model import ToyArchitecture
@@ -24,11 +24,15 @@ class Rule:
     # means what the older release does (None: any value does); the export refuses another.
     since: str | None = None
     older_value: Any = None
+    # Keys a later release added that mean the same field, beside verl_keys: (verl key, first release with it).
+    later_keys: tuple[tuple[str, str], ...] = ()
 
     def for_release(self, version: str) -> Rule:
-        """This rule as `version` reads it: itself, or for a release older than `since`, no equivalent."""
+        """This rule as `version` reads it: itself with the later keys that release has, or for a release
+        older than `since`, no equivalent."""
         if self.since is None or _release_key(version) >= _release_key(self.since):
-            return self
+            had = tuple(key for key, since in self.later_keys if _release_key(version) >= _release_key(since))
+            return replace(self, verl_keys=self.verl_keys + had, later_keys=()) if self.later_keys else self
         keys = ", ".join(self.verl_keys)
         older = self.older_value
         value = "" if older is None else f"; the export for it refuses a value other than {older!r}"
@@ -56,9 +60,11 @@ def _release_key(version: str) -> tuple[int, ...]:
 
 def mapped(
     fieldname: str, *keys: str, transform: str = "identity", note: str = "", since: str | None = None,
-    older_value: Any = None,
+    older_value: Any = None, later_keys: tuple[tuple[str, str], ...] = (),
 ) -> Rule:  # fmt: skip
-    return Rule(fieldname, "mapped", tuple(keys), transform, note, since=since, older_value=older_value)
+    return Rule(
+        fieldname, "mapped", tuple(keys), transform, note, since=since, older_value=older_value, later_keys=later_keys
+    )
 
 
 def not_applicable(fieldname: str, note: str) -> Rule:

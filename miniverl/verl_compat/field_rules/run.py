@@ -102,8 +102,10 @@ RUN_RULES: tuple[Rule, ...] = (
     mapped(
         "hardware.deterministic",
         f"{ACTOR}.fsdp_config.full_determinism",
-        note="the FSDP trainer only: verl's rollout engine samples without per-sample seeds, so a verl run is "
-        "not byte-exact and its resume is not exact",
+        note="the FSDP trainer; from verl 0.9.1 the rollout too (rollout.full_determinism: vLLM's batch-invariant "
+        "kernels and a seed per request). Before, verl's rollout samples without seeds, so a verl run is not "
+        "byte-exact and its resume is not exact",
+        later_keys=((f"{ROLLOUT}.full_determinism", "0.9.1"),),
     ),
     not_applicable("hardware.gpu_hour_limit", "the resource contract of miniverl's hardware option"),
     not_applicable("hardware.peak_reserved_limit_gib", "the resource contract of miniverl's hardware option"),
@@ -167,8 +169,9 @@ RUN_RULES: tuple[Rule, ...] = (
     mapped(
         "trainer.seed",
         f"{ACTOR}.fsdp_config.seed",
-        note="seeds verl's trainer processes; verl's rollout does not seed each sample, so the sampled tokens "
-        "differ from miniverl's",
+        note="seeds verl's trainer processes, and from verl 0.9.1 its rollout (rollout.seed: vLLM's, plus the "
+        "replica's rank); vLLM's sampler is not miniverl's, so the sampled tokens differ from miniverl's",
+        later_keys=((f"{ROLLOUT}.seed", "0.9.1"),),
     ),
     mapped("trainer.project_name", "trainer.project_name"),
     mapped("trainer.experiment_name", "trainer.experiment_name"),
