@@ -11,11 +11,10 @@ in a batch the n samples of a prompt are adjacent rows, so the group of row i is
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from miniverl.config.algorithm import AlgorithmConfig
+from miniverl.config.estimator import EstimatorConfig
 from miniverl.protocol import Batch
 
 GRPO_EPSILON = 1e-6  # verl's default epsilon of the group std
@@ -96,14 +95,14 @@ def discounted_future_sum(values: torch.Tensor, mask: torch.Tensor, gamma: float
 
 
 def policy_gradient_advantages(
-    est: Any, per_token_loss: torch.Tensor, mask: torch.Tensor, baseline: float = 0.0
+    est: EstimatorConfig, per_token_loss: torch.Tensor, mask: torch.Tensor, baseline: float = 0.0
 ) -> torch.Tensor:
     """The distillation policy gradient's advantage (B, T) from the per-token loss d (B, T) after
     loss_max_clamp: -d (verl's; est.kl_discount_factor 0 and no baseline, the defaults, return exactly
     -d), or with gamma = est.kl_discount_factor > 0 the discounted future loss
     -sum_{s>=t} gamma^(s-t) (d_s - baseline) over the positions of `mask` (the response), 0 elsewhere
     (tinker-cookbook's `kl_discount_factor`; `baseline`: `distillation_baseline`)."""
-    gamma = getattr(est, "kl_discount_factor", 0.0) or 0.0
+    gamma = est.kl_discount_factor
     if not gamma and not baseline:
         return -per_token_loss
     if baseline:

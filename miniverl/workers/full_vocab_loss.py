@@ -31,10 +31,11 @@ Shapes: B rows, T padded response positions, H hidden size, V vocabulary, k the 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 
+from miniverl.config.estimator import EstimatorConfig
 from miniverl.workers.logprobs import map_position_chunks, output_rows, rows_per_chunk, token_logits
 from miniverl.workers.losses import Number, finish_loss, masked_range
 
@@ -104,7 +105,7 @@ def reverse_kl_full_terms(
 
 
 def reverse_kl_full(
-    est: Any,
+    est: EstimatorConfig,
     kl: torch.Tensor | ReverseKLTopkTerms,  # (B, T) KL_t with the student's graph; reverse_kl_topk: its terms
     response_mask: torch.Tensor,  # (B, T)
     *,

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 
-from miniverl.config.estimator import ESTIMATOR_MODES, LOSS_AGG_MODES
+from miniverl.config.estimator import ESTIMATOR_MODES, LOSS_AGG_MODES, EstimatorConfig
 from miniverl.utils.text_alignment import credit_to_tokens, span_sums
 from miniverl.workers.advantages import policy_gradient_advantages
 
@@ -189,7 +189,7 @@ def masked_range(values: torch.Tensor, mask: torch.Tensor, prefix: str) -> dict[
 
 
 def finish_loss(
-    est: Any,
+    est: EstimatorConfig,
     per_token_loss: torch.Tensor,  # (B, T) distillation loss before loss_max_clamp
     response_mask: torch.Tensor,  # (B, T)
     metrics: dict[str, float],
@@ -237,7 +237,7 @@ def finish_loss(
         )
         metrics.update({f"distillation/{k}": v for k, v in pg_metrics.items()})
         # not in verl: only where the advantage is not -d (the setting, not the value: a baseline of 0.0 logs too)
-        if getattr(est, "kl_discount_factor", 0.0) or getattr(est, "advantage_baseline", "none") != "none":
+        if est.kl_discount_factor or est.advantage_baseline != "none":
             n = int(mask.sum())  # a plain token mean, as distillation/abs_loss
             total = float(torch.where(mask, advantages, advantages.new_zeros(())).sum())
             metrics["distillation/advantage_mean"] = total / n if n else 0.0
@@ -254,7 +254,7 @@ def finish_loss(
 
 
 def distillation_loss(
-    est: Any,
+    est: EstimatorConfig,
     log_prob: torch.Tensor,
     old_log_prob: torch.Tensor | None,
     teacher_log_prob: torch.Tensor,
@@ -316,7 +316,7 @@ def distillation_loss(
 
 
 def distillation_baseline(
-    est: Any,
+    est: EstimatorConfig,
     old_log_prob: torch.Tensor,  # (B, T) log-probs of the policy that sampled the tokens
     teacher_log_prob: torch.Tensor,  # (B, T)
     response_mask: torch.Tensor,  # (B, T)
@@ -327,7 +327,7 @@ def distillation_baseline(
     number for the whole update (tinker-cookbook's RL KL penalty subtracts the same mean). Taken from
     the sampling policy's log-probs, not the update's forward, so that it is known before the first
     chunk's backward; on-policy the two are the same policy."""
-    if getattr(est, "advantage_baseline", "none") == "none":
+    if est.advantage_baseline == "none":
         return 0.0
     if spans is None:
         estimate = kl_estimate(old_log_prob, teacher_log_prob, est.loss_mode)  # (B, T)

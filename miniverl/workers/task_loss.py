@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from miniverl.config.estimator import EstimatorConfig
 from miniverl.workers.losses import Number, _ppo_clip_losses, agg_loss
 
 
@@ -53,7 +54,7 @@ def task_policy_loss(
 
 
 def distillation_ppo_loss(
-    est: Any,
+    est: EstimatorConfig,
     actor: Any,
     distill_loss: torch.Tensor,  # the distillation loss of the (micro-)batch, with its graph
     log_prob: torch.Tensor,  # (B, T) with the gradient

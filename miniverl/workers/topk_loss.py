@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from miniverl.config.estimator import EstimatorConfig
 from miniverl.workers.losses import Number, finish_loss, masked_range
 
 
@@ -216,14 +217,14 @@ def tail_bucket_kl(teacher_log_mass: torch.Tensor, student_log_mass: torch.Tenso
     return teacher_tail * (log_teacher_tail - log_student_tail)
 
 
-def topk_chunk_size(est: Any) -> int | None:
+def topk_chunk_size(est: EstimatorConfig) -> int | None:
     """Positions per chunk of the top-k log-probs: est.chunked_topk_chunk_size with
     est.use_chunked_topk, else None (one piece)."""
-    return est.chunked_topk_chunk_size if getattr(est, "use_chunked_topk", False) else None
+    return est.chunked_topk_chunk_size if est.use_chunked_topk else None
 
 
 def forward_kl_topk(
-    est: Any,
+    est: EstimatorConfig,
     student_logits: torch.Tensor,
     teacher_topk_log_probs: torch.Tensor,
     teacher_topk_ids: torch.Tensor,
@@ -256,7 +257,7 @@ def forward_kl_topk(
 
 
 def topk_distillation_loss(
-    est: Any,
+    est: EstimatorConfig,
     terms: TopkTerms,
     response_mask: torch.Tensor,
     *,
