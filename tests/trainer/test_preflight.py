@@ -42,6 +42,18 @@ def test_a_teacher_with_another_vocabulary_fails(tmp_path):
     assert check.status == "FAIL" and "vocabularies differ: student 259 tokens, teacher 260" in check.reason
 
 
+def test_a_teacher_with_another_pad_token_fails_naming_it(tmp_path):
+    """The same vocabulary, another token as padding: the rows' padding would mean another id to each (no
+    test set one apart: a tests audit checked the EOS alone and passed)."""
+
+    def pad_with_im_start(t):
+        t.pad_token = toy.IM_START
+
+    check = checks_of(f"teacher.tokenizer_id={tokenizer_folder(tmp_path, pad_with_im_start)}")["tokenizer"]
+    assert check.status == "FAIL"
+    assert f"special tokens differ: pad_token '<|endoftext|>' vs '{toy.IM_START}'" in check.reason
+
+
 def test_a_teacher_with_another_chat_template_fails(tmp_path):
     def other_template(t):
         t.chat_template = t.chat_template.replace("<|im_start|>assistant", "<|im_start|>bot")

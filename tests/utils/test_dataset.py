@@ -249,3 +249,26 @@ def test_a_json_lines_file_is_refused_with_the_pyarrow_line_that_converts_it(tmp
     subprocess.run([sys.executable, "-c", convert.strip('"')], check=True, cwd=tmp_path)
     read = read_conversations(DataConfig(train_files=[str(tmp_path / "prompts.parquet")]))
     assert read.messages[1] == [{"role": "user", "content": "Name a sea."}]
+
+
+def test_a_teachers_context_goes_before_the_rows_system_message_and_rewrites_the_last_user_turn():
+    """teacher.context: `system` first (before a row's own system message, after two newlines), `user` in
+    place of the last user message only (a tests audit: every test row had one user turn and no system)."""
+    from miniverl.config.teacher import TeacherContext
+    from miniverl.utils.dataset import Conversations, teacher_conversations
+
+    rows = [
+        [{"role": "system", "content": "R"}, {"role": "user", "content": "a"}],
+        [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}],
+    ]
+    source = Conversations(rows, [None, None], "", records=[{"hint": "h0"}, {"hint": "h1"}])
+    context = TeacherContext(system="S {{ hint }}", user="{{ user }}!")
+    assert teacher_conversations(source, context, "teacher") == [
+        [{"role": "system", "content": "S h0\n\nR"}, {"role": "user", "content": "a!"}],
+        [
+            {"role": "system", "content": "S h1"},
+            {"role": "user", "content": "a"},
+            {"role": "assistant", "content": "b"},
+            {"role": "user", "content": "c!"},
+        ],
+    ]

@@ -176,3 +176,21 @@ def test_a_folder_that_is_not_an_adapter_is_refused(tmp_path):
 def test_inconsistent_teacher_settings_are_refused_at_composition(overrides, message):
     with pytest.raises(MiniverlError, match=message):
         to_config(compose_config(["+recipe=opd_k1", "model=toy", "teacher=toy", *overrides]))
+
+
+def test_several_teachers_take_the_held_out_rows_contexts_each_its_own():
+    """The held-out probe's router: each teacher with its own context prompts of the held-out rows, a teacher
+    without a context with none, the training router untouched (a tests audit: contexts were tested with one
+    teacher only, and a router that kept the training rows' prompts passed)."""
+    from miniverl.workers.teacher import TeacherRouter, TeacherWorker
+
+    def worker(prompts):
+        w = TeacherWorker.__new__(TeacherWorker)  # the routing alone: no model
+        w.context_prompts = prompts
+        return w
+
+    training = TeacherRouter({"a": worker({0: [9]}), "b": worker(None)})
+    held = training.for_prompts({"a": {0: [1, 2], 1: [3]}})
+    assert held.names == ["a", "b"]
+    assert held.workers["a"].context_prompts == {0: [1, 2], 1: [3]} and held.workers["b"].context_prompts is None
+    assert training.workers["a"].context_prompts == {0: [9]}
