@@ -447,6 +447,27 @@ BROKEN = {  # overrides appended to a valid launch -> what verl would refuse at 
 }
 
 
+def test_the_run_time_rules_hold_at_their_bounds(verl_root, recipe_lines):
+    """At the limit verl accepts, one past it refused: the teacher's context of prompt + response + 1 tokens,
+    vLLM's largest LoRA rank (a tests audit moved both bounds by one and every test passed)."""
+
+    def problems(*extra):
+        return runtime_violations(
+            OmegaConf.to_container(compose_verl(verl_root, [*recipe_lines, *extra]), resolve=True), "0.8.0"
+        )
+
+    values = parsed(recipe_lines)
+    needed = values["data.max_prompt_length"] + values["data.max_response_length"] + 1
+    assert problems(f"{TEACHER}.inference.max_model_len={needed}") == []
+    assert problems(f"{TEACHER}.inference.max_model_len={needed - 1}") == [
+        f"{TEACHER}.inference.max_model_len={needed - 1} must be >= prompt + response + 1 = {needed}"
+    ]
+    assert problems("actor_rollout_ref.model.lora_rank=512") == []
+    assert problems("actor_rollout_ref.model.lora_rank=513") == [
+        "actor_rollout_ref.model.lora_rank=513 exceeds vLLM's largest LoRA rank 512"
+    ]
+
+
 def test_a_single_teachers_replicas_are_verls_to_set_so_a_pool_they_do_not_fill_runs(verl_root, recipe_lines):
     """verl sets a single teacher's num_replicas to what its pool holds (DistillationConfig, 0.8.0 and 0.9.1):
     the run-time check refused a pool of 2 beside num_replicas=1 as if verl would (a fidelity audit)."""
@@ -762,6 +783,8 @@ def test_import_reads_a_verl_example_shaped_script(tmp_path, verl_root):
     assert values["hardware.update_chunk"] == 2 and values["recipe.logical_batch"] == 16
     assert values["trainer.logger"] == ["console"] and values["data.shuffle"] is True
     assert values["data.train_files"] == ["/home/user/data/gsm8k/train.parquet"]
+    assert values["data.val_files"] == []  # the script validates on its train files: nothing held out
+    assert values["actor.optim.eps"] == 1e-8  # no override_optimizer_config: verl's AdamW default
     notes = "\n".join(line for line in text.splitlines() if line.startswith("#"))
     assert values["rollout.n"] == 4 and values["algorithm.adv_estimator"] == "grpo"
     assert values["estimator.use_task_rewards"] is False and values["reward.custom_reward_function.path"] is None
@@ -772,6 +795,20 @@ def test_import_reads_a_verl_example_shaped_script(tmp_path, verl_root):
     assert values["export.verl_version"] == "0.9.1"
     result = export(compose_config([*RECIPE, *values_to_lines(values)]), tmp_path / "verl", cwd=ROOT)
     compose_verl(verl_tree("0.9.1"), result.lines)
+
+
+def test_a_variable_set_empty_takes_the_default_after_colon_dash_only(tmp_path):
+    """bash: ${V:-d} gives d where V is unset or empty, ${V-d} only where unset (no test set a variable
+    empty: a tests audit made the two alike and the export tests passed)."""
+    script = tmp_path / "run.sh"
+    script.write_text(
+        "python3 -m verl.trainer.main_ppo \\\n"
+        "    trainer.nnodes=${NODES:-2} \\\n"
+        "    trainer.n_gpus_per_node=${GPUS-8} \\\n"
+        "    trainer.project_name=p${EMPTY-x}\n"
+    )
+    lines = launch_reader.read_overrides(script, env={"NODES": "", "GPUS": "4", "EMPTY": ""})
+    assert lines == ["trainer.nnodes=2", "trainer.n_gpus_per_node=4", "trainer.project_name=p"]
 
 
 def values_to_lines(values: dict) -> list[str]:
