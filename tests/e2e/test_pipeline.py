@@ -150,6 +150,7 @@ def test_peft_adapter_is_a_standard_peft_folder(finished_run):
     trainer, _, _, run_dir = finished_run
     config = json.loads((run_dir / "peft_adapter" / "adapter_config.json").read_text())
     assert config["peft_type"] == "LORA" and config["r"] == 16 and set(config["target_modules"]) == {"q_proj", "v_proj"}
+    assert config["lora_alpha"] == 32 and config["lora_dropout"] == 0.0  # model.lora.alpha, .dropout
     base = AutoModelForCausalLM.from_pretrained(run_dir / "toy_models" / "student", dtype=torch.float32)
     loaded = PeftModel.from_pretrained(base, run_dir / "peft_adapter")
     ours = {n: p for n, p in trainer.student.named_parameters() if "lora_" in n}

@@ -52,6 +52,8 @@ def test_lora_gradients_through_nf4_equal_those_through_the_dequantized_base(toy
     src = models.source_of(StudentConfig(), toy_dirs["student"])
     cpu = torch.device("cpu")
     nf4 = models.load_student(StudentConfig(), src, cpu, lora_seed=3)
+    q = nf4.get_base_model().config.quantization_config  # docs/models.md: NF4, no double quantization
+    assert (q.bnb_4bit_quant_type, q.bnb_4bit_use_double_quant, q.load_in_4bit) == ("nf4", False, True)
     dense_block = StudentConfig(quantization="none")
     dense_base = dequantized_copy(nf4.get_base_model(), toy_dirs["student"])
     dense = models.wrap_student(dense_base, dense_block, cpu, lora_seed=3)

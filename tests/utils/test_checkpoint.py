@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 
+import pytest
 from peft import LoraConfig, get_peft_model
 from safetensors.torch import load_file
 
@@ -35,3 +36,21 @@ def test_lora_on_the_output_layer_saves_it_whole():
     assert not checkpoint.embeddings_targeted(student)
     student.peft_config["default"].target_modules = {"q_proj", "lm_head"}
     assert checkpoint.embeddings_targeted(student)
+
+
+@pytest.mark.parametrize(
+    "save_freq,stop,expected",
+    [
+        (1, None, [1, 2, 3, 4, 5, 6]),
+        (-1, None, [6]),  # the last update only
+        (-1, 2, [2, 6]),  # a stop keeps its update resumable, whatever save_freq says
+        (4, 3, [3, 4, 6]),
+    ],
+)
+def test_a_checkpoint_follows_every_save_freq_updates_the_stop_and_the_last(save_freq, stop, expected):
+    """(a tests audit: every run of the suite saved each update, so a stop without its checkpoint passed)"""
+    from miniverl.config.trainer import TrainerConfig
+    from miniverl.utils.checkpoint import is_due
+
+    config = TrainerConfig(save_freq=save_freq, stop_after_updates=stop)
+    assert [update for update in range(1, 7) if is_due(update, config, 6)] == expected
