@@ -93,3 +93,11 @@ def test_the_held_out_kl_tells_jobs_apart_where_a_centred_policy_gradients_loss_
     ]
     assert "| heldout_kl | heldout_kl_update |" in (tmp_path / "sweep_summary.md").read_text()
     assert matplotlib.image.imread(str(tmp_path / "sweep_summary.png")).shape[:2] == (450, 1400)  # two panels
+
+
+def test_job_folders_come_in_hydras_numbers_order_not_as_text(tmp_path):
+    """Job 10 after job 2 (a tests audit: no test sweep had ten jobs, and text order passed)."""
+    for name in ("10", "2", "0", "custom"):
+        (tmp_path / name / ".hydra").mkdir(parents=True)
+        (tmp_path / name / ".hydra" / "overrides.yaml").write_text("- estimator=k1\n")
+    assert [job.name for job in sweep_summary.job_dirs(tmp_path)] == ["0", "2", "10", "custom"]

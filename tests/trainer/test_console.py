@@ -7,7 +7,7 @@ import pytest
 
 from miniverl.config import to_config
 from miniverl.main import run
-from miniverl.trainer.console import start_lines
+from miniverl.trainer.console import closing_lines, start_lines
 
 from conftest import SHORT, compose_config
 
@@ -153,7 +153,6 @@ def test_the_final_loss_is_said_to_be_zero_by_construction_only_where_the_baseli
     not with a discount, a token selection, a per-sequence mean or a task reward beside it (a toy run of
     each: 4.5e-09, 1.6e-07 with seq-mean-token-sum; 0.075 with seq-mean-token-mean, 0.012 with entropy
     selection at keep 0.5)."""
-    from miniverl.trainer.console import closing_lines
 
     report = {
         "status": "measured",
@@ -177,6 +176,26 @@ def test_the_final_loss_is_said_to_be_zero_by_construction_only_where_the_baseli
     )
     assert ("by construction" in final) == (said is not None)
     assert said is None or said in final
+
+
+def test_the_closing_table_gives_the_last_updates_loss(tmp_path):
+    """(a tests audit: closing_lines was only given one update, so the first update's loss passed for the last)"""
+    report = {
+        "status": "measured",
+        "recipe": {"optimizer_updates": 2, "estimator": "k1", "advantage_baseline": "none"},
+        "resume": {"status": "not_checked"},
+        "measurements": {
+            "steady_state_median_seconds": {},
+            "steady_state_median_throughput": {},
+            "peak_reserved_gib": None,
+            "peak_rss_gib": 2.0,
+            "batch_downshifts": {},
+        },
+        "distillation_progress": None,
+    }
+    losses = [{"actor/distillation/loss": 1.0}, {"actor/distillation/loss": 2.0}]
+    final = next(line for line in closing_lines(report, losses, tmp_path).splitlines() if "final loss" in line)
+    assert final.split() == ["final", "loss", "2", "nats", "(actor/distillation/loss", "at", "update", "2)"]
 
 
 @pytest.mark.parametrize(

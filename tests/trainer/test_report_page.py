@@ -60,3 +60,18 @@ def test_the_page_headline_says_what_the_student_learned_where_the_loss_cannot()
     assert "Held-out: 2.279 at update 0 -> 1.842 at update 4 (exact reverse KL" in head
     plain = markdown({**report, "recipe": {**report["recipe"], "advantage_baseline": "none"}}, history(4, False))
     assert "by construction" not in plain
+
+
+def test_the_page_headline_takes_the_last_updates_loss_and_task_score():
+    """(a tests audit: every test history held one value throughout, so the first update's passed for the last)"""
+    from miniverl.trainer.report_page import markdown
+
+    report = {"profile": "p", "status": "measured", "resume": {"status": "not_checked"}}
+    report["recipe"] = {"optimizer_updates": 2, "estimator": "k1", "advantage_baseline": "none"}
+    updates = [
+        {"actor/distillation/loss": 1.5, "critic/score/mean": 0.1},
+        {"actor/distillation/loss": 0.25, "critic/score/mean": 0.9},
+    ]
+    head = markdown(report, updates).split("![curves]", 1)[0]
+    assert "Final distillation loss (actor/distillation/loss): **0.25**." in head
+    assert "Task score (critic/score/mean) at the last update: **0.9**." in head
