@@ -345,3 +345,16 @@ def test_a_model_with_code_of_its_own_is_one_line_naming_trust_remote_code(toy_d
         f"model.model_id={folder} runs code of its own, which transformers does not run; if you trust it: "
         "model.trust_remote_code=true"
     )
+
+
+def test_output_layers_may_pad_past_the_tokenizer_differently_but_not_fall_short_of_it():
+    """Qwen2.5-1.5B's 151,936 rows beside Qwen2.5-7B's 152,064 for a 151,665-token tokenizer: padding, never
+    sampled or scored (a tests audit: refusing any difference passed every fast test)."""
+    from miniverl.models.tokenizers import output_rows_problem
+
+    assert output_rows_problem(151936, 152064, 151665) is None
+    assert output_rows_problem(151936, 151936, 151936) is None
+    assert output_rows_problem(151936, 151000, 151665) == (
+        "the tokenizer has 151665 tokens but the teacher has 151000 output rows: its output layer cannot score "
+        "every token id; pick a model of the tokenizer's vocabulary"
+    )

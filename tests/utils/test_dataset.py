@@ -272,3 +272,20 @@ def test_a_teachers_context_goes_before_the_rows_system_message_and_rewrites_the
             {"role": "user", "content": "c!"},
         ],
     ]
+
+
+def test_the_chat_templates_keyword_arguments_reach_it():
+    """data.apply_chat_template_kwargs (verl's: enable_thinking=false for Qwen3) are the template's variables
+    (a tests audit dropped them; only a slow test noticed, by a memory figure)."""
+    from miniverl.config.data import DataConfig
+    from miniverl.models import toy
+    from miniverl.utils.dataset import prompt_ids
+
+    tokenizer = toy.build_toy_tokenizer()
+    tokenizer.chat_template = "{% if enable_thinking is false %}/no_think {% endif %}" + tokenizer.chat_template
+    messages = [{"role": "user", "content": "2+2?"}]
+    plain = tokenizer.decode(prompt_ids(messages, DataConfig(), tokenizer))
+    asked = tokenizer.decode(
+        prompt_ids(messages, DataConfig(apply_chat_template_kwargs={"enable_thinking": False}), tokenizer)
+    )
+    assert asked == "/no_think " + plain

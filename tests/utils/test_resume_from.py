@@ -34,3 +34,16 @@ def test_resume_from_a_missing_or_empty_folder_says_which_and_what_to_give(tmp_p
         "trainer.resume_from=empty: that run's checkpoints/ is gone (removed or moved), so nothing is left to "
         "resume; start the run anew: in another hydra.run.dir, or in empty with trainer.overwrite=true"
     )
+
+
+def test_a_run_folder_means_its_newest_checkpoint_by_update_number(tmp_path):
+    """update_10 after update_2, whatever their names sort as (a tests audit: the oldest passed, caught only by
+    a slow e2e test)."""
+    from miniverl.utils.resume_from import resolve_checkpoint
+
+    for update in (1, 2, 10):
+        folder = tmp_path / "checkpoints" / f"update_{update}"
+        folder.mkdir(parents=True)
+        (folder / "state.json").write_text("{}")
+    assert resolve_checkpoint(tmp_path) == tmp_path / "checkpoints" / "update_10"
+    assert resolve_checkpoint(tmp_path / "checkpoints" / "update_2") == tmp_path / "checkpoints" / "update_2"
