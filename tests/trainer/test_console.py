@@ -131,6 +131,24 @@ def test_the_closing_table_shows_the_held_out_curve_from_first_to_last_when_the_
 CENTRED = {"advantage_baseline": "batch_mean", "kl_discount_factor": 0.0, "token_selection": {"by": "none"}}
 
 
+def final_loss_line(recipe: dict, history: list[dict], progress: dict | None, tmp_path) -> str:
+    """The closing table's `final loss` row of a run of `recipe` (report.json's recipe block)."""
+    report = {
+        "status": "measured",
+        "recipe": {"optimizer_updates": len(history), "estimator": "k1", **recipe},
+        "resume": {"status": "not_checked"},
+        "measurements": {
+            "steady_state_median_seconds": {},
+            "steady_state_median_throughput": {},
+            "peak_reserved_gib": None,
+            "peak_rss_gib": 2.0,
+            "batch_downshifts": {},
+        },
+        "distillation_progress": progress,
+    }
+    return next(line for line in closing_lines(report, history, tmp_path).splitlines() if "final loss" in line)
+
+
 @pytest.mark.parametrize(
     ("recipe", "measured", "said"),
     [
@@ -153,48 +171,16 @@ def test_the_final_loss_is_said_to_be_zero_by_construction_only_where_the_baseli
     not with a discount, a token selection, a per-sequence mean or a task reward beside it (a toy run of
     each: 4.5e-09, 1.6e-07 with seq-mean-token-sum; 0.075 with seq-mean-token-mean, 0.012 with entropy
     selection at keep 0.5)."""
-
-    report = {
-        "status": "measured",
-        "recipe": {"optimizer_updates": 1, "estimator": "k1", **recipe},
-        "resume": {"status": "not_checked"},
-        "measurements": {
-            "steady_state_median_seconds": {},
-            "steady_state_median_throughput": {},
-            "peak_reserved_gib": None,
-            "peak_rss_gib": 2.0,
-            "batch_downshifts": {},
-        },
-        "distillation_progress": {"exact_reverse_kl": [{"update": 0, "value": 2.0}, {"update": 1, "value": 1.5}]}
-        if measured
-        else None,
-    }
-    final = next(
-        line
-        for line in closing_lines(report, [{"actor/distillation/loss": 4.036e-8}], tmp_path).splitlines()
-        if "final loss" in line
-    )
+    progress = {"exact_reverse_kl": [{"update": 0, "value": 2.0}, {"update": 1, "value": 1.5}]}
+    final = final_loss_line(recipe, [{"actor/distillation/loss": 4.036e-8}], progress if measured else None, tmp_path)
     assert ("by construction" in final) == (said is not None)
     assert said is None or said in final
 
 
 def test_the_closing_table_gives_the_last_updates_loss(tmp_path):
     """(a tests audit: closing_lines was only given one update, so the first update's loss passed for the last)"""
-    report = {
-        "status": "measured",
-        "recipe": {"optimizer_updates": 2, "estimator": "k1", "advantage_baseline": "none"},
-        "resume": {"status": "not_checked"},
-        "measurements": {
-            "steady_state_median_seconds": {},
-            "steady_state_median_throughput": {},
-            "peak_reserved_gib": None,
-            "peak_rss_gib": 2.0,
-            "batch_downshifts": {},
-        },
-        "distillation_progress": None,
-    }
     losses = [{"actor/distillation/loss": 1.0}, {"actor/distillation/loss": 2.0}]
-    final = next(line for line in closing_lines(report, losses, tmp_path).splitlines() if "final loss" in line)
+    final = final_loss_line({"advantage_baseline": "none"}, losses, None, tmp_path)
     assert final.split() == ["final", "loss", "2", "nats", "(actor/distillation/loss", "at", "update", "2)"]
 
 
