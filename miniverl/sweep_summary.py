@@ -85,7 +85,7 @@ def summarize_job(job: Path, overrides: list[str]) -> tuple[dict, list[float], l
     try:
         report = json.loads((job / REPORT).read_text()) if (job / REPORT).is_file() else None
     except ValueError:  # cut short by a crash: the job is listed, its report said to be unreadable
-        report, row["status"], row["error"] = None, "report unreadable", f"{job / 'report.json'} is not valid JSON"
+        report, row["status"], row["error"] = None, "report unreadable", f"{job / REPORT} is not valid JSON"
     heldout = []
     if report:
         progress = report.get("distillation_progress") or {}

@@ -39,6 +39,7 @@ CUBLAS_WORKSPACES = (":4096:8", ":16:8")
 FILL_UNINITIALIZED_ENV = "MINIVERL_FILL_UNINITIALIZED_MEMORY"
 # transformers' flash-attention integration reads it (modeling_flash_attention_utils): "1" = deterministic backward.
 FLASH_DETERMINISTIC_ENV = "FLASH_ATTENTION_DETERMINISTIC"
+SDP_BACKENDS = ("flash", "mem_efficient", "cudnn", "math")  # torch's scaled-dot-product attention kernels
 
 
 def set_determinism(device: torch.device, deterministic: bool) -> None:
@@ -87,35 +88,21 @@ def determinism_restored():
     """Puts back, on leaving, the global switches `set_determinism` sets: what runs after a miniverl
     run in the same process (the bench's TRL sides) runs as it would alone (TRL's IW-OPD calls a
     float cumsum on CUDA, which strict deterministic mode refuses)."""
-    cuda = torch.backends.cuda
-    flash_env = os.environ.get(FLASH_DETERMINISTIC_ENV)
-    saved = (
-        torch.are_deterministic_algorithms_enabled(),
-        torch.is_deterministic_algorithms_warn_only_enabled(),
-        torch.utils.deterministic.fill_uninitialized_memory,
-        torch.backends.cudnn.benchmark,
-        torch.backends.cudnn.deterministic,
-        cuda.matmul.allow_tf32,
-        torch.backends.cudnn.allow_tf32,
-        cuda.flash_sdp_enabled(),
-        cuda.mem_efficient_sdp_enabled(),
-        cuda.cudnn_sdp_enabled() if hasattr(cuda, "cudnn_sdp_enabled") else None,
-        cuda.math_sdp_enabled(),
-    )
+    cuda, cudnn = torch.backends.cuda, torch.backends.cudnn
+    strict = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    fill, flash_env = torch.utils.deterministic.fill_uninitialized_memory, os.environ.get(FLASH_DETERMINISTIC_ENV)
+    flags = (cudnn.benchmark, cudnn.deterministic, cuda.matmul.allow_tf32, cudnn.allow_tf32)
+    backends = {
+        name: getattr(cuda, f"{name}_sdp_enabled")() for name in SDP_BACKENDS if hasattr(cuda, f"{name}_sdp_enabled")
+    }
     try:
         yield
     finally:
-        (algorithms, warn_only, fill, benchmark, cudnn_deterministic, tf32, cudnn_tf32, flash, mem_efficient, cudnn_sdp,
-         math_sdp) = saved  # fmt: skip
-        torch.use_deterministic_algorithms(algorithms, warn_only=warn_only)
+        torch.use_deterministic_algorithms(strict[0], warn_only=strict[1])
         torch.utils.deterministic.fill_uninitialized_memory = fill
-        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = benchmark, cudnn_deterministic
-        cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32, cudnn_tf32
-        cuda.enable_flash_sdp(flash)
-        cuda.enable_mem_efficient_sdp(mem_efficient)
-        if cudnn_sdp is not None:
-            cuda.enable_cudnn_sdp(cudnn_sdp)
-        cuda.enable_math_sdp(math_sdp)
+        cudnn.benchmark, cudnn.deterministic, cuda.matmul.allow_tf32, cudnn.allow_tf32 = flags
+        for name, on in backends.items():
+            getattr(cuda, f"enable_{name}_sdp")(on)
         if flash_env is None:
             os.environ.pop(FLASH_DETERMINISTIC_ENV, None)
         else:

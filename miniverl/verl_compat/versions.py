@@ -40,7 +40,7 @@ class VerlRelease:
     # Keys this release reads that its YAML does not have (written with "+"), with the value it takes without
     # them: its dataclass's default, or the default of the code that reads the key.
     defaults_outside_yaml: dict[str, Any] = field(default_factory=dict)
-    # YAML defaults that differ from v0.8.0's (defaults.VERL_DEFAULTS is v0.8.0's).
+    # YAML defaults that differ from v0.8.0's, and keys of its YAML v0.8.0's lacks (defaults.VERL_DEFAULTS is v0.8.0's).
     defaults_changed: dict[str, Any] = field(default_factory=dict)
     # What to install for its launch: 0.9.1's default trainer (trainer.use_v1: true, its TaskRunnerV1) imports
     # transfer_queue, which only the verl-core extra brings; a plain `pip install verl` stops there.
@@ -84,7 +84,7 @@ RELEASES: dict[str, VerlRelease] = {
         },
         defaults_changed={
             f"{ROLLOUT}.calculate_log_probs": True,
-            f"{ROLLOUT}.full_determinism": False,  # new: keys of 0.9.1's YAML that 0.8.0's lacks
+            f"{ROLLOUT}.full_determinism": False,  # new in 0.9.1 (0.8.0's YAML has neither)
             f"{ROLLOUT}.seed": 42,
         },
         requirement="verl[verl-core]==0.9.1",
