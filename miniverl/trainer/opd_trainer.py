@@ -241,9 +241,9 @@ class OPDTrainer:
                 )
             self.mark_first("teacher_targets")
             with timed("update_actor", timings, self.device):
-                dropout = derive_seed(cfg.trainer.seed, "dropout", update.update)
+                dropout_seed = derive_seed(cfg.trainer.seed, "dropout", update.update)
                 batch, actor_metrics = shift.run(
-                    "update_chunk", chunks, lambda sizes: self.actor.update_actor(batch, sizes, dropout)
+                    "update_chunk", chunks, lambda sizes: self.actor.update_actor(batch, sizes, dropout_seed)
                 )
             self.mark_first("update")
             self.out.write_trajectory(update.update, batch)
