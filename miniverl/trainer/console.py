@@ -205,8 +205,8 @@ def closing_lines(report: dict, history: list[dict], run_dir: Path) -> str:
     loss = f"{history[-1][LOSS_KEY]:.4g} {unit} ({LOSS_KEY} at update {len(history)})" if history else "no update ran"
     if history and centred_advantages(report["recipe"]):
         loss += "; ~0 by construction with estimator.advantage_baseline: " + (
-            "the held-out KL says what the student learned"
-            if (report.get("distillation_progress") or {}).get("exact_reverse_kl")
+            "the held-out rows below say what the student learned"  # the exact KL, else the k1 mean and loglik
+            if heldout_rows(report.get("distillation_progress"))
             else "set eval.every to measure what the student learned on held-out prompts"
         )
     if m["peak_reserved_gib"] is not None:

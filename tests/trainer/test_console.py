@@ -153,7 +153,7 @@ def final_loss_line(recipe: dict, history: list[dict], progress: dict | None, tm
     ("recipe", "measured", "said"),
     [
         ({"advantage_baseline": "none"}, True, None),
-        (CENTRED, True, "~0 by construction with estimator.advantage_baseline: the held-out KL says what the student"),
+        (CENTRED, True, "~0 by construction with estimator.advantage_baseline: the held-out rows below say what"),
         (CENTRED, False, "~0 by construction with estimator.advantage_baseline: set eval.every to measure"),
         ({**CENTRED, "loss_agg_mode": "seq-mean-token-sum"}, True, "~0 by construction"),
         # A new-user audit: the discount's -0.055 was said to be ~0 by construction, in a run with no probe.
@@ -175,6 +175,16 @@ def test_the_final_loss_is_said_to_be_zero_by_construction_only_where_the_baseli
     final = final_loss_line(recipe, [{"actor/distillation/loss": 4.036e-8}], progress if measured else None, tmp_path)
     assert ("by construction" in final) == (said is not None)
     assert said is None or said in final
+
+
+def test_a_probe_without_the_exact_kl_is_not_told_to_set_eval_every(tmp_path):
+    """A teacher of another tokenizer: the probe measures the k1 mean and the log-likelihood per character, no
+    exact KL; the final-loss line told a run with eval.every set to set it (a docs audit)."""
+    spans = {"k1_mean": [{"update": 0, "value": 10.04}, {"update": 2, "value": 9.102}], "exact_reverse_kl": None}
+    final = final_loss_line(CENTRED, [{"actor/distillation/loss": -0.005}], spans, tmp_path)
+    assert final.endswith(
+        "~0 by construction with estimator.advantage_baseline: the held-out rows below say what the student learned"
+    )
 
 
 def test_the_closing_table_gives_the_last_updates_loss(tmp_path):
