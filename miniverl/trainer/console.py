@@ -103,7 +103,8 @@ def start_lines(
             )
         )
     rows += [("note", note) for note in unread_settings(cfg, overrides)]  # set, and not read: before the run
-    if checked and runs_here and recipe.resume_check_note:  # a sweep job without the check: nothing to note
+    # Where the check runs elsewhere than set, or not at all for want of updates (a sweep job without it: nothing).
+    if recipe.resume_check_note and (recipe.resume_check_after is None or (checked and runs_here)):
         rows.append(("note", recipe.resume_check_note))
     return f"miniverl: run folder {run_dir}\n" + _table(rows)
 

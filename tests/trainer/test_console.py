@@ -47,6 +47,14 @@ def test_the_start_lines_say_whether_the_resume_check_will_run(tmp_path, extra, 
     assert ("note     resume check after update 1" in text) == (not resume_line.startswith("no resume check"))
 
 
+def test_a_run_of_one_update_says_why_it_has_no_resume_check(tmp_path):
+    """docs/resume.md says the console says so; it said `no resume check` alone (a docs audit)."""
+    config = to_config(compose_config(["+recipe=opd_k1", "model=toy", "teacher=toy", "recipe.optimizer_updates=1"]))
+    text = start_lines(config, tmp_path / "run")
+    assert "no resume check" in text
+    assert "note     resume check skipped: recipe.optimizer_updates=1 leaves no update to interrupt after" in text
+
+
 def test_a_sweep_job_without_the_resume_check_has_no_note_on_where_it_would_run(tmp_path):
     config = to_config(compose_config(["+recipe=opd_k1", "model=toy", "teacher=toy", "recipe.optimizer_updates=2"]))
     text = start_lines(config, tmp_path / "run", sweep=True)
