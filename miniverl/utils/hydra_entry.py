@@ -161,6 +161,8 @@ def one_line_hydra_errors(entry: Callable | None = None, *, verl_hints: Callable
                         path = Path(error.filename)
                         in_the_way = next((p for p in (path, *path.parents) if p.is_file()), path)
                         line = MiniverlError(f"{in_the_way} is a file, not a folder: {RUN_DIR_FIX}")
+                    elif isinstance(error, FileNotFoundError):  # a parent that holds no folders (/proc)
+                        line = MiniverlError(f"cannot make {error.filename}: {error.strerror}; {RUN_DIR_FIX}")
                     else:
                         line = unwritable(error, RUN_DIR_FIX)
                     raise SystemExit(exit_code_of(line)) from None

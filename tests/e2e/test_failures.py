@@ -184,6 +184,17 @@ def test_an_output_folder_that_cannot_be_created_is_one_line_from_the_command(tm
     assert last.startswith(f"{prefix}: error: cannot write {UNWRITABLE}: ") and last.endswith(f"; {fix}")
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_a_run_folder_where_no_folder_can_be_made_is_one_line(capfd):
+    """/proc holds no folders a process makes: mkdir says ENOENT, which was a traceback and exit 1 (a docs audit)."""
+    assert run_as_command("main", *BASE, "hydra.run.dir=/proc/miniverl-run") == 2
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == (
+        "miniverl: error: cannot make /proc/miniverl-run: No such file or directory; choose another hydra.run.dir "
+        "(hydra.sweep.dir with -m)"
+    )
+
+
 @pytest.mark.parametrize("below", ["", "run"])
 def test_a_run_folder_that_is_a_file_or_lies_under_one_is_one_line_naming_the_file(tmp_path, capfd, below):
     """A new-user audit gave hydra.run.dir its data file: Hydra's FileExistsError traceback, exit 1."""
