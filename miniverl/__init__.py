@@ -20,10 +20,6 @@ VERL_TAG = "v0.8.0"
 VERL_COMMIT = "7aed6b230776f963fa09509c10d9c3a767d1102c"
 VERL_REPOSITORY = "https://github.com/verl-project/verl"
 
-# The report.json schema this release writes (miniverl/trainer/run_report.py) and compares
-# (miniverl/report.py): a report of another version names other fields, so compare refuses it.
-REPORT_SCHEMA_VERSION = 1
-
 # bitsandbytes logs a warning when it is imported without the optional `kernels` package ("Failed
 # to load CPU gemm_4bit_forward from kernels-community"), and `kernels` (a dependency of transformers
 # since 5.25) one when the hub is offline ("Skipping publisher trust check"): nothing a user can act

@@ -14,8 +14,8 @@ import json
 import sys
 from pathlib import Path
 
-from miniverl import REPORT_SCHEMA_VERSION, __version__
-from miniverl.utils.run_names import PLAN, REPORT, RESOLVED_CONFIG
+from miniverl import __version__
+from miniverl.utils.run_names import PLAN, REPORT, REPORT_SCHEMA_VERSION, RESOLVED_CONFIG
 from miniverl.utils.tables import flatten, format_value
 
 IGNORED = ("measured_at",)

@@ -143,8 +143,8 @@ def write_summary(sweep_dir: Path) -> list[dict]:
     # Matched on what the jobs compute: a kept job's folder has no trainer.overwrite the sweep run again has.
     computes = [job_computes(own) for own in overrides]
     for number, own in enumerate(planned or []):
-        if job_computes(own) in computes:
-            computes.remove(job_computes(own))
+        if (computed := job_computes(own)) in computes:
+            computes.remove(computed)
         else:
             jobs.append((not_run_row(number, own), [], []))
             overrides.append(own)

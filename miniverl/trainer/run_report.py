@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from miniverl import REPORT_SCHEMA_VERSION, VERL_COMMIT, VERL_REPOSITORY, VERL_TAG, __version__
+from miniverl import VERL_COMMIT, VERL_REPOSITORY, VERL_TAG, __version__
 from miniverl.config import MiniverlConfig
 from miniverl.config.recipe import teacher_target_for
 from miniverl.trainer.plan import PLAN_VERSION, Plan, aligned_teacher_tokenizer
@@ -28,7 +28,7 @@ from miniverl.utils.measure import (
     source_commit,
     workload_driver_sha256,
 )
-from miniverl.utils.run_names import ADAPTER, STATE, TOY_MODELS
+from miniverl.utils.run_names import ADAPTER, REPORT_SCHEMA_VERSION, STATE, TOY_MODELS
 from miniverl.verl_compat.launch_writer import field_rule_digest
 
 PROFILE_SCHEMA_VERSION = 1

@@ -8,6 +8,8 @@ RESOLVED_CONFIG = "resolved_config.yaml"  # the composed config, as the run read
 PLAN = "plan.json"  # the compiled plan: every update's prompts, seeds and sizes
 METRICS = "metrics.jsonl"  # one line of metrics per update
 REPORT = "report.json"  # what the run measured (trainer/run_report.py)
+# Its schema, as this release writes it and `report compare` reads it (another version names other fields).
+REPORT_SCHEMA_VERSION = 1
 CHECKPOINTS = "checkpoints"  # checkpoints/update_<k>/
 STATE = "state.json"  # a checkpoint's state beside its tensors (trainer/checkpoint_state.py)
 TRAJECTORIES = "trajectories"  # trajectories/update_<k>.safetensors: each update's batch
