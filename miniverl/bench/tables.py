@@ -36,7 +36,12 @@ def result_folder(given: str | None, kind: str, result: str) -> Iterator[Path]:
         while out.exists():  # two benches in one second
             out = out.with_name(out.name + "_")
     made = [folder for folder in (out, *out.parents) if not folder.exists()]  # deepest first
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:  # a parent no folder can be made in (/proc), or no permission, a full disk
+        raise MiniverlError(
+            f"--out {out}: cannot make {error.filename or out}: {error.strerror}; choose another --out"
+        ) from None
     try:
         yield out
     except BaseException:

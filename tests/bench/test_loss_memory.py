@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -82,6 +83,20 @@ def test_a_bench_never_replaces_an_earlier_result_and_by_default_writes_a_new_fo
         assert first.parts[:3] == ("outputs", "bench", "toy") and len(first.parts) == 5  # <date>/<time>
         with result_folder(None, "toy", "bench.json") as second:
             assert second != first and second.is_dir()
+
+
+def test_an_out_folder_that_cannot_be_made_is_one_line(capsys):
+    """`bench --losses --out /proc/x` ended in mkdir's FileNotFoundError traceback (no folder can be made in
+    /proc, even by root)."""
+    from miniverl.bench.cli import main
+
+    if not Path("/proc/self").is_dir():
+        pytest.skip("no /proc on this system")
+    assert main(["--losses", "--vocab", "16", "--out", "/proc/x/bench"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "miniverl.bench: error: --out /proc/x/bench: cannot make /proc/x: No such file or directory; "
+        "choose another --out"
+    )
 
 
 def test_a_bench_refused_before_it_wrote_anything_leaves_no_folder_behind(tmp_path, monkeypatch, capsys):
