@@ -21,6 +21,7 @@ from miniverl.config import MiniverlConfig, to_config
 from miniverl.config.export import EXPORT_FOLDER
 from miniverl.utils.errors import MiniverlError, ctrl_c_stop, exit_code_of
 from miniverl.utils.hydra_entry import one_line_hydra_errors, run_as_main
+from miniverl.utils.overrides import override_key
 from miniverl.utils.run_names import ADAPTER, CHECKPOINTS, METRICS, REPORT, TOY_MODELS, TRAJECTORIES
 from miniverl.verl_compat.field_rules import verl_key_hints
 
@@ -106,7 +107,7 @@ def main() -> None:
         refuse_out(Path(out))
     # The training command's own folder, copied along with its overrides: what the checks build
     # (plan.json) would make that folder look like a run's and refuse the training that follows.
-    run_dirs = [a for a in argv if a.lstrip("+").startswith("hydra.run.dir=")]
+    run_dirs = [a for a in argv if override_key(a) == "hydra.run.dir"]
     if run_dirs:
         print(f"doctor: {run_dirs[-1]} left out: the checks build in a temporary folder (--out DIR keeps them)")
         argv = [a for a in argv if a not in run_dirs]

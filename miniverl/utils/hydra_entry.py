@@ -46,7 +46,7 @@ def config_flags(hydra_cfg: DictConfig) -> list[str]:
             flags.append(f"--config-dir={source.path}")
     if hydra_cfg.job.config_name != "config":
         flags.append(f"--config-name={hydra_cfg.job.config_name}")
-    return flags + [o for o in hydra_cfg.overrides.hydra if o.lstrip("+").startswith("hydra.searchpath=")]
+    return flags + [o for o in hydra_cfg.overrides.hydra if override_key(o) == "hydra.searchpath"]
 
 
 def log_line(

@@ -397,11 +397,12 @@ def test_a_ctrl_c_during_the_doctors_checks_is_one_line_and_exit_130(capfd, monk
     assert lines == ["miniverl: error: stopped by SIGINT before the last check"]
 
 
-def test_the_doctor_leaves_a_copied_run_folder_alone_so_the_training_command_can_use_it(tmp_path, capfd):
+@pytest.mark.parametrize("prefix", ["", "++"])  # both ways a user writes the key
+def test_the_doctor_leaves_a_copied_run_folder_alone_so_the_training_command_can_use_it(tmp_path, capfd, prefix):
     folder = tmp_path / "run"
-    assert run_as_command("doctor", *BASE, f"hydra.run.dir={folder}") == 0
+    assert run_as_command("doctor", *BASE, f"{prefix}hydra.run.dir={folder}") == 0
     out = capfd.readouterr().out
-    assert f"doctor: hydra.run.dir={folder} left out: the checks build in a temporary folder" in out
+    assert f"doctor: {prefix}hydra.run.dir={folder} left out: the checks build in a temporary folder" in out
     assert not folder.exists()  # else its plan.json would make the training command refuse the folder
 
 
