@@ -218,8 +218,8 @@ def resumed_in_this_process(overrides: list[str], root: Path, after: int) -> tup
     resumed run from it (None: byte-equal, resumed from the stop). The recipe's own check runs the
     last two in fresh processes (~10 s of imports each): the tests of a family or objective use this,
     tests/e2e/test_resume.py and the command line's tests the fresh processes."""
-    from miniverl.main import run
     from miniverl.trainer.resume_check import first_difference, resumed_from_difference
+    from miniverl.trainer.runner import run
     from miniverl.utils.checkpoint import checkpoints_in
 
     overrides = [*overrides, "recipe.interrupt_after_updates=null"]

@@ -131,7 +131,7 @@ def run_miniverl(cfg, run_dir: Path) -> dict:
     """One miniverl run in this process: its own probe's values and its seconds per update."""
     from safetensors.torch import load_file
 
-    from miniverl.main import run
+    from miniverl.trainer.runner import run
     from miniverl.utils.device import determinism_restored
 
     with determinism_restored():  # the TRL sides after it run as a user runs TRL, not in miniverl's strict mode

@@ -22,10 +22,10 @@ from safetensors import SafetensorError
 
 from miniverl.config import to_config
 from miniverl.config.data import DataConfig
-from miniverl.main import run
 from miniverl.models import loading as models_loading
 from miniverl.trainer.opd_trainer import OPDTrainer
 from miniverl.trainer.resume_check import first_difference
+from miniverl.trainer.runner import run
 from miniverl.utils import checkpoint, resume_from
 from miniverl.utils.dataset import read_conversations
 from miniverl.utils.errors import MiniverlError, RunStopped

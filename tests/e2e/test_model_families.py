@@ -14,10 +14,10 @@ from safetensors.torch import load_file
 
 from miniverl.config import to_config
 from miniverl.config.model import StudentConfig
-from miniverl.main import run
 from miniverl.models import loading as models
 from miniverl.models import precision
 from miniverl.trainer.preflight import check_attention, check_positions
+from miniverl.trainer.runner import run
 from miniverl.utils.errors import MiniverlError
 
 from conftest import compose_config, family_folder, main, resumed_in_this_process

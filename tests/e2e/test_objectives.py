@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from miniverl.main import run
+from miniverl.trainer.runner import run
 
 from conftest import ROOT, compose_config, resumed_in_this_process
 

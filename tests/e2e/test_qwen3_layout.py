@@ -13,12 +13,12 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from miniverl.config import to_config
-from miniverl.main import run
 from miniverl.models import cpu_gemm, precision, tokenizers, toy
 from miniverl.models import loading as models
 from miniverl.trainer import memory_estimate, model_checks
 from miniverl.trainer.opd_trainer import OPDTrainer
 from miniverl.trainer.resume_check import first_difference
+from miniverl.trainer.runner import run
 from miniverl.utils import device as device_module
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import resolved_config

@@ -20,12 +20,12 @@ from peft import PeftModel
 from safetensors.torch import load_file
 
 from miniverl.config import to_config
-from miniverl.main import run, same_command
 from miniverl.models import loading as models
 from miniverl.protocol import Batch
 from miniverl.trainer import resume_check
 from miniverl.trainer.opd_trainer import OPDTrainer
 from miniverl.trainer.resume_check import first_difference
+from miniverl.trainer.runner import run, same_command
 from miniverl.utils import checkpoint, device
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import resolved_config, sha256_file

@@ -14,10 +14,10 @@ import torch
 from safetensors.torch import load_file
 
 from miniverl.config import to_config
-from miniverl.main import run
 from miniverl.models import cpu_gemm
 from miniverl.models import loading as models
 from miniverl.protocol import Batch
+from miniverl.trainer.runner import run
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import sha256_file
 from miniverl.workers.teacher import TeacherWorker

@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from miniverl.main import run
+from miniverl.trainer.runner import run
 from miniverl.utils.checkpoint import checkpoint_update, checkpoints_in
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import sha256_file

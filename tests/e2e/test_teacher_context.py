@@ -14,9 +14,9 @@ import torch
 from transformers import AutoTokenizer
 
 from miniverl.config import to_config
-from miniverl.main import run
 from miniverl.models import loading as models
 from miniverl.trainer import preflight
+from miniverl.trainer.runner import run
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import sha256_file
 from miniverl.verl_compat.launch_writer import export

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from miniverl.config import to_config
-from miniverl.main import run
 from miniverl.trainer.console import closing_lines, start_lines
+from miniverl.trainer.runner import run
 
 from conftest import SHORT, compose_config
 

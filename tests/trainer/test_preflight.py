@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from miniverl.config import to_config
-from miniverl.main import run
 from miniverl.models import toy
 from miniverl.trainer import model_checks, preflight
+from miniverl.trainer.runner import run
 from miniverl.utils.errors import MiniverlError
 
 from conftest import ROOT, SHORT, compose_config, run_as_command

@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 
 from miniverl import report as compare_command
 from miniverl.config import to_config
-from miniverl.main import run
 from miniverl.trainer import run_report as report_module
+from miniverl.trainer.runner import run
 from miniverl.utils import downshift
 from miniverl.utils.errors import MiniverlError
 

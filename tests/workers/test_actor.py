@@ -13,10 +13,10 @@ import torch
 from safetensors.torch import load_file
 
 from miniverl.config import to_config
-from miniverl.main import run
 from miniverl.models import loading as models
 from miniverl.trainer.plan import compile_plan
 from miniverl.trainer.resume_check import first_difference
+from miniverl.trainer.runner import run
 from miniverl.utils.dataset import read_conversations, tokenize_prompts
 
 from conftest import compose_config

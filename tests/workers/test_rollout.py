@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from miniverl import main as main_module
 from miniverl.config import to_config
+from miniverl.trainer import runner
 from miniverl.trainer.opd_trainer import OPDTrainer
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import resolved_config
@@ -94,7 +94,7 @@ def test_a_failed_resume_check_fails_the_command(monkeypatch, tmp_path):
     )
     cfg = compose_config(["+recipe=opd_k1", *SHORT, "recipe.interrupt_after_updates=1"])
     with pytest.raises(MiniverlError, match="resume check failed: adapter.safetensors of update_3 differs"):
-        main_module.run(cfg, tmp_path / "run")
+        runner.run(cfg, tmp_path / "run")
     import json
 
     assert json.loads((tmp_path / "run" / "report.json").read_text())["resume"]["status"] == "mismatch"

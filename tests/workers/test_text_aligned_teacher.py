@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from miniverl.config import to_config
-from miniverl.main import run
 from miniverl.models import toy
 from miniverl.protocol import assemble, left_pad
 from miniverl.trainer import preflight
 from miniverl.trainer.metrics import alignment_metrics
+from miniverl.trainer.runner import run
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import sha256_file
 from miniverl.utils.text_alignment import ByteTokens
