@@ -75,7 +75,7 @@ class Plan:
         """The digest of this plan without its local folders' digests, as plans were before they held
         them (2026-12-06): a checkpoint written then still resumes, unchecked for its folders."""
         plain = self.to_dict()
-        for block in model_blocks(plain["settings"]):
+        for block in settings_model_blocks(plain["settings"]):
             block.pop(FOLDER_DIGESTS, None)
         return sha256_json(plain)
 
@@ -108,7 +108,7 @@ def local_inputs(cfg: MiniverlConfig) -> list[tuple[str, Path]]:
     return inputs
 
 
-def model_blocks(settings: dict) -> list[dict]:
+def settings_model_blocks(settings: dict) -> list[dict]:
     """The model blocks of plan settings: the student's and each teacher's."""
     blocks = [settings["model"], settings.get("teacher"), *settings.get("teachers", {}).values()]
     return [block for block in blocks if block is not None]
@@ -140,7 +140,7 @@ def experiment_settings(cfg: MiniverlConfig) -> dict:
     if not cfg.routed:  # one teacher scores every row: nothing routes
         for unread in ("teacher_key", "default_teacher"):
             settings.pop(unread)
-    for block in model_blocks(settings):
+    for block in settings_model_blocks(settings):
         # A local folder's files are part of the experiment too: weights saved again there are another plan
         # (utils/resume_from.edited_files: a refused resume names the folder). A hub id is pinned by its revision.
         folders = {key: block[key] for key in FOLDER_KEYS if block.get(key) and block[key] != "toy"}

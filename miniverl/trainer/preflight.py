@@ -238,7 +238,7 @@ def check_positions(cfg: MiniverlConfig) -> Check:
     its own tokens: counted as recipe.response_limit here)."""
     facts, problems = [], []
     response = cfg.recipe.response_limit
-    folders = dict(model_blocks(cfg))
+    folders = dict(loaded_model_blocks(cfg))
     for where, block, limit_key, limit in cfg.prompt_limits():
         if where not in folders:  # a toy (checked by the config) or a teacher running on the student's model
             continue
@@ -285,7 +285,7 @@ def check_memory(cfg: MiniverlConfig, device: torch.device) -> Check:
     return Check("WARN" if estimate > 0.8 * limit else "PASS", "memory", line)
 
 
-def model_blocks(cfg: MiniverlConfig) -> list[tuple[str, StudentConfig | TeacherConfig]]:
+def loaded_model_blocks(cfg: MiniverlConfig) -> list[tuple[str, StudentConfig | TeacherConfig]]:
     """(config path, block) of every model the run loads from a folder or the hub (not the toys)."""
     blocks = [("model", cfg.model)]
     blocks += [(cfg.teacher_where(name), b) for name, b in cfg.teacher_blocks.items() if b.mode == "standard"]
@@ -297,7 +297,7 @@ def check_attention(cfg: MiniverlConfig, device: torch.device) -> Check:
     attention without CUDA or its package, a name transformers does not know), in one line before
     any loads (loading would refuse them one at a time, some with a traceback)."""
     lacking, facts, problems, unchecked = {}, [], [], False
-    for where, block in model_blocks(cfg):
+    for where, block in loaded_model_blocks(cfg):
         family = models.model_class(block, models.source_of(block, None))
         name, problem = block.attn_implementation, attention_problem(block, device, family)
         if name == "sdpa" and problem is not None:
@@ -344,8 +344,8 @@ def cheap_checks(cfg: MiniverlConfig, device: torch.device) -> list[Check]:
     return [
         guarded("data", check_data, cfg, tokenizer),
         guarded("tokenizer", check_tokenizers, cfg, tokenizer),
-        *([guarded("attention", check_attention, cfg, device)] if model_blocks(cfg) else []),
-        *([guarded("positions", check_positions, cfg)] if model_blocks(cfg) else []),
+        *([guarded("attention", check_attention, cfg, device)] if loaded_model_blocks(cfg) else []),
+        *([guarded("positions", check_positions, cfg)] if loaded_model_blocks(cfg) else []),
         *([guarded("precision", check_precision, cfg, device)] if device.type == "cuda" else []),
         guarded("memory", check_memory, cfg, device),
         *([guarded("topk", check_topk, cfg, tokenizer)] if cfg.estimator.topk_loss else []),
