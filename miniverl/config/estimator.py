@@ -174,9 +174,19 @@ class EstimatorConfig:
         check_range(f"{where}.chunked_topk_chunk_size", self.chunked_topk_chunk_size, at_least=1)
 
     @property
+    def teacher_target(self) -> str:
+        """What the teacher returns for this loss: the sampled token's log-prob, its top-k, or its whole
+        next-token distribution (the report's `recipe.teacher_target`; derived, never set)."""
+        if self.loss_mode in TOPK_MODES:
+            return "top_k_log_probabilities"
+        if self.loss_mode in FULL_VOCAB_MODES:  # reverse_kl_topk reads it at the student's top-k
+            return "full_vocabulary_log_probabilities"
+        return "sampled_token_log_probability"
+
+    @property
     def uses_topk(self) -> bool:
         """The loss reads the teacher's top-k log-probs (forward_kl_topk, forward_kl_topk_tail)."""
-        return self.loss_mode in TOPK_MODES
+        return self.teacher_target == "top_k_log_probabilities"
 
     @property
     def topk_loss(self) -> bool:
@@ -187,4 +197,4 @@ class EstimatorConfig:
     def uses_full_vocab(self) -> bool:
         """The loss reads the teacher's whole next-token distribution at every response position (from its
         hidden states): reverse_kl_full, and reverse_kl_topk, which reads it at the student's top-k."""
-        return self.loss_mode in FULL_VOCAB_MODES
+        return self.teacher_target == "full_vocabulary_log_probabilities"

@@ -6,23 +6,6 @@ from dataclasses import dataclass
 from typing import Optional
 
 from miniverl.config.bounds import check_range
-from miniverl.config.estimator import FULL_VOCAB_MODES, TOPK_MODES
-
-TEACHER_TARGETS = (
-    "sampled_token_log_probability",
-    "top_k_log_probabilities",
-    "full_vocabulary_log_probabilities",
-)
-
-
-def teacher_target_for(loss_mode: str) -> str:
-    """What the teacher must return for an estimator: the sampled token's log-prob, its top-k, or
-    its whole next-token distribution (the report's `recipe.teacher_target`; derived, never set)."""
-    if loss_mode in TOPK_MODES:
-        return "top_k_log_probabilities"
-    if loss_mode in FULL_VOCAB_MODES:  # reverse_kl_topk reads it at the student's top-k
-        return "full_vocabulary_log_probabilities"
-    return "sampled_token_log_probability"
 
 
 @dataclass

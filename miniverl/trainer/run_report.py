@@ -15,7 +15,6 @@ import torch
 
 from miniverl import VERL_COMMIT, VERL_REPOSITORY, VERL_TAG, __version__
 from miniverl.config import MiniverlConfig
-from miniverl.config.recipe import teacher_target_for
 from miniverl.trainer.plan import PLAN_VERSION, Plan, aligned_teacher_tokenizer
 from miniverl.trainer.report_models import student_block, teachers_block
 from miniverl.utils.device import hardware_facts
@@ -297,7 +296,7 @@ def build_report(cfg: MiniverlConfig, plan: Plan, facts: RunFacts) -> dict:
             "response_limit": cfg.recipe.response_limit,
             "samples_per_prompt": cfg.rollout.n,
             "task_rewards": task_rewards_block(cfg),
-            "teacher_target": teacher_target_for(cfg.estimator.loss_mode),
+            "teacher_target": cfg.estimator.teacher_target,
         },
         "models": {
             "student": student_block(cfg),

@@ -7,7 +7,6 @@ import pytest
 from hydra.errors import ConfigCompositionException
 
 from miniverl.config import MiniverlConfig, to_config
-from miniverl.config.recipe import teacher_target_for
 from miniverl.utils.errors import MiniverlError
 
 from conftest import CONF, compose_config
@@ -50,7 +49,7 @@ def test_recipe_holds_the_reference_values():
         128,
         64,
     )
-    assert teacher_target_for(config.estimator.loss_mode) == "sampled_token_log_probability"
+    assert config.estimator.teacher_target == "sampled_token_log_probability"
     assert config.estimator.loss_mode == "k1" and config.estimator.use_policy_gradient
     assert config.estimator.policy_loss_mode == "vanilla"
     lora = config.model.lora

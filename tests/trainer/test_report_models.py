@@ -3,7 +3,6 @@ folder was not loaded at, toy settings only for a toy) and the loss's teacher ta
 
 from __future__ import annotations
 
-from miniverl.config.recipe import teacher_target_for
 from miniverl.trainer.report_models import student_block, teachers_block
 
 from conftest import compose_config
@@ -22,7 +21,7 @@ def test_the_reports_student_block_says_lora_is_on_and_the_teacher_target_follow
         block = student_block(cfg)
         assert list(block["lora"])[0] == "enabled" and block["lora"]["enabled"] is True
         assert block["lora"]["r"] == cfg.model.lora.r and block["adapter_sha256"] is None
-        assert teacher_target_for(cfg.estimator.loss_mode) == target
+        assert cfg.estimator.teacher_target == target
 
 
 def test_the_report_records_no_hub_revision_for_a_model_loaded_from_a_local_folder(tmp_path):

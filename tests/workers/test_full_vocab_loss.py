@@ -9,7 +9,6 @@ import torch
 
 from miniverl.config import to_config
 from miniverl.config.estimator import EstimatorConfig
-from miniverl.config.recipe import teacher_target_for
 from miniverl.utils.errors import MiniverlError
 from miniverl.workers.full_vocab_loss import reverse_kl_full, reverse_kl_full_terms
 
@@ -93,7 +92,7 @@ def test_the_loss_is_the_token_mean_of_the_kl_over_response_tokens():
 
 def test_the_estimator_composes_and_refuses_a_policy_gradient():
     config = to_config(compose_config(["+recipe=opd_k1", "model=toy", "teacher=toy", "estimator=reverse_kl_full"]))
-    assert teacher_target_for(config.estimator.loss_mode) == "full_vocabulary_log_probabilities"
+    assert config.estimator.teacher_target == "full_vocabulary_log_probabilities"
     assert config.estimator.loss_max_clamp is None and not config.estimator.use_policy_gradient
     with pytest.raises(MiniverlError, match="reverse_kl_full with use_policy_gradient=true is refused"):
         to_config(
