@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-LOGGERS = ("console", "jsonl", "tensorboard")  # verl's console and tensorboard; jsonl is verl's `file` (exported so)
+LOGGERS = ("console", "jsonl", "tensorboard", "wandb")  # verl's names; jsonl is verl's `file` (exported so)
 RESUME_MODES = ("auto", "disable", "resume_path")
 
 
@@ -17,8 +17,9 @@ class TrainerConfig:
     project_name: str = "miniverl"
     # A label for loggers and the report (verl: trainer.experiment_name).
     experiment_name: str = "opd"
-    # Where metrics go: console, jsonl (metrics.jsonl: one flat object per update; verl's `file` logger writes
-    # {"step", "data"} lines), tensorboard (verl: trainer.logger; verl's wandb, mlflow... are not here).
+    # Where metrics go (verl: trainer.logger): console, jsonl (metrics.jsonl: one flat object per update; verl's
+    # `file` logger writes {"step", "data"} lines), tensorboard, wandb (pip install -e '.[wandb]'; `wandb login`
+    # or WANDB_MODE=offline); verl's mlflow, swanlab... are not here.
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     # tqdm's bar of updates on the console (false: one line per update).
     progress_bar: bool = True

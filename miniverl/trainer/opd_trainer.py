@@ -32,9 +32,10 @@ from miniverl.utils.device import resolve_device, set_determinism, timed
 from miniverl.utils.downshift import Downshift, OutOfMemoryAtOneRow
 from miniverl.utils.hydra_entry import log_line
 from miniverl.utils.measure import release_memory, seconds_since_start
-from miniverl.utils.run_folder import RunFolder, TensorBoardLogger
+from miniverl.utils.run_folder import RunFolder
 from miniverl.utils.run_names import ADAPTER, CHECKPOINTS, LOSS_KEY, PLAN, REPORT, RESOLVED_CONFIG, TOY_MODELS
 from miniverl.utils.signals import deferred_signals
+from miniverl.utils.tracking import Tracking
 from miniverl.workers.actor import NonFiniteLoss
 from miniverl.workers.advantages import compute_advantage
 from miniverl.workers.factory import build_roles
@@ -60,8 +61,7 @@ class OPDTrainer:
         self.device: torch.device | None = None
         self.tokenizer = self.student = None  # the student's tokenizer; the PeftModel the actor trains
         self.prompts, self.plan = None, None  # the PromptSet; the Plan compiled from the config and the prompts
-        self.out: RunFolder | None = None
-        self.tensorboard: TensorBoardLogger | None = None  # with trainer.logger tensorboard
+        self.out, self.tracking = None, None  # the RunFolder; trainer.logger's trackers (tensorboard, wandb)
         self.reward: RewardWorker | None = None  # with estimator.use_task_rewards
         self.rollout = self.teacher = self.actor = None  # the roles (workers/factory.py)
         self.downshift = self.eval_downshift = None  # training's out-of-memory Downshift; the held-out probe's
@@ -89,7 +89,7 @@ class OPDTrainer:
             overwrite=cfg.trainer.overwrite,
             plan_digest=self.plan.digest,
         )
-        self.tensorboard = TensorBoardLogger(self.run_dir) if "tensorboard" in cfg.trainer.logger else None
+        self.tracking = Tracking(cfg.trainer, self.run_dir)  # a tracker not installed: refused here
         self.out.write_yaml(RESOLVED_CONFIG, self.resolved)
         self.out.write_json(PLAN, self.plan.to_dict(), canonical=True)
         # Toy models are written to the run folder and then loaded like any hub model; a toy
@@ -150,6 +150,7 @@ class OPDTrainer:
         """Runs the remaining updates; returns the status: measured (all done), interrupted or failed."""
         progress = dict(disable=not self.cfg.trainer.progress_bar, dynamic_ncols=True, unit="update")
         # Advanced after each update is logged, closed before the closing table: an early stop shows where it stands.
+        self.tracking.start(self.resolved, continuing=not self.out.fresh)  # not in setup: the doctor sets up too
         with tqdm(desc="opd", initial=len(self.history), total=len(self.plan.updates), **progress) as bar:
             return self.fit(bar)
 
@@ -187,8 +188,7 @@ class OPDTrainer:
         if held_out:
             self.history[-1].update(held_out)
             self.out.rewrite_metrics(self.history if "jsonl" in self.cfg.trainer.logger else [])
-            if self.tensorboard is not None:
-                self.tensorboard.log(held_out, done)
+            self.tracking.log(held_out, done)
             log.info("held-out probe after update %d, which the checkpoint owed: %s", done, held_out)
         if checkpoint.is_due(done, self.cfg.trainer, total) and (held_out or done == total):
             self.save_checkpoint(done)  # with the probe's point, as the uninterrupted run's; at the end, finished
@@ -203,8 +203,7 @@ class OPDTrainer:
         self.history.append(metrics)
         if "jsonl" in self.cfg.trainer.logger:
             self.out.append_metrics(metrics)
-        if self.tensorboard is not None:
-            self.tensorboard.log(metrics, update)
+        self.tracking.log(metrics, update)
         bar.set_postfix(loss=f"{metrics[LOSS_KEY]:.4f}", resp=f"{metrics['response_length/mean']:.1f}", refresh=False)
         bar.update(1)
         line = f"update {update}/{len(self.plan.updates)} {console_line(metrics)}"  # in main.log in any case
@@ -285,6 +284,7 @@ class OPDTrainer:
         report = build_report(self.cfg, self.plan, facts)
         self.out.write_json(REPORT, report)
         write_report_page(report, self.history, self.run_dir)  # report.md and curves.png beside it
+        self.tracking.finish(failed=status == "failed")
         return report
 
     def release_models(self) -> None:

@@ -76,7 +76,7 @@ def run_child(args: list[str], extra: list[str], run_dir: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,  # one pipe: two could fill and block each other
         text=True,
-        env={**os.environ, TWIN_ENV: "1"},  # it never checks its own resume
+        env={**os.environ, TWIN_ENV: "1", "WANDB_MODE": "disabled"},  # no resume check of its own; no W&B run
         start_new_session=True,  # not in the terminal's process group: a Ctrl-C is this process's to handle
     )
     try:

@@ -24,7 +24,17 @@ from miniverl.protocol import Batch
 from miniverl.utils.checkpoint import checkpoints_in, trajectory_path, with_umask_mode
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import canonical_json, sha256_file, sha256_json
-from miniverl.utils.run_names import ADAPTER, CHECKPOINTS, METRICS, PLAN, REPORT, RESOLVED_CONFIG, TRAJECTORIES
+from miniverl.utils.run_names import (
+    ADAPTER,
+    CHECKPOINTS,
+    METRICS,
+    PLAN,
+    REPORT,
+    RESOLVED_CONFIG,
+    TENSORBOARD,
+    TRAJECTORIES,
+    WANDB,
+)
 
 log = logging.getLogger(__name__)
 FINISHED_MARKERS = (METRICS, REPORT, PLAN)
@@ -39,7 +49,8 @@ RUN_OUTPUTS = (
     "peft_adapter",
     "toy_models",
     "resume_check",
-    "tensorboard",
+    TENSORBOARD,
+    WANDB,
     "report.md",
     "curves.png",
     ERROR_FILE,
@@ -218,23 +229,3 @@ class RunFolder:
     def trajectory_sha256(self) -> str:
         """sha256 of the canonical JSON list of every update file's sha256, in update order."""
         return sha256_json(self.trajectory_digests)
-
-
-class TensorBoardLogger:
-    """`trainer.logger=[...,tensorboard]`: every numeric metric as a scalar under <run>/tensorboard."""
-
-    def __init__(self, root: Path):
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            raise MiniverlError(
-                "trainer.logger includes tensorboard, which is not installed: "
-                "pip install -e '.[tensorboard]' (or drop it from trainer.logger)"
-            ) from None
-        self.writer = SummaryWriter(log_dir=str(root / "tensorboard"))
-
-    def log(self, metrics: dict, step: int) -> None:
-        for key, value in metrics.items():
-            if isinstance(value, (int, float)):
-                self.writer.add_scalar(key, value, step)
-        self.writer.flush()

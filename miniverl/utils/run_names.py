@@ -15,6 +15,9 @@ STATE = "state.json"  # a checkpoint's state beside its tensors (trainer/checkpo
 TRAJECTORIES = "trajectories"  # trajectories/update_<k>.safetensors: each update's batch
 ADAPTER = "peft_adapter"  # the standard PEFT adapter of the finished run
 TOY_MODELS = "toy_models"  # the toy models a run writes and loads like any model
+TENSORBOARD = "tensorboard"  # with trainer.logger tensorboard: its event files
+WANDB = "wandb"  # with trainer.logger wandb: wandb's own files (offline runs, logs)
+WANDB_RUN_ID = "wandb/miniverl_run_id.txt"  # the W&B run this folder's run logs to (a resume here goes on in it)
 
 LOSS_KEY = "actor/distillation/loss"  # the update's distillation loss (per teacher: LOSS_KEY/<name>)
 SCORE_KEY = "critic/score/mean"  # with task rewards: the mean task reward of the update's samples

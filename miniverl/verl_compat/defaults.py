@@ -155,7 +155,7 @@ VERL_LOSS_MODES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "forward_
 ROLLOUT_ENGINES = ("vllm", "sglang", "trtllm")
 TEACHER_ENGINES = ("vllm", "sglang")
 VLLM_MAX_LORA_RANK = 512  # vllm MaxLoRARanks, as verl's get_vllm_max_lora_rank falls back to
-LOGGERS_TO_VERL = {"console": "console", "jsonl": "file", "tensorboard": "tensorboard"}
+LOGGERS_TO_VERL = {"console": "console", "jsonl": "file", "tensorboard": "tensorboard", "wandb": "wandb"}
 
 # verl keys written because of what the recipe is, not from one field: (key, value, why).
 FIXED: tuple[tuple[str, Any, str], ...] = (

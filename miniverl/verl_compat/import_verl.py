@@ -217,14 +217,14 @@ def to_miniverl(lines: list[str], version: str = EXPORT_DEFAULT) -> tuple[list[t
         emit("model.lora.target_modules", targets, f"{MODEL}.target_modules")
     else:
         skip(f"{MODEL}.target_modules", f"{targets!r}: miniverl takes a list of layer names or {ALL_LINEAR}")
-    # Loggers: console, file (jsonl), tensorboard.
+    # Loggers: console, file (jsonl), tensorboard, wandb (verl's default: console and wandb).
     back = {verl: ours for ours, verl in LOGGERS_TO_VERL.items()}
     loggers = v("trainer.logger")
     loggers = [loggers] if isinstance(loggers, str) else list(loggers or [])
     emit("trainer.logger", [back[name] for name in loggers if name in back], "trainer.logger")
     for name in loggers:
         if name not in back:
-            unmapped.append((f"trainer.logger: {name}", "miniverl logs to console, jsonl and tensorboard only"))
+            unmapped.append((f"trainer.logger: {name}", "miniverl logs to console, jsonl, tensorboard and wandb only"))
     # AdamW eps rides in override_optimizer_config.
     extra = dict(v(f"{ACTOR}.optim.override_optimizer_config") or {})
     emit("actor.optim.eps", float(extra.pop("eps", 1e-8)), f"{ACTOR}.optim.override_optimizer_config")

@@ -142,7 +142,7 @@ def test_a_wrong_type_fails_at_composition():
         ("recipe.interrupt_after_updates=0", "recipe.interrupt_after_updates=0 must be >= 1"),
         ("model.lora.target_modules=all_linear", "model.lora.target_modules='all_linear'; give a list"),
         ("model.lora.target_modules=[]", "model.lora.target_modules=[]; give a list of layer names"),
-        ("trainer.logger=[console,file]", "tensorboard (verl's file logger is miniverl's jsonl)"),
+        ("trainer.logger=[console,file]", "wandb (verl's file logger is miniverl's jsonl)"),
         # A new-user audit: these were tracebacks ("'NoneType' object is not iterable"), exit 1.
         ("data.train_files=null", "data.train_files must be a parquet path or a non-empty list of paths, not None"),
         ("data.train_files=2024", "data.train_files must be a parquet path or a non-empty list of paths, not 2024"),

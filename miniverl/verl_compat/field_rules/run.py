@@ -178,7 +178,7 @@ RUN_RULES: tuple[Rule, ...] = (
     mapped(
         "trainer.logger",
         "trainer.logger",
-        transform="console -> console, jsonl -> file, tensorboard -> tensorboard",
+        transform="console -> console, jsonl -> file, tensorboard -> tensorboard, wandb -> wandb",
         note="verl's file logger writes one JSON line per step",
     ),
     not_applicable("trainer.progress_bar", "miniverl's console progress bar"),
