@@ -39,9 +39,7 @@ def result_folder(given: str | None, kind: str, result: str) -> Iterator[Path]:
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as error:  # a parent no folder can be made in (/proc), or no permission, a full disk
-        raise MiniverlError(
-            f"--out {out}: cannot make {error.filename or out}: {error.strerror}; choose another --out"
-        ) from None
+        raise MiniverlError(f"cannot write {error.filename or out}: {error.strerror}; choose another --out") from None
     try:
         yield out
     except BaseException:

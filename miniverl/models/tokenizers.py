@@ -6,6 +6,7 @@ from __future__ import annotations
 import types
 
 import transformers
+from jinja2 import TemplateError
 from transformers import PreTrainedModel
 
 from miniverl.models.loading import Source
@@ -67,10 +68,15 @@ def stop_ids_problem(tokenizer, stops: list[int]) -> str | None:
 def assistant_turn_end(tokenizer) -> int | None:
     """The first special token the chat template writes after an assistant's answer, or None."""
     answer = "Forty-two."
-    conversation = [*PROBE_CONVERSATION, {"role": "assistant", "content": answer}]
-    try:
-        text = tokenizer.apply_chat_template(conversation, tokenize=False)
-    except (ValueError, TypeError, AttributeError):  # no template, or one without an assistant turn
+    for probe in (PROBE_CONVERSATION, PROBE_CONVERSATION[1:]):  # Gemma's and Mistral's templates refuse a system turn
+        try:
+            text = tokenizer.apply_chat_template([*probe, {"role": "assistant", "content": answer}], tokenize=False)
+            break
+        except TemplateError:  # the template's own raise_exception(...)
+            continue
+        except (ValueError, TypeError, AttributeError):  # no template, or one without an assistant turn
+            return None
+    else:
         return None
     end = text.rfind(answer)
     if end < 0:
@@ -115,6 +121,15 @@ def tokenizer_problem(
     return f"output layers: {problem}" if problem else None
 
 
+def rendered(tokenizer, conversation: list[dict]) -> str:
+    """The chat template's text of `conversation` with the generation prompt, or the error the template
+    raises (Gemma's and Mistral's refuse a system turn): two templates that refuse alike render alike."""
+    try:
+        return tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+    except TemplateError as error:
+        return f"<the template refuses it: {error}>"
+
+
 def tokenizers_differ(student_tok, teacher_tok) -> str | None:
     """How the two tokenizers differ (vocabulary, special tokens, chat template), or None when a
     token id and a rendered conversation mean the same to both."""
@@ -133,7 +148,7 @@ def tokenizers_differ(student_tok, teacher_tok) -> str | None:
     # only in the second, and the data's rows mostly have none.
     tokenizers = (student_tok, teacher_tok)
     for probe, which in ((PROBE_CONVERSATION, ""), (PROBE_CONVERSATION[1:], " without a system message")):
-        a, b = (t.apply_chat_template(probe, add_generation_prompt=True, tokenize=False) for t in tokenizers)
+        a, b = (rendered(t, probe) for t in tokenizers)
         if a != b:
             at = max(0, next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))) - 20)
             return (

@@ -270,7 +270,7 @@ class OPDTrainer:
         self.last_checkpoint = checkpoint.save_checkpoint(
             self.out.path(CHECKPOINTS), update, self.student, self.actor.optimizer, self.actor.param_names, state
         )
-        checkpoint.prune(self.run_dir, self.cfg.trainer.max_actor_ckpt_to_keep)  # after the new one is whole
+        checkpoint.prune(self.run_dir, self.cfg.trainer.max_actor_ckpt_to_keep, update)  # once the new one is whole
         return self.last_checkpoint
 
     # ------------------------------------------------------------------ finish
@@ -282,8 +282,8 @@ class OPDTrainer:
         resume = resume_check or resume_block(self.resumed, self.resume_load_seconds, len(self.history), self.plan)
         facts = trainer_facts(self, status, resume)
         report = build_report(self.cfg, self.plan, facts)
-        self.out.write_json(REPORT, report)
-        write_report_page(report, self.history, self.run_dir)  # report.md and curves.png beside it
+        write_report_page(report, self.history, self.run_dir)  # report.md and curves.png, before report.json:
+        self.out.write_json(REPORT, report)  # a "measured" one says the run is whole (a rerun writes what is missing)
         self.tracking.finish(failed=status == "failed")
         return report
 

@@ -41,7 +41,7 @@ from miniverl.models import tokenizers
 from miniverl.models.attention import attention_problem
 from miniverl.trainer.memory_estimate import architecture, estimate_peak_bytes
 from miniverl.trainer.plan import read_rows, route_column, teacher_contexts, teacher_routes, uses_context
-from miniverl.utils.dataset import count_rows, missing_data_file, read_conversations, tokenize_prompts
+from miniverl.utils.dataset import count_rows, missing_data_file, prompt_ids, read_conversations, tokenize_prompts
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.text_alignment import align_response
 
@@ -71,15 +71,8 @@ def check_data(cfg: MiniverlConfig, tokenizer) -> Check:
     unread = cfg.data.val_files and cfg.eval.every == -1
     conversations = read_conversations(cfg.data)
     lengths = [
-        len(
-            tokenizer(
-                tokenizer.apply_chat_template(
-                    m, add_generation_prompt=True, tokenize=False, **cfg.data.apply_chat_template_kwargs
-                ),
-                add_special_tokens=False,
-            )["input_ids"]
-        )
-        for m in conversations.messages
+        len(prompt_ids(m, cfg.data, tokenizer, conversations.row_name(row)))
+        for row, m in enumerate(conversations.messages)
     ]
     limit = cfg.recipe.prompt_limit
     over = [row for row, n in enumerate(lengths) if n > limit]

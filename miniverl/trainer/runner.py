@@ -196,7 +196,7 @@ def interrupted_line(trainer, command: str, by: str) -> str:
     if trainer.plan is not None and checkpoint_update(last) == len(trainer.plan.updates):
         return (
             f"stopped by {by} after the last update, before the run's report was complete; the trained run is "
-            f"checkpointed in {last} (adapter.safetensors)"
+            f"checkpointed in {last} (adapter.safetensors); run {command} again to write the report"
         )
     return (
         f"stopped by {by}; the last complete checkpoint is {last}; resume with {command} and trainer.resume_from={last}"

@@ -10,6 +10,7 @@ as that one did, before anything is written.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -25,6 +26,8 @@ from miniverl.config.trainer import TrainerConfig
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import canonical_json, sha256_file
 from miniverl.utils.run_names import CHECKPOINTS, STATE, TRAJECTORIES
+
+log = logging.getLogger(__name__)
 
 TENSOR_FILES = ("adapter.safetensors", "optimizer.safetensors")
 PREFIX = "update_"
@@ -154,11 +157,19 @@ def tensors_with_umask_mode(folder: Path) -> None:
         with_umask_mode(weights)
 
 
-def prune(run_dir: Path, keep: int | None) -> None:
-    """Delete all but the newest `keep` checkpoints of a run folder (None: keep every one)."""
-    if keep is not None:
-        for old in checkpoints_in(run_dir)[:-keep]:
-            shutil.rmtree(old)
+def prune(run_dir: Path, keep: int | None, newest: int) -> None:
+    """After checkpoint `newest` is written: delete the folder's checkpoints of later updates, then all but
+    the newest `keep` (None: keep every one). A later one is left by the run an earlier checkpoint of this
+    folder resumed: its trajectory is being replaced, and by its number it would pass for the newest (an
+    auto resume's choice) and push this run's own checkpoints out."""
+    found = checkpoints_in(run_dir)
+    later = [c for c in found if checkpoint_update(c) > newest]
+    if later:
+        names = ", ".join(c.name for c in later)
+        log.warning("removed %s: later updates of the run this one resumed at an earlier update (replaced)", names)
+    ours = [c for c in found if checkpoint_update(c) <= newest]
+    for old in later + (ours[:-keep] if keep is not None else []):
+        shutil.rmtree(old)
 
 
 def checkpoint_update(path: Path) -> int:

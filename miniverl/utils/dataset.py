@@ -20,6 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from jinja2 import TemplateError
 
 from miniverl import CHECKOUT
 from miniverl.config.data import DataConfig
@@ -227,17 +228,25 @@ def json_message_list(text: str) -> bool:
     return isinstance(value, list) and bool(value) and all(isinstance(m, dict) and "role" in m for m in value)
 
 
-def prompt_ids(messages: list[dict], data: DataConfig, tokenizer) -> list[int]:
-    """A conversation through the chat template with the generation prompt (verl's RLHFDataset)."""
+def prompt_ids(messages: list[dict], data: DataConfig, tokenizer, row_name: str = "a prompt") -> list[int]:
+    """A conversation through the chat template with the generation prompt (verl's RLHFDataset); one the
+    template refuses (Gemma's and Mistral's take no system turn) is the one line of `row_name`."""
     kwargs = dict(data.apply_chat_template_kwargs)
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
+    try:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
+    except TemplateError as error:
+        roles = "/".join(m.get("role", "?") for m in messages)
+        raise MiniverlError(
+            f"{row_name}: the chat template refuses this conversation ({roles}): {error}; write the rows as the "
+            "model's template takes them (without a system turn, say), or give the model another template"
+        ) from None
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def tokenize_prompts(source: Conversations, data: DataConfig, tokenizer, prompt_limit: int) -> PromptSet:
     kept = PromptSet([], [], [], [], source.parquet_sha256, len(source.messages))
     for row, messages in enumerate(source.messages):
-        ids = prompt_ids(messages, data, tokenizer)
+        ids = prompt_ids(messages, data, tokenizer, source.row_name(row))
         if len(ids) > prompt_limit:
             if not data.filter_overlong_prompts:
                 raise MiniverlError(
@@ -316,7 +325,7 @@ def teacher_prompt_ids(
     `limit` tokens is an error naming its row."""
     out = {}
     for row in rows:
-        ids = prompt_ids(conversations[row], data, tokenizer)
+        ids = prompt_ids(conversations[row], data, tokenizer, f"{files} row {row} ({where}'s prompt)")
         if len(ids) > limit:
             raise MiniverlError(
                 f"{files} row {row}: {where}'s prompt (with its context) is {len(ids)} tokens, over its "

@@ -142,7 +142,9 @@ def verify_checkpoint(
             )
     checkpoint = Checkpoint(path, state)
     # First: a finished run cannot be resumed under any settings, so naming its plan's overrides would mislead.
-    if checkpoint.update >= len(state["history"]) and state.get("finished"):
+    # One stopped while it wrote its report (a signal, a full disk, a kill) resumes to write it: nothing to train.
+    reported = earlier_report(checkpoint.run_dir).get("status") == "measured"
+    if checkpoint.update >= len(state["history"]) and state.get("finished") and reported:
         raise MiniverlError(
             f"{checkpoint.run_dir} already holds a finished run ({path.name} is its last update): "
             "nothing is left to resume; start a new run in another hydra.run.dir without trainer.resume_from, "

@@ -94,8 +94,7 @@ def test_an_out_folder_that_cannot_be_made_is_one_line(capsys):
         pytest.skip("no /proc on this system")
     assert main(["--losses", "--vocab", "16", "--out", "/proc/x/bench"]) == 2
     assert capsys.readouterr().err.strip() == (
-        "miniverl.bench: error: --out /proc/x/bench: cannot make /proc/x: No such file or directory; "
-        "choose another --out"
+        "miniverl.bench: error: cannot write /proc/x: No such file or directory; choose another --out"
     )
 
 

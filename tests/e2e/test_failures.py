@@ -294,6 +294,54 @@ def test_a_full_disk_keeps_the_last_checkpoint_whole_and_says_how_to_resume(tmp_
     assert resume_from.verify_checkpoint(tmp_path / "run", plan_digest).update == 1
 
 
+@pytest.mark.slow
+def test_a_run_resumed_at_an_earlier_checkpoint_of_its_folder_keeps_its_own_checkpoints_and_goes_on_exactly(tmp_path):
+    """An audit: resumed at update 1 of a run that had reached update 3 (as a damaged newest checkpoint's
+    line says to), with one checkpoint kept, the run deleted the checkpoint it had just written and kept
+    the earlier run's update 3; its stop line was a FileNotFoundError read as "cannot make"."""
+    four, run_dir = ["recipe.optimizer_updates=4"], tmp_path / "run"
+    reference = run_toy(tmp_path / "reference", *four)
+    run_toy(run_dir, *four, "trainer.stop_after_updates=3", "trainer.max_actor_ckpt_to_keep=null")
+    first = run_dir / "checkpoints" / "update_1"
+    again = [*four, f"trainer.resume_from={first}", "trainer.max_actor_ckpt_to_keep=1", "trainer.stop_after_updates=2"]
+    stopped = run_toy(run_dir, *again)
+    assert stopped["status"] == "interrupted"
+    assert [c.name for c in checkpoint.checkpoints_in(run_dir)] == ["update_2"]  # its own; the earlier run's 3 went
+    resumed = run_toy(run_dir, *four, "trainer.max_actor_ckpt_to_keep=1")  # auto: from update_2, its newest
+    for key in ("trajectory_sha256", "standard_peft_adapter_sha256"):
+        assert resumed["artifacts"][key] == reference["artifacts"][key]
+
+
+@pytest.mark.slow
+def test_a_ctrl_c_while_the_report_is_written_leaves_a_run_the_same_command_finishes(tmp_path, monkeypatch, capfd):
+    """An audit: stopped after its last update while it wrote its report (Ctrl-C, a full disk, a kill), a
+    run could never get its report: the same command was refused as a finished run's."""
+    from miniverl.trainer import opd_trainer
+
+    run_dir = tmp_path / "run"
+    reference = run_toy(tmp_path / "reference")
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt  # Ctrl-C between report.json and report.md
+
+    monkeypatch.setattr(opd_trainer, "write_report_page", interrupted)
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    assert run_as_command("main", *BASE, f"hydra.run.dir={run_dir}") == 130
+    last = run_dir / "checkpoints" / "update_3"
+    assert capfd.readouterr().err.strip() == (
+        "miniverl: error: stopped by SIGINT after the last update, before the run's report was complete; the "
+        f"trained run is checkpointed in {last} (adapter.safetensors); run the same command again to write the report"
+    )
+    monkeypatch.undo()
+    assert run_as_command("main", *BASE, f"hydra.run.dir={run_dir}") == 0  # as the line says
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["status"] == "measured" and (run_dir / "report.md").is_file()
+    for key in ("trajectory_sha256", "standard_peft_adapter_sha256"):
+        assert report["artifacts"][key] == reference["artifacts"][key]
+    assert run_as_command("main", *BASE, f"hydra.run.dir={run_dir}") == 2  # reported now: a finished run
+    assert "already holds a finished run" in capfd.readouterr().err
+
+
 def test_a_nan_loss_stops_at_once_keeps_the_last_good_checkpoint_and_reports_failed(tmp_path, monkeypatch):
     from miniverl.workers.teacher import TeacherWorker
 

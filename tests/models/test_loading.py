@@ -205,6 +205,40 @@ def test_a_teacher_with_another_chat_template_is_refused(toy_dirs):
         tokenizers.check_tokenizers_compatible(student_tok, teacher_tok, model, model)
 
 
+# Gemma-2's instruct template (and Mistral-7B-Instruct v0.1/v0.2's), in the qwen3 toy's own tokens.
+NO_SYSTEM_TEMPLATE = (
+    "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_a_chat_template_that_refuses_a_system_turn_is_compared_and_read_without_one():
+    """An audit: such a template made the doctor and the run a jinja2 traceback (the tokenizer check's
+    probe conversation has a system turn), though the data's rows have none."""
+    from miniverl.config.data import DataConfig
+    from miniverl.models import toy
+    from miniverl.utils.dataset import prompt_ids
+
+    student_tok, teacher_tok = toy.build_toy_tokenizer("qwen3"), toy.build_toy_tokenizer("qwen3")
+    student_tok.chat_template = teacher_tok.chat_template = NO_SYSTEM_TEMPLATE
+    assert tokenizers.tokenizers_differ(student_tok, teacher_tok) is None
+    assert tokenizers.assistant_turn_end(student_tok) == student_tok.convert_tokens_to_ids("<|im_end|>")
+    teacher_tok = toy.build_toy_tokenizer("qwen3")  # Qwen3's own template takes a system turn
+    assert "chat templates render the probe conversation differently" in tokenizers.tokenizers_differ(
+        student_tok, teacher_tok
+    )
+    system = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
+    assert prompt_ids(system[1:], DataConfig(), student_tok)  # the rows a template takes
+    with pytest.raises(MiniverlError) as refused:
+        prompt_ids(system, DataConfig(), student_tok, "data.train_files row 3")
+    assert str(refused.value) == (
+        "data.train_files row 3: the chat template refuses this conversation (system/user): System role not "
+        "supported; write the rows as the model's template takes them (without a system turn, say), or give the "
+        "model another template"
+    )
+
+
 def test_the_stop_ids_before_loading_come_from_the_folders_own_files(tmp_path):
     """The doctor's ids that end a response: the tokenizer's EOS and generation_config.json's
     (Qwen3's layout ends on <|im_end|> and <|endoftext|>); without that file, config.json's."""

@@ -54,3 +54,23 @@ def test_a_checkpoint_follows_every_save_freq_updates_the_stop_and_the_last(save
 
     config = TrainerConfig(save_freq=save_freq, stop_after_updates=stop)
     assert [update for update in range(1, 7) if is_due(update, config, 6)] == expected
+
+
+@pytest.mark.parametrize(
+    "keep,newest,left",
+    [
+        (2, 5, [4, 5]),  # the newest two
+        (None, 5, [1, 2, 3, 4, 5]),  # every one
+        (1, 3, [3]),  # resumed at update 2 of a run that reached 5: its 4 and 5 go, and so does 2
+        (None, 3, [1, 2, 3]),
+        (2, 1, [1]),
+    ],
+)
+def test_pruning_keeps_the_checkpoint_just_written_and_drops_a_replaced_runs_later_ones(tmp_path, keep, newest, left):
+    """A run resumed at an earlier checkpoint of its folder kept the earlier run's higher-numbered
+    checkpoints and deleted the one it had just written (an audit: its own and the resumed-from one
+    went, and the next auto resume would have taken the earlier run's update 5)."""
+    for update in range(1, 6):
+        (tmp_path / "checkpoints" / f"update_{update}").mkdir(parents=True)
+    checkpoint.prune(tmp_path, keep, newest)
+    assert [checkpoint.checkpoint_update(c) for c in checkpoint.checkpoints_in(tmp_path)] == left
