@@ -41,19 +41,30 @@ def architecture(where: str, block) -> dict:
         c = AutoConfig.from_pretrained(source.path, revision=source.revision, trust_remote_code=block.trust_remote_code)
     except (OSError, ValueError) as error:  # a missing folder, one that is not a model, an uncached hub id
         raise models.offline_error(where, source, error) from None
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    dtype = str(getattr(c, "dtype", None) or "float32").replace("torch.", "") if block.dtype == "auto" else block.dtype
+    text = c.get_text_config()  # of a vision-language checkpoint (Gemma-3 4B and up): its language model's
+    hidden, heads = text.hidden_size, text.num_attention_heads  # GPT-2's n_embd and n_head by transformers' names
+    # The MLP's width under each family's name (GPT-2 and BLOOM: none, four times the width).
+    inter = next(
+        (v for n in ("intermediate_size", "n_inner", "ffn_hidden_size", "ffn_dim") if (v := getattr(text, n, None))),
+        4 * hidden,
+    )
+    experts = getattr(text, "num_experts", None) or getattr(text, "num_local_experts", None) or 0
+    per_expert = getattr(text, "moe_intermediate_size", None) or inter  # Mixtral's intermediate_size is per expert
+    dtype = getattr(c, "dtype", None) or getattr(text, "dtype", None) or "float32"
     return dict(
-        vocab=c.vocab_size,
-        hidden=c.hidden_size,
-        inter=c.intermediate_size,
-        layers=c.num_hidden_layers,
-        heads=c.num_attention_heads,
-        kv=getattr(c, "num_key_value_heads", c.num_attention_heads),
-        head_dim=head_dim,
-        tied=bool(getattr(c, "tie_word_embeddings", False)),
-        dtype=dtype,
-        positions=getattr(c, "max_position_embeddings", None) or getattr(c, "n_positions", None),  # GPT-2's name
+        vocab=text.vocab_size,
+        hidden=hidden,
+        # Every layer's MLP: a dense one, or (MoE) a shared expert beside the routed ones.
+        inter=(getattr(text, "shared_expert_intermediate_size", None) or 0) if experts else inter,
+        # Routed experts: 3-D parameters, not linear layers: NF4 and LoRA's all-linear leave them as they load.
+        expert_weights=text.num_hidden_layers * experts * 3 * hidden * per_expert,
+        layers=text.num_hidden_layers,
+        heads=heads,
+        kv=getattr(text, "num_key_value_heads", None) or heads,
+        head_dim=getattr(text, "head_dim", None) or hidden // heads,
+        tied=bool(getattr(c, "tie_word_embeddings", getattr(text, "tie_word_embeddings", False))),
+        dtype=str(dtype).replace("torch.", "") if block.dtype == "auto" else block.dtype,
+        positions=getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None),  # GPT-2's
     )
 
 
@@ -63,7 +74,8 @@ def weight_bytes(a: dict, quantization: str, other_bytes: int) -> int:
     linear = linear_weights(a)
     embeddings = a["vocab"] * a["hidden"] * (1 if a["tied"] else 2)
     per_linear = 0.5 + 4 / 64 if quantization == "nf4" else DTYPE_BYTES.get(a["dtype"], 4)
-    return int(linear * per_linear + embeddings * other_bytes)
+    experts = a.get("expert_weights", 0) * DTYPE_BYTES.get(a["dtype"], 4)  # as they load, NF4 or not
+    return int(linear * per_linear + embeddings * other_bytes + experts)
 
 
 def linear_weights(a: dict) -> int:

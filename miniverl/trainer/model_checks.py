@@ -54,11 +54,19 @@ def dequantized_twin(nf4_model, source: models.Source, block, float32_gemm: bool
     )
     quantized = {n.replace(".base_layer", ""): m for n, m in nf4_model.named_modules()}
     with torch.no_grad():
-        for name, module in dense.named_modules():
+        for name, module in list(dense.named_modules()):
             src = quantized.get(name)
             if isinstance(src, bnb.nn.Linear4bit):
-                module.weight.copy_(bnb.functional.dequantize_4bit(src.weight.data, src.weight.quant_state).float())
-                module.forward = types.MethodType(_linear_in(src.compute_dtype or torch.float32, float32_gemm), module)
+                # A linear layer as bitsandbytes made it (GPT-2's Conv1D, which holds its weight transposed,
+                # becomes one too), so that LoRA adapts the two models' layers alike.
+                weight = bnb.functional.dequantize_4bit(src.weight.data, src.weight.quant_state).float()
+                linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=module.bias is not None)
+                linear.weight.copy_(weight)
+                if module.bias is not None:
+                    linear.bias.copy_(module.bias)
+                linear.forward = types.MethodType(_linear_in(src.compute_dtype or torch.float32, float32_gemm), linear)
+                parent, _, child = name.rpartition(".")
+                setattr(dense.get_submodule(parent) if parent else dense, child, linear)
         unquantized = {
             n.replace(".base_layer", ""): p
             for n, p in nf4_model.named_parameters()
@@ -98,13 +106,16 @@ def check_nf4_gradients(trainer, source: models.Source) -> Check:
                     p.copy_(torch.full_like(p, 0.01) if "lora_B" in name else trained[name])
         model.train()
         model.zero_grad()
-        # The products training uses, in the backward's recomputed forward too.
+        # The products training uses, in the backward's recomputed forward too; one seed for both models'
+        # dropout (OPT's config has 0.1), so that their masks are the same (the doctor trains nothing after).
         with cpu_gemm.float32_products(model, trainer.rollout.float32_gemm):
+            torch.manual_seed(0)
             logits = model(input_ids=ids, use_cache=False).logits.float()
             # log_softmax + gather, not cross_entropy: CUDA's NLLLoss has no deterministic kernel.
             loss = -logits[0, :-1].log_softmax(-1).gather(-1, ids[0, 1:, None]).mean()
             loss.backward()
-        grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.requires_grad})
+        # A vision-language model's vision tower is adapted too, and gets no gradient from text alone.
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad and p.grad is not None})
         model.zero_grad(set_to_none=True)
         model.eval()
     worst = max(

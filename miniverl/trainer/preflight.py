@@ -28,6 +28,7 @@ nf4-gradients, are in model_checks.py; the self-test scores without any teacher 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import psutil
@@ -62,6 +63,11 @@ def guarded(name: str, fn, *args) -> Check:
         return fn(*args)
     except MiniverlError as error:
         return Check("FAIL", name, str(error))
+    except Exception as error:  # a model the check did not foresee: its FAIL, and the other checks still run
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        said = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+        return Check("FAIL", name, f"the check itself failed ({said}); HYDRA_FULL_ERROR=1 shows where")
 
 
 # ------------------------------------------------------------------ cheap checks
@@ -274,6 +280,13 @@ def check_memory(cfg: MiniverlConfig, device: torch.device) -> Check:
             "memory",
             line + "; lower recipe.response_limit, hardware.rollout_physical_batch, hardware.update_chunk or "
             "hardware.logprob_chunk",
+        )
+    if experts := architecture("model", cfg.model).get("expert_weights", 0):  # Qwen3-MoE, Mixtral, ...
+        return Check(
+            "WARN",
+            "memory",
+            f"{line}; the student's routed experts ({experts / 1e6:.3g}M weights, 3-D parameters, not linear layers) "
+            "load unquantized and untrained: NF4 and LoRA's target_modules take linear layers only",
         )
     return Check("WARN" if estimate > 0.8 * limit else "PASS", "memory", line)
 
