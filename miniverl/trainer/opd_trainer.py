@@ -141,7 +141,7 @@ class OPDTrainer:
         self.out.trajectory_digests = list(ckpt.state["trajectory_digests"])
         self.history = list(ckpt.state["history"])
         self.progress = ckpt.state.get("distillation_progress", {})
-        self.out.rewrite_metrics(self.history if "jsonl" in self.cfg.trainer.logger else [])
+        self.out.rewrite_metrics(self.history, create="jsonl" in self.cfg.trainer.logger)
         self.last_checkpoint, self.resume_load_seconds = ckpt.path, time.perf_counter() - start
         log.info("resumed from %s after update %d", ckpt.path, ckpt.update)
 
@@ -187,7 +187,7 @@ class OPDTrainer:
             return error
         if held_out:
             self.history[-1].update(held_out)
-            self.out.rewrite_metrics(self.history if "jsonl" in self.cfg.trainer.logger else [])
+            self.out.rewrite_metrics(self.history, create="jsonl" in self.cfg.trainer.logger)
             self.tracking.log(held_out, done)
             log.info("held-out probe after update %d, which the checkpoint owed: %s", done, held_out)
         if checkpoint.is_due(done, self.cfg.trainer, total) and (held_out or done == total):

@@ -107,6 +107,16 @@ def earlier_overrides(run_dir: Path, settings: dict) -> list[str]:
     return [f"{key}={hydra_value(before[key])}" if key in before else f"~{key}" for key in differing]
 
 
+def earlier_one(path: Path) -> str:
+    """What to resume instead of the checkpoint at `path` (checkpoints/update_<k> of a run folder)."""
+    if path not in checkpoints_in(path.parent.parent):  # a checkpoint folder copied under another name
+        return "resume from an earlier checkpoint"
+    earlier = [c for c in checkpoints_in(path.parent.parent) if checkpoint_update(c) < checkpoint_update(path)]
+    if earlier:
+        return f"resume from an earlier checkpoint: trainer.resume_from={earlier[-1]}"
+    return "no earlier checkpoint of that run: start it anew (another hydra.run.dir, or trainer.overwrite=true there)"
+
+
 def verify_checkpoint(
     path: str | Path,
     plan_digest: str,
@@ -127,18 +137,16 @@ def verify_checkpoint(
     where = f"checkpoint {path}"  # trainer.resume_from's, or this folder's own (trainer.resume_mode=auto)
     missing = [name for name in (*TENSOR_FILES, STATE) if not (path / name).is_file()]
     if missing:
-        raise MiniverlError(f"{where} is incomplete: missing {', '.join(missing)}; resume from an earlier checkpoint")
+        raise MiniverlError(f"{where} is incomplete: missing {', '.join(missing)}; {earlier_one(path)}")
     try:
         state = json.loads((path / STATE).read_text(encoding="utf-8"))
         files = state["files"]
     except (ValueError, KeyError, TypeError):
-        raise MiniverlError(
-            f"{where}: {STATE} is not a miniverl checkpoint state; resume from an earlier checkpoint"
-        ) from None
+        raise MiniverlError(f"{where}: {STATE} is not a miniverl checkpoint state; {earlier_one(path)}") from None
     for name in TENSOR_FILES:
         if sha256_file(path / name) != files.get(name):
             raise MiniverlError(
-                f"{where}: {name} does not match its sha256 in {STATE} (corrupted); resume from an earlier checkpoint"
+                f"{where}: {name} does not match its sha256 in {STATE} (corrupted); {earlier_one(path)}"
             )
     checkpoint = Checkpoint(path, state)
     # First: a finished run cannot be resumed under any settings, so naming its plan's overrides would mislead.

@@ -202,8 +202,11 @@ class RunFolder:
         atomic_write_bytes(self.path(name), yaml.safe_dump(value, sort_keys=False).encode())
         return self.path(name)
 
-    def rewrite_metrics(self, history: list[dict]) -> None:
-        """metrics.jsonl as of a resumed checkpoint (drops lines of updates after it)."""
+    def rewrite_metrics(self, history: list[dict], create: bool = True) -> None:
+        """metrics.jsonl as of a resumed checkpoint (drops lines of updates after it); without `create`
+        (trainer.logger without jsonl) only where the earlier run wrote one: its lines stay, in step with it."""
+        if not create and not self.path(METRICS).exists():
+            return
         lines = "".join(json.dumps(m, sort_keys=True) + "\n" for m in history)
         atomic_write_bytes(self.path(METRICS), lines.encode())
 

@@ -342,6 +342,18 @@ def test_a_ctrl_c_while_the_report_is_written_leaves_a_run_the_same_command_fini
     assert "already holds a finished run" in capfd.readouterr().err
 
 
+def test_a_resume_without_the_jsonl_logger_keeps_the_earlier_runs_metrics_lines(tmp_path):
+    """An audit: resumed with trainer.logger=[console], a run emptied the metrics.jsonl its first process wrote."""
+    run_dir = tmp_path / "run"
+    run_toy(run_dir, "trainer.stop_after_updates=2")
+    written = (run_dir / "metrics.jsonl").read_text()
+    assert len(written.splitlines()) == 2
+    assert run_toy(run_dir, "trainer.logger=[console]")["status"] == "measured"  # resumed: update 3, not logged
+    assert (run_dir / "metrics.jsonl").read_text() == written
+    run_toy(tmp_path / "quiet", "trainer.logger=[console]")
+    assert not (tmp_path / "quiet" / "metrics.jsonl").exists()  # nor is one made where none was
+
+
 def test_a_nan_loss_stops_at_once_keeps_the_last_good_checkpoint_and_reports_failed(tmp_path, monkeypatch):
     from miniverl.workers.teacher import TeacherWorker
 

@@ -291,9 +291,11 @@ def test_a_damaged_checkpoint_is_replaced_whole_when_a_resume_from_the_one_befor
     run_in_process(folder, "trainer.stop_after_updates=2")
     damaged = folder / "checkpoints" / "update_2" / "adapter.safetensors"
     damaged.write_bytes(damaged.read_bytes()[:-1] + bytes([damaged.read_bytes()[-1] ^ 1]))
-    with pytest.raises(MiniverlError, match="does not match its sha256"):
+    with pytest.raises(MiniverlError, match="does not match its sha256") as refused:
         run_in_process(folder)
-    run_in_process(folder, f"trainer.resume_from={folder / 'checkpoints' / 'update_1'}", "trainer.stop_after_updates=3")
+    earlier = folder / "checkpoints" / "update_1"
+    assert str(refused.value).endswith(f"(corrupted); resume from an earlier checkpoint: trainer.resume_from={earlier}")
+    run_in_process(folder, f"trainer.resume_from={earlier}", "trainer.stop_after_updates=3")  # as the line says
     state = json.loads((folder / "checkpoints" / "update_2" / "state.json").read_text())
     assert sha256_file(damaged) == state["files"]["adapter.safetensors"]
 
