@@ -58,6 +58,16 @@ def run(cfg: DictConfig, run_dir: Path, args: list[str] = (), sweep: bool = Fals
     refuse_overwriting_inputs(config, run_dir)
     trainer = OPDTrainer(config, resolved, run_dir)
     try:
+        return train_and_report(trainer, run_dir, list(args), sweep, k, starting, warnings)
+    finally:  # the run folder's lock: this process's run is over, however it ended
+        if trainer.out is not None:
+            trainer.out.release()
+
+
+def train_and_report(trainer, run_dir: Path, args: list[str], sweep: bool, k, starting: str, warnings) -> dict:
+    """Set up, train, finish and check the resume of `trainer`'s run; the line a stopped or failed one ends with."""
+    config = trainer.cfg
+    try:
         try:
             setup_or_discard(trainer)
         finally:  # main.log gets them once the folder is this run's (trainer.out), a setup failing there too;

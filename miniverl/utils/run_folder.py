@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import shutil
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -109,6 +110,31 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     atomic_write(path, lambda tmp: tmp.write_bytes(data))
 
 
+def locked(root: Path) -> int | None:
+    """An exclusive lock on the folder `root` (flock on the folder itself: no file is added) for as long as
+    this run holds it: a second command into a folder whose run is going on is refused before it writes,
+    where it would take that run's outputs for an earlier run's and replace them. None where the file
+    system has no such locks (Windows; some network mounts): the folder goes unlocked. Returns the
+    descriptor that holds the lock."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    descriptor = os.open(root, os.O_RDONLY)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(descriptor)
+        raise MiniverlError(
+            f"run folder {root} is in use: another miniverl process is running there now; wait until it ends "
+            "(then the same command resumes or refuses as usual), or choose another hydra.run.dir"
+        ) from None
+    except OSError:
+        os.close(descriptor)
+        return None
+    return descriptor
+
+
 class RunFolder:
     def __init__(
         self, root: Path, *, continuing: bool = False, overwrite: bool = False, plan_digest: str | None = None
@@ -120,6 +146,9 @@ class RunFolder:
         checkpoint, no report or a failed one) left nothing to resume from, so, like verl's
         resume_mode=auto without a checkpoint, the run starts again in its folder."""
         self.root = Path(root)
+        self.unlock = None  # closes the descriptor holding the folder's lock, once: release(), or at exit
+        if self.root.is_dir():  # before anything here is read as a run's
+            self.hold(locked(self.root))
         self.earlier = earlier_report(self.root)  # {} if none, or unreadable
         taken = [name for name in FINISHED_MARKERS if (self.root / name).exists()]
         restart = taken and not continuing and not overwrite and self.ended_before_first_checkpoint(plan_digest)
@@ -164,7 +193,18 @@ class RunFolder:
             (self.root / TRAJECTORIES).mkdir(exist_ok=True)
         except OSError as error:
             raise MiniverlError(f"cannot create the run folder {self.root}: {error.strerror}") from None
+        if self.unlock is None:
+            self.hold(locked(self.root))
         self.trajectory_digests: list[str] = []
+
+    def hold(self, descriptor: int | None) -> None:
+        if descriptor is not None:
+            self.unlock = weakref.finalize(self, os.close, descriptor)
+
+    def release(self) -> None:
+        """Unlock the folder: the run is over (finished, stopped or failed) in this process."""
+        if self.unlock is not None:
+            self.unlock()
 
     def discard(self, names=RUN_OUTPUTS) -> None:
         """Remove these run outputs (Hydra's .hydra/ and log stay): all of them for trainer.overwrite."""

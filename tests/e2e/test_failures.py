@@ -342,6 +342,28 @@ def test_a_ctrl_c_while_the_report_is_written_leaves_a_run_the_same_command_fini
     assert "already holds a finished run" in capfd.readouterr().err
 
 
+def test_a_second_command_into_a_folder_whose_run_is_going_on_is_refused_before_it_writes(tmp_path):
+    """An audit: started into the folder of a run still going on, a second command took it for a run that had
+    stopped before its first checkpoint and removed its outputs; both wrote metrics.jsonl."""
+    from miniverl.utils.run_folder import RunFolder
+
+    run_dir = tmp_path / "run"
+    run_toy(run_dir, "trainer.stop_after_updates=1")  # what the going-on run has written so far
+    before = sorted((p.relative_to(run_dir).as_posix(), p.stat().st_mtime_ns) for p in run_dir.rglob("*"))
+    going_on = RunFolder(run_dir, continuing=True)  # its lock, as the first command holds it
+    with pytest.raises(MiniverlError) as refused:
+        run_toy(run_dir)
+    assert str(refused.value) == (
+        f"run folder {run_dir} is in use: another miniverl process is running there now; wait until it ends (then "
+        "the same command resumes or refuses as usual), or choose another hydra.run.dir"
+    )
+    assert sorted((p.relative_to(run_dir).as_posix(), p.stat().st_mtime_ns) for p in run_dir.rglob("*")) == before
+    going_on.release()
+    assert run_toy(run_dir)["status"] == "measured"  # resumed once the folder is free
+    assert run_toy(tmp_path / "again")["status"] == "measured"  # each run releases its folder when it ends
+    assert run_toy(tmp_path / "again", "trainer.overwrite=true")["status"] == "measured"
+
+
 def test_a_resume_without_the_jsonl_logger_keeps_the_earlier_runs_metrics_lines(tmp_path):
     """An audit: resumed with trainer.logger=[console], a run emptied the metrics.jsonl its first process wrote."""
     run_dir = tmp_path / "run"
