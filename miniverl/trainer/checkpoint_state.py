@@ -29,4 +29,6 @@ def checkpoint_state(trainer, update: int) -> dict:
         # Not where the probe after the final update failed: the resume measures it (OPDTrainer.evaluate_owed).
         "finished": update == len(plan.updates) and not owed,
         NUMERICS_FIELD: numerics_environment(trainer.device),  # a resume elsewhere is refused or marked inexact
+        # trainer.resume_inexact's changes so far: a later exact resume of this run reports them still.
+        "inexact_because": trainer.resumed.inexact_because if trainer.resumed is not None else [],
     }

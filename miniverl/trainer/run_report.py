@@ -178,8 +178,9 @@ def resume_block(resumed, load_seconds: float | None, updates_done: int, plan: P
     return {
         "status": "resumed" if resumed else "not_checked",
         "resumed_from": str(resumed.path) if resumed else None,
-        # trainer.resume_inexact: how this process computed otherwise than the one that wrote the checkpoint.
-        "inexact_because": resumed.numerics_changes if resumed and resumed.numerics_changes else None,
+        # trainer.resume_inexact: how this process, or an earlier resume of the run, computed otherwise than the
+        # process before it.
+        "inexact_because": (resumed.inexact_because or None) if resumed else None,
         "resumed_after_update": resumed.update if resumed else None,
         "resume_load_seconds": round(load_seconds, 4) if resumed else None,
         "global_optimizer_steps": updates_done,

@@ -201,6 +201,12 @@ class Checkpoint:
     def run_dir(self) -> Path:
         return self.path.parent.parent
 
+    @property
+    def inexact_because(self) -> list[str]:
+        """Every way the run so far computed otherwise than one uninterrupted process would: the earlier
+        resumes' (kept in the checkpoint's state) and this one's."""
+        return [*self.state.get("inexact_because", []), *self.numerics_changes]
+
 
 def trajectory_path(run_dir: Path, update: int) -> Path:
     return run_dir / TRAJECTORIES / f"update_{update:06d}.safetensors"

@@ -406,17 +406,27 @@ def test_a_resume_in_a_process_that_computes_otherwise_is_refused_or_with_resume
     try:
         with pytest.raises(MiniverlError) as info:
             run_in_process(tmp_path / "new", f"trainer.resume_from={stopped_run}")
-        report = run_in_process(
-            tmp_path / "inexact", f"trainer.resume_from={stopped_run}", "trainer.resume_inexact=true"
+        stopped = run_in_process(
+            tmp_path / "inexact",
+            f"trainer.resume_from={stopped_run}",
+            "trainer.resume_inexact=true",
+            "trainer.stop_after_updates=3",
         )
+        report = run_in_process(tmp_path / "inexact")  # its own checkpoint, in the same process: exact from there
     finally:
         torch.set_num_threads(threads)
     message = str(info.value)
     assert f"(torch_threads {threads} -> {threads + 1})" in message and "\n" not in message
     assert f"resume with OMP_NUM_THREADS={threads}, or add trainer.resume_inexact=true" in message
     assert tree_digest(stopped_run) == before and not (tmp_path / "new").exists()
-    assert report["status"] == "measured" and report["resume"]["resumed_after_update"] == 2
-    assert report["resume"]["inexact_because"] == [f"torch_threads {threads} -> {threads + 1}"]
+    assert stopped["resume"]["resumed_after_update"] == 2
+    assert report["status"] == "measured" and report["resume"]["resumed_after_update"] == 3
+    # An audit: the exact second resume reported none, though the run's updates 3 and 4 were computed otherwise.
+    assert (
+        stopped["resume"]["inexact_because"]
+        == report["resume"]["inexact_because"]
+        == [f"torch_threads {threads} -> {threads + 1}"]
+    )
 
 
 def test_a_resume_under_an_isa_cap_is_refused_for_its_kernels_before_its_plan(stopped_run, tmp_path, monkeypatch):

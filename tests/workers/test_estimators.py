@@ -12,7 +12,6 @@ import torch
 
 from miniverl.config import to_config
 from miniverl.config.estimator import ESTIMATOR_MODES, LOSS_AGG_MODES, LOSS_MODES
-from miniverl.config.recipe import teacher_target_for
 from miniverl.trainer.opd_trainer import OPDTrainer
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import resolved_config
@@ -77,7 +76,7 @@ def test_combinations_verl_refuses_are_refused_when_the_config_is_composed(overr
 def test_forward_kl_topk_with_policy_gradient_composes_with_a_warning():
     with pytest.warns(UserWarning, match="top-k signal is largely unused"):
         config = to_config(compose_config(["estimator=forward_kl_topk", "estimator.use_policy_gradient=true"]))
-    assert teacher_target_for(config.estimator.loss_mode) == "top_k_log_probabilities"
+    assert config.estimator.teacher_target == "top_k_log_probabilities"
 
 
 @pytest.fixture(scope="module")
