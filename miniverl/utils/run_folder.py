@@ -149,6 +149,17 @@ class RunFolder:
         self.unlock = None  # closes the descriptor holding the folder's lock, once: release(), or at exit
         if self.root.is_dir():  # before anything here is read as a run's
             self.hold(locked(self.root))
+        try:
+            self.take(continuing, overwrite, plan_digest)
+        except BaseException:  # refused: the folder is not this run's to hold
+            self.release()
+            raise
+        if self.unlock is None:
+            self.hold(locked(self.root))
+        self.trajectory_digests: list[str] = []
+
+    def take(self, continuing: bool, overwrite: bool, plan_digest: str | None) -> None:
+        """The folder for this run, as __init__ says, or a one-line refusal before anything is written."""
         self.earlier = earlier_report(self.root)  # {} if none, or unreadable
         taken = [name for name in FINISHED_MARKERS if (self.root / name).exists()]
         restart = taken and not continuing and not overwrite and self.ended_before_first_checkpoint(plan_digest)
@@ -193,9 +204,6 @@ class RunFolder:
             (self.root / TRAJECTORIES).mkdir(exist_ok=True)
         except OSError as error:
             raise MiniverlError(f"cannot create the run folder {self.root}: {error.strerror}") from None
-        if self.unlock is None:
-            self.hold(locked(self.root))
-        self.trajectory_digests: list[str] = []
 
     def hold(self, descriptor: int | None) -> None:
         if descriptor is not None:
