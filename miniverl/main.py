@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -61,7 +62,8 @@ def main(cfg: DictConfig) -> None:
                 log.warning("sweep summary not written (python -m miniverl.sweep_summary rebuilds it): %s", unwritten)
             error = RunStopped(
                 f"{error}; the sweep stopped in job {hydra_cfg.job.num} (what ran: {sweep_dir / 'sweep_summary.md'}); "
-                f"to go on with every job, run the sweep's command again with hydra.sweep.dir={sweep_dir}"
+                "to go on with every job, run the sweep's command again with "
+                + shlex.quote(f"hydra.sweep.dir={sweep_dir}")
                 + (
                     " and without trainer.overwrite=true (it would start every job afresh)"
                     if cfg.trainer.overwrite

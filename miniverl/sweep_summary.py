@@ -16,6 +16,7 @@ import argparse
 import csv
 import io
 import json
+import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -269,11 +270,17 @@ class SweepSummaryCallback(Callback):
             return
         sweep_dir = Path(config.hydra.sweep.dir)
         rows = write_summary(sweep_dir)
-        failed = [row["job"] for row in rows if row["status"] not in (*DONE, "not run")]
+        # A job stopped here by trainer.stop_after_updates, as asked (a signal stops the sweep before this).
+        stopped = [row["job"] for row in rows if row["status"] == "interrupted"]
+        failed = [row["job"] for row in rows if row["status"] not in (*DONE, "not run", "interrupted")]
         not_run = [row["job"] for row in rows if row["status"] == "not run"]  # a job folder removed meanwhile
+        again = shlex.quote(f"hydra.sweep.dir={sweep_dir}")
+        later = (
+            f", {len(stopped)} stopped at trainer.stop_after_updates (they go on with the sweep's command and {again})"
+        )
         print(
-            f"sweep: {len(rows) - len(failed) - len(not_run)} of {len(rows)} jobs completed; summary in "
-            f"{sweep_dir}/sweep_summary.md",
+            f"sweep: {len(rows) - len(failed) - len(not_run) - len(stopped)} of {len(rows)} jobs completed"
+            f"{later if stopped else ''}; summary in {sweep_dir}/sweep_summary.md",
             flush=True,
         )
         if failed or not_run:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import signal
 from pathlib import Path
 
@@ -95,7 +96,7 @@ def train_and_report(trainer, run_dir: Path, args: list[str], sweep: bool, k, st
             raise
         where = getattr(error, "filename", None) or run_dir
         last = f"; the last complete checkpoint is {trainer.last_checkpoint}" if trainer.last_checkpoint else ""
-        resume = f"trainer.resume_from={run_dir}" if trainer.last_checkpoint else same_command(args, sweep)
+        resume = resume_override(run_dir) if trainer.last_checkpoint else same_command(args, sweep)
         raise MiniverlError(
             f"cannot write {where}: {os.strerror(code)}{last}; free space or choose another hydra.run.dir, "
             f"then run again with {resume}"
@@ -111,7 +112,7 @@ def train_and_report(trainer, run_dir: Path, args: list[str], sweep: bool, k, st
         # A reward function's file is part of the plan: a resume takes it only as it was.
         unchanged = " with the function's file unchanged" if getattr(trainer.failure_cause, "file", None) else ""
         kept = (
-            f"the last complete update is checkpointed (resume with trainer.resume_from={run_dir}{unchanged})"
+            f"the last complete update is checkpointed (resume with {resume_override(run_dir)}{unchanged})"
             if trainer.last_checkpoint
             else "no update completed, so there is nothing to resume: run again once it is fixed"
         )
@@ -166,6 +167,11 @@ def write_error_code(error: Exception) -> int | None:
     return next((code for code in WRITE_ERRNOS if f"(os error {code})" in str(error)), None)
 
 
+def resume_override(path: Path) -> str:
+    """trainer.resume_from=<path> as a shell word (a folder with a space in its name stays one)."""
+    return shlex.quote(f"trainer.resume_from={path}")
+
+
 def same_command(args: list[str], sweep: bool) -> str:
     """What runs this run again: in a sweep, its job alone (the sweep's command runs every job), with the
     thread count its launcher set (joblib's workers run cores / n_jobs threads; a resume under another
@@ -190,7 +196,7 @@ def stopped_line(trainer, run_dir: Path, by: str, check: str | None = None, comm
         return done + (later if check else "")
     return (
         f"stopped by {by} after update {n}, nothing left half-done; the last complete "
-        f"checkpoint is {trainer.last_checkpoint}; resume with {command} and trainer.resume_from={run_dir}"
+        f"checkpoint is {trainer.last_checkpoint}; resume with {command} and {resume_override(run_dir)}"
     )
 
 
@@ -208,9 +214,7 @@ def interrupted_line(trainer, command: str, by: str) -> str:
             f"stopped by {by} after the last update, before the run's report was complete; the trained run is "
             f"checkpointed in {last} (adapter.safetensors); run {command} again to write the report"
         )
-    return (
-        f"stopped by {by}; the last complete checkpoint is {last}; resume with {command} and trainer.resume_from={last}"
-    )
+    return f"stopped by {by}; the last complete checkpoint is {last}; resume with {command} and {resume_override(last)}"
 
 
 def preflight(config) -> list[str]:

@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import runpy
+import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -111,6 +112,8 @@ def hydra_error_line(error: Exception, verl_hints: Callable[[], dict[str, str]] 
         given = re.search(r"override '([^']+)'", message)  # the whole key as typed (full_key stops at the miss)
         fix = (verl_hints() if verl_hints else {}).get(given.group(1) if given else full_key) or fix
         message += f"; {fix}"
+    elif "does not support sweep type" in message:
+        message += "; list the values (a,b,c), or sweep with range(), choice() or glob()"
     elif "could not be converted" in message:
         message += "; give it a value of the type its schema in miniverl/config/ declares"
     elif "is not a ListConfig, list or tuple" in message:
@@ -123,6 +126,7 @@ def hydra_error_line(error: Exception, verl_hints: Callable[[], dict[str, str]] 
 
 
 RUN_DIR_FIX = "choose another hydra.run.dir (hydra.sweep.dir with -m)"
+SWEEP_DIR: list[Path] = []  # the folder of the sweep this command runs, once SweepPreflight has let it start
 
 
 def one_line_hydra_errors(entry: Callable | None = None, *, verl_hints: Callable[[], dict[str, str]] | None = None):
@@ -136,7 +140,7 @@ def one_line_hydra_errors(entry: Callable | None = None, *, verl_hints: Callable
     @functools.wraps(entry)
     def wrapped(*args, **kwargs):
         from hydra._internal import utils as hydra_internal
-        from hydra.errors import CompactHydraException
+        from hydra.errors import HydraException
 
         original = hydra_internal.run_and_report
 
@@ -144,14 +148,20 @@ def one_line_hydra_errors(entry: Callable | None = None, *, verl_hints: Callable
             def guarded():
                 try:
                     return func()
-                except CompactHydraException as error:
+                except HydraException as error:  # composition; a sweep a sweeper cannot run (interval())
                     if os.environ.get("HYDRA_FULL_ERROR") == "1":
                         raise
                     raise SystemExit(exit_code_of(MiniverlError(hydra_error_line(error, verl_hints)))) from None
-                except KeyboardInterrupt as stop:  # before the command's own code: Hydra's callbacks import torch
+                except KeyboardInterrupt as stop:  # outside the command's own code: Hydra's imports, between jobs
                     by = signal_of(stop)
-                    line = ctrl_c_stop(f"stopped by {by.name}; run the same command again to go on", by)
-                    raise SystemExit(exit_code_of(line)) from None
+                    go_on = "run the same command again to go on"
+                    if SWEEP_DIR:  # a sweep between two jobs, or joblib's launcher waiting for its jobs
+                        folder = shlex.quote(str(SWEEP_DIR[0]))
+                        go_on = (
+                            f"the sweep stopped (what ran: python -m miniverl.sweep_summary {folder}); to go on with "
+                            f"every job, run the sweep's command again with hydra.sweep.dir={folder}"
+                        )
+                    raise SystemExit(exit_code_of(ctrl_c_stop(f"stopped by {by.name}; {go_on}", by))) from None
                 except ValueError as error:  # logging's dictConfig: "Unable to configure handler 'file'"
                     if not isinstance(error.__cause__, OSError):
                         raise
@@ -175,9 +185,14 @@ def one_line_hydra_errors(entry: Callable | None = None, *, verl_hints: Callable
         # launchers, --cfg, the run folder). So that one helper is swapped, only while the entry
         # point runs; tests/e2e/test_cli.py (a composition mistake in one line) fails if a Hydra release moves it.
         hydra_internal.run_and_report = run_and_report
+        SWEEP_DIR.clear()  # one process may run several commands (the tests)
         ENTRY_VERL_HINTS[:] = [verl_hints]  # for SweepPreflight, which Hydra builds from the config, and to_config
         try:
             return entry(*args, **kwargs)
+        except ValueError as error:  # Hydra's own check of its flags, before any of the above: `-m ... --cfg job`
+            if not str(error).startswith("Only one of --run") or os.environ.get("HYDRA_FULL_ERROR") == "1":
+                raise
+            raise SystemExit(exit_code_of(MiniverlError(f"{error}: give one of them"))) from None
         finally:
             hydra_internal.run_and_report = original
             ENTRY_VERL_HINTS.clear()
@@ -239,10 +254,32 @@ class SweepPreflight(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         refuse_an_empty_folder(config, "hydra.sweep.dir")
-        refusal = self.slurm_missing(config) or self.another_sweep(config) or self.invalid_jobs(config)
+        refusal = (
+            self.slurm_missing(config)
+            or self.shared_job_folder(config)
+            or self.another_sweep(config)
+            or self.invalid_jobs(config)
+        )
         if refusal:
             print(f"miniverl: error: {refusal}", file=sys.stderr)
             raise SystemExit(2)
+        SWEEP_DIR[:] = [Path(config.hydra.sweep.dir)]  # a Ctrl-C between two jobs says how to go on in it
+
+    @staticmethod
+    def shared_job_folder(config: DictConfig) -> str | None:
+        """A hydra.sweep.subdir that names one folder for every job (`x`, or empty: the sweep folder): the
+        second job would find the first one's run there and be refused, or resume it as its own."""
+        subdir = str(OmegaConf.to_container(config.hydra.sweep, resolve=False).get("subdir") or "")
+        if any(per_job in subdir for per_job in ("hydra.job.num", "hydra.job.id", "hydra.job.override_dirname")):
+            return None
+        jobs = each_job(sweep_arguments(config.hydra))
+        if jobs is not None and len(jobs) < 2:
+            return None
+        named = subdir or "''"
+        return (
+            f"hydra.sweep.subdir={named} names the same folder for every job of the sweep: each job needs its own; "
+            "leave it out (${hydra.job.num}) or make it name the job (${hydra.job.override_dirname})"
+        )
 
     @staticmethod
     def slurm_missing(config: DictConfig) -> str | None:
@@ -274,6 +311,13 @@ class SweepPreflight(Callback):
             return None
         if len(jobs) > 20:
             logging.getLogger("miniverl").info("checking the config of each of the sweep's %d jobs", len(jobs))
+        if not jobs:  # range(3,1): Hydra would launch none, and the command say nothing of it
+            from hydra.core.override_parser.overrides_parser import OverridesParser
+
+            arguments = sweep_arguments(config.hydra)
+            parsed = OverridesParser.create().parse_overrides(arguments)
+            swept = [text for text, o in zip(arguments, parsed) if o.is_sweep_override()] or arguments
+            return f"the sweep has no jobs: {' '.join(swept)} expands to none"
         loader = GlobalHydra.instance().config_loader()
         shared = set.intersection(*(set(job) for job in jobs))
         refused = []
@@ -303,12 +347,18 @@ class SweepPreflight(Callback):
         sweep_dir = Path(config.hydra.sweep.dir)
         if not (sweep_dir / "multirun.yaml").is_file():
             return None
-        from miniverl.utils.run_folder import FINISHED_MARKERS  # torch and peft: only in this case
+        from miniverl.utils.run_folder import ERROR_FILE, FINISHED_MARKERS  # torch and peft: only in this case
 
         jobs = [job for job in sweep_dir.iterdir() if job.is_dir()]
-        if not any((job / name).exists() for job in jobs for name in FINISHED_MARKERS):
+        ran = any((job / name).exists() for job in jobs for name in (*FINISHED_MARKERS, ".hydra", ERROR_FILE))
+        if not ran:
             return None
         earlier = OmegaConf.load(sweep_dir / "multirun.yaml").hydra
+        if any("shuffle(" in o for o in sweep_arguments(config.hydra)):
+            return (
+                f"hydra.sweep.dir={sweep_dir} holds a shuffle() sweep's runs, and shuffle() numbers the jobs anew each "
+                "time, so its job folders cannot be matched to this run's jobs: choose another hydra.sweep.dir"
+            )
         if (config_flags(earlier), numbered_jobs(earlier)) != (config_flags(config.hydra), numbered_jobs(config.hydra)):
             return (
                 f"hydra.sweep.dir={sweep_dir} holds the runs of another sweep (its arguments: "
@@ -325,7 +375,7 @@ class SweepPreflight(Callback):
 
 # Keys that say how a command runs, not what it computes: the same sweep again may set them otherwise
 # (trainer.overwrite=true asks its jobs to start afresh in their folders).
-RUN_CONTROL_KEYS = ("trainer.overwrite", "trainer.progress_bar")
+RUN_CONTROL_KEYS = ("trainer.overwrite", "trainer.progress_bar", "trainer.stop_after_updates")
 
 
 def sweep_arguments(hydra_cfg: DictConfig, leave_out: tuple[str, ...] = ()) -> list[str]:

@@ -267,3 +267,103 @@ def test_the_slurm_launcher_on_a_machine_without_slurm_is_one_line_before_anythi
         "side)"
     )
     assert not sweep_dir.exists()
+
+
+SWEPT = ["+recipe=opd_k1", "model=toy", "teacher=toy"]
+
+
+@pytest.mark.parametrize(
+    "args,said",
+    [
+        (
+            ["trainer.seed=range(3,1)"],
+            "the sweep has no jobs: trainer.seed=range(3,1) expands to none",
+        ),
+        (
+            ["estimator=k1,k3", "hydra.sweep.subdir=x"],
+            "hydra.sweep.subdir=x names the same folder for every job of the sweep: each job needs its own; leave it "
+            "out (${{hydra.job.num}}) or make it name the job (${{hydra.job.override_dirname}})",
+        ),
+        (
+            ["actor.optim.lr=interval(1e-5,1e-4)"],
+            "BasicSweeper does not support sweep type : INTERVAL_SWEEP; list the values (a,b,c), or sweep with "
+            "range(), choice() or glob()",
+        ),
+    ],
+    ids=["no jobs", "one folder for all jobs", "a sweep type the sweeper lacks"],
+)
+def test_a_sweep_that_cannot_run_as_written_is_one_line_and_writes_nothing(tmp_path, capfd, args, said):
+    """A sweep audit: these exited 0 having run nothing, let two jobs share one folder (the second refused,
+    the summary naming the wrong job), or ended in Hydra's traceback."""
+    sweep_dir = tmp_path / "s"
+    assert multirun(sweep_dir, *SWEPT, *args) == 2
+    out, err = capfd.readouterr()
+    assert err.strip().splitlines() == [f"miniverl: error: {said.format(s=sweep_dir)}"] and "Traceback" not in out
+    assert not sweep_dir.exists()
+
+
+def test_multirun_with_cfg_is_one_line(capfd):
+    assert run_as_command("main", "-m", *SWEPT, "estimator=k1,k3", "--cfg", "job") == 2
+    assert capfd.readouterr().err.strip() == (
+        "miniverl: error: Only one of --run, --multirun, --cfg, --info and --shell_completion can be specified: "
+        "give one of them"
+    )
+
+
+def test_a_sweep_stopped_by_trainer_stop_after_updates_is_not_a_failure(tmp_path, capfd):
+    sweep_dir = tmp_path / "my sweep"  # a space: the lines' commands stay one shell word each
+    assert multirun(sweep_dir, *SWEPT, "estimator=k1,k3", "trainer.stop_after_updates=1") == 0
+    out = capfd.readouterr().out
+    assert (
+        f"sweep: 0 of 2 jobs completed, 2 stopped at trainer.stop_after_updates (they go on with the sweep's command "
+        f"and 'hydra.sweep.dir={sweep_dir}'); summary in {sweep_dir}/sweep_summary.md"
+    ) in out
+    assert f"and 'trainer.resume_from={sweep_dir}/0'" in out  # the job's own line, as shlex quotes it
+    assert multirun(sweep_dir, *SWEPT, "estimator=k1,k3") == 0  # as the line says: both resume and finish
+    assert [row["status"] for row in read_csv(sweep_dir / "sweep_summary.csv")] == ["measured", "measured"]
+
+
+def test_ctrl_c_between_two_jobs_says_how_the_sweep_goes_on_in_its_folder(tmp_path, capfd, monkeypatch):
+    """A sweep audit: a Ctrl-C after a job ended (or in joblib's wait) said "run the same command again",
+    which started a new dated sweep and ran the finished jobs again."""
+    real = sweep_summary.SweepSummaryCallback.on_job_end
+
+    def then_ctrl_c(self, config, job_return, **kwargs):
+        real(self, config, job_return, **kwargs)
+        raise KeyboardInterrupt  # as Ctrl-C does between job 0's end and job 1's start
+
+    monkeypatch.setattr(sweep_summary.SweepSummaryCallback, "on_job_end", then_ctrl_c)
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    sweep_dir = tmp_path / "s"
+    assert multirun(sweep_dir, *SWEPT, "estimator=k1,k3") == 130
+    assert capfd.readouterr().err.strip().splitlines()[-1] == (
+        f"miniverl: error: stopped by SIGINT; the sweep stopped (what ran: python -m miniverl.sweep_summary "
+        f"{sweep_dir}); to go on with every job, run the sweep's command again with hydra.sweep.dir={sweep_dir}"
+    )
+    finished = tree_digest(sweep_dir / "0")
+    monkeypatch.undo()
+    assert multirun(sweep_dir, *SWEPT, "estimator=k1,k3") == 0  # as the line says
+    assert [row["status"] for row in read_csv(sweep_dir / "sweep_summary.csv")] == ["measured", "measured"]
+    kept = {p: d for p, d in tree_digest(sweep_dir / "0").items() if p.suffix != ".log" and ".hydra" not in p.parts}
+    assert kept == {p: d for p, d in finished.items() if p.suffix != ".log" and ".hydra" not in p.parts}
+
+
+def test_a_sweep_folder_whose_jobs_ran_refuses_another_sweep_and_a_shuffle_sweep_again(tmp_path, capfd):
+    """A sweep audit: a sweep whose jobs had all failed let another sweep in, whose summary then listed the
+    old failures; a shuffle() sweep run again numbered its jobs otherwise and failed its finished ones."""
+    failed = tmp_path / "failed"
+    assert multirun(failed, *SWEPT, "recipe.prompt_limit=4,5") == 1  # every job fails its pre-flight check
+    capfd.readouterr()
+    assert multirun(failed, *SWEPT, "estimator=k1") == 2
+    assert f"hydra.sweep.dir={failed} holds the runs of another sweep" in capfd.readouterr().err
+    shuffled = tmp_path / "shuffled"
+    assert multirun(shuffled, *SWEPT, "recipe.optimizer_updates=1", "trainer.seed=shuffle(1,2)") == 0
+    capfd.readouterr()
+    before = tree_digest(shuffled)
+    assert multirun(shuffled, *SWEPT, "recipe.optimizer_updates=1", "trainer.seed=shuffle(1,2)") == 2
+    assert capfd.readouterr().err.strip() == (
+        f"miniverl: error: hydra.sweep.dir={shuffled} holds a shuffle() sweep's runs, and shuffle() numbers the "
+        "jobs anew each time, so its job folders cannot be matched to this run's jobs: choose another "
+        "hydra.sweep.dir"
+    )
+    assert tree_digest(shuffled) == before
