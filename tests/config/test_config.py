@@ -265,3 +265,21 @@ def test_one_entry_in_teachers_is_accepted_as_verl_accepts_it_and_a_default_with
         to_config(compose_config(["+recipe=opd_k1", "+teacher@teachers.a=toy"]))  # verl requires it too
     with pytest.raises(MiniverlError, match="default_teacher='a' names no teacher"):
         to_config(compose_config(["+recipe=opd_k1", "default_teacher=a"]))
+
+
+@pytest.mark.parametrize(
+    "loss_mode,target,topk,full_vocab",
+    [
+        ("k1", "sampled_token_log_probability", False, False),
+        ("k3", "sampled_token_log_probability", False, False),
+        ("forward_kl_topk", "top_k_log_probabilities", True, False),
+        ("forward_kl_topk_tail", "top_k_log_probabilities", True, False),
+        ("reverse_kl_full", "full_vocabulary_log_probabilities", False, True),
+        ("reverse_kl_topk", "full_vocabulary_log_probabilities", False, True),  # at the student's top-k
+    ],
+)
+def test_what_the_teacher_returns_follows_the_loss(loss_mode, target, topk, full_vocab):
+    from miniverl.config.estimator import EstimatorConfig
+
+    estimator = EstimatorConfig(loss_mode=loss_mode, use_policy_gradient=loss_mode in ("k1", "k3"))
+    assert (estimator.teacher_target, estimator.uses_topk, estimator.uses_full_vocab) == (target, topk, full_vocab)

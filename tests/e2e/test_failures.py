@@ -320,9 +320,10 @@ def test_a_ctrl_c_while_the_report_is_written_leaves_a_run_the_same_command_fini
 
     run_dir = tmp_path / "run"
     reference = run_toy(tmp_path / "reference")
+    run_toy(run_dir, "trainer.stop_after_updates=2")  # its report.json says interrupted: the resumed run's is owed
 
     def interrupted(*args, **kwargs):
-        raise KeyboardInterrupt  # Ctrl-C between report.json and report.md
+        raise KeyboardInterrupt  # Ctrl-C while the report is written
 
     monkeypatch.setattr(opd_trainer, "write_report_page", interrupted)
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)

@@ -213,7 +213,7 @@ NO_SYSTEM_TEMPLATE = (
 )
 
 
-def test_a_chat_template_that_refuses_a_system_turn_is_compared_and_read_without_one():
+def test_a_chat_template_that_refuses_a_system_turn_is_compared_and_read_without_one(tmp_path):
     """An audit: such a template made the doctor and the run a jinja2 traceback (the tokenizer check's
     probe conversation has a system turn), though the data's rows have none."""
     from miniverl.config.data import DataConfig
@@ -228,6 +228,11 @@ def test_a_chat_template_that_refuses_a_system_turn_is_compared_and_read_without
     assert "chat templates render the probe conversation differently" in tokenizers.tokenizers_differ(
         student_tok, teacher_tok
     )
+    thinking = toy.build_toy_tokenizer("qwen3")  # the same but for the generation prompt (Qwen3's empty think block)
+    thinking.chat_template = NO_SYSTEM_TEMPLATE.replace(
+        "assistant\n{% endif %}", "assistant\n<think></think>{% endif %}"
+    )
+    assert "render the probe conversation" in tokenizers.tokenizers_differ(student_tok, thinking)
     system = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
     assert prompt_ids(system[1:], DataConfig(), student_tok)  # the rows a template takes
     with pytest.raises(MiniverlError) as refused:
@@ -237,6 +242,24 @@ def test_a_chat_template_that_refuses_a_system_turn_is_compared_and_read_without
         "supported; write the rows as the model's template takes them (without a system turn, say), or give the "
         "model another template"
     )
+    # Read from a parquet file, as a run and the doctor's data check read it: the row is named.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from miniverl.config import to_config
+    from miniverl.trainer.preflight import check_data
+    from miniverl.utils.dataset import read_conversations, tokenize_prompts
+
+    from conftest import compose_config
+
+    parquet = tmp_path / "prompts.parquet"
+    pq.write_table(pa.table({"prompt": [system[1:], system, system[1:], system[1:]]}), parquet)
+    data = DataConfig(train_files=str(parquet))
+    with pytest.raises(MiniverlError, match=r"^data.train_files row 1: the chat template refuses this conversation"):
+        tokenize_prompts(read_conversations(data), data, student_tok, 128)
+    cfg = to_config(compose_config(["+recipe=opd_k1", f"data.train_files={parquet}"]))
+    with pytest.raises(MiniverlError, match=r"^data.train_files row 1: the chat template refuses"):
+        check_data(cfg, student_tok)
 
 
 def test_the_stop_ids_before_loading_come_from_the_folders_own_files(tmp_path):

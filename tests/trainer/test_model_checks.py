@@ -32,9 +32,11 @@ def test_the_memory_estimate_reads_each_familys_sizes_by_its_own_names(tmp_path)
     assert (gpt2["hidden"], gpt2["inter"], gpt2["layers"], gpt2["heads"], gpt2["positions"]) == (64, 256, 2, 4, 256)
     assert sizes(FalconConfig(hidden_size=64, ffn_hidden_size=96, num_attention_heads=4))["inter"] == 96
     assert sizes(OPTConfig(hidden_size=64, ffn_dim=80, num_attention_heads=4))["inter"] == 80
-    text = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, head_dim=16)
-    vision = Gemma3Config(text_config=text)  # gemma-3-4b-it and up: the language model's sizes in text_config
-    assert (sizes(vision)["hidden"], sizes(vision)["inter"], sizes(vision)["head_dim"]) == (64, 128, 16)
+    text = dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, head_dim=32
+    )  # head_dim and the key-value heads unlike the defaults: each read from text_config
+    vision = sizes(Gemma3Config(text_config={**text, "num_key_value_heads": 1}))  # gemma-3-4b-it and up
+    assert (vision["hidden"], vision["inter"], vision["head_dim"], vision["kv"]) == (64, 128, 32, 1)
     moe = sizes(
         Qwen3MoeConfig(
             hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_experts=8, moe_intermediate_size=32
@@ -50,11 +52,29 @@ def test_the_memory_estimate_reads_each_familys_sizes_by_its_own_names(tmp_path)
 
 def family_without_llamas_names(tmp_path, config) -> str:
     tokenizer = toy.build_toy_tokenizer()
-    config.vocab_size, config.eos_token_id, config.pad_token_id = len(tokenizer), tokenizer.eos_token_id, 0
+    for each in {id(config): config, id(config.get_text_config()): config.get_text_config()}.values():
+        each.vocab_size, each.eos_token_id, each.pad_token_id = len(tokenizer), tokenizer.eos_token_id, 0
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(config)
     return str(toy.save_toy(model, tokenizer, tmp_path / type(config).__name__, "bfloat16"))
+
+
+def vision_language_config():
+    """gemma-3-4b-it's layout, tiny: a SigLIP vision tower beside the language model, which all-linear adapts too
+    and text gives no gradient (the nf4-gradients check compared gradients that were None)."""
+    from transformers import Gemma3Config
+
+    text = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, head_dim=16)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28)
+    return Gemma3Config(
+        text_config={**text, "max_position_embeddings": 512},
+        vision_config={**vision, "patch_size": 14},
+        mm_tokens_per_image=4,
+        boi_token_index=3,
+        eoi_token_index=4,
+        image_token_index=5,
+    )
 
 
 @pytest.mark.parametrize(
@@ -62,8 +82,9 @@ def family_without_llamas_names(tmp_path, config) -> str:
     [
         GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=512),  # Conv1D layers, no intermediate_size
         OPTConfig(hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4, dropout=0.1),
+        vision_language_config(),
     ],
-    ids=["gpt2", "opt"],
+    ids=["gpt2", "opt", "gemma3-vision-language"],
 )
 def test_the_doctor_passes_families_without_llamas_names_or_with_dropout(tmp_path, capfd, config):
     folder = family_without_llamas_names(tmp_path, config)
@@ -103,6 +124,8 @@ def test_a_check_that_fails_in_an_unforeseen_way_is_its_own_fail_line_not_the_do
         "FAIL nf4-gradients: the check itself failed (RuntimeError: The size of tensor a (192) must match the size "
         "of tensor b (64)); HYDRA_FULL_ERROR=1 shows where"
     )
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "0")  # only 1 asks for the traceback
+    assert guarded("nf4-gradients", breaks).status == "FAIL"
     monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
     with pytest.raises(RuntimeError):
         guarded("nf4-gradients", breaks)
