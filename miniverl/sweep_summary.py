@@ -26,9 +26,9 @@ from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
 from miniverl.utils.errors import MiniverlError, exit_code_of
-from miniverl.utils.hydra_entry import RUN_CONTROL_KEYS, each_job, sweep_arguments
 from miniverl.utils.overrides import override_key
 from miniverl.utils.run_names import LOSS_KEY, METRICS, REPORT
+from miniverl.utils.sweeps import RUN_CONTROL_KEYS, each_job, sweep_arguments
 from miniverl.utils.tables import format_value
 
 # A job's report status when every update ran: "measured", as in the reference report
@@ -304,6 +304,9 @@ def main(argv: list[str] | None = None) -> int:
     if not job_dirs(args.sweep_dir):
         single = " (a single run's folder: its report.md is its summary)" if (args.sweep_dir / REPORT).exists() else ""
         what = f"{args.sweep_dir} holds no Hydra job folders (<n>/.hydra/overrides.yaml){single}; {fix}"
+        return exit_code_of(MiniverlError(what))
+    if not (args.sweep_dir / "multirun.yaml").is_file():  # outputs/<date>/ of single runs, /tmp: not a sweep's
+        what = f"{args.sweep_dir} has no multirun.yaml, so it is no sweep's folder (nothing written there); {fix}"
         return exit_code_of(MiniverlError(what))
     write_summary(args.sweep_dir)
     print((args.sweep_dir / "sweep_summary.md").read_text(), end="")

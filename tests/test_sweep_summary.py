@@ -69,6 +69,14 @@ def test_a_missing_or_empty_sweep_folder_is_one_line_saying_which(tmp_path, caps
     (tmp_path / "report.json").write_text("{}")  # a single run's folder
     assert main([str(tmp_path)]) == 2
     assert "(a single run's folder: its report.md is its summary); give the sweep's" in capsys.readouterr().err
+    runs = tmp_path / "outputs" / "2026-12-07"  # a sweep audit: single runs' folders got a summary written there
+    (runs / "10-00-00" / ".hydra").mkdir(parents=True)
+    (runs / "10-00-00" / ".hydra" / "overrides.yaml").write_text("- estimator=k1\n")
+    assert main([str(runs)]) == 2
+    assert capsys.readouterr().err == (
+        f"miniverl: error: {runs} has no multirun.yaml, so it is no sweep's folder (nothing written there); " + fix
+    )
+    assert sorted(p.name for p in runs.iterdir()) == ["10-00-00"]
 
 
 def test_the_held_out_kl_tells_jobs_apart_where_a_centred_policy_gradients_loss_is_zero(tmp_path):

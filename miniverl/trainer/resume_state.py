@@ -63,7 +63,7 @@ def finished_run_of(run_dir: Path, resolved: dict) -> dict | None:
 def what_it_computes(resolved: dict) -> dict:
     """A resolved config without RUN_CONTROL_KEYS: a sweep run once with trainer.overwrite=true is
     the same sweep again without it."""
-    from miniverl.utils.hydra_entry import RUN_CONTROL_KEYS
+    from miniverl.utils.sweeps import RUN_CONTROL_KEYS
 
     control = {key.split(".", 1)[1] for key in RUN_CONTROL_KEYS}  # all under trainer.
     trainer = {k: v for k, v in resolved.get("trainer", {}).items() if k not in control}

@@ -9,7 +9,8 @@ import pytest
 from hydra.errors import ConfigCompositionException, OverrideParseException
 from omegaconf import OmegaConf
 
-from miniverl.utils.hydra_entry import hydra_error_line, numbered_jobs
+from miniverl.utils.hydra_entry import hydra_error_line
+from miniverl.utils.sweeps import numbered_jobs
 from miniverl.verl_compat.field_rules import verl_key_hints
 
 from conftest import compose_config
