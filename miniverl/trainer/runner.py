@@ -65,7 +65,9 @@ def run(cfg: DictConfig, run_dir: Path, args: list[str] = (), sweep: bool = Fals
             trainer.out.release()
 
 
-def train_and_report(trainer, run_dir: Path, args: list[str], sweep: bool, k, starting: str, warnings) -> dict:
+def train_and_report(
+    trainer, run_dir: Path, args: list[str], sweep: bool, k: int | None, starting: str, warnings: list[str]
+) -> dict:
     """Set up, train, finish and check the resume of `trainer`'s run; the line a stopped or failed one ends with."""
     config = trainer.cfg
     try:

@@ -6,6 +6,7 @@ that wrote it). A refusal is one line naming what differs and the way on."""
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import torch
@@ -107,13 +108,13 @@ def earlier_overrides(run_dir: Path, settings: dict) -> list[str]:
     return [f"{key}={hydra_value(before[key])}" if key in before else f"~{key}" for key in differing]
 
 
-def earlier_one(path: Path) -> str:
+def resume_instead(path: Path) -> str:
     """What to resume instead of the checkpoint at `path` (checkpoints/update_<k> of a run folder)."""
     if path not in checkpoints_in(path.parent.parent):  # a checkpoint folder copied under another name
         return "resume from an earlier checkpoint"
     earlier = [c for c in checkpoints_in(path.parent.parent) if checkpoint_update(c) < checkpoint_update(path)]
     if earlier:
-        return f"resume from an earlier checkpoint: trainer.resume_from={earlier[-1]}"
+        return "resume from an earlier checkpoint: " + shlex.quote(f"trainer.resume_from={earlier[-1]}")
     return "no earlier checkpoint of that run: start it anew (another hydra.run.dir, or trainer.overwrite=true there)"
 
 
@@ -137,16 +138,16 @@ def verify_checkpoint(
     where = f"checkpoint {path}"  # trainer.resume_from's, or this folder's own (trainer.resume_mode=auto)
     missing = [name for name in (*TENSOR_FILES, STATE) if not (path / name).is_file()]
     if missing:
-        raise MiniverlError(f"{where} is incomplete: missing {', '.join(missing)}; {earlier_one(path)}")
+        raise MiniverlError(f"{where} is incomplete: missing {', '.join(missing)}; {resume_instead(path)}")
     try:
         state = json.loads((path / STATE).read_text(encoding="utf-8"))
         files = state["files"]
     except (ValueError, KeyError, TypeError):
-        raise MiniverlError(f"{where}: {STATE} is not a miniverl checkpoint state; {earlier_one(path)}") from None
+        raise MiniverlError(f"{where}: {STATE} is not a miniverl checkpoint state; {resume_instead(path)}") from None
     for name in TENSOR_FILES:
         if sha256_file(path / name) != files.get(name):
             raise MiniverlError(
-                f"{where}: {name} does not match its sha256 in {STATE} (corrupted); {earlier_one(path)}"
+                f"{where}: {name} does not match its sha256 in {STATE} (corrupted); {resume_instead(path)}"
             )
     checkpoint = Checkpoint(path, state)
     # First: a finished run cannot be resumed under any settings, so naming its plan's overrides would mislead.

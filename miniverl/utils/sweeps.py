@@ -19,11 +19,12 @@ from miniverl.utils.overrides import override_key
 
 class SweepPreflight(Callback):
     """What a sweep is refused for before Hydra writes anything (its multirun.yaml, each job's
-    .hydra/), in one line: the SLURM launcher on a machine without SLURM, a folder that holds
-    another sweep's runs (the same sweep command goes on there instead: a finished job is kept, a
-    stopped one resumes in its folder: miniverl.main), and a job whose config would not compose or
-    validate. Hydra turns a callback's exceptions into warnings and goes on (HYDRA_FULL_ERROR=1
-    too): only SystemExit stops the sweep here."""
+    .hydra/), in one line: the SLURM launcher on a machine without SLURM, a subdir that names one
+    folder for every job, a folder that holds another sweep's runs (the same sweep command goes on
+    there instead: a finished job is kept, a stopped one resumes in its folder: miniverl.main) or a
+    shuffle() sweep's, a sweep of no jobs, and a job whose config would not compose or validate.
+    Hydra turns a callback's exceptions into warnings and goes on (HYDRA_FULL_ERROR=1 too): only
+    SystemExit stops the sweep here."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         refuse_an_empty_folder(config, "hydra.sweep.dir")

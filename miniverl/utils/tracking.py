@@ -9,6 +9,7 @@ utils/tracking.py): tensorboard and wandb, each given every update's metrics at 
 
 from __future__ import annotations
 
+import importlib
 import secrets
 from pathlib import Path
 
@@ -18,22 +19,23 @@ from miniverl.utils.run_folder import atomic_write_bytes
 from miniverl.utils.run_names import TENSORBOARD, WANDB, WANDB_RUN_ID
 
 
-def missing(logger: str, extra: str) -> MiniverlError:
-    return MiniverlError(
-        f"trainer.logger includes {logger}, which is not installed: pip install -e '.[{extra}]' (or drop it "
-        "from trainer.logger)"
-    )
+def installed(module: str, logger: str):
+    """The tracker's package, imported; one not installed is the line that says how to install it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise MiniverlError(
+            f"trainer.logger includes {logger}, which is not installed: pip install -e '.[{logger}]' (or drop it "
+            "from trainer.logger)"
+        ) from None
 
 
 class TensorBoardLogger:
     """`trainer.logger=[...,tensorboard]`: every numeric metric as a scalar under <run>/tensorboard."""
 
     def __init__(self, root: Path):
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            raise missing("tensorboard", "tensorboard") from None
-        self.writer_class, self.root, self.writer = SummaryWriter, root, None
+        self.writer_class = installed("torch.utils.tensorboard", "tensorboard").SummaryWriter
+        self.root, self.writer = root, None
 
     def start(self, project: str, name: str, config: dict, continuing: bool) -> None:
         self.writer = self.writer_class(log_dir=str(self.root / TENSORBOARD))  # a resumed run adds an event file
@@ -55,11 +57,7 @@ class WandbLogger:
     settings apply: `wandb login` first, or WANDB_MODE=offline (synced later with `wandb sync`)."""
 
     def __init__(self, root: Path):
-        try:
-            import wandb
-        except ImportError:
-            raise missing("wandb", "wandb") from None
-        self.wandb, self.root, self.run = wandb, root, None
+        self.wandb, self.root, self.run = installed("wandb", "wandb"), root, None
 
     def start(self, project: str, name: str, config: dict, continuing: bool) -> None:
         id_file, folder = self.root / WANDB_RUN_ID, self.root / WANDB
