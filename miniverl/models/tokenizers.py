@@ -140,10 +140,10 @@ def tokenizers_differ(student_tok, teacher_tok) -> str | None:
             f"tokenizer vocabularies differ: student {len(s_vocab)} tokens, teacher {len(t_vocab)} ({differing} "
             "entries differ); on-policy distillation needs a teacher of the same tokenizer family"
         )
-    specials = [(name, getattr(student_tok, name), getattr(teacher_tok, name)) for name in ("eos_token", "pad_token")]
-    wrong = [f"{n} {a!r} vs {b!r}" for n, a, b in specials if a != b]
-    if wrong:
-        return f"special tokens differ: {', '.join(wrong)}"
+    # The EOS ends a response for both. Not the pad token: the teacher is given the student's pad id, and padded
+    # positions are masked out of every score (an audit: a teacher folder that named another pad was refused).
+    if student_tok.eos_token != teacher_tok.eos_token:
+        return f"special tokens differ: eos_token {student_tok.eos_token!r} vs {teacher_tok.eos_token!r}"
     # With a system message and without: a template's default system prompt (Qwen2.5's against Qwen2's) shows
     # only in the second, and the data's rows mostly have none.
     tokenizers = (student_tok, teacher_tok)

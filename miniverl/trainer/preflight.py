@@ -159,7 +159,7 @@ def check_tokenizers(cfg: MiniverlConfig, student_tok) -> Check:
         padding = "; output rows past the tokenizer are padding, never sampled or scored" if padded else ""
         facts.append(
             f"vocabulary {len(student_tok.get_vocab())} (embedding rows: student {student_rows}, {', '.join(scored)}), "
-            f"eos/pad, and chat template output identical{padding}"
+            f"eos, and chat template output identical{padding}"
         )
     if cfg.model.model_id != "toy":  # the student's own, whatever its teacher (a toy's files come at the start)
         stops = tokenizers.configured_stop_ids(student_tok, models.source_of(cfg.model, None))

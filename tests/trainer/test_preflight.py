@@ -42,16 +42,22 @@ def test_a_teacher_with_another_vocabulary_fails(tmp_path):
     assert check.status == "FAIL" and "vocabularies differ: student 259 tokens, teacher 260" in check.reason
 
 
-def test_a_teacher_with_another_pad_token_fails_naming_it(tmp_path):
-    """The same vocabulary, another token as padding: the rows' padding would mean another id to each (no
-    test set one apart: a tests audit checked the EOS alone and passed)."""
+def test_a_teacher_that_names_another_pad_token_passes_and_one_with_another_eos_fails(tmp_path):
+    """The same vocabulary, another token as padding: the teacher is given the student's pad id and padded
+    positions are masked, so it scores alike (an audit: such a teacher folder was refused). Another EOS
+    ends responses otherwise: refused."""
 
     def pad_with_im_start(t):
         t.pad_token = toy.IM_START
 
-    check = checks_of(f"teacher.tokenizer_id={tokenizer_folder(tmp_path, pad_with_im_start)}")["tokenizer"]
+    def end_with_im_start(t):
+        t.eos_token = toy.IM_START
+
+    check = checks_of(f"teacher.tokenizer_id={tokenizer_folder(tmp_path / 'pad', pad_with_im_start)}")["tokenizer"]
+    assert check.status == "PASS" and "eos, and chat template output identical" in check.reason
+    check = checks_of(f"teacher.tokenizer_id={tokenizer_folder(tmp_path / 'eos', end_with_im_start)}")["tokenizer"]
     assert check.status == "FAIL"
-    assert f"special tokens differ: pad_token '<|endoftext|>' vs '{toy.IM_START}'" in check.reason
+    assert f"special tokens differ: eos_token '<|im_end|>' vs '{toy.IM_START}'" in check.reason
 
 
 def test_a_teacher_with_another_chat_template_fails(tmp_path):
