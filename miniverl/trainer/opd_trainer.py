@@ -89,7 +89,8 @@ class OPDTrainer:
             overwrite=cfg.trainer.overwrite,
             plan_digest=self.plan.digest,
         )
-        self.tracking = Tracking(cfg.trainer, self.run_dir)  # a tracker not installed: refused here
+        self.tracking = Tracking(cfg.trainer, self.run_dir)  # a tracker not installed: refused here; started by
+        # the command once set up (trainer/runner.py): the doctor sets up too, and makes no W&B run
         self.out.write_yaml(RESOLVED_CONFIG, self.resolved)
         self.out.write_json(PLAN, self.plan.to_dict(), canonical=True)
         # Toy models are written to the run folder and then loaded like any hub model; a toy
@@ -150,7 +151,6 @@ class OPDTrainer:
         """Runs the remaining updates; returns the status: measured (all done), interrupted or failed."""
         progress = dict(disable=not self.cfg.trainer.progress_bar, dynamic_ncols=True, unit="update")
         # Advanced after each update is logged, closed before the closing table: an early stop shows where it stands.
-        self.tracking.start(self.resolved, continuing=not self.out.fresh)  # not in setup: the doctor sets up too
         with tqdm(desc="opd", initial=len(self.history), total=len(self.plan.updates), **progress) as bar:
             return self.fit(bar)
 

@@ -139,11 +139,13 @@ def train_and_report(
 
 
 def setup_or_discard(trainer) -> None:
-    """trainer.setup(); one that fails once the folder is this fresh run's (a model that does not
-    load) takes back what it wrote there: its plan.json would make the corrected command refuse the
-    folder as a run's, with nothing in it to resume."""
+    """trainer.setup() and the start of trainer.logger's trackers (a W&B run); one that fails once the
+    folder is this fresh run's (a model that does not load, no W&B account) takes back what it wrote
+    there: its plan.json would make the corrected command refuse the folder as a run's, with nothing in
+    it to resume."""
     try:
         trainer.setup()
+        trainer.tracking.start(trainer.resolved, continuing=not trainer.out.fresh)
     except BaseException:
         if trainer.out is not None:
             trainer.out.take_back()

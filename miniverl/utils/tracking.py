@@ -2,7 +2,7 @@
 utils/tracking.py): tensorboard and wandb, each given every update's metrics at its update number.
 
     tracking = Tracking(cfg.trainer, run_dir)   # checks the packages, opens nothing
-    tracking.start(config, continuing)          # once training starts (the doctor never does)
+    tracking.start(config, continuing)          # by the command, once set up (the doctor never does)
     tracking.log(metrics, step)
     tracking.finish(failed)
 """
