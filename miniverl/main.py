@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shlex
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from omegaconf import DictConfig
 from miniverl.trainer.runner import run, same_command
 from miniverl.utils.errors import MiniverlError, RunStopped, ctrl_c_stop, exit_code_of
 from miniverl.utils.hydra_entry import config_flags, log_line, one_line_hydra_errors, run_as_main
+from miniverl.utils.overrides import shell_override
 from miniverl.utils.signals import interrupting_signals, signal_of
 from miniverl.verl_compat.field_rules import verl_key_hints
 
@@ -63,7 +63,7 @@ def main(cfg: DictConfig) -> None:
             error = RunStopped(
                 f"{error}; the sweep stopped in job {hydra_cfg.job.num} (what ran: {sweep_dir / 'sweep_summary.md'}); "
                 "to go on with every job, run the sweep's command again with "
-                + shlex.quote(f"hydra.sweep.dir={sweep_dir}")
+                + shell_override("hydra.sweep.dir", sweep_dir)
                 + (
                     " and without trainer.overwrite=true (it would start every job afresh)"
                     if cfg.trainer.overwrite

@@ -16,7 +16,6 @@ import argparse
 import csv
 import io
 import json
-import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -26,7 +25,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
 from miniverl.utils.errors import MiniverlError, exit_code_of
-from miniverl.utils.overrides import override_key
+from miniverl.utils.overrides import override_key, shell_override
 from miniverl.utils.run_names import LOSS_KEY, METRICS, REPORT
 from miniverl.utils.sweeps import RUN_CONTROL_KEYS, each_job, sweep_arguments
 from miniverl.utils.tables import format_value
@@ -274,7 +273,7 @@ class SweepSummaryCallback(Callback):
         stopped = [row["job"] for row in rows if row["status"] == "interrupted"]
         failed = [row["job"] for row in rows if row["status"] not in (*DONE, "not run", "interrupted")]
         not_run = [row["job"] for row in rows if row["status"] == "not run"]  # a job folder removed meanwhile
-        again = shlex.quote(f"hydra.sweep.dir={sweep_dir}")
+        again = shell_override("hydra.sweep.dir", sweep_dir)
         later = (
             f", {len(stopped)} stopped at trainer.stop_after_updates (they go on with the sweep's command and {again})"
         )

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shlex
 import signal
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from miniverl.trainer.resume_state import (
 from miniverl.utils.errors import WRITE_ERRNOS, MiniverlError, RunStopped, ctrl_c_stop
 from miniverl.utils.hydra_entry import log_line
 from miniverl.utils.identity import resolved_config
+from miniverl.utils.overrides import shell_override
 from miniverl.utils.signals import signal_of
 
 log = logging.getLogger("miniverl")
@@ -172,8 +172,7 @@ def write_error_code(error: Exception) -> int | None:
 
 
 def resume_override(path: Path) -> str:
-    """trainer.resume_from=<path> as a shell word (a folder with a space in its name stays one)."""
-    return shlex.quote(f"trainer.resume_from={path}")
+    return shell_override("trainer.resume_from", path)
 
 
 def same_command(args: list[str], sweep: bool) -> str:

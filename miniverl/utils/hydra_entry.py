@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from miniverl.config import ENTRY_VERL_HINTS
 from miniverl.utils.errors import MiniverlError, ctrl_c_stop, exit_code_of, unwritable
-from miniverl.utils.overrides import override_key
+from miniverl.utils.overrides import override_key, shell_override
 from miniverl.utils.signals import signal_of
 
 
@@ -156,10 +156,10 @@ def one_line_hydra_errors(entry: Callable | None = None, *, verl_hints: Callable
                     by = signal_of(stop)
                     go_on = "run the same command again to go on"
                     if SWEEP_DIR:  # a sweep between two jobs, or joblib's launcher waiting for its jobs
-                        folder = shlex.quote(str(SWEEP_DIR[0]))
                         go_on = (
-                            f"the sweep stopped (what ran: python -m miniverl.sweep_summary {folder}); to go on with "
-                            f"every job, run the sweep's command again with hydra.sweep.dir={folder}"
+                            f"the sweep stopped (what ran: python -m miniverl.sweep_summary "
+                            f"{shlex.quote(str(SWEEP_DIR[0]))}); to go on with every job, run the sweep's command "
+                            f"again with {shell_override('hydra.sweep.dir', SWEEP_DIR[0])}"
                         )
                     raise SystemExit(exit_code_of(ctrl_c_stop(f"stopped by {by.name}; {go_on}", by))) from None
                 except ValueError as error:  # logging's dictConfig: "Unable to configure handler 'file'"

@@ -4,6 +4,7 @@ export's and the import's lines, the settings a refused resume needs), and the k
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,6 +15,12 @@ _RESERVED = {"true", "false", "null", "inf", "nan", "-inf", "+inf"}
 def override_key(override: str) -> str:
     """The config key an override line names: `a.b` for `a.b=1`, `+a.b=1`, `++a.b=1` and `~a.b`."""
     return override.split("=", 1)[0].lstrip("+~")
+
+
+def shell_override(key: str, value: Any) -> str:
+    """`key=value` as one shell word, as the lines that say what to run print it (a folder with a space in
+    its name stays one word; Hydra reads the space as part of the value)."""
+    return shlex.quote(f"{key}={value}")
 
 
 def hydra_value(value: Any) -> str:

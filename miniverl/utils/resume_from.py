@@ -6,7 +6,6 @@ that wrote it). A refusal is one line naming what differs and the way on."""
 from __future__ import annotations
 
 import json
-import shlex
 from pathlib import Path
 
 import torch
@@ -22,7 +21,7 @@ from miniverl.utils.checkpoint import (
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import FOLDER_DIGESTS, sha256_file
 from miniverl.utils.numerics import numerics_environment, refused_numerics
-from miniverl.utils.overrides import hydra_value, override_key
+from miniverl.utils.overrides import hydra_value, override_key, shell_override
 from miniverl.utils.run_folder import earlier_report
 from miniverl.utils.run_names import PLAN, STATE
 from miniverl.utils.tables import flatten
@@ -114,7 +113,7 @@ def resume_instead(path: Path) -> str:
         return "resume from an earlier checkpoint"
     earlier = [c for c in checkpoints_in(path.parent.parent) if checkpoint_update(c) < checkpoint_update(path)]
     if earlier:
-        return "resume from an earlier checkpoint: " + shlex.quote(f"trainer.resume_from={earlier[-1]}")
+        return "resume from an earlier checkpoint: " + shell_override("trainer.resume_from", earlier[-1])
     return "no earlier checkpoint of that run: start it anew (another hydra.run.dir, or trainer.overwrite=true there)"
 
 

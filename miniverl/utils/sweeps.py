@@ -83,8 +83,6 @@ class SweepPreflight(Callback):
         jobs = each_job(sweep_arguments(config.hydra)) if basic else None  # another sweeper picks its own jobs
         if jobs is None or not GlobalHydra.instance().is_initialized():  # glob()/shuffle(): each job checks itself
             return None
-        if len(jobs) > 20:
-            logging.getLogger("miniverl").info("checking the config of each of the sweep's %d jobs", len(jobs))
         if not jobs:  # range(3,1): Hydra would launch none, and the command say nothing of it
             from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -92,6 +90,8 @@ class SweepPreflight(Callback):
             parsed = OverridesParser.create().parse_overrides(arguments)
             swept = [text for text, o in zip(arguments, parsed) if o.is_sweep_override()] or arguments
             return f"the sweep has no jobs: {' '.join(swept)} expands to none"
+        if len(jobs) > 20:
+            logging.getLogger("miniverl").info("checking the config of each of the sweep's %d jobs", len(jobs))
         loader = GlobalHydra.instance().config_loader()
         shared = set.intersection(*(set(job) for job in jobs))
         refused = []
