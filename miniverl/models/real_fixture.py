@@ -28,6 +28,7 @@ its dependencies) and the `gguf` package (a dependency of miniverl; transformers
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -35,6 +36,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import zipfile
 from pathlib import Path
 
@@ -118,9 +120,49 @@ def _quiet():
     return quiet_loading()
 
 
+_holding = threading.local()  # .lock: this thread holds the builders' lock (a build calls the builds it starts from)
+
+
+@contextlib.contextmanager
+def one_builder(root: Path):
+    """An exclusive lock on root/real (flock on the folder itself: no file is added) while this process
+    builds there: another process building the same folders (two test workers, two commands) waits for
+    it, then finds them built, instead of building them beside it on the same cores. Unlocked where the
+    file system has no such locks."""
+    if getattr(_holding, "lock", False):
+        yield
+        return
+    folder = root / "real"
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting for another process that builds the real models in {folder}", file=sys.stderr, flush=True)
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+        except OSError:
+            pass  # no locks on this file system: built as before, each process its own copy, one kept
+        _holding.lock = True
+        yield
+    finally:
+        _holding.lock = False
+        os.close(descriptor)
+
+
 def build_teacher(root: Path | None = None) -> Path:
     """The whole trained model as a bf16 Hugging Face folder (built once; returns its path)."""
     root = root or cache_root()
+    with one_builder(root):
+        return _build_teacher(root)
+
+
+def _build_teacher(root: Path) -> Path:
     where = teacher_dir(root)
     if (where / "config.json").exists():
         return where
@@ -157,6 +199,11 @@ def build_student(
     if drop_every is not None and drop_every < 2:
         raise MiniverlError(f"drop_every={drop_every}: need drop_every >= 2 (1 would remove every layer)")
     root = root or cache_root()
+    with one_builder(root):
+        return _build_student(root, keep_every, offset, drop_every)
+
+
+def _build_student(root: Path, keep_every: int, offset: int, drop_every: int | None) -> Path:
     where = student_dir(root, keep_every, offset, drop_every)
     if (where / "config.json").exists():
         return where
@@ -244,6 +291,11 @@ def cross_tokenizer_student_dir(root: Path | None = None) -> Path:
 def build_cross_tokenizer_student(root: Path | None = None) -> Path:
     """The every-2nd-layer student with Qwen2's tokenizer and transplanted embeddings (built once)."""
     root = root or cache_root()
+    with one_builder(root):
+        return _build_cross_tokenizer_student(root)
+
+
+def _build_cross_tokenizer_student(root: Path) -> Path:
     where = cross_tokenizer_student_dir(root)
     if (where / "config.json").exists():
         return where

