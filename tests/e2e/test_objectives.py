@@ -4,11 +4,14 @@ byte for byte as the whole one (the recipe's own check, in this process)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
+from argparse import Namespace
 
 import pytest
+import yaml
 
 from miniverl.trainer.runner import run
 
@@ -78,22 +81,35 @@ def test_each_objective_composes_with_two_teachers_task_rewards_a_teacher_contex
 def test_the_table_script_runs_objectives_and_writes_its_table_plot_and_numbers(tmp_path):
     out = tmp_path / "table"
     command = [sys.executable, "scripts/objectives_table.py", "--recipe", "opd_k1_toy_distill", "--updates", "2",
-               "--every", "1", "--only", "k1;reverse top-k", "--seeds", "2", "--out", str(out),
+               "--every", "2", "--only", "k1;reverse top-k", "--seed", "2", "--out", str(out),
                "--runs", str(tmp_path / "runs"),
                "--set", "teacher.toy_pretrain_steps=3"]  # fmt: skip
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(out.with_suffix(".json").read_text())["rows"]
-    assert [(r["objective"], r["seed"]) for r in rows] == [
-        ("k1", 1),
-        ("reverse top-k", 1),
-        ("k1", 2),
-        ("reverse top-k", 2),
-    ]
-    assert all(r["status"] == "measured" and sorted(map(int, r["exact_reverse_kl"])) == [0, 1, 2] for r in rows)
+    assert [(r["objective"], r["seed"]) for r in rows] == [("k1", 2), ("reverse top-k", 2)]
+    assert all(r["status"] == "measured" and sorted(map(int, r["exact_reverse_kl"])) == [0, 2] for r in rows)
+    for i, name in enumerate(("k1", "reverse_kl_topk")):  # each run its objective and the seed asked for
+        resolved = yaml.safe_load((tmp_path / "runs" / f"{i}-seed2" / "resolved_config.yaml").read_text())
+        assert (resolved["estimator"]["loss_mode"], resolved["trainer"]["seed"]) == (name, 2)
     table = out.with_suffix(".md").read_text()
-    assert "the median over seeds 1, 2" in table and "KL @ 2" in table and out.with_suffix(".png").stat().st_size > 0
-    k1 = [r["exact_reverse_kl"]["2"] for r in rows if r["objective"] == "k1"]
-    assert k1[0] != k1[1]  # two seeds, two runs
-    line = next(line for line in table.splitlines() if line.startswith("| k1 |")).split(" | ")
-    assert line[3] == f"{(k1[0] + k1[1]) / 2:.3f}" and line[4] == f"{k1[0]:.3f} / {k1[1]:.3f}"  # median, by seed
+    assert "recipe `opd_k1_toy_distill`, seed 2, 2 updates" in table and "KL @ 2" in table
+    assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_the_table_gives_each_objectives_median_over_the_seeds_and_each_seeds_last_kl(tmp_path):
+    spec = importlib.util.spec_from_file_location("objectives_table", ROOT / "scripts" / "objectives_table.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+
+    def row(objective, seed, last, status="measured"):
+        return {"objective": objective, "seed": seed, "status": status, "exact_reverse_kl": {0: 5.0, 2: last},
+                "seconds_per_update_median": seed, "peak_rss_gib": 1.0 + seed}  # fmt: skip
+
+    rows = [row("k1", 1, 0.5), row("k3", 1, 0.25), row("k1", 2, 0.75), row("k3", 2, 9.0, status="failed")]
+    table.write(rows, Namespace(recipe="opd_k1_toy_distill", updates=2), tmp_path / "t")
+    text = (tmp_path / "t.md").read_text()
+    assert "the median over seeds 1, 2, 2 updates" in text
+    assert "| k1 | 5.000 | 0.625 | 0.500 / 0.750 | 1.50 | 3.00 |" in text  # median, each seed, s/update, RSS
+    assert "| k3 | 5.000 | 0.250 | 0.250 / failed | 1.00 | 2.00 |" in text  # the measured run alone
+    assert (tmp_path / "t.png").stat().st_size > 0
