@@ -80,12 +80,12 @@ def test_sampled_log_probs_and_their_gradient_are_those_without_the_exp_floor():
 
 def test_the_response_hidden_states_are_one_block_the_output_layer_multiplies_fast():
     """On the CPU a bf16 output layer multiplied a strided slice of the decoder's states 8-20x slower
-    than the same values in one block: the held-out probe's full log-probs spent most of its time there."""
+    than the same values in one block: the held-out probe's full log-probs paid it at every evaluation."""
     model = small_qwen3(vocab=61, hidden=32, layers=1, seed=0).to(torch.bfloat16)
     g = torch.Generator().manual_seed(1)
     prompts, responses = torch.randint(1, 61, (2, 5), generator=g), torch.randint(1, 61, (2, 3), generator=g)
-    full = torch.ones(2, 5, dtype=torch.long)
-    batch = assemble(prompts, full, responses, torch.ones(2, 3), torch.zeros(2, 3), [0, 1])
+    prompt_mask = torch.ones(2, 5, dtype=torch.long)  # no padding
+    batch = assemble(prompts, prompt_mask, responses, torch.ones(2, 3), torch.zeros(2, 3), [0, 1])
     with torch.no_grad():
         hidden = response_hidden_states(model, batch)  # (B, R, H)
         every = model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
