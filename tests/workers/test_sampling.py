@@ -1,13 +1,14 @@
 """The rollout's sampler draws the student's distribution: fed evenly spaced uniforms, its inverse-CDF
 draw gives every token a share of the draws equal to its probability (to one draw), with top-k and
-top-p the renormalised kept set's, and scores each draw with the unfiltered log-softmax."""
+top-p the renormalised kept set's, and scores each draw with the unfiltered log-softmax; each row's
+draw is its own, however many rows are drawn together."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from miniverl.workers.rollout.sampling import sample_token
+from miniverl.workers.rollout.sampling import CPU_LOGITS_PER_PASS, sample_token
 
 VOCAB, DRAWS = 97, 20_000
 
@@ -55,3 +56,17 @@ def test_top_k_and_top_p_draw_the_renormalised_kept_tokens(top_k, top_p):
     shares = shares_of_draws(logits, top_k=top_k, top_p=top_p)
     assert (shares[~kept] == 0).all()
     assert (shares - expected).abs().max() <= 1.0 / DRAWS + 1e-9
+
+
+@pytest.mark.parametrize("top_k, top_p", [(-1, 1.0), (50, 0.9)])
+def test_rows_drawn_together_are_each_rows_own_draw_when_the_cpu_splits_them_into_passes(top_k, top_p):
+    vocab = 2**16  # sampling.CPU_LOGITS_PER_PASS // vocab = 4 rows a pass: 10 rows go as 4, 4 and 2
+    assert CPU_LOGITS_PER_PASS // vocab == 4
+    generator = torch.Generator().manual_seed(1)
+    logits = torch.randn(10, vocab, generator=generator) * torch.linspace(0.5, 8.0, 10)[:, None]
+    u = torch.rand(10, generator=generator, dtype=torch.float64)
+    token, log_prob = sample_token(logits, u, top_k=top_k, top_p=top_p)
+    for row in range(10):
+        alone = sample_token(logits[row : row + 1], u[row : row + 1], top_k=top_k, top_p=top_p)
+        assert torch.equal(token[row : row + 1], alone[0]) and torch.equal(log_prob[row : row + 1], alone[1]), row
+    assert len(set(token.tolist())) > 1  # rows of their own, not one row's draw repeated

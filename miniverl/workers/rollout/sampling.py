@@ -17,6 +17,11 @@ import torch
 from miniverl.workers.logprobs import EXP_FLOOR  # exp() without subnormals: the same values, far faster
 
 FIXED_POINT_ONE = 2**52  # a row's whole probability mass, in integer units
+# On the CPU, rows are drawn a few at a time, up to this many logits per pass: each pass makes (rows, V)
+# float64 and int64 temporaries, which a 2-core EPYC handled 3-4x faster in 2 MB pieces than in one
+# (16 rows x 49,152: 15.9 ms a step at once, 3.8 ms four rows at a time; the same bits, each row's
+# draw is its own).
+CPU_LOGITS_PER_PASS = 2**18
 
 
 def fixed_point_units(weights: torch.Tensor) -> torch.Tensor:
@@ -55,6 +60,11 @@ def sample_token(
     u (b,) float64 in [0, 1). Returns the tokens (b,) long and their log-probs (b,) float32 under
     the unfiltered distribution: logits[token] - logsumexp(logits), the actor's formula.
     """
+    rows = max(1, CPU_LOGITS_PER_PASS // logits.shape[-1])
+    if logits.device.type == "cpu" and len(logits) > rows:
+        parts = [sample_token(logits[i : i + rows], u[i : i + rows], top_k=top_k, top_p=top_p)
+                 for i in range(0, len(logits), rows)]  # fmt: skip
+        return torch.cat([token for token, _ in parts]), torch.cat([log_prob for _, log_prob in parts])
     top = logits.amax(-1, keepdim=True)  # (b, 1)
     weights = (logits - top).clamp_(min=EXP_FLOOR).exp_()  # (b, V): the one exp pass
     log_z = top.squeeze(-1) + weights.sum(-1).log()  # (b,) logsumexp
