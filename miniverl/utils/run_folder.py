@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import weakref
 from collections.abc import Callable
 from pathlib import Path
@@ -110,29 +111,44 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     atomic_write(path, lambda tmp: tmp.write_bytes(data))
 
 
-def locked(root: Path) -> int | None:
-    """An exclusive lock on the folder `root` (flock on the folder itself: no file is added) for as long as
-    this run holds it: a second command into a folder whose run is going on is refused before it writes,
-    where it would take that run's outputs for an earlier run's and replace them. None where the file
-    system has no such locks (Windows; some network mounts): the folder goes unlocked. Returns the
-    descriptor that holds the lock."""
+def flock_folder(root: Path, waiting: str | None = None) -> int | None:
+    """An exclusive lock on the folder `root` (flock on the folder itself: no file is added); returns the
+    descriptor that holds it (closing it releases the lock), or None where the file system has no such
+    locks (Windows; some network mounts). Held by another process: with `waiting`, that line goes to
+    stderr and this one waits for it; without, BlockingIOError."""
     try:
         import fcntl
     except ImportError:
         return None
     descriptor = os.open(root, os.O_RDONLY)
     try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if waiting is None:
+                raise
+            print(waiting, file=sys.stderr, flush=True)
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
     except BlockingIOError:
         os.close(descriptor)
-        raise MiniverlError(
-            f"run folder {root} is in use: another miniverl process is running there now; wait until it ends "
-            "(then the same command resumes or refuses as usual), or choose another hydra.run.dir"
-        ) from None
+        raise
     except OSError:
         os.close(descriptor)
         return None
     return descriptor
+
+
+def locked(root: Path) -> int | None:
+    """flock_folder(root) for as long as this run holds its folder: a second command into a folder whose
+    run is going on is refused before it writes, where it would take that run's outputs for an earlier
+    run's and replace them."""
+    try:
+        return flock_folder(root)
+    except BlockingIOError:
+        raise MiniverlError(
+            f"run folder {root} is in use: another miniverl process is running there now; wait until it ends "
+            "(then the same command resumes or refuses as usual), or choose another hydra.run.dir"
+        ) from None
 
 
 class RunFolder:
