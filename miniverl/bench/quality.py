@@ -169,7 +169,11 @@ class Prober:
         self.tokenizer = models.load_tokenizer("model", config.model, source)
         # The LoRA of the seed, as the miniverl sides start from it: TRL's sides start from it too.
         self.student = models.load_student(
-            config.model, source, device, lora_seed=derive_seed(config.trainer.seed, "lora")
+            config.model,
+            source,
+            device,
+            lora_seed=derive_seed(config.trainer.seed, "lora"),
+            use_nf4_cache=config.hardware.nf4_cache,
         )
         self.initial = {k: v.clone() for k, v in self.lora_weights(self.student).items()}
         roles = build_roles(config, self.student, self.tokenizer, device, {}, {})

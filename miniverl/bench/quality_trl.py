@@ -118,8 +118,10 @@ def run_trl(name: str, prober, workdir: Path) -> dict:
                 self.weights[state.global_step] = prober.lora_weights(model)
 
     source = models.source_of(config.model, None)
-    student = models.load_student(config.model, source, device, lora_seed=derive_seed(config.trainer.seed, "lora"))
-    teacher = models.load_teacher(config.teacher, models.source_of(config.teacher, None), device)
+    lora_seed, cached = derive_seed(config.trainer.seed, "lora"), config.hardware.nf4_cache
+    student = models.load_student(config.model, source, device, lora_seed=lora_seed, use_nf4_cache=cached)
+    teacher_source = models.source_of(config.teacher, None)
+    teacher = models.load_teacher(config.teacher, teacher_source, device, use_nf4_cache=cached)
     # bitsandbytes' own CPU kernel choice, as a user's TRL script gets it (miniverl's loader
     # switches off its AVX512-BF16 repack; see models/loading.py).
     student, teacher = as_shipped(student, device) or student, as_shipped(teacher, device) or teacher

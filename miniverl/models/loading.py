@@ -27,7 +27,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 
 from miniverl.config.model import ALL_LINEAR, StudentConfig, hub_revision, real_model_path
 from miniverl.config.teacher import TeacherConfig
-from miniverl.models import adapters, real_fixture, toy
+from miniverl.models import adapters, nf4_cache, real_fixture, toy
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.measure import trim_heap
 from miniverl.utils.overrides import hydra_value
@@ -224,8 +224,10 @@ def compute_dtype(block: StudentConfig | TeacherConfig, source: Source) -> torch
 
 
 def load_causal_lm(
-    where: str, block: StudentConfig | TeacherConfig, source: Source, device: torch.device
+    where: str, block: StudentConfig | TeacherConfig, source: Source, device: torch.device, use_nf4_cache: bool = True
 ) -> PreTrainedModel:
+    """The model of `block`, NF4 where it says so: quantized once per machine and read back from
+    models/nf4_cache after that where `use_nf4_cache` (hardware.nf4_cache) is on."""
     try:
         dtype = compute_dtype(block, source)
         quantization = None
@@ -236,16 +238,22 @@ def load_causal_lm(
                 bnb_4bit_compute_dtype=dtype,
                 bnb_4bit_use_double_quant=False,
             )
-        with quiet_loading():
-            model = AutoModelForCausalLM.from_pretrained(
-                source.path,
-                revision=source.revision,
-                dtype=dtype,
-                quantization_config=quantization,
-                attn_implementation=block.attn_implementation,
-                trust_remote_code=block.trust_remote_code,
-                device_map={"": device.index if device.type == "cuda" else "cpu"},
-            )
+        cached = quantization is not None and use_nf4_cache and block.model_id != "toy" and not block.trust_remote_code
+        entry = nf4_cache_entry(source, quantization, device) if cached else None
+        model = _load_nf4_entry(entry, block, dtype, device, source) if entry is not None else None
+        if model is None:
+            with quiet_loading():
+                model = AutoModelForCausalLM.from_pretrained(
+                    source.path,
+                    revision=source.revision,
+                    dtype=dtype,
+                    quantization_config=quantization,
+                    attn_implementation=block.attn_implementation,
+                    trust_remote_code=block.trust_remote_code,
+                    device_map=device_map(device),
+                )
+            if cached and (entry := entry or nf4_cache_entry(source, quantization, device)) is not None:
+                nf4_cache.store(model, entry, source.path)  # a hub model's files are here now
     except (OSError, ValueError) as error:
         if isinstance(error, ValueError) and "attn_implementation" in str(error):
             # transformers' own text goes on to a generic example; its first sentence says what.
@@ -256,6 +264,33 @@ def load_causal_lm(
         raise offline_error(where, source, error) from None
     disable_cpu_nf4_repack(model)
     trim_heap()  # the checkpoint's full-precision weights, freed once quantized
+    return model
+
+
+def device_map(device: torch.device) -> dict:
+    return {"": device.index if device.type == "cuda" else "cpu"}
+
+
+def nf4_cache_entry(source: Source, quantization: BitsAndBytesConfig, device: torch.device) -> Path | None:
+    return nf4_cache.entry_for(source.path, source.revision, quantization.to_dict(), device)
+
+
+def _load_nf4_entry(
+    entry: Path, block: StudentConfig | TeacherConfig, dtype: torch.dtype, device: torch.device, source: Source
+) -> PreTrainedModel | None:
+    """The model saved in the NF4 cache's `entry`; None where there is none (or it would not load)."""
+    if not (entry / "config.json").is_file():
+        return None
+    try:
+        with quiet_loading():
+            model = AutoModelForCausalLM.from_pretrained(  # its config holds the quantization settings
+                entry, dtype=dtype, attn_implementation=block.attn_implementation, device_map=device_map(device)
+            )
+    except Exception:  # damaged, or another release's format: quantized again from the source
+        nf4_cache.discard(entry)
+        return None
+    # What an adapter's base_model_name_or_path names (peft reads it here): the user's model, not the cache.
+    model.config.name_or_path = model.name_or_path = source.path
     return model
 
 
@@ -299,8 +334,10 @@ def disable_cpu_nf4_repack(model: torch.nn.Module) -> int:
     return count
 
 
-def load_student(block: StudentConfig, source: Source, device: torch.device, *, lora_seed: int) -> PeftModel:
-    model = load_causal_lm("model", block, source, device)
+def load_student(
+    block: StudentConfig, source: Source, device: torch.device, *, lora_seed: int, use_nf4_cache: bool = True
+) -> PeftModel:
+    model = load_causal_lm("model", block, source, device, use_nf4_cache)
     with quiet_loading():
         return wrap_student(model, block, device, lora_seed)
 
@@ -341,10 +378,12 @@ def wrap_student(model: PreTrainedModel, block: StudentConfig, device: torch.dev
     return peft_model.eval()
 
 
-def load_teacher(block: TeacherConfig, source: Source, device: torch.device, where: str = "teacher") -> PreTrainedModel:
+def load_teacher(
+    block: TeacherConfig, source: Source, device: torch.device, where: str = "teacher", use_nf4_cache: bool = True
+) -> PreTrainedModel:
     """mode=standard: a separate frozen model, with its adapter applied when set (`where`: the
     teacher's config path, `teacher` or `teachers.<name>`)."""
-    model = load_causal_lm(where, block, source, device)
+    model = load_causal_lm(where, block, source, device, use_nf4_cache)
     model.requires_grad_(False)
     if block.adapter:
         with quiet_loading():

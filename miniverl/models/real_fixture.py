@@ -173,7 +173,7 @@ def _build_teacher(root: Path) -> Path:
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
         model.load_state_dict(read.state_dict())
         model.generation_config = read.generation_config
-    _write_atomically(where, model, tokenizer)
+    write_atomically(where, model, tokenizer)
     return where
 
 
@@ -214,7 +214,7 @@ def _build_student(root: Path, keep_every: int, offset: int, drop_every: int | N
     model.config.num_hidden_layers = len(kept)
     if getattr(model.config, "layer_types", None):
         model.config.layer_types = [model.config.layer_types[i] for i in indices]
-    _write_atomically(where, model, tokenizer)
+    write_atomically(where, model, tokenizer)
     return where
 
 
@@ -315,19 +315,22 @@ def _build_cross_tokenizer_student(root: Path) -> Path:
     model.config.bos_token_id, model.config.eos_token_id, model.config.pad_token_id = None, stops, stops[1]
     model.generation_config.bos_token_id = None
     model.generation_config.eos_token_id, model.generation_config.pad_token_id = stops, stops[1]
-    _write_atomically(where, model, tokenizer)
+    write_atomically(where, model, tokenizer)
     return where
 
 
-def _write_atomically(where: Path, model, tokenizer) -> None:
-    """save_pretrained into a sibling folder, then one rename: a folder with a config.json is whole."""
+def write_atomically(where: Path, *parts, files: dict[str, str] | None = None) -> None:
+    """save_pretrained of each part (a model, its tokenizer) and `files` (name: text) into a sibling
+    folder, then one rename: a folder with a config.json is whole."""
     where.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=where.name + ".", dir=where.parent))
     staging.chmod(0o755)  # mkdtemp makes it private; the folder is an ordinary model folder
     try:
         with _quiet():
-            model.save_pretrained(staging, safe_serialization=True)
-            tokenizer.save_pretrained(staging)
+            for part in parts:
+                part.save_pretrained(staging)
+        for name, text in (files or {}).items():
+            (staging / name).write_text(text)
         tensors_with_umask_mode(staging)  # as readable as the folder (safetensors writes 0600)
         try:
             os.replace(staging, where)

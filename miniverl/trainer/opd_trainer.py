@@ -93,8 +93,7 @@ class OPDTrainer:
         # the command once set up (trainer/runner.py): the doctor sets up too, and makes no W&B run
         self.out.write_yaml(RESOLVED_CONFIG, self.resolved)
         self.out.write_json(PLAN, self.plan.to_dict(), canonical=True)
-        # Toy models are written to the run folder and then loaded like any hub model; a toy
-        # teacher learns the rows it scores (with several teachers, only its own).
+        # Toys go to the run folder and load as any model does; a toy teacher learns the rows it scores (its own).
         separate = {name: t for name, t in cfg.teacher_blocks.items() if t.mode == "standard"}
         toy_paths = models.materialize_toys(
             cfg.model,
@@ -108,6 +107,7 @@ class OPDTrainer:
             models.source_of(cfg.model, toy_paths.get("student")),
             self.device,
             lora_seed=derive_seed(cfg.trainer.seed, "lora"),
+            use_nf4_cache=cfg.hardware.nf4_cache,
         )
         roles = build_roles(cfg, self.student, self.tokenizer, self.device, toy_paths, contexts)
         self.rollout, self.teacher, self.actor = roles.rollout, roles.teacher, roles.actor

@@ -124,6 +124,7 @@ def experiment_settings(cfg: MiniverlConfig) -> dict:
     settings["data"].pop("val_files")
     settings["data"].pop("train_files")
     settings["hardware"].pop("name")
+    settings["hardware"].pop("nf4_cache")  # where the same NF4 bits are read from
     if not wants_cuda(cfg.hardware):
         # A null means "by the CPU": the plan holds what this CPU resolves it to. A resume on a CPU of
         # another kind is refused for its kernels first (utils/numerics.refused_numerics); with

@@ -117,7 +117,7 @@ def build_teacher(
     )
     if block.mode == "standard":  # a separate frozen model
         source = models.source_of(block, toy_path)
-        teacher = models.load_teacher(block, source, device, where)
+        teacher = models.load_teacher(block, source, device, where, cfg.hardware.nf4_cache)
         own = models.load_tokenizer(where, block, source)
         if block.text_aligned and tokenizers.tokenizers_differ(tokenizer, own):  # it scores text in its own tokens
             tokenizers.check_tokenizers_compatible(own, own, teacher, teacher, where)  # its output layer covers them

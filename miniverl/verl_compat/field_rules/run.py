@@ -132,6 +132,7 @@ RUN_RULES: tuple[Rule, ...] = (
         "hardware.rollout_cpu_fp16_lm_head", "a CPU kernel choice of miniverl's decode loop; verl rolls out on GPUs"
     ),
     not_applicable("hardware.cpu_float32_gemm", "a CPU kernel choice of miniverl's roles; verl trains on GPUs"),
+    not_applicable("hardware.nf4_cache", "miniverl's loader reusing its NF4 quantization across starts"),
     # ---- data
     mapped(
         "data.train_files",
