@@ -240,7 +240,7 @@ def load_causal_lm(
             )
         cached = quantization is not None and use_nf4_cache and block.model_id != "toy" and not block.trust_remote_code
         entry = nf4_cache_entry(source, quantization, device) if cached else None
-        model = _load_nf4_entry(entry, block, dtype, device, source) if entry is not None else None
+        model = _load_nf4_entry(entry, block, dtype, device, source.path) if entry is not None else None
         if model is None:
             with quiet_loading():
                 model = AutoModelForCausalLM.from_pretrained(
@@ -252,8 +252,10 @@ def load_causal_lm(
                     trust_remote_code=block.trust_remote_code,
                     device_map=device_map(device),
                 )
-            if cached and (entry := entry or nf4_cache_entry(source, quantization, device)) is not None:
-                nf4_cache.store(model, entry, source.path)  # a hub model's files are here now
+            if cached and (found := nf4_cache_entry(source, quantization, device)) is not None:
+                # Keyed again: a hub model's weights were downloaded just now. An entry there did not load
+                # where the model now did: it is damaged (or of another release's format), replaced.
+                nf4_cache.store(model, found, source.path, replace=found.folder.exists())
     except (OSError, ValueError) as error:
         if isinstance(error, ValueError) and "attn_implementation" in str(error):
             # transformers' own text goes on to a generic example; its first sentence says what.
@@ -271,26 +273,27 @@ def device_map(device: torch.device) -> dict:
     return {"": device.index if device.type == "cuda" else "cpu"}
 
 
-def nf4_cache_entry(source: Source, quantization: BitsAndBytesConfig, device: torch.device) -> Path | None:
+def nf4_cache_entry(source: Source, quantization: BitsAndBytesConfig, device: torch.device) -> nf4_cache.Entry | None:
     return nf4_cache.entry_for(source.path, source.revision, quantization.to_dict(), device)
 
 
 def _load_nf4_entry(
-    entry: Path, block: StudentConfig | TeacherConfig, dtype: torch.dtype, device: torch.device, source: Source
+    entry: nf4_cache.Entry, block: StudentConfig | TeacherConfig, dtype: torch.dtype, device: torch.device, name: str
 ) -> PreTrainedModel | None:
-    """The model saved in the NF4 cache's `entry`; None where there is none (or it would not load)."""
-    if not (entry / "config.json").is_file():
+    """The model saved in the NF4 cache's `entry`; None where there is none, or where it would not load
+    (then the source is loaded as without the cache: a mistake of the block's fails there, in its one line)."""
+    if not (entry.folder / "config.json").is_file():
         return None
     try:
         with quiet_loading():
             model = AutoModelForCausalLM.from_pretrained(  # its config holds the quantization settings
-                entry, dtype=dtype, attn_implementation=block.attn_implementation, device_map=device_map(device)
+                entry.folder, dtype=dtype, attn_implementation=block.attn_implementation, device_map=device_map(device)
             )
-    except Exception:  # damaged, or another release's format: quantized again from the source
-        nf4_cache.discard(entry)
+    except Exception:
         return None
+    nf4_cache.mark_read(entry)
     # What an adapter's base_model_name_or_path names (peft reads it here): the user's model, not the cache.
-    model.config.name_or_path = model.name_or_path = source.path
+    model.config.name_or_path = model.name_or_path = name
     return model
 
 

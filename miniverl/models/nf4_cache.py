@@ -5,13 +5,16 @@ loading a model on the CPU (SmolLM2-135M-Instruct: 2.7 s of loading, 0.2 s of it
 NF4 weights back; scaling with the weights). The first load of a model folder saves the quantized
 model (transformers' own 4-bit serialization, safetensors) into `$MINIVERL_CACHE/nf4/`; later loads
 read it back and quantize nothing. The same bits: the quantization is deterministic, and the entry's
-key holds everything that decides it — the folder's content digest (utils/identity.model_folder_digest,
-the plan's own notion of "the same model folder"), the quantization settings and compute dtype, and the
-kernel environment (device, CPU ISA, GPU, package releases: utils/numerics, threads left out — a block's
-absolute maximum and its nearest NF4 level do not depend on how the work is split).
+key holds everything that decides it — the source folder's files (utils/identity.model_folder_digest,
+the plan's own notion of "the same model folder", and each file's size and modification time, so
+that an edit in place the digest's samples miss still makes another entry), the quantization
+settings and compute dtype, and the kernel environment (device, CPU ISA, GPU, package releases:
+utils/numerics, threads left out — a block's absolute maximum and its nearest NF4 level do not
+depend on how the work is split).
 
-One entry per source: writing a new one (the folder saved again, a package upgraded) removes the
-source's older entries and those of local folders that no longer exist. Deleting the folder is always
+Writing an entry removes the source's entries of other weights (the folder was saved again: their
+weights are gone) and, after STALE_DAYS unread, entries whose local folder no longer exists (a test's
+temporary model; kept meanwhile, for a disk that is only unmounted). Deleting the folder is always
 safe: the next start quantizes again. Toys (built per run) and models with their own code
 (`trust_remote_code`) are never cached.
 """
@@ -19,8 +22,12 @@ safe: the next start quantizes again. Toys (built per run) and models with their
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -31,7 +38,15 @@ from miniverl.models.real_fixture import write_atomically
 from miniverl.utils.identity import model_folder_digest, sha256_json
 from miniverl.utils.numerics import numerics_environment
 
-RECORD = "miniverl_nf4_source.json"  # in each entry: the source it was quantized from
+RECORD = "miniverl_nf4_source.json"  # in each entry: {"source": path or hub id, "weights": its files' digest}
+ENTRY_NAME = re.compile(r".+-[0-9a-f]{16}")  # <source name>-<key>; a writer's staging folder has a suffix
+STALE_DAYS = 7
+
+
+@dataclass(frozen=True)
+class Entry:
+    folder: Path  # where the quantized model is (or will be) saved
+    weights: str  # the digest of the source's files it is quantized from
 
 
 def source_folder(path: str, revision: str | None) -> Path | None:
@@ -47,42 +62,58 @@ def source_folder(path: str, revision: str | None) -> Path | None:
     return Path(config).parent if isinstance(config, str) else None
 
 
-def entry_for(path: str, revision: str | None, quantization: dict, device: torch.device) -> Path | None:
-    """The cache folder this model's NF4 weights are (or will be) saved in; None where its files are not
-    on this machine yet."""
+def entry_for(path: str, revision: str | None, quantization: dict, device: torch.device) -> Entry | None:
+    """The cache entry of this model's NF4 weights; None where its files are not on this machine yet."""
     folder = source_folder(path, revision)
     if folder is None:
         return None
+    stamps = {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(folder.iterdir()) if p.is_file()}
+    weights = sha256_json([model_folder_digest(folder), stamps])
     kernels = numerics_environment(device)
     kernels.pop("torch_threads", None)
-    key = sha256_json({"weights": model_folder_digest(folder), "quantization": quantization, "kernels": kernels})
-    return cache_root() / "nf4" / f"{folder.name}-{key[:16]}"
+    key = sha256_json({"weights": weights, "quantization": quantization, "kernels": kernels})
+    name = folder.name if Path(path).is_absolute() else path.replace("/", "--")  # a hub id: Qwen--Qwen3-0.6B
+    return Entry(cache_root() / "nf4" / f"{name}-{key[:16]}", weights)
 
 
-def store(model, entry: Path, path: str) -> None:
-    """Save the quantized `model` as `entry` (one rename: a folder with a config.json is whole) and remove
-    the entries it replaces. A cache that cannot be written costs the next start its quantization only."""
+def mark_read(entry: Entry) -> None:
+    """An entry read now is not stale (STALE_DAYS counts from its last read)."""
     try:
-        write_atomically(entry, model, files={RECORD: json.dumps({"source": path}) + "\n"})
-        _remove_replaced(entry, path)
-    except OSError as error:
-        print(f"miniverl: the NF4 weights of {path} were not cached in {entry.parent} ({error})", file=sys.stderr)
+        os.utime(entry.folder / RECORD)
+    except OSError:  # a read-only cache: nothing is removed from it either
+        pass
+
+
+def store(model, entry: Entry, path: str, *, replace: bool = False) -> None:
+    """Save the quantized `model` as `entry` (one rename: a folder with a config.json is whole; `replace`:
+    an entry that would not load is there) and remove the entries it makes obsolete. A cache that cannot
+    be written (read-only, a full disk) costs the next start its quantization only."""
+    try:
+        if replace:
+            shutil.rmtree(entry.folder, ignore_errors=True)
+        record = json.dumps({"source": path, "weights": entry.weights}) + "\n"
+        write_atomically(entry.folder, model, files={RECORD: record})
+        _remove_obsolete(entry, path)
+    except Exception as error:  # safetensors' own error on a full disk is not an OSError
+        said = f"were not cached in {entry.folder.parent} ({error})"
+        print(f"miniverl: the NF4 weights of {path} {said}", file=sys.stderr)
         return
-    print(f"miniverl: the NF4 weights of {path} are cached in {entry} (hardware.nf4_cache)", file=sys.stderr)
+    print(f"miniverl: the NF4 weights of {path} are cached in {entry.folder} (hardware.nf4_cache)", file=sys.stderr)
 
 
-def _remove_replaced(entry: Path, path: str) -> None:
-    for other in entry.parent.iterdir():
-        if other == entry or not (other / RECORD).is_file():
+def _remove_obsolete(entry: Entry, path: str) -> None:
+    for other in entry.folder.parent.iterdir():
+        if other == entry.folder or not ENTRY_NAME.fullmatch(other.name):
             continue
         try:
-            source = json.loads((other / RECORD).read_text())["source"]
-        except (OSError, ValueError, KeyError):
+            record = json.loads((other / RECORD).read_text())
+            unread_days = (time.time() - (other / RECORD).stat().st_mtime) / 86400
+        except (OSError, ValueError):
             continue
-        if source == path or (Path(source).is_absolute() and not Path(source).exists()):
+        source = record.get("source") if isinstance(record, dict) else None
+        if not isinstance(source, str):
+            continue
+        saved_again = source == path and record.get("weights") != entry.weights
+        gone = Path(source).is_absolute() and not Path(source).exists() and unread_days > STALE_DAYS
+        if saved_again or gone:
             shutil.rmtree(other, ignore_errors=True)
-
-
-def discard(entry: Path) -> None:
-    """An entry that would not load (damaged by hand, a package's format changed): quantized again."""
-    shutil.rmtree(entry, ignore_errors=True)

@@ -5,9 +5,12 @@ an entry is replaced when its folder's weights change, rebuilt when damaged, nev
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import time
 
 import bitsandbytes as bnb
+import huggingface_hub
 import pytest
 import torch
 
@@ -18,6 +21,7 @@ from miniverl.models import loading as models
 from miniverl.models import nf4_cache
 from miniverl.trainer.plan import experiment_settings
 from miniverl.utils.checkpoint import save_adapter
+from miniverl.utils.errors import MiniverlError
 
 from conftest import compose_config, toy_model_folders
 
@@ -35,9 +39,9 @@ def folder(tmp_path):
     return toy_model_folders(tmp_path / "users")["teacher"]
 
 
-def load(folder, use_cache=True):
-    block = TeacherConfig(model_id=str(folder))
-    return models.load_teacher(block, models.source_of(block, None), CPU, use_nf4_cache=use_cache)
+def load(folder, use_cache=True, device=CPU, **settings):
+    block = TeacherConfig(model_id=str(folder), **settings)
+    return models.load_teacher(block, models.source_of(block, None), device, use_nf4_cache=use_cache)
 
 
 def no_quantizing(monkeypatch):
@@ -53,7 +57,7 @@ def test_a_second_load_reads_the_same_bits_back_without_quantizing(cache, folder
     first = load(folder)
     (entry,) = cache.iterdir()
     assert "cached in" in capsys.readouterr().err
-    assert json.loads((entry / nf4_cache.RECORD).read_text()) == {"source": str(folder)}
+    assert json.loads((entry / nf4_cache.RECORD).read_text())["source"] == str(folder)
     no_quantizing(monkeypatch)
     with pytest.raises(RuntimeError, match="conversion"):  # the patch reaches transformers' quantizer
         load(folder, use_cache=False)
@@ -70,6 +74,47 @@ def test_a_second_load_reads_the_same_bits_back_without_quantizing(cache, folder
     assert again.generation_config.to_dict() == fresh.generation_config.to_dict()
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_the_entry_holds_what_cuda_quantized_and_loads_back_the_same_bits(cache, folder, monkeypatch):
+    cuda = torch.device("cuda")
+    load(folder)  # the CPU's entry: another kernel environment, not read on CUDA
+    fresh = load(folder, use_cache=False, device=cuda)
+    load(folder, device=cuda)
+    assert len(list(cache.iterdir())) == 2  # the CPU's and CUDA's, side by side
+    no_quantizing(monkeypatch)
+    again = load(folder, device=cuda)
+    ours, theirs = fresh.state_dict(), again.state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    assert {p.device.type for p in again.parameters()} == {"cuda"}
+
+
+def test_a_hub_models_entry_is_keyed_on_the_weights_its_first_load_downloaded(cache, folder, tmp_path, monkeypatch):
+    commit = "0" * 40
+    repo = tmp_path / "hub" / "models--someorg--toy"
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    for file in folder.iterdir():
+        if file.name != "model.safetensors":  # what a first start has fetched before the weights
+            shutil.copy(file, snapshot / file.name)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    load_from = models.AutoModelForCausalLM.from_pretrained
+
+    def downloading(path, *args, **kwargs):
+        if str(path) == "someorg/toy":
+            shutil.copy(folder / "model.safetensors", snapshot / "model.safetensors")
+        return load_from(path, *args, **kwargs)
+
+    monkeypatch.setattr(models.AutoModelForCausalLM, "from_pretrained", downloading)
+    load("someorg/toy")
+    (entry,) = cache.iterdir()
+    assert entry.name.startswith("someorg--toy-")
+    no_quantizing(monkeypatch)
+    assert load("someorg/toy").name_or_path == "someorg/toy"  # the second start reads what the first wrote
+
+
 def test_a_student_from_the_cache_saves_an_adapter_that_names_the_users_folder(cache, folder, tmp_path):
     block = StudentConfig(model_id=str(folder))
     for _ in range(2):  # the second from the cache
@@ -81,21 +126,29 @@ def test_a_student_from_the_cache_saves_an_adapter_that_names_the_users_folder(c
     )
 
 
-def test_weights_saved_again_in_the_folder_replace_the_entry(cache, tmp_path, monkeypatch):
+def test_weights_saved_again_in_the_folder_replace_the_entry_and_other_dtypes_keep_theirs(cache, tmp_path, monkeypatch):
     folders = toy_model_folders(tmp_path)
     load(folders["teacher"])
-    (old,) = cache.iterdir()
+    load(folders["teacher"], dtype="bfloat16")  # another compute dtype: an entry of its own, beside the first
+    assert len(list(cache.iterdir())) == 2
     shutil.copytree(folders["student"], folders["teacher"], dirs_exist_ok=True)  # another model, the same folder
     load(folders["teacher"])
-    (new,) = cache.iterdir()
-    assert new != old
+    (new,) = cache.iterdir()  # both of the old weights' entries removed
+    weights = folders["teacher"] / "model.safetensors"
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # edited in place
+    load(folders["teacher"])
+    (newer,) = cache.iterdir()
+    assert newer != new
     no_quantizing(monkeypatch)
-    assert load(folders["teacher"]).config.hidden_size == 64  # the student's width, read back from the new entry
+    assert load(folders["teacher"]).config.hidden_size == 64  # the student's width, read back from the entry
 
 
-def test_a_damaged_entry_is_quantized_again_and_a_toy_is_never_cached(cache, folder, tmp_path):
+def test_a_damaged_entry_is_replaced_and_a_mistake_in_the_settings_leaves_a_whole_one(cache, folder, tmp_path):
     load(folder)
     (entry,) = cache.iterdir()
+    with pytest.raises(MiniverlError, match="teacher.attn_implementation='bogus'"):  # as without the cache
+        load(folder, attn_implementation="bogus")
+    assert (entry / "config.json").is_file() and len(list(cache.iterdir())) == 1
     (entry / "model.safetensors").write_bytes(b"not tensors")
     fresh = load(folder, use_cache=False)
     rebuilt = load(folder)
@@ -103,7 +156,29 @@ def test_a_damaged_entry_is_quantized_again_and_a_toy_is_never_cached(cache, fol
     assert (entry / "model.safetensors").stat().st_size > 1000  # written again
     toy_folder = models.materialize_toys(StudentConfig(), {}, tmp_path / "toys", student_seed=1)["student"]
     models.load_student(StudentConfig(), models.source_of(StudentConfig(), toy_folder), CPU, lora_seed=0)
-    assert len(list(cache.iterdir())) == 1
+    assert len(list(cache.iterdir())) == 1  # a toy is never cached
+
+
+def test_a_cache_that_cannot_be_written_costs_only_the_next_quantization(cache, folder, monkeypatch, capsys):
+    def full_disk(*args, **kwargs):
+        raise RuntimeError("Error while serializing: I/O error: No space left on device")  # safetensors' own
+
+    monkeypatch.setattr(nf4_cache, "write_atomically", full_disk)
+    model = load(folder)
+    assert "were not cached in" in capsys.readouterr().err and model.config.name_or_path == str(folder)
+
+
+def test_an_entry_of_a_folder_gone_for_a_week_is_removed_when_another_is_written(cache, tmp_path):
+    users = toy_model_folders(tmp_path / "users")
+    gone = toy_model_folders(tmp_path / "gone")
+    load(gone["teacher"]), load(gone["student"])
+    shutil.rmtree(tmp_path / "gone")
+    entries = sorted(cache.iterdir())
+    week_ago = time.time() - (nf4_cache.STALE_DAYS + 1) * 86400
+    os.utime(entries[0] / nf4_cache.RECORD, (week_ago, week_ago))  # unread for a week; the other read today
+    load(users["teacher"])
+    assert sorted(cache.iterdir()) == sorted([entries[1], *(e for e in cache.iterdir() if e not in entries)])
+    assert len(list(cache.iterdir())) == 2
 
 
 def test_the_setting_is_not_part_of_the_plan_a_resume_compares():
