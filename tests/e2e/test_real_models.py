@@ -170,12 +170,15 @@ def test_the_doctors_tokenizer_check_reads_the_models_own_files(real_models):
 # Eight updates, not four: after four the held-out span k1 fell 11-24 % in runs of their own but 5 % in
 # the suite on an AVX512-BF16 EPYC (the training's samples part from update 4 on there); after eight
 # it fell 35-80 % wherever it was measured (recipes/opd_k1_cross_tokenizer_cpu/README.md), 43 % on that
-# EPYC at the suite's one thread per worker.
+# EPYC at the suite's one thread per worker. The probe samples 24 tokens, not 48 (4-5 s less a probe):
+# the span k1 at 8 ÷ at 0, one thread, 48 -> 24 tokens, on an AMX Xeon 0.29 -> 0.37, with oneDNN capped
+# at AVX512-BF16 (the EPYC's kind) 0.54 -> 0.64, under the AVX2 caps 0.30 -> 0.41 (2026-12-07).
 SHORT_CROSS = [
     "+recipe=opd_k1_cross_tokenizer_cpu",
     "recipe.optimizer_updates=8",
     "recipe.interrupt_after_updates=null",
     "eval.every=8",
+    "eval.response_limit=24",
     "trainer.progress_bar=false",
 ]
 
