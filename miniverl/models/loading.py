@@ -291,7 +291,7 @@ def _load_nf4_entry(
             )
     except Exception:
         return None
-    nf4_cache.mark_read(entry)
+    nf4_cache.mark_read(entry, name)
     # What an adapter's base_model_name_or_path names (peft reads it here): the user's model, not the cache.
     model.config.name_or_path = model.name_or_path = name
     return model

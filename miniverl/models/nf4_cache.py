@@ -22,10 +22,10 @@ safe: the next start quantizes again. Toys (built per run) and models with their
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,12 +35,15 @@ from huggingface_hub import try_to_load_from_cache
 
 from miniverl.config.model import cache_root
 from miniverl.models.real_fixture import write_atomically
+from miniverl.utils.hydra_entry import log_line
 from miniverl.utils.identity import model_folder_digest, sha256_json
 from miniverl.utils.numerics import numerics_environment
 
 RECORD = "miniverl_nf4_source.json"  # in each entry: {"source": path or hub id, "weights": its files' digest}
 ENTRY_NAME = re.compile(r".+-[0-9a-f]{16}")  # <source name>-<key>; a writer's staging folder has a suffix
 STALE_DAYS = 7
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -76,8 +79,10 @@ def entry_for(path: str, revision: str | None, quantization: dict, device: torch
     return Entry(cache_root() / "nf4" / f"{name}-{key[:16]}", weights)
 
 
-def mark_read(entry: Entry) -> None:
-    """An entry read now is not stale (STALE_DAYS counts from its last read)."""
+def mark_read(entry: Entry, path: str) -> None:
+    """Said in the run's main.log (the console says only what a first start writes); an entry read now is
+    not stale (STALE_DAYS counts from its last read)."""
+    log_line(log, f"the NF4 weights of {path} read from {entry.folder} (hardware.nf4_cache)")
     try:
         os.utime(entry.folder / RECORD)
     except OSError:  # a read-only cache: nothing is removed from it either
@@ -95,10 +100,9 @@ def store(model, entry: Entry, path: str, *, replace: bool = False) -> None:
         write_atomically(entry.folder, model, files={RECORD: record})
         _remove_obsolete(entry, path)
     except Exception as error:  # safetensors' own error on a full disk is not an OSError
-        said = f"were not cached in {entry.folder.parent} ({error})"
-        print(f"miniverl: the NF4 weights of {path} {said}", file=sys.stderr)
+        log.warning("the NF4 weights of %s were not cached in %s (%s)", path, entry.folder.parent, error)
         return
-    print(f"miniverl: the NF4 weights of {path} are cached in {entry.folder} (hardware.nf4_cache)", file=sys.stderr)
+    log.info("the NF4 weights of %s are cached in %s (hardware.nf4_cache)", path, entry.folder)
 
 
 def _remove_obsolete(entry: Entry, path: str) -> None:

@@ -5,6 +5,7 @@ an entry is replaced when its folder's weights change, rebuilt when damaged, nev
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import time
@@ -51,17 +52,26 @@ def no_quantizing(monkeypatch):
     monkeypatch.setattr(bnb.functional, "quantize_4bit", refuse)
 
 
-def test_a_second_load_reads_the_same_bits_back_without_quantizing(cache, folder, monkeypatch, capsys):
+def test_a_second_load_reads_the_same_bits_back_without_quantizing(cache, folder, tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger=nf4_cache.__name__)  # the console and main.log: what is written
+    main_log = logging.FileHandler(tmp_path / "main.log")  # as Hydra's: a read is said in main.log alone
+    logging.getLogger().addHandler(main_log)
     fresh = load(folder, use_cache=False)
     assert not cache.exists()  # off: nothing written
     first = load(folder)
     (entry,) = cache.iterdir()
-    assert "cached in" in capsys.readouterr().err
+    assert f"the NF4 weights of {folder} are cached in {entry}" in caplog.text
     assert json.loads((entry / nf4_cache.RECORD).read_text())["source"] == str(folder)
     no_quantizing(monkeypatch)
     with pytest.raises(RuntimeError, match="conversion"):  # the patch reaches transformers' quantizer
         load(folder, use_cache=False)
-    again = load(folder)
+    try:
+        again = load(folder)
+    finally:
+        logging.getLogger().removeHandler(main_log)
+        main_log.close()
+    said = f"the NF4 weights of {folder} read from {entry}"
+    assert said in (tmp_path / "main.log").read_text() and said not in caplog.text
     ours, theirs = fresh.state_dict(), again.state_dict()
     assert ours.keys() == theirs.keys() and len([k for k in ours if k.endswith(".absmax")]) == 2 * 7
     for name in ours:
@@ -159,13 +169,14 @@ def test_a_damaged_entry_is_replaced_and_a_mistake_in_the_settings_leaves_a_whol
     assert len(list(cache.iterdir())) == 1  # a toy is never cached
 
 
-def test_a_cache_that_cannot_be_written_costs_only_the_next_quantization(cache, folder, monkeypatch, capsys):
+def test_a_cache_that_cannot_be_written_costs_only_the_next_quantization(cache, folder, monkeypatch, caplog):
     def full_disk(*args, **kwargs):
         raise RuntimeError("Error while serializing: I/O error: No space left on device")  # safetensors' own
 
     monkeypatch.setattr(nf4_cache, "write_atomically", full_disk)
     model = load(folder)
-    assert "were not cached in" in capsys.readouterr().err and model.config.name_or_path == str(folder)
+    warned = [r for r in caplog.records if r.levelname == "WARNING" and "were not cached in" in r.getMessage()]
+    assert len(warned) == 1 and model.config.name_or_path == str(folder)
 
 
 def test_an_entry_of_a_folder_gone_for_a_week_is_removed_when_another_is_written(cache, tmp_path):
