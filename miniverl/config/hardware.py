@@ -62,9 +62,10 @@ class HardwareConfig:
     # (AVX2: bf16 GEMMs run 7-40x slower). docs/bench.md.
     cpu_float32_gemm: Optional[bool] = None
     # Quantize each NF4 model once per machine: the first load saves the quantized weights under
-    # $MINIVERL_CACHE/nf4/ (about a third of the bf16 checkpoint's size, an entry per model folder,
+    # $MINIVERL_CACHE/nf4/ (a third to a half of the bf16 checkpoint's size, an entry per model folder,
     # compute dtype and device), later loads read them back instead of quantizing again (2.5 s of a
-    # 135M model's 2.7 s on a CPU thread; the same bits). Toys are never cached. models/nf4_cache.py.
+    # 135M model's 2.7 s on a CPU thread; the same bits, checked by sha256 on every read). Toys are
+    # never cached. models/nf4_cache.py.
     nf4_cache: bool = True
     # Resource contract of this hardware option (null: no limit).
     gpu_hour_limit: Optional[float] = None

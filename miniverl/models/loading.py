@@ -255,7 +255,7 @@ def load_causal_lm(
             if cached and (found := nf4_cache_entry(source, quantization, device)) is not None:
                 # Keyed again: a hub model's weights were downloaded just now. An entry there did not load
                 # where the model now did: it is damaged (or of another release's format), replaced.
-                nf4_cache.store(model, found, source.path, replace=found.folder.exists())
+                nf4_cache.store(model, found, source.path, device, replace=found.folder.exists())
     except (OSError, ValueError) as error:
         if isinstance(error, ValueError) and "attn_implementation" in str(error):
             # transformers' own text goes on to a generic example; its first sentence says what.
@@ -282,7 +282,7 @@ def _load_nf4_entry(
 ) -> PreTrainedModel | None:
     """The model saved in the NF4 cache's `entry`; None where there is none, or where it would not load
     (then the source is loaded as without the cache: a mistake of the block's fails there, in its one line)."""
-    if not (entry.folder / "config.json").is_file():
+    if not (entry.folder / "config.json").is_file() or not nf4_cache.whole(entry):
         return None
     try:
         with quiet_loading():

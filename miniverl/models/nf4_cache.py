@@ -36,11 +36,14 @@ from huggingface_hub import try_to_load_from_cache
 from miniverl.config.model import cache_root
 from miniverl.models.real_fixture import write_atomically
 from miniverl.utils.hydra_entry import log_line
-from miniverl.utils.identity import model_folder_digest, sha256_json
-from miniverl.utils.numerics import numerics_environment
+from miniverl.utils.identity import model_folder_digest, sha256_file, sha256_json
+from miniverl.utils.numerics import NUMERICS_PACKAGES, numerics_environment
 
-RECORD = "miniverl_nf4_source.json"  # in each entry: {"source": path or hub id, "weights": its files' digest}
-ENTRY_NAME = re.compile(r".+-[0-9a-f]{16}")  # <source name>-<key>; a writer's staging folder has a suffix
+# In each entry: its source (a path or a hub id), the digest of the source's files, the package releases
+# that quantized it, and the sha256 of each file of the entry.
+RECORD = "miniverl_nf4_source.json"
+ENTRY_NAME = re.compile(r".+-[0-9a-f]{16}")  # <source name>-<key>
+STAGING_NAME = re.compile(r".+-[0-9a-f]{16}\..+")  # write_atomically's folder before its rename
 STALE_DAYS = 7
 
 log = logging.getLogger(__name__)
@@ -66,17 +69,42 @@ def source_folder(path: str, revision: str | None) -> Path | None:
 
 
 def entry_for(path: str, revision: str | None, quantization: dict, device: torch.device) -> Entry | None:
-    """The cache entry of this model's NF4 weights; None where its files are not on this machine yet."""
+    """The cache entry of this model's NF4 weights; None where its files are not on this machine yet, or
+    where they are quantized already (a `-bnb-4bit` checkpoint loads without quantizing: nothing to keep)."""
     folder = source_folder(path, revision)
-    if folder is None:
+    if folder is None or "quantization_config" in _json(folder / "config.json"):
         return None
-    stamps = {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(folder.iterdir()) if p.is_file()}
+    files = [p for p in sorted(folder.iterdir()) if p.is_file() and not p.name.startswith(".") and p.suffix != ".md"]
+    stamps = {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in files}  # those model_folder_digest reads
     weights = sha256_json([model_folder_digest(folder), stamps])
-    kernels = numerics_environment(device)
-    kernels.pop("torch_threads", None)
-    key = sha256_json({"weights": weights, "quantization": quantization, "kernels": kernels})
+    key = sha256_json({"weights": weights, "quantization": quantization, "kernels": _kernels(device)})
     name = folder.name if Path(path).is_absolute() else path.replace("/", "--")  # a hub id: Qwen--Qwen3-0.6B
     return Entry(cache_root() / "nf4" / f"{name}-{key[:16]}", weights)
+
+
+def _kernels(device: torch.device) -> dict:
+    kernels = numerics_environment(device)
+    kernels.pop("torch_threads", None)
+    return kernels
+
+
+def _json(path: Path) -> dict:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _file_digests(folder: Path) -> dict[str, str]:
+    return {p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file() and p.name != RECORD}
+
+
+def whole(entry: Entry) -> bool:
+    """Whether the entry's files are the bytes written (a file damaged in place may still load, as
+    other numbers: checked on every read, ~0.1 s per 100 MB)."""
+    recorded = _json(entry.folder / RECORD).get("files")
+    return isinstance(recorded, dict) and recorded == _file_digests(entry.folder)
 
 
 def mark_read(entry: Entry, path: str) -> None:
@@ -89,35 +117,50 @@ def mark_read(entry: Entry, path: str) -> None:
         pass
 
 
-def store(model, entry: Entry, path: str, *, replace: bool = False) -> None:
+def store(model, entry: Entry, path: str, device: torch.device, *, replace: bool = False) -> None:
     """Save the quantized `model` as `entry` (one rename: a folder with a config.json is whole; `replace`:
     an entry that would not load is there) and remove the entries it makes obsolete. A cache that cannot
     be written (read-only, a full disk) costs the next start its quantization only."""
+    packages = {k: v for k, v in _kernels(device).items() if k in NUMERICS_PACKAGES}
+
+    def record(staging: Path) -> str:
+        fields = {"source": path, "weights": entry.weights, "packages": packages, "files": _file_digests(staging)}
+        return json.dumps(fields, indent=1) + "\n"
+
     try:
         if replace:
             shutil.rmtree(entry.folder, ignore_errors=True)
-        record = json.dumps({"source": path, "weights": entry.weights}) + "\n"
         write_atomically(entry.folder, model, files={RECORD: record})
-        _remove_obsolete(entry, path)
+        _remove_obsolete(entry, path, packages)
     except Exception as error:  # safetensors' own error on a full disk is not an OSError
-        log.warning("the NF4 weights of %s were not cached in %s (%s)", path, entry.folder.parent, error)
+        said = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        log.warning("the NF4 weights of %s were not cached in %s (%s)", path, entry.folder.parent, said)
         return
     log.info("the NF4 weights of %s are cached in %s (hardware.nf4_cache)", path, entry.folder)
 
 
-def _remove_obsolete(entry: Entry, path: str) -> None:
+def _remove_obsolete(entry: Entry, path: str, packages: dict) -> None:
+    """The source's entries of other weights or package releases (no start reads them again, but one
+    that goes back), those of local folders gone for STALE_DAYS unread, and staging folders a killed
+    writer left a day ago."""
     for other in entry.folder.parent.iterdir():
-        if other == entry.folder or not ENTRY_NAME.fullmatch(other.name):
+        age_days = _age_days(other / RECORD) if ENTRY_NAME.fullmatch(other.name) else None
+        if other == entry.folder or age_days is None:
+            if STAGING_NAME.fullmatch(other.name) and (_age_days(other) or 0) > 1:
+                shutil.rmtree(other, ignore_errors=True)
             continue
-        try:
-            record = json.loads((other / RECORD).read_text())
-            unread_days = (time.time() - (other / RECORD).stat().st_mtime) / 86400
-        except (OSError, ValueError):
-            continue
-        source = record.get("source") if isinstance(record, dict) else None
+        record = _json(other / RECORD)
+        source = record.get("source")
         if not isinstance(source, str):
             continue
-        saved_again = source == path and record.get("weights") != entry.weights
-        gone = Path(source).is_absolute() and not Path(source).exists() and unread_days > STALE_DAYS
-        if saved_again or gone:
+        replaced = source == path and (record.get("weights"), record.get("packages")) != (entry.weights, packages)
+        gone = Path(source).is_absolute() and not Path(source).exists() and age_days > STALE_DAYS
+        if replaced or gone:
             shutil.rmtree(other, ignore_errors=True)
+
+
+def _age_days(path: Path) -> float | None:
+    try:
+        return (time.time() - path.stat().st_mtime) / 86400
+    except OSError:
+        return None

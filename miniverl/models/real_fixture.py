@@ -319,9 +319,10 @@ def _build_cross_tokenizer_student(root: Path) -> Path:
     return where
 
 
-def write_atomically(where: Path, *parts, files: dict[str, str] | None = None) -> None:
-    """save_pretrained of each part (a model, its tokenizer) and `files` (name: text) into a sibling
-    folder, then one rename: a folder with a config.json is whole."""
+def write_atomically(where: Path, *parts, files: dict | None = None) -> None:
+    """save_pretrained of each part (a model, its tokenizer) and `files` (name: its text, or a function of
+    the folder written so far that returns it) into a sibling folder, then one rename: a folder with a
+    config.json is whole."""
     where.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=where.name + ".", dir=where.parent))
     staging.chmod(0o755)  # mkdtemp makes it private; the folder is an ordinary model folder
@@ -330,7 +331,7 @@ def write_atomically(where: Path, *parts, files: dict[str, str] | None = None) -
             for part in parts:
                 part.save_pretrained(staging)
         for name, text in (files or {}).items():
-            (staging / name).write_text(text)
+            (staging / name).write_text(text if isinstance(text, str) else text(staging))
         tensors_with_umask_mode(staging)  # as readable as the folder (safetensors writes 0600)
         try:
             os.replace(staging, where)

@@ -205,11 +205,15 @@ def closing_lines(report: dict, history: list[dict], run_dir: Path) -> str:
     unit = "nats^2" if report["recipe"]["estimator"] in ("mse", "k2") else "nats"
     loss = f"{history[-1][LOSS_KEY]:.4g} {unit} ({LOSS_KEY} at update {len(history)})" if history else "no update ran"
     if history and centred_advantages(report["recipe"]):
-        loss += "; ~0 by construction with estimator.advantage_baseline: " + (
-            "the held-out rows below say what the student learned"  # the exact KL, else the k1 mean and loglik
-            if heldout_rows(report.get("distillation_progress"))
-            else "set eval.every to measure what the student learned on held-out prompts"
-        )
+        progress = report.get("distillation_progress") or {}
+        probed = sorted({p["update"] for key in HELDOUT_MEASURES for p in progress.get(key) or []})
+        if heldout_rows(progress):  # the exact KL, else the k1 mean and loglik
+            said = "the held-out rows below say what the student learned"
+        elif probed:  # a run stopped before its second probe
+            said = f"the held-out probe has measured update {probed[0]} only so far (a resumed run goes on with it)"
+        else:
+            said = "set eval.every to measure what the student learned on held-out prompts"
+        loss += "; ~0 by construction with estimator.advantage_baseline: " + said
     if m["peak_reserved_gib"] is not None:
         memory = f"{m['peak_reserved_gib']:.2f} GiB reserved, {m['peak_allocated_gib']:.2f} GiB allocated (CUDA)"
     else:

@@ -10,6 +10,7 @@ as that one did, before anything is written.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -132,6 +133,11 @@ def save_adapter(student: PeftModel, folder: Path) -> None:
         selected_adapters=["default"],
         save_embedding_layers=embeddings_targeted(student),
     )
+    config = Path(folder) / "adapter_config.json"
+    fields = json.loads(config.read_text())
+    if isinstance(fields.get("target_modules"), list):  # peft writes its set in this process's hash order
+        fields["target_modules"] = sorted(fields["target_modules"])  # the same adapter, the same bytes
+        config.write_text(json.dumps(fields, indent=2, sort_keys=True))  # as peft writes it
     tensors_with_umask_mode(folder)
 
 

@@ -159,11 +159,14 @@ def test_a_damaged_entry_is_replaced_and_a_mistake_in_the_settings_leaves_a_whol
     with pytest.raises(MiniverlError, match="teacher.attn_implementation='bogus'"):  # as without the cache
         load(folder, attn_implementation="bogus")
     assert (entry / "config.json").is_file() and len(list(cache.iterdir())) == 1
-    (entry / "model.safetensors").write_bytes(b"not tensors")
+    weights = entry / "model.safetensors"
+    damaged = bytearray(weights.read_bytes())
+    damaged[len(damaged) // 2 : len(damaged) // 2 + 4096] = bytes(4096)  # still loads, as other numbers
+    weights.write_bytes(bytes(damaged))
     fresh = load(folder, use_cache=False)
     rebuilt = load(folder)
     assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), rebuilt.state_dict().values()))
-    assert (entry / "model.safetensors").stat().st_size > 1000  # written again
+    assert nf4_cache.whole(nf4_cache.Entry(entry, "")) and weights.read_bytes() != bytes(damaged)  # written again
     toy_folder = models.materialize_toys(StudentConfig(), {}, tmp_path / "toys", student_seed=1)["student"]
     models.load_student(StudentConfig(), models.source_of(StudentConfig(), toy_folder), CPU, lora_seed=0)
     assert len(list(cache.iterdir())) == 1  # a toy is never cached
@@ -190,6 +193,41 @@ def test_an_entry_of_a_folder_gone_for_a_week_is_removed_when_another_is_written
     load(users["teacher"])
     assert sorted(cache.iterdir()) == sorted([entries[1], *(e for e in cache.iterdir() if e not in entries)])
     assert len(list(cache.iterdir())) == 2
+
+
+def test_another_package_release_replaces_the_sources_entry_and_a_model_card_changes_nothing(
+    cache, folder, monkeypatch
+):
+    load(folder)
+    (first,) = cache.iterdir()
+    (folder / "README.md").write_text("# my model\n")  # not part of the weights (nor of the plan's digest)
+    capped = nf4_cache.numerics_environment
+    monkeypatch.setattr(nf4_cache, "numerics_environment", lambda d: {**capped(d), "onednn_max_cpu_isa": "AVX2"})
+    load(folder)  # another CPU mode on this machine: both kept
+    assert len(list(cache.iterdir())) == 2 and first.is_dir()
+    monkeypatch.setattr(nf4_cache, "numerics_environment", lambda d: {**capped(d), "bitsandbytes": "9.9.9"})
+    load(folder)  # an upgrade: the older release's entries go (no start reads them again)
+    (upgraded,) = cache.iterdir()
+    assert json.loads((upgraded / nf4_cache.RECORD).read_text())["packages"]["bitsandbytes"] == "9.9.9"
+
+
+def test_a_pre_quantized_checkpoint_is_not_cached_and_a_killed_writers_folder_goes_after_a_day(
+    cache, folder, tmp_path, caplog
+):
+    load(folder)
+    (entry,) = cache.iterdir()
+    quantized = tmp_path / "bnb-4bit"  # what a `-bnb-4bit` repository holds: loads without quantizing
+    shutil.copytree(entry, quantized)
+    for tokenizer_file in folder.glob("tokenizer*"):
+        shutil.copy(tokenizer_file, quantized)
+    staging = [cache / f"{entry.name}.killed{i}" for i in range(2)]
+    for day, leftover in zip((2, 0), staging):
+        leftover.mkdir()
+        os.utime(leftover, (time.time() - day * 86400,) * 2)
+    load(quantized)
+    assert sorted(cache.iterdir()) == [entry, *staging] and "not cached" not in caplog.text  # nothing tried
+    load(folder, dtype="bfloat16")  # a write: the day-old leftover removed, today's kept (it may be writing)
+    assert staging[1] in cache.iterdir() and not staging[0].exists() and len(list(cache.iterdir())) == 3
 
 
 def test_the_setting_is_not_part_of_the_plan_a_resume_compares():

@@ -163,6 +163,8 @@ def final_loss_line(recipe: dict, history: list[dict], progress: dict | None, tm
         ({"advantage_baseline": "none"}, True, None),
         (CENTRED, True, "~0 by construction with estimator.advantage_baseline: the held-out rows below say what"),
         (CENTRED, False, "~0 by construction with estimator.advantage_baseline: set eval.every to measure"),
+        # A new-user audit: a run stopped after update 1 with eval.every=2 was told to set eval.every.
+        (CENTRED, "update 0 only", "the held-out probe has measured update 0 only so far (a resumed run goes on"),
         ({**CENTRED, "loss_agg_mode": "seq-mean-token-sum"}, True, "~0 by construction"),
         # A new-user audit: the discount's -0.055 was said to be ~0 by construction, in a run with no probe.
         ({**CENTRED, "kl_discount_factor": 0.9}, False, None),
@@ -180,6 +182,8 @@ def test_the_final_loss_is_said_to_be_zero_by_construction_only_where_the_baseli
     each: 4.5e-09, 1.6e-07 with seq-mean-token-sum; 0.075 with seq-mean-token-mean, 0.012 with entropy
     selection at keep 0.5)."""
     progress = {"exact_reverse_kl": [{"update": 0, "value": 2.0}, {"update": 1, "value": 1.5}]}
+    if measured == "update 0 only":
+        progress = {"exact_reverse_kl": progress["exact_reverse_kl"][:1], "k1_mean": [{"update": 0, "value": 2.2}]}
     final = final_loss_line(recipe, [{"actor/distillation/loss": 4.036e-8}], progress if measured else None, tmp_path)
     assert ("by construction" in final) == (said is not None)
     assert said is None or said in final

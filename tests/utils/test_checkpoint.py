@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import pytest
@@ -29,6 +30,17 @@ def test_an_offline_hub_base_saves_its_adapter_without_asking_the_hub(tmp_path, 
         checkpoint.save_adapter(student, tmp_path / "adapter")
     saved = load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))
     assert saved and all("lora_" in name for name in saved)  # the LoRA matrices only, no embedding
+
+
+def test_the_adapters_config_lists_its_target_modules_in_one_order_whatever_the_process(tmp_path):
+    student = _student("Qwen/Qwen3-0.6B")
+    # peft keeps them in a set, written in the process's string-hash order (PYTHONHASHSEED): two runs of
+    # one command wrote adapter_config.json in two orders (the adapter's weights the same bytes).
+    names = ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]  # 1 order in 5,040 sorted
+    student.peft_config["default"].target_modules = set(names)
+    checkpoint.save_adapter(student, tmp_path / "adapter")
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert config["target_modules"] == names and config["r"] == 4
 
 
 def test_lora_on_the_output_layer_saves_it_whole():
