@@ -253,8 +253,8 @@ def load_causal_lm(
                     device_map=device_map(device),
                 )
             if cached and (found := nf4_cache_entry(source, quantization, device)) is not None:
-                # Keyed again: a hub model's weights were downloaded just now. An entry there did not load
-                # where the model now did: it is damaged (or of another release's format), replaced.
+                # Keyed again: a hub model's weights were downloaded just now. An entry there did not check or
+                # load where the model now did: it is damaged (or of another release's format), replaced.
                 nf4_cache.store(model, found, source.path, device, replace=found.folder.exists())
     except (OSError, ValueError) as error:
         if isinstance(error, ValueError) and "attn_implementation" in str(error):

@@ -12,11 +12,14 @@ settings and compute dtype, and the kernel environment (device, CPU ISA, GPU, pa
 utils/numerics, threads left out — a block's absolute maximum and its nearest NF4 level do not
 depend on how the work is split).
 
-Writing an entry removes the source's entries of other weights (the folder was saved again: their
-weights are gone) and, after STALE_DAYS unread, entries whose local folder no longer exists (a test's
-temporary model; kept meanwhile, for a disk that is only unmounted). Deleting the folder is always
-safe: the next start quantizes again. Toys (built per run) and models with their own code
-(`trust_remote_code`) are never cached.
+Every read checks the entry's files against the sha256 recorded when they were written (a file
+damaged in place can still load, as other numbers); an entry that does not check or load is quantized
+again from the source and replaced. Writing an entry removes the source's entries of other weights (the
+folder was saved again) or of other package releases, after STALE_DAYS unread the entries whose local
+folder no longer exists (a test's temporary model; kept meanwhile, for a disk that is only unmounted),
+and the staging folder of a writer killed a day ago. Deleting the folder is always safe: the next start
+quantizes again. Toys (built per run), models with their own code (`trust_remote_code`) and checkpoints
+already in 4 bits are never cached.
 """
 
 from __future__ import annotations
@@ -119,7 +122,7 @@ def mark_read(entry: Entry, path: str) -> None:
 
 def store(model, entry: Entry, path: str, device: torch.device, *, replace: bool = False) -> None:
     """Save the quantized `model` as `entry` (one rename: a folder with a config.json is whole; `replace`:
-    an entry that would not load is there) and remove the entries it makes obsolete. A cache that cannot
+    an entry that did not check or load is there) and remove the entries it makes obsolete. A cache that cannot
     be written (read-only, a full disk) costs the next start its quantization only."""
     packages = {k: v for k, v in _kernels(device).items() if k in NUMERICS_PACKAGES}
 
@@ -144,14 +147,13 @@ def _remove_obsolete(entry: Entry, path: str, packages: dict) -> None:
     that goes back), those of local folders gone for STALE_DAYS unread, and staging folders a killed
     writer left a day ago."""
     for other in entry.folder.parent.iterdir():
-        age_days = _age_days(other / RECORD) if ENTRY_NAME.fullmatch(other.name) else None
-        if other == entry.folder or age_days is None:
+        if not ENTRY_NAME.fullmatch(other.name):
             if STAGING_NAME.fullmatch(other.name) and (_age_days(other) or 0) > 1:
                 shutil.rmtree(other, ignore_errors=True)
             continue
-        record = _json(other / RECORD)
+        record, age_days = _json(other / RECORD), _age_days(other / RECORD)
         source = record.get("source")
-        if not isinstance(source, str):
+        if other == entry.folder or not isinstance(source, str) or age_days is None:
             continue
         replaced = source == path and (record.get("weights"), record.get("packages")) != (entry.weights, packages)
         gone = Path(source).is_absolute() and not Path(source).exists() and age_days > STALE_DAYS
