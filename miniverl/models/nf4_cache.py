@@ -75,7 +75,7 @@ def entry_for(path: str, revision: str | None, quantization: dict, device: torch
     """The cache entry of this model's NF4 weights; None where its files are not on this machine yet, or
     where they are quantized already (a `-bnb-4bit` checkpoint loads without quantizing: nothing to keep)."""
     folder = source_folder(path, revision)
-    if folder is None or "quantization_config" in _json(folder / "config.json"):
+    if folder is None or saved_quantization(folder) is not None:
         return None
     files = [p for p in sorted(folder.iterdir()) if p.is_file() and not p.name.startswith(".") and p.suffix != ".md"]
     stamps = {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in files}  # those model_folder_digest reads
@@ -83,6 +83,13 @@ def entry_for(path: str, revision: str | None, quantization: dict, device: torch
     key = sha256_json({"weights": weights, "quantization": quantization, "kernels": _kernels(device)})
     name = folder.name if Path(path).is_absolute() else path.replace("/", "--")  # a hub id: Qwen--Qwen3-0.6B
     return Entry(cache_root() / "nf4" / f"{name}-{key[:16]}", weights)
+
+
+def saved_quantization(folder: Path) -> dict | None:
+    """The quantization_config a model folder's config.json was saved with (a `-bnb-4bit` repository's);
+    None for full-precision weights."""
+    saved = _json(folder / "config.json").get("quantization_config")
+    return saved if isinstance(saved, dict) else None
 
 
 def _kernels(device: torch.device) -> dict:

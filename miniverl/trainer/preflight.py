@@ -38,7 +38,7 @@ from miniverl.config import MiniverlConfig
 from miniverl.config.model import StudentConfig
 from miniverl.config.teacher import TeacherConfig
 from miniverl.models import loading as models
-from miniverl.models import tokenizers
+from miniverl.models import nf4_cache, tokenizers
 from miniverl.models.attention import attention_problem
 from miniverl.trainer.memory_estimate import architecture, estimate_peak_bytes
 from miniverl.trainer.plan import read_rows, route_column, teacher_contexts, teacher_routes, uses_context
@@ -338,6 +338,36 @@ def check_precision(cfg: MiniverlConfig, device: torch.device) -> Check:
     return Check("PASS", "precision", line)
 
 
+def saved_quantizations(cfg: MiniverlConfig) -> dict[str, tuple[StudentConfig | TeacherConfig, dict]]:
+    """{config path: (block, its quantization_config)} of the models saved quantized already, on this machine."""
+    found = {}
+    for where, block in loaded_model_blocks(cfg):
+        source = models.source_of(block, None)
+        folder = nf4_cache.source_folder(source.path, source.revision)
+        if folder is not None and (saved := nf4_cache.saved_quantization(folder)) is not None:
+            found[where] = (block, saved)
+    return found
+
+
+def check_quantization(cfg: MiniverlConfig) -> Check:
+    """A checkpoint saved quantized already (a `-bnb-4bit` repository) loads as it was saved, whatever its
+    block's `quantization` says (transformers warns and takes the checkpoint's settings): each such model
+    and what differs from the block's NF4 (no double quantization, the block's compute dtype)."""
+    said = []
+    for where, (block, saved) in saved_quantizations(cfg).items():
+        differs = [f"quantized where {where}.quantization={block.quantization}"] if block.quantization != "nf4" else []
+        if saved.get("quant_method") != "bitsandbytes" or not saved.get("load_in_4bit"):
+            differs.append(f"{saved.get('quant_method')}{' 8-bit' if saved.get('load_in_8bit') else ''}, not NF4")
+        else:
+            dtype = str(saved.get("bnb_4bit_compute_dtype")).removeprefix("torch.")
+            theirs = (saved.get("bnb_4bit_quant_type"), bool(saved.get("bnb_4bit_use_double_quant")), dtype)
+            ours = ("nf4", False, str(planned_dtype(block)).removeprefix("torch."))
+            names = ("quant type", "double quantization", "compute dtype")
+            differs += [f"{n} {t} (not {o})" for n, t, o in zip(names, theirs, ours) if t != o]
+        said.append(f"{where}.model_id={block.model_id} is saved quantized and loads so: {', '.join(differs) or 'NF4'}")
+    return Check("WARN", "quantization", "; ".join(said))
+
+
 def planned_dtype(block: StudentConfig | TeacherConfig) -> torch.dtype:
     """The dtype a model will compute in (a toy's: the one its weights are written in, with `dtype: auto`)."""
     if block.model_id == "toy":
@@ -353,6 +383,7 @@ def cheap_checks(cfg: MiniverlConfig, device: torch.device) -> list[Check]:
         *([guarded("attention", check_attention, cfg, device)] if loaded_model_blocks(cfg) else []),
         *([guarded("positions", check_positions, cfg)] if loaded_model_blocks(cfg) else []),
         *([guarded("precision", check_precision, cfg, device)] if device.type == "cuda" else []),
+        *([guarded("quantization", check_quantization, cfg)] if saved_quantizations(cfg) else []),
         guarded("memory", check_memory, cfg, device),
         *([guarded("topk", check_topk, cfg, tokenizer)] if cfg.estimator.topk_loss else []),
         *([guarded("reward", check_reward, cfg)] if cfg.estimator.use_task_rewards else []),

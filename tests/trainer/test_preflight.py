@@ -106,6 +106,37 @@ def test_the_students_own_stop_ids_are_checked_whatever_its_teachers_mode(tmp_pa
         assert check.status == "WARN" and "ends an assistant turn with '<|im_end|>'" in check.reason, (mode, check)
 
 
+def test_a_teacher_saved_in_4_bits_already_is_said_to_load_as_saved_and_how_that_differs(tmp_path, monkeypatch):
+    """A new-user audit: a `-bnb-4bit` checkpoint loads with its own quantization settings (transformers
+    warns once, among its other notices), whatever the block says: the doctor says which differ."""
+    import shutil
+
+    from miniverl.config.teacher import TeacherConfig
+    from miniverl.models import loading
+
+    from conftest import toy_model_folders
+
+    monkeypatch.setenv("MINIVERL_CACHE", str(tmp_path / "cache"))
+    folders = toy_model_folders(tmp_path / "models")
+    block = TeacherConfig(model_id=str(folders["teacher"]))
+    loading.load_teacher(block, loading.source_of(block, None), torch.device("cpu"))  # its NF4 entry: 4 bits
+    quantized = tmp_path / "teacher-bnb-4bit"
+    shutil.copytree(next((tmp_path / "cache" / "nf4").iterdir()), quantized)
+    for tokenizer_file in folders["teacher"].glob("tokenizer*"):
+        shutil.copy(tokenizer_file, quantized)
+    config = json.loads((quantized / "config.json").read_text())
+    config["quantization_config"].update(bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype="float16")
+    (quantized / "config.json").write_text(json.dumps(config))
+    student = f"model.model_id={folders['student']}"
+    assert "quantization" not in checks_of(student, f"teacher.model_id={folders['teacher']}")  # full precision
+    check = checks_of(student, f"teacher.model_id={quantized}", "teacher.dtype=bfloat16")["quantization"]
+    assert check.status == "WARN", check
+    said = "is saved quantized and loads so: double quantization True (not False), compute dtype float16 (not bfloat16)"
+    assert f"teacher.model_id={quantized} {said}" == check.reason
+    check = checks_of(student, f"teacher.model_id={quantized}", "teacher.quantization=none")["quantization"]
+    assert check.reason.startswith(f"teacher.model_id={quantized} is saved quantized and loads so: quantized where")
+
+
 def test_too_few_prompts_fail(tmp_path):
     path = tmp_path / "two.parquet"
     pq.write_table(
