@@ -231,7 +231,9 @@ def load_causal_lm(
     try:
         dtype = compute_dtype(block, source)
         quantization = None
-        if block.quantization == "nf4":
+        folder = nf4_cache.source_folder(source.path, source.revision)
+        if block.quantization == "nf4" and (folder is None or nf4_cache.saved_quantization(folder) is None):
+            # (a checkpoint saved quantized loads as saved: the pre-flight's `quantization` check says how)
             quantization = BitsAndBytesConfig(
                 load_in_4bit=True,
                 bnb_4bit_quant_type="nf4",
@@ -247,7 +249,7 @@ def load_causal_lm(
                     source.path,
                     revision=source.revision,
                     dtype=dtype,
-                    quantization_config=quantization,
+                    **({"quantization_config": quantization} if quantization else {}),  # None: the checkpoint's
                     attn_implementation=block.attn_implementation,
                     trust_remote_code=block.trust_remote_code,
                     device_map=device_map(device),

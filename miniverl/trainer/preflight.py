@@ -364,8 +364,10 @@ def check_quantization(cfg: MiniverlConfig) -> Check:
             ours = ("nf4", False, str(planned_dtype(block)).removeprefix("torch."))
             names = ("quant type", "double quantization", "compute dtype")
             differs += [f"{n} {t} (not {o})" for n, t, o in zip(names, theirs, ours) if t != o]
-        said.append(f"{where}.model_id={block.model_id} is saved quantized and loads so: {', '.join(differs) or 'NF4'}")
-    return Check("WARN", "quantization", "; ".join(said))
+        said.append((f"{where}.model_id={block.model_id} is saved quantized and loads so: ", differs))
+    if not any(differs for _, differs in said):
+        return Check("PASS", "quantization", "; ".join(f"{line}NF4, as miniverl quantizes" for line, _ in said))
+    return Check("WARN", "quantization", "; ".join(line + ", ".join(differs) for line, differs in said if differs))
 
 
 def planned_dtype(block: StudentConfig | TeacherConfig) -> torch.dtype:

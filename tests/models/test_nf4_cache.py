@@ -226,6 +226,7 @@ def test_a_pre_quantized_checkpoint_is_not_cached_and_a_killed_writers_folder_go
         leftover.mkdir()
         os.utime(leftover, (time.time() - day * 86400,) * 2)
     load(quantized)
+    load(quantized, quantization="none")  # loads as saved too (given quantization_config=None, it refused)
     assert sorted(cache.iterdir()) == [entry, *staging] and "not cached" not in caplog.text  # nothing tried
     load(folder, dtype="bfloat16")  # a write: the day-old leftover removed, today's kept (it may be writing)
     assert staging[1] in cache.iterdir() and not staging[0].exists() and len(list(cache.iterdir())) == 3

@@ -124,6 +124,8 @@ def test_a_teacher_saved_in_4_bits_already_is_said_to_load_as_saved_and_how_that
     shutil.copytree(next((tmp_path / "cache" / "nf4").iterdir()), quantized)
     for tokenizer_file in folders["teacher"].glob("tokenizer*"):
         shutil.copy(tokenizer_file, quantized)
+    check = checks_of(f"model.model_id={folders['student']}", f"teacher.model_id={quantized}")["quantization"]
+    assert check.status == "PASS" and check.reason.endswith("loads so: NF4, as miniverl quantizes"), check
     config = json.loads((quantized / "config.json").read_text())
     config["quantization_config"].update(bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype="float16")
     (quantized / "config.json").write_text(json.dumps(config))
