@@ -1,6 +1,7 @@
 """The NF4 cache (hardware.nf4_cache, models/nf4_cache.py): a model folder is quantized once, later
-loads read the same bits back without quantizing, the adapter still names the user's folder, and
-an entry is replaced when its folder's weights change, rebuilt when damaged, never made for a toy."""
+loads read the same bits back without quantizing, the adapter still names the user's folder; an entry
+is replaced when its folder's weights or the package releases change, rebuilt when damaged (even where
+it still loads), never made for a toy or a checkpoint saved quantized; a full disk is a notice."""
 
 from __future__ import annotations
 
