@@ -51,7 +51,10 @@ def architecture(where: str, block) -> dict:
     experts = getattr(text, "num_experts", None) or getattr(text, "num_local_experts", None) or 0
     per_expert = getattr(text, "moe_intermediate_size", None) or inter  # Mixtral's intermediate_size is per expert
     dtype = getattr(c, "dtype", None) or getattr(text, "dtype", None) or "float32"
+    saved = getattr(c, "quantization_config", None) or {}  # a checkpoint saved quantized loads as saved
+    saved = saved.to_dict() if hasattr(saved, "to_dict") else saved
     return dict(
+        saved_bits=4 if saved.get("load_in_4bit") else 8 if saved.get("load_in_8bit") else None,
         vocab=text.vocab_size,
         hidden=hidden,
         # Every layer's MLP: a dense one, or (MoE) a shared expert beside the routed ones.
@@ -69,11 +72,13 @@ def architecture(where: str, block) -> dict:
 
 
 def weight_bytes(a: dict, quantization: str, other_bytes: int) -> int:
-    """Linear layers (NF4: 4 bits and one float32 absmax per 64 weights) + the embedding, and
-    the output layer unless tied, in `other_bytes` per value."""
+    """Linear layers (NF4: 4 bits and one float32 absmax per 64 weights; a checkpoint saved quantized: its
+    4 or 8 bits, whatever the block's `quantization`) + the embedding, and the output layer unless tied,
+    in `other_bytes` per value."""
     linear = linear_weights(a)
     embeddings = a["vocab"] * a["hidden"] * (1 if a["tied"] else 2)
-    per_linear = 0.5 + 4 / 64 if quantization == "nf4" else DTYPE_BYTES.get(a["dtype"], 4)
+    bits = a.get("saved_bits") or (4 if quantization == "nf4" else None)
+    per_linear = bits / 8 + 4 / 64 if bits else DTYPE_BYTES.get(a["dtype"], 4)
     experts = a.get("expert_weights", 0) * DTYPE_BYTES.get(a["dtype"], 4)  # as they load, NF4 or not
     return int(linear * per_linear + embeddings * other_bytes + experts)
 

@@ -137,6 +137,14 @@ def test_a_teacher_saved_in_4_bits_already_is_said_to_load_as_saved_and_how_that
     assert f"teacher.model_id={quantized} {said}" == check.reason
     check = checks_of(student, f"teacher.model_id={quantized}", "teacher.quantization=none")["quantization"]
     assert check.reason.startswith(f"teacher.model_id={quantized} is saved quantized and loads so: quantized where")
+    # The memory estimate counts it as it loads, in 4 bits, whatever the block says.
+    from miniverl.trainer.memory_estimate import architecture, weight_bytes
+
+    teacher = to_config(compose_config([*BASE, f"teacher.model_id={quantized}"])).teacher
+    saved = architecture("teacher", teacher)
+    assert saved["saved_bits"] == 4 and weight_bytes(saved, "none", 2) == weight_bytes(saved, "nf4", 2)
+    full = architecture("teacher", to_config(compose_config([*BASE, f"teacher.model_id={folders['teacher']}"])).teacher)
+    assert full["saved_bits"] is None and weight_bytes(full, "none", 2) > weight_bytes(full, "nf4", 2)
 
 
 def test_too_few_prompts_fail(tmp_path):
