@@ -72,10 +72,10 @@ def source_folder(path: str, revision: str | None) -> Path | None:
 
 
 def entry_for(path: str, revision: str | None, quantization: dict, device: torch.device) -> Entry | None:
-    """The cache entry of this model's NF4 weights; None where its files are not on this machine yet, or
-    where they are quantized already (a `-bnb-4bit` checkpoint loads without quantizing: nothing to keep)."""
+    """The cache entry of the NF4 weights loading quantizes for this model (never for one saved quantized
+    already: that loads as saved, models/loading.py); None where its files are not on this machine yet."""
     folder = source_folder(path, revision)
-    if folder is None or saved_quantization(folder) is not None:
+    if folder is None:
         return None
     files = [p for p in sorted(folder.iterdir()) if p.is_file() and not p.name.startswith(".") and p.suffix != ".md"]
     stamps = {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in files}  # those model_folder_digest reads

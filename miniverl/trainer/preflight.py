@@ -351,8 +351,8 @@ def saved_quantizations(cfg: MiniverlConfig) -> dict[str, tuple[StudentConfig | 
 
 def check_quantization(cfg: MiniverlConfig) -> Check:
     """A checkpoint saved quantized already (a `-bnb-4bit` repository) loads as it was saved, whatever its
-    block's `quantization` says (transformers warns and takes the checkpoint's settings): each such model
-    and what differs from the block's NF4 (no double quantization, the block's compute dtype)."""
+    block's `quantization` says (models/loading.py gives transformers no settings of its own for it): each
+    such model and what differs from the block's NF4 (no double quantization, the block's compute dtype)."""
     said = []
     for where, (block, saved) in saved_quantizations(cfg).items():
         differs = [f"quantized where {where}.quantization={block.quantization}"] if block.quantization != "nf4" else []
