@@ -18,15 +18,16 @@ class DataConfig:
     # verl: drop prompts over max_prompt_length instead of failing (truncation=error otherwise).
     filter_overlong_prompts: bool = False
     # Shuffle the prompts once per pass, seeded by data.seed (verl: data.shuffle, default true there); false:
-    # file order.
+    # file order. Either way the batches are verl's dataloader's, row for row.
     shuffle: bool = False
-    # Let the plan go through the prompts more than once (verl: more than one epoch); otherwise a
-    # plan that needs more prompts than the data holds is refused.
+    # Let the plan go through the prompts more than once (verl: more than one epoch; as there, each
+    # pass's last partial batch is dropped); otherwise a plan that needs more prompts than the data
+    # holds is refused.
     repeat_prompts: bool = False
     # Extra arguments to the chat template (verl: data.apply_chat_template_kwargs), e.g. enable_thinking.
     apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    # The seed of that shuffle (verl: data.seed).
-    seed: int = 1
+    # The seed of that shuffle (verl: data.seed); null: torch's default generator seed, verl's default.
+    seed: int | None = 1
 
     def __post_init__(self) -> None:
         self.train_files = path_list(self.train_files, "train_files")

@@ -21,7 +21,7 @@ from miniverl.config import MiniverlConfig
 from miniverl.models import loading as models
 from miniverl.trainer import plan as planning
 from miniverl.trainer.checkpoint_state import checkpoint_state
-from miniverl.trainer.metrics import batch_metrics, console_line
+from miniverl.trainer.metrics import batch_metrics, console_line, step_metrics, time_metrics
 from miniverl.trainer.plan import Plan, UpdatePlan, compile_plan, derive_seed
 from miniverl.trainer.report_page import write_report_page
 from miniverl.trainer.run_report import build_report, resume_block, trainer_facts
@@ -247,10 +247,10 @@ class OPDTrainer:
             self.mark_first("update")
             self.out.write_trajectory(update.update, batch)
         return {
-            "training/global_step": update.update,
+            **step_metrics(update.update, self.plan.epoch_of(update.update)),
             **actor_metrics,
-            **batch_metrics(batch, cfg.recipe.response_limit),
-            **{f"timing_s/{k}": round(v, 6) for k, v in timings.items()},
+            **batch_metrics(batch, cfg.recipe),
+            **time_metrics(batch, timings, self.device),
         }
 
     def mark_first(self, event: str) -> None:

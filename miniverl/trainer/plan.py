@@ -10,7 +10,6 @@ from) are not part of it, so they never change the digest.
 from __future__ import annotations
 
 import dataclasses
-import random
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,6 +77,11 @@ class Plan:
         for block in settings_model_blocks(plain["settings"]):
             block.pop(FOLDER_DIGESTS, None)
         return sha256_json(plain)
+
+    def epoch_of(self, update: int) -> int:
+        """The pass over the prompts that update `update` (1-based) takes its batch from, 0-based as verl's
+        training/epoch: whole batches a pass (prompt_order)."""
+        return (update - 1) // (self.prompts_available // len(self.updates[0].prompt_rows))
 
     @property
     def prompts_consumed(self) -> int:
@@ -238,15 +242,19 @@ def toy_teacher_corpora(cfg: MiniverlConfig, conversations: Conversations) -> di
 
 
 def prompt_order(prompts: PromptSet, cfg: MiniverlConfig, needed: int) -> list[int]:
-    """Parquet rows in consumption order: epochs over the kept prompts, shuffled per epoch if asked."""
+    """Parquet rows in consumption order, as verl's train dataloader yields them: passes over the kept
+    prompts, each cut to whole batches of recipe.logical_batch (verl's drop_last), with data.shuffle each
+    pass a torch.randperm of one generator seeded with data.seed (verl's RandomSampler); checked against
+    verl's own sampler in tests/trainer/test_plan_order.py."""
+    rows = list(prompts.rows)
+    whole = len(rows) // cfg.recipe.logical_batch * cfg.recipe.logical_batch
+    generator = torch.Generator()
+    if cfg.data.seed is not None:  # null: torch's default seed, as verl leaves its generator
+        generator.manual_seed(cfg.data.seed)
     order: list[int] = []
-    epoch = 0
     while len(order) < needed:
-        rows = list(prompts.rows)
-        if cfg.data.shuffle:
-            random.Random(derive_seed(cfg.data.seed, "epoch", epoch)).shuffle(rows)
-        order.extend(rows)
-        epoch += 1
+        permutation = torch.randperm(len(rows), generator=generator).tolist() if cfg.data.shuffle else range(len(rows))
+        order.extend(rows[i] for i in permutation[:whole])  # the pass's last partial batch is dropped
     return order[:needed]
 
 

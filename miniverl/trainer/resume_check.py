@@ -34,7 +34,7 @@ from miniverl.utils.checkpoint import checkpoint_update, checkpoints_in
 from miniverl.utils.errors import RunStopped
 from miniverl.utils.measure import folder_bytes
 from miniverl.utils.run_folder import atomic_write_bytes, readable_json
-from miniverl.utils.run_names import REPORT, STATE, TRAJECTORIES
+from miniverl.utils.run_names import MACHINE_METRIC_PREFIXES, REPORT, STATE, TRAJECTORIES
 from miniverl.utils.signals import SignalReceived, raised_signals
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,8 @@ def run_child(args: list[str], extra: list[str], run_dir: Path) -> None:
 
 def training_history(history: list[dict]) -> list[dict]:
     """Each update's metrics without its timings and held-out figures: what training computed."""
-    return [{k: v for k, v in m.items() if not k.startswith(("timing_s/", HELD_OUT_PREFIX))} for m in history]
+    left_out = (*MACHINE_METRIC_PREFIXES, HELD_OUT_PREFIX)
+    return [{k: v for k, v in m.items() if not k.startswith(left_out)} for m in history]
 
 
 def first_difference(reference: Path, resumed: Path) -> tuple[dict, str | None]:

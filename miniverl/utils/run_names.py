@@ -20,4 +20,7 @@ WANDB = "wandb"  # with trainer.logger wandb: wandb's own files (offline runs, l
 WANDB_RUN_ID = "wandb/miniverl_run_id.txt"  # the W&B run this folder's run logs to (a resume here goes on in it)
 
 LOSS_KEY = "actor/distillation/loss"  # the update's distillation loss (per teacher: LOSS_KEY/<name>)
+# Metrics that measure the machine (times, throughput, memory), not what training computed: an exact resume
+# and a rerun compare everything else.
+MACHINE_METRIC_PREFIXES = ("timing_s/", "timing_per_token_ms/", "perf/")
 SCORE_KEY = "critic/score/mean"  # with task rewards: the mean task reward of the update's samples

@@ -236,13 +236,6 @@ def to_miniverl(lines: list[str], version: str = EXPORT_DEFAULT) -> tuple[list[t
     files, val = ([f] if isinstance(f, str) else list(f) for f in (v("data.train_files"), v("data.val_files")))
     emit("data.train_files", files, "data.train_files")
     emit("data.val_files", [] if val == files else val, "data.val_files")  # the train files: none held out
-    if v("data.seed") is None:
-        why = "null (an unseeded shuffle): miniverl's data.seed is a number"
-        skip("data.seed", why)
-        if "data.seed" not in values and v("data.shuffle"):  # verl's default: each launch shuffles otherwise
-            unmapped.append(("data.seed=null (verl's default, with data.shuffle=True)", f"{why}, its default 1"))
-    else:
-        emit("data.seed", v("data.seed"), "data.seed")
     steps = v("trainer.total_training_steps")
     if steps is None:
         unmapped.append(

@@ -261,7 +261,7 @@ class ActorWorker:
         trained = batch.response_mask if loss_mask is None else loss_mask
         normalisers = dict(batch_normalisers(trained), loss_scale_factor=self.loss_scale_factor)
         baseline = self.baseline_for(batch)  # one number for the whole update, before any chunk's backward
-        total_loss, parts, per_token, log_probs, start = 0.0, [], [], [], 0
+        total_loss, with_task, parts, per_token, log_probs, start = 0.0, 0.0, [], [], [], 0
         for size in chunks:
             chunk = batch.rows(start, start + size)
             picked = None if selection is None else selection.rows(start, start + size)
@@ -282,11 +282,13 @@ class ActorWorker:
             if picked is None or loss_with_task.requires_grad:  # a chunk with no kept token has no gradient
                 loss_with_task.backward()
             total_loss += float(loss.detach())
+            with_task += float(loss_with_task.detach())
             parts.append((metrics, float(chunk_mask.sum())))
             per_token.append(chunk_per_token.detach())
             log_probs.append(log_prob.detach())  # (size, R): the policy before this step
         metrics = {f"actor/{k}": float(v) for k, v in combine_metrics(parts).items()}
         metrics[LOSS_KEY] = total_loss  # before distillation_loss_coef, as verl logs it
+        metrics["actor/loss"] = with_task  # the loss trained on: verl's, the task loss + coef x distillation
         if self.estimator.advantage_baseline != "none":
             metrics["actor/distillation/advantage_baseline"] = baseline
         if self.estimator.token_selection.by != "none":

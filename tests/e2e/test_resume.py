@@ -30,6 +30,7 @@ from miniverl.utils import checkpoint, device
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import resolved_config, sha256_file
 from miniverl.utils.run_folder import RunFolder
+from miniverl.utils.run_names import MACHINE_METRIC_PREFIXES
 from miniverl.workers.logprobs import response_log_probs
 from miniverl.workers.rollout import RolloutWorker
 
@@ -210,7 +211,7 @@ def probed_reference(tmp_path_factory):
 
 def without_timings(metrics_file):
     lines = [json.loads(line) for line in metrics_file.read_text().splitlines()]
-    return [{k: v for k, v in m.items() if not k.startswith("timing_s/")} for m in lines]
+    return [{k: v for k, v in m.items() if not k.startswith(MACHINE_METRIC_PREFIXES)} for m in lines]
 
 
 @pytest.mark.slow

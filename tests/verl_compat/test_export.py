@@ -970,18 +970,21 @@ def test_a_single_teachers_num_replicas_that_verl_overwrites_is_listed_as_not_im
     assert not any(line.startswith(f"{TEACHER}.num_replicas") for line, _ in import_verl.to_miniverl(lines)[1])
 
 
-def test_verl_defaults_that_do_not_carry_over_are_listed_when_a_launch_leaves_them(tmp_path):
-    """A new-user audit's launch left data.seed (verl: null, an unseeded shuffle) and distillation.nnodes (verl: 0)
-    at verl's defaults: imported as miniverl's seed 1 and a pool of 0 GPUs, without a word."""
+def test_verl_defaults_a_launch_leaves_are_imported_as_verl_runs_them_or_listed(tmp_path):
+    """A new-user audit's launch left data.seed (verl: null, torch's default generator seed) and
+    distillation.nnodes (verl: 0) at verl's defaults: imported as miniverl's seed 1 and a pool of 0 GPUs, without
+    a word. The seed is now imported as null, the order verl's sampler draws (tests/trainer/test_plan.py); the
+    pool is listed."""
     lines = export(compose_config([*RECIPE, "data.shuffle=true"]), tmp_path / "verl", cwd=ROOT).lines
     left = [line for line in lines if not line.startswith(("data.seed=", "distillation.nnodes="))]
-    _, unmapped = import_verl.to_miniverl(left)
-    listed = dict(unmapped)
-    assert "its default 1" in listed["data.seed=null (verl's default, with data.shuffle=True)"]
+    mapped, unmapped = import_verl.to_miniverl(left)
+    assert dict(mapped)["data.seed"] is None and dict(mapped)["data.shuffle"] is True
+    assert not any(line.startswith("data.seed") for line, _ in unmapped)
     assert any(line.startswith("distillation.nnodes=0") and "no GPU for the teacher's pool" in why
                for line, why in unmapped)  # fmt: skip
-    whole = import_verl.to_miniverl(lines)[1]
-    assert not any(line.startswith(("data.seed", "distillation.nnodes")) for line, _ in whole)
+    whole = import_verl.to_miniverl(lines)
+    assert dict(whole[0])["data.seed"] == 1
+    assert not any(line.startswith(("data.seed", "distillation.nnodes")) for line, _ in whole[1])
 
 
 def test_a_teacher_temperature_inherited_from_the_rollout_is_listed_where_verl_refuses_it(tmp_path):

@@ -61,7 +61,6 @@ IMPORT_TRANSFORMS = ("identity", "absolute path")
 IMPORTED_BY_CODE = {
     "model.lora.r": "a rank of 0 is verl's full fine-tuning, which miniverl does not do: reported, not imported",
     "model.lora.target_modules": "verl also takes another string (a regex peft matches): reported, not imported",
-    "data.seed": "null (an unseeded shuffle) is not a miniverl value: reported, not imported",
     "hardware.update_chunk": "read only without dynamic batches; the rollout's micro-batch is another field",
     "export.teacher_replicas": "verl fills a single teacher's pool with as many replicas as fit",
     "algorithm.adv_estimator": "only verl's critic-free estimators (grpo, rloo) carry over",

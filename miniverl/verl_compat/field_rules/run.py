@@ -144,7 +144,8 @@ RUN_RULES: tuple[Rule, ...] = (
     not_applicable(
         "data.repeat_prompts",
         "verl goes through the data for trainer.total_epochs; the export sets "
-        "trainer.total_training_steps to the plan's updates, repeating the data as needed",
+        "trainer.total_training_steps to the plan's updates, repeating the data as needed: the same batches "
+        "pass by pass (each pass's last partial batch dropped on both sides)",
     ),
     mapped(
         "data.val_files",
