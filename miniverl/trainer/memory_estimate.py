@@ -48,6 +48,8 @@ def architecture(where: str, block) -> dict:
         (v for n in ("intermediate_size", "n_inner", "ffn_hidden_size", "ffn_dim") if (v := getattr(text, n, None))),
         4 * hidden,
     )
+    if isinstance(inter, (list, tuple)):  # one width a layer (Gemma-3n): their mean, for the sum over layers
+        inter = sum(inter) / len(inter)
     experts = getattr(text, "num_experts", None) or getattr(text, "num_local_experts", None) or 0
     per_expert = getattr(text, "moe_intermediate_size", None) or inter  # Mixtral's intermediate_size is per expert
     dtype = getattr(c, "dtype", None) or getattr(text, "dtype", None) or "float32"

@@ -138,7 +138,7 @@ def check_reward(cfg: MiniverlConfig) -> Check:
 
 def check_tokenizers(cfg: MiniverlConfig, student_tok) -> Check:
     """Every separate teacher scores the student's token ids (ref / shared_base share them)."""
-    shared, scored, padded = [], [], False
+    shared, scored, padded, status = [], [], False, "PASS"
     for name, block in cfg.teacher_blocks.items():
         where = cfg.teacher_where(name)
         if block.mode != "standard":
@@ -146,7 +146,12 @@ def check_tokenizers(cfg: MiniverlConfig, student_tok) -> Check:
             continue
         teacher_tok = models.load_tokenizer(where, block, models.source_of(block, None))
         if block.text_aligned and tokenizers.tokenizers_differ(student_tok, teacher_tok):
-            return check_alignment(cfg, student_tok, teacher_tok)
+            alignment = check_alignment(cfg, student_tok, teacher_tok)
+            if alignment.status == "FAIL":
+                return alignment
+            shared.append(alignment.reason)  # and the student's own end of turn below, as with one tokenizer
+            status = alignment.status
+            continue
         rows = (architecture("model", cfg.model)["vocab"], architecture(where, block)["vocab"])
         problem = tokenizers.tokenizer_problem(student_tok, teacher_tok, *rows, where)
         if problem:
@@ -166,7 +171,7 @@ def check_tokenizers(cfg: MiniverlConfig, student_tok) -> Check:
         facts.append(f"responses end at ids {stops} (the tokenizer's EOS and the model's generation config)")
         if problem := tokenizers.stop_ids_problem(student_tok, stops):
             return Check("WARN", "tokenizer", "; ".join([*facts, problem]))
-    return Check("PASS", "tokenizer", "; ".join(facts))
+    return Check(status, "tokenizer", "; ".join(facts))
 
 
 def check_alignment(cfg: MiniverlConfig, student_tok, teacher_tok) -> Check:

@@ -111,6 +111,87 @@ def test_a_model_folder_that_is_missing_or_not_a_model_is_named_as_such(tmp_path
     assert line.endswith("config.json, the weights (*.safetensors) and the tokenizer's files")
 
 
+def test_a_peft_adapter_given_as_the_model_names_both_settings_to_use(tmp_path):
+    """A model-families audit: a LoRA fine-tune's output folder given as model_id was "a folder but not a
+    model" (or the tokenizer's error); it is an adapter, which miniverl takes beside its base. With the
+    fine-tune's tokenizer saved there too (SFT trainers write it), the model's load says the same."""
+    from miniverl.models import toy
+
+    folder = tmp_path / "sft-lora"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text('{"peft_type": "LORA", "base_model_name_or_path": "Qwen/Qwen3-0.6B"}')
+    (folder / "adapter_model.safetensors").write_bytes(b"")
+    block = StudentConfig(model_id=str(folder))
+    with pytest.raises(MiniverlError) as info:
+        models.load_tokenizer("model", block, models.source_of(block, None))
+    assert str(info.value) == (
+        f"model.model_id={folder} is a PEFT adapter, not a model; set model.adapter={folder} "
+        "model.model_id=Qwen/Qwen3-0.6B"
+    )
+    toy.build_toy_tokenizer().save_pretrained(folder)
+    teacher = TeacherConfig(model_id=str(folder), quantization="none")
+    with pytest.raises(MiniverlError) as info:
+        models.load_teacher(teacher, models.source_of(teacher, None), torch.device("cpu"))
+    assert str(info.value).startswith(f"teacher.model_id={folder} is a PEFT adapter, not a model; set teacher.adapter=")
+
+
+@pytest.mark.parametrize("quantization", ["nf4", "none"])
+def test_a_folder_saved_with_automodel_has_no_output_layer_and_is_refused_not_trained_at_random(tmp_path, quantization):
+    """A model-families audit: a model saved with AutoModel (the body, no lm_head) ran to the end on an output
+    layer transformers initialised at random, without a word (a warning in a log it quiets)."""
+    from transformers import AutoModel
+
+    from conftest import family_folder
+
+    folder = family_folder("phi3", tmp_path, 0)  # its own output layer: not tied to the embeddings
+    AutoModel.from_pretrained(folder).save_pretrained(folder)  # the body alone, over the whole model's weights
+    block = StudentConfig(model_id=str(folder), quantization=quantization)
+    with pytest.raises(MiniverlError) as info:
+        models.load_student(block, models.source_of(block, None), torch.device("cpu"), lora_seed=0)
+    assert str(info.value) == (
+        f"model.model_id={folder}: the checkpoint holds no lm_head.weight, which would start at random; saved with "
+        "AutoModel, it has no output layer: save it with AutoModelForCausalLM"
+    )
+
+
+def test_all_linear_on_a_mamba_family_model_names_the_target_list_peft_takes(tmp_path):
+    """A model-families audit: peft refuses LoRA on a Mamba-family model's state-space out_proj (all-linear
+    takes it), and the line passed peft's refusal on with nothing to set; the list it names then runs."""
+    from conftest import family_folder
+
+    folder = family_folder("falcon_h1", tmp_path, 0)
+    block = StudentConfig(model_id=str(folder), quantization="none")
+    block.lora.target_modules = "all-linear"
+    with pytest.raises(MiniverlError) as info:
+        models.load_student(block, models.source_of(block, None), torch.device("cpu"), lora_seed=0)
+    line = str(info.value)
+    assert line.startswith("model.lora.target_modules=all-linear: peft adapts no conv1d, out_proj of a falcon_h1 ")
+    listed = line.split("set model.lora.target_modules=[")[1].rstrip("]").split(",")
+    assert "out_proj" not in listed and {"q_proj", "o_proj", "in_proj", "down_proj"} <= set(listed)
+    block.lora.target_modules = listed
+    student = models.load_student(block, models.source_of(block, None), torch.device("cpu"), lora_seed=0)
+    assert any("lora_A" in name for name, _ in student.named_parameters())
+
+
+def test_a_vision_language_checkpoint_without_a_causal_lm_class_says_what_to_give_instead(tmp_path):
+    """A model-families audit: Mistral3ForConditionalGeneration (Ministral 3, Mistral Small 3.1) has no class
+    AutoModelForCausalLM loads; the line said transformers cannot load it, and nothing to do about it."""
+    from transformers import AutoConfig
+
+    folder = tmp_path / "ministral3"
+    AutoConfig.for_model("mistral3").save_pretrained(folder)
+    (folder / "model.safetensors").write_bytes(b"")  # refused on its config, before any weight is read
+    teacher = TeacherConfig(model_id=str(folder), quantization="none")
+    with pytest.raises(MiniverlError) as info:
+        models.load_teacher(teacher, models.source_of(teacher, None), torch.device("cpu"))
+    line = str(info.value)
+    assert line.startswith(f"teacher.model_id={folder}: transformers cannot load it (ValueError: Unrecognized ")
+    assert line.endswith(
+        "it is a vision-language checkpoint whose language model transformers does not load alone: give a "
+        "text-only release of the model, or its language model saved on its own"
+    )
+
+
 def test_a_model_folder_saved_without_its_tokenizer_is_named_as_such(tmp_path):
     """config.json and the weights, no tokenizer files (a model saved alone): the line says what is
     missing and the two ways to fix it, not transformers' cut-off "Couldn't instantiate the backend"."""

@@ -85,25 +85,51 @@ def test_a_teacher_whose_template_differs_only_in_its_default_system_prompt_fail
     assert "You are Qwen." in check.reason  # where they part
 
 
-def test_the_students_own_stop_ids_are_checked_whatever_its_teachers_mode(tmp_path):
-    """A new-user audit's student whose EOS is not its template's end of turn was warned of beside a standard
-    teacher, and PASSed with teacher.mode=ref."""
+def base_release(tmp_path):
+    """Toy student and teacher folders, the student's written as a base release is (Qwen's): its EOS and its
+    generation config's <|endoftext|>, not its template's end of turn <|im_end|>; one vocabulary."""
     import json
 
     from transformers import AutoTokenizer
 
     from conftest import toy_model_folders
 
-    student = toy_model_folders(tmp_path / "models")["student"]
+    folders = toy_model_folders(tmp_path / "models")
+    student = folders["student"]
     tokenizer = AutoTokenizer.from_pretrained(student)
     tokenizer.eos_token = "<|endoftext|>"
     tokenizer.save_pretrained(student)
     generation = json.loads((student / "generation_config.json").read_text())
     generation["eos_token_id"] = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     (student / "generation_config.json").write_text(json.dumps(generation))
+    return student, folders["teacher"]
+
+
+def test_the_students_own_stop_ids_are_checked_whatever_its_teachers_mode(tmp_path):
+    """A new-user audit's student whose EOS is not its template's end of turn was warned of beside a standard
+    teacher, and PASSed with teacher.mode=ref."""
+    student, _ = base_release(tmp_path)
     for mode in ("teacher.mode=ref", f"teacher.model_id={student}"):
         check = checks_of(f"model.model_id={student}", mode)["tokenizer"]
         assert check.status == "WARN" and "ends an assistant turn with '<|im_end|>'" in check.reason, (mode, check)
+
+
+def test_a_base_student_beside_an_instruct_teacher_is_told_to_share_one_tokenizer_not_to_align_text(tmp_path):
+    """A model-families audit: a base student (Qwen2.5's EOS) and the instruct teacher of its family, one
+    vocabulary, were refused with "set teacher.tokenizer_alignment=text"; doing so PASSed, and the student's
+    end of turn was no longer checked. The fix named is the tokenizer's; text alignment still warns."""
+    student, teacher = base_release(tmp_path)
+    pair = [f"model.model_id={student}", f"teacher.model_id={teacher}"]
+    check = checks_of(*pair)["tokenizer"]
+    assert check.status == "FAIL" and check.reason.endswith(
+        "of one vocabulary; set teacher.tokenizer_id to the student's tokenizer, or model.tokenizer_id to the "
+        "teacher's (the student's responses then end at the teacher's end of turn)"
+    )
+    assert "tokenizer_alignment" not in check.reason
+    check = checks_of(*pair, f"model.tokenizer_id={teacher}")["tokenizer"]
+    assert check.status == "PASS" and "responses end at ids" in check.reason
+    check = checks_of(*pair, "teacher.tokenizer_alignment=text")["tokenizer"]
+    assert check.status == "WARN" and "ends an assistant turn with '<|im_end|>'" in check.reason
 
 
 def test_a_teacher_saved_in_4_bits_already_is_said_to_load_as_saved_and_how_that_differs(tmp_path, monkeypatch):
@@ -145,6 +171,22 @@ def test_a_teacher_saved_in_4_bits_already_is_said_to_load_as_saved_and_how_that
     assert saved["saved_bits"] == 4 and weight_bytes(saved, "none", 2) == weight_bytes(saved, "nf4", 2)
     full = architecture("teacher", to_config(compose_config([*BASE, f"teacher.model_id={folders['teacher']}"])).teacher)
     assert full["saved_bits"] is None and weight_bytes(full, "none", 2) > weight_bytes(full, "nf4", 2)
+
+
+def test_a_model_with_an_mlp_width_per_layer_is_estimated_not_a_failed_check(tmp_path):
+    """A model-families audit: Gemma-3n's config lists one intermediate_size a layer (transformers saves a list
+    even when given one number), and the memory check failed on it ("the check itself failed")."""
+    from transformers import AutoConfig
+
+    from miniverl.trainer.memory_estimate import architecture, linear_weights
+
+    sizes = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    folder = tmp_path / "gemma3n"
+    AutoConfig.for_model("gemma3n_text", intermediate_size=[128, 256], **sizes).save_pretrained(folder)
+    block = to_config(compose_config([*BASE, f"model.model_id={folder}"])).model
+    widths = architecture("model", block)
+    assert widths["inter"] == 192  # the sum over the layers is the list's: 2 x 192 = 128 + 256
+    assert linear_weights(widths) == 2 * 64 * 16 * (2 * 4 + 2 * 2) + 3 * 64 * (128 + 256)
 
 
 def test_too_few_prompts_fail(tmp_path):
