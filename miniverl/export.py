@@ -9,11 +9,11 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from miniverl.config.export import EXPORT_FOLDER
 from miniverl.utils.errors import MiniverlError, exit_code_of
-from miniverl.utils.hydra_entry import KeepEarlierRunRecord, log_line, one_line_hydra_errors, run_as_main
+from miniverl.utils.hydra_entry import KeepEarlierRunRecord, log_line, one_line_hydra_errors, run_as_main, write_record
 from miniverl.verl_compat.field_rules import verl_key_hints
 from miniverl.verl_compat.launch_writer import export
 
@@ -39,15 +39,6 @@ def main(cfg: DictConfig) -> None:
     written = f"verl v{cfg.export.verl_version} launch written to {result.folder} ({files})"
     print(written)
     log_line(log, written)
-
-
-def write_record(cfg: DictConfig, hydra_cfg: DictConfig, record: Path) -> None:
-    """Hydra's own record of a command (what it writes into .hydra/ when it starts the job)."""
-    OmegaConf.save(cfg, record / "config.yaml")
-    hydra_record = OmegaConf.create(OmegaConf.to_container(hydra_cfg))
-    hydra_record.output_subdir = record.name  # as Hydra records it (KeepEarlierRunRecord set it aside)
-    OmegaConf.save(OmegaConf.create({"hydra": hydra_record}), record / "hydra.yaml")
-    OmegaConf.save(hydra_cfg.overrides.task, record / "overrides.yaml")
 
 
 def cli() -> None:

@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 
 from miniverl.trainer.runner import run, same_command
 from miniverl.utils.errors import MiniverlError, RunStopped, ctrl_c_stop, exit_code_of
-from miniverl.utils.hydra_entry import config_flags, log_line, one_line_hydra_errors, run_as_main
+from miniverl.utils.hydra_entry import config_flags, log_line, one_line_hydra_errors, run_as_main, write_record
 from miniverl.utils.overrides import shell_override
 from miniverl.utils.signals import interrupting_signals, signal_of
 from miniverl.verl_compat.field_rules import verl_key_hints
@@ -36,10 +36,17 @@ def main(cfg: DictConfig) -> None:
         from miniverl.utils.run_folder import ERROR_FILE
 
         (run_dir / ERROR_FILE).unlink(missing_ok=True)
+    recorded = []  # trainer.overwrite=true over an earlier run: its record stays until this run holds the folder
+
+    def record():
+        write_record(cfg, hydra_cfg, run_dir / ".hydra")
+        recorded.append(True)
+
+    replacing = cfg.trainer.overwrite and hydra_cfg.output_subdir is None
     try:
         try:
             with interrupting_signals():  # SIGTERM outside an update: one line, as Ctrl-C (by default: none)
-                run(cfg, run_dir, args, sweep=sweep)
+                run(cfg, run_dir, args, sweep=sweep, record=record if replacing else None)
         except KeyboardInterrupt as stop:  # before the run (imports, pre-flight checks) or after it (its resume check)
             by = signal_of(stop)
             raise ctrl_c_stop(f"stopped by {by.name}; run {same_command(args, sweep)} again to go on", by) from None
@@ -73,7 +80,7 @@ def main(cfg: DictConfig) -> None:
             )
         if not isinstance(error, MiniverlError):
             raise
-        if hydra_cfg.output_subdir is not None:  # None: the folder is an earlier run's, left as it was
+        if hydra_cfg.output_subdir is not None or recorded:  # None: the folder is an earlier run's, left as it was
             log_line(log, str(error), logging.ERROR)
         sys.exit(exit_code_of(error))
 

@@ -34,10 +34,11 @@ from miniverl.utils.signals import signal_of
 log = logging.getLogger("miniverl")
 
 
-def run(cfg: DictConfig, run_dir: Path, args: list[str] = (), sweep: bool = False) -> dict:
+def run(cfg: DictConfig, run_dir: Path, args: list[str] = (), sweep: bool = False, record=None) -> dict:
     """Validate, check, train and report; returns the report. `args` (the command line's config
     flags and overrides) let the recipe's resume check run this same job again in fresh processes; in a sweep job
-    (`sweep`) the check runs only with recipe.resume_check_in_sweeps=true."""
+    (`sweep`) the check runs only with recipe.resume_check_in_sweeps=true. `record`: called once the folder is
+    this run's (trainer.overwrite=true over an earlier run, whose command's record is kept until then)."""
     config = to_config(cfg)
     k = None if os.environ.get(TWIN_ENV) else config.recipe.resume_check_in(sweep)
     resolved = resolved_config(cfg)
@@ -59,14 +60,14 @@ def run(cfg: DictConfig, run_dir: Path, args: list[str] = (), sweep: bool = Fals
     refuse_overwriting_inputs(config, run_dir)
     trainer = OPDTrainer(config, resolved, run_dir)
     try:
-        return train_and_report(trainer, run_dir, list(args), sweep, k, starting, warnings)
+        return train_and_report(trainer, run_dir, list(args), sweep, k, starting, warnings, record)
     finally:  # the run folder's lock: this process's run is over, however it ended
         if trainer.out is not None:
             trainer.out.release()
 
 
 def train_and_report(
-    trainer, run_dir: Path, args: list[str], sweep: bool, k: int | None, starting: str, warnings: list[str]
+    trainer, run_dir: Path, args: list[str], sweep: bool, k: int | None, starting: str, warnings: list[str], record
 ) -> dict:
     """Set up, train, finish and check the resume of `trainer`'s run; the line a stopped or failed one ends with."""
     config = trainer.cfg
@@ -78,6 +79,8 @@ def train_and_report(
                 to_main_log(starting)
                 for line in warnings:
                     log_line(log, line, logging.WARNING)
+                if record is not None:
+                    record()
         stop, resumed = config.trainer.stop_after_updates, trainer.resumed
         if stop is not None and resumed is not None and stop < resumed.update:  # equal: the stop's own command
             log.warning(

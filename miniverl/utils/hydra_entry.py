@@ -127,6 +127,8 @@ def hydra_error_line(error: Exception, verl_hints: Callable[[], dict[str, str]] 
 
 RUN_DIR_FIX = "choose another hydra.run.dir (hydra.sweep.dir with -m)"
 SWEEP_DIR: list[Path] = []  # the folder of the sweep this command runs, once SweepPreflight has let it start
+# The descriptor that holds that folder's lock until the command ends, and the folder where the lock made it.
+SWEEP_LOCK: list[tuple[int, Path | None]] = []
 
 
 def one_line_hydra_errors(entry: Callable | None = None, *, verl_hints: Callable[[], dict[str, str]] | None = None):
@@ -196,6 +198,11 @@ def one_line_hydra_errors(entry: Callable | None = None, *, verl_hints: Callable
         finally:
             hydra_internal.run_and_report = original
             ENTRY_VERL_HINTS.clear()
+            for descriptor, made in SWEEP_LOCK:  # the sweep's folder, free for the next command (the tests run several)
+                os.close(descriptor)
+                if made is not None and not any(made.iterdir()):  # refused by Hydra after the lock: nothing written
+                    made.rmdir()
+            SWEEP_LOCK.clear()
 
     return wrapped
 
@@ -219,7 +226,8 @@ class KeepEarlierRunRecord(Callback):
     refused command changes nothing there (an export that replaced the earlier one writes its own
     record after: miniverl.export). The same in a folder of the user's own files that a run would
     replace, which miniverl refuses: no .hydra/ there, no error line in its main.log. With
-    trainer.overwrite=true a new run replaces the old one, record included (an export never replaces a run)."""
+    trainer.overwrite=true too (it may be refused: the folder in use, a wrong value): a run that replaces the
+    old one writes its own record once it holds the folder (write_record; an export never replaces a run)."""
 
     # Whether this command, an export, kept an earlier export's record (miniverl.export then writes
     # its own once the launch is written). Set at every command's start: one process may run several.
@@ -230,8 +238,6 @@ class KeepEarlierRunRecord(Callback):
         refuse_an_empty_folder(config, "hydra.run.dir")
         run_dir = Path(config.hydra.run.dir)
         exporting = config.hydra.job.name == "export"
-        if OmegaConf.select(config, "trainer.overwrite") and not exporting:
-            return
         if not run_dir.is_dir() or not any(run_dir.iterdir()):  # a new folder: nothing to keep
             return
         from miniverl.config.export import EXPORT_FOLDER
@@ -242,3 +248,14 @@ class KeepEarlierRunRecord(Callback):
             with read_write(config.hydra), open_dict(config.hydra):
                 config.hydra.output_subdir = None
             KeepEarlierRunRecord.kept_export_record = exporting and not run_here
+
+
+def write_record(cfg: DictConfig, hydra_cfg: DictConfig, record: Path) -> None:
+    """Hydra's own record of a command (what it writes into .hydra/ when it starts the job), written by a
+    command that replaced the earlier one whose record KeepEarlierRunRecord kept."""
+    record.mkdir(exist_ok=True)
+    OmegaConf.save(cfg, record / "config.yaml")
+    hydra_record = OmegaConf.create(OmegaConf.to_container(hydra_cfg))
+    hydra_record.output_subdir = record.name  # as Hydra records it (KeepEarlierRunRecord set it aside)
+    OmegaConf.save(OmegaConf.create({"hydra": hydra_record}), record / "hydra.yaml")
+    OmegaConf.save(hydra_cfg.overrides.task, record / "overrides.yaml")

@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from miniverl.config import ENTRY_VERL_HINTS
 from miniverl.utils.errors import MiniverlError
-from miniverl.utils.hydra_entry import SWEEP_DIR, config_flags, hydra_error_line, refuse_an_empty_folder
+from miniverl.utils.hydra_entry import SWEEP_DIR, SWEEP_LOCK, config_flags, hydra_error_line, refuse_an_empty_folder
 from miniverl.utils.overrides import override_key
 
 
@@ -34,10 +34,31 @@ class SweepPreflight(Callback):
             or self.another_sweep(config)
             or self.invalid_jobs(config)
         )
-        if refusal:
+        if refusal := refusal or self.in_use(config):
             print(f"miniverl: error: {refusal}", file=sys.stderr)
             raise SystemExit(2)
         SWEEP_DIR[:] = [Path(config.hydra.sweep.dir)]  # a Ctrl-C between two jobs says how to go on in it
+
+    @staticmethod
+    def in_use(config: DictConfig) -> str | None:
+        """The sweep folder, locked for as long as this command runs (hydra_entry closes SWEEP_LOCK): the same
+        sweep started twice would run each job in one process and have the other refused in the folder it
+        holds, so that both listed every job as failed."""
+        from miniverl.utils.run_folder import flock_folder  # torch and peft: the jobs import them anyway
+
+        sweep_dir = Path(config.hydra.sweep.dir)
+        made = None if sweep_dir.is_dir() else sweep_dir  # every refusal above has passed: Hydra writes it next
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            descriptor = flock_folder(sweep_dir)
+        except BlockingIOError:
+            return (
+                f"hydra.sweep.dir={sweep_dir} is in use: another sweep is running there now; wait until it ends, "
+                "then run the same command again (finished jobs are kept, stopped ones resume), or choose another "
+                "hydra.sweep.dir"
+            )
+        SWEEP_LOCK.extend([(descriptor, made)] if descriptor is not None else [])
+        return None
 
     @staticmethod
     def shared_job_folder(config: DictConfig) -> str | None:
@@ -134,10 +155,14 @@ class SweepPreflight(Callback):
                 "time, so its job folders cannot be matched to this run's jobs: choose another hydra.sweep.dir"
             )
         if (config_flags(earlier), numbered_jobs(earlier)) != (config_flags(config.hydra), numbered_jobs(config.hydra)):
+            # Without trainer.overwrite=true: to go on with that sweep is to keep its finished jobs and resume.
+            kept = [o for o in earlier.overrides.task if override_key(o) != "trainer.overwrite"]
+            afresh = any(o.split("=", 1)[-1].lower() == "true" for o in earlier.overrides.task if o not in kept)
             return (
                 f"hydra.sweep.dir={sweep_dir} holds the runs of another sweep (its arguments: "
-                f"{' '.join([*config_flags(earlier), *earlier.overrides.task])}); choose another hydra.sweep.dir, or "
-                "run that sweep's command to go on with it"
+                f"{' '.join([*config_flags(earlier), *kept])}); choose another hydra.sweep.dir, or run that sweep's "
+                "command to go on with it"
+                + (" (without the trainer.overwrite=true it had: that would start every job afresh)" if afresh else "")
             )
         afresh = "every job starts afresh (trainer.overwrite=true)"
         what = (

@@ -121,6 +121,23 @@ def test_a_finished_run_folder_is_never_overwritten(toy_run, capfd):
     assert all(p.read_bytes() == data for p, data in before.items())
 
 
+@pytest.mark.slow
+def test_a_refused_overwrite_leaves_the_runs_record_and_log_and_one_that_replaces_it_writes_its_own(tmp_path, capfd):
+    """A lose-work audit: a trainer.overwrite=true command refused (a value out of range, the folder in use)
+    rewrote the run's .hydra/ with its own overrides and added its error line to the run's main.log."""
+    run_dir = tmp_path / "run"
+    short = [*TOY, "recipe.interrupt_after_updates=null", f"hydra.run.dir={run_dir}"]
+    assert run_as_command("main", *short) == 0
+    kept = {p: p.read_bytes() for p in [*(run_dir / ".hydra").iterdir(), run_dir / "main.log"]}
+    assert run_as_command("main", *short, "trainer.overwrite=true", "actor.optim.lr=-1e-4") == 2
+    assert "actor.optim.lr=-0.0001 must be > 0" in capfd.readouterr().err
+    assert {p: p.read_bytes() for p in kept} == kept
+    assert run_as_command("main", *short, "trainer.overwrite=true", "actor.optim.lr=2e-5") == 0
+    assert "actor.optim.lr=2e-5" in (run_dir / ".hydra" / "overrides.yaml").read_text()
+    assert "lr: 2.0e-05" in (run_dir / ".hydra" / "config.yaml").read_text()
+    assert json.loads((run_dir / "report.json").read_text())["status"] == "measured"
+
+
 def test_a_folder_of_the_users_own_files_is_refused_without_writing_into_it(tmp_path, capfd):
     """A new-user audit: the refusal was right, and its error line was appended to the user's own main.log
     (and Hydra's .hydra/ written beside it)."""

@@ -249,10 +249,36 @@ def test_a_signal_stops_the_whole_sweep_and_its_line_gives_both_ways_to_go_on(tm
     capfd.readouterr()
     before = tree_digest(sweep_dir)
     assert multirun(sweep_dir, *swept[:3], "estimator=k1,k2") == 2
-    assert capfd.readouterr().err.startswith(
-        f"miniverl: error: hydra.sweep.dir={sweep_dir} holds the runs of another sweep"
+    refusal = capfd.readouterr().err.strip()
+    assert refusal.startswith(f"miniverl: error: hydra.sweep.dir={sweep_dir} holds the runs of another sweep")
+    # A sweep-audit: the line gave that sweep's trainer.overwrite=true to go on with, which restarts every job.
+    assert "trainer.overwrite=true)" not in refusal.split("; choose")[0] and refusal.endswith(
+        "run that sweep's command to go on with it (without the trainer.overwrite=true it had: that would start "
+        "every job afresh)"
     )
     assert tree_digest(sweep_dir) == before
+
+
+def test_a_sweep_into_the_folder_of_a_sweep_that_is_running_is_refused_before_it_writes(tmp_path, capfd):
+    """A lose-work audit: the same sweep started twice into one folder ran each job in one process, the other
+    refused there writing its error into the job folder the first was running: both listed every job as
+    failed. The running sweep holds its folder's lock (here this process, as another would)."""
+    from miniverl.utils.run_folder import flock_folder
+
+    sweep_dir = tmp_path / "s"
+    sweep_dir.mkdir()
+    held = flock_folder(sweep_dir)
+    try:
+        assert multirun(sweep_dir, *SWEPT, "estimator=k1,k3") == 2
+    finally:
+        os.close(held)
+    assert capfd.readouterr().err.strip() == (
+        f"miniverl: error: hydra.sweep.dir={sweep_dir} is in use: another sweep is running there now; wait until it "
+        "ends, then run the same command again (finished jobs are kept, stopped ones resume), or choose another "
+        "hydra.sweep.dir"
+    )
+    assert list(sweep_dir.iterdir()) == []
+    assert multirun(sweep_dir, *SWEPT, "estimator=k1,k3") == 0  # once it is free
 
 
 def test_the_slurm_launcher_on_a_machine_without_slurm_is_one_line_before_anything_is_written(
