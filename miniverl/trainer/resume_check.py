@@ -31,11 +31,11 @@ from pathlib import Path
 
 from miniverl.trainer.resume_state import INTERRUPTED, TWIN_ENV, check_command, pending_block
 from miniverl.utils.checkpoint import checkpoint_update, checkpoints_in
-from miniverl.utils.errors import RunStopped
+from miniverl.utils.errors import MiniverlError, RunStopped
 from miniverl.utils.measure import folder_bytes
-from miniverl.utils.run_folder import atomic_write_bytes, readable_json
+from miniverl.utils.run_folder import atomic_write_bytes, flock_folder, readable_json
 from miniverl.utils.run_names import MACHINE_METRIC_PREFIXES, REPORT, STATE, TRAJECTORIES
-from miniverl.utils.signals import SignalReceived, raised_signals
+from miniverl.utils.signals import SignalReceived, die_with_parent, raised_signals
 
 log = logging.getLogger(__name__)
 # Differs between the three runs by construction (their trainer.stop_after_updates/resume_from).
@@ -78,6 +78,7 @@ def run_child(args: list[str], extra: list[str], run_dir: Path) -> None:
         text=True,
         env={**os.environ, TWIN_ENV: "1", "WANDB_MODE": "disabled"},  # no resume check of its own; no W&B run
         start_new_session=True,  # not in the terminal's process group: a Ctrl-C is this process's to handle
+        preexec_fn=die_with_parent,  # killed with this process: a leftover would write into a later check's folders
     )
     try:
         for line in child.stdout:
@@ -162,7 +163,17 @@ def resumed_from_difference(resumed_block: dict, stop_ckpt: Path, k: int) -> str
 def verify_resume(run_dir: Path, args: list[str], interrupt_after: int) -> dict:
     """Run the interrupted and resumed twins of this run; returns the report's `resume` block."""
     interrupted, resumed = run_dir / "resume_check" / "interrupted", run_dir / "resume_check" / "resumed"
-    shutil.rmtree(run_dir / "resume_check", ignore_errors=True)  # a stopped check's leftovers: start afresh
+    for twin in (interrupted, resumed):  # a stopped check's leftovers go, unless a process of it still runs there
+        try:
+            held = flock_folder(twin) if twin.is_dir() else None
+        except BlockingIOError:
+            raise MiniverlError(
+                f"resume check: {twin} is in use by a run of an earlier check, still going on (left by a command "
+                "that was killed); wait until it ends, then run the same command again"
+            ) from None
+        if held is not None:
+            os.close(held)
+    shutil.rmtree(run_dir / "resume_check", ignore_errors=True)
     block = {
         "status": "mismatch",
         "excluded_run_identity_field": EXCLUDED_RUN_IDENTITY_FIELD,

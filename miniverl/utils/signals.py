@@ -8,7 +8,9 @@ at once, in one line (interrupting_signals).
 
 from __future__ import annotations
 
+import ctypes
 import signal
+import sys
 import threading
 from contextlib import contextmanager
 
@@ -114,3 +116,10 @@ def raised_signals():
 
     with _handling(stop):
         yield
+
+
+def die_with_parent() -> None:
+    """subprocess's preexec_fn: the child is killed when the process that started it dies, however (SIGKILL,
+    a closed terminal's SIGHUP), rather than run on unattended. Linux's PR_SET_PDEATHSIG; elsewhere nothing."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG

@@ -841,3 +841,24 @@ def test_a_resume_after_its_training_data_was_edited_is_refused_naming_the_data(
     with pytest.raises(MiniverlError) as info:
         run(compose_config([*own, f"trainer.resume_from={stopped}"]), tmp_path / "resumed")
     assert "the files of data.train_files changed since that run: resume with them as they were" in str(info.value)
+
+
+def test_a_check_run_again_while_a_run_of_the_earlier_check_goes_on_is_refused_and_takes_nothing_of_it(tmp_path):
+    """A lose-work audit: a run of the resume check, left running by a command killed with SIGKILL, wrote its
+    checkpoint into the folders the command run again had made afresh for its own check, whose verdict became
+    a mismatch for good. Its folder's lock (held here, as that run holds it) refuses the new check first."""
+    from miniverl.utils.run_folder import flock_folder
+
+    twin = tmp_path / "resume_check" / "interrupted"
+    (twin / "checkpoints").mkdir(parents=True)
+    held = flock_folder(twin)
+    try:
+        with pytest.raises(MiniverlError) as refused:
+            resume_check.verify_resume(tmp_path, ["+recipe=opd_k1"], 1)
+    finally:
+        os.close(held)
+    assert str(refused.value) == (
+        f"resume check: {twin} is in use by a run of an earlier check, still going on (left by a command that was "
+        "killed); wait until it ends, then run the same command again"
+    )
+    assert (twin / "checkpoints").is_dir()  # nothing of it removed

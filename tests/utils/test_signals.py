@@ -58,3 +58,34 @@ def test_a_signal_python_swallows_in_a_finalizer_still_stops_the_run_before_its_
     assert stopped.value.signum == signal.SIGTERM
     with interrupting_signals(), deferred_signals():  # nothing left over for the next command in this process
         pass
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_child_started_with_die_with_parent_dies_when_its_parent_is_killed():
+    """A lose-work audit: the resume check's runs outlived a command killed with SIGKILL (or a closed
+    terminal's SIGHUP), and the command run again found one of them writing into its new check's folders."""
+    import subprocess
+    import time
+
+    parent = (
+        "import subprocess, sys, time; from miniverl.utils.signals import die_with_parent; "
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True, "
+        "preexec_fn=die_with_parent); print(child.pid, flush=True); time.sleep(60)"
+    )
+    started = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True)
+    child = int(started.stdout.readline())
+    os.kill(started.pid, signal.SIGKILL)
+    started.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)  # still there (or a zombie until init reaps it)
+            with open(f"/proc/{child}/stat") as stat:
+                if stat.read().split(")")[-1].split()[0] == "Z":
+                    break
+        except (ProcessLookupError, FileNotFoundError):
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(child, signal.SIGKILL)
+        pytest.fail("the child outlived its parent")
