@@ -167,7 +167,8 @@ def one_line_hydra_errors(entry: Callable | None = None, *, verl_hints: Callable
                 except ValueError as error:  # logging's dictConfig: "Unable to configure handler 'file'"
                     if not isinstance(error.__cause__, OSError):
                         raise
-                    raise SystemExit(exit_code_of(unwritable(error.__cause__, RUN_DIR_FIX))) from None
+                    fix = RUN_DIR_FIX + going_on(error.__cause__.filename)
+                    raise SystemExit(exit_code_of(unwritable(error.__cause__, fix))) from None
                 except OSError as error:  # Hydra creates the run folder (and its log) before our code runs
                     if isinstance(error, (FileExistsError, NotADirectoryError)):  # a file where a folder goes
                         path = Path(error.filename)
@@ -176,7 +177,7 @@ def one_line_hydra_errors(entry: Callable | None = None, *, verl_hints: Callable
                     elif isinstance(error, FileNotFoundError):  # a parent that holds no folders (/proc)
                         line = MiniverlError(f"cannot make {error.filename}: {error.strerror}; {RUN_DIR_FIX}")
                     else:
-                        line = unwritable(error, RUN_DIR_FIX)
+                        line = unwritable(error, RUN_DIR_FIX + going_on(error.filename))
                     raise SystemExit(exit_code_of(line)) from None
 
             return original(guarded)
@@ -205,6 +206,16 @@ def one_line_hydra_errors(entry: Callable | None = None, *, verl_hints: Callable
             SWEEP_LOCK.clear()
 
     return wrapped
+
+
+def going_on(unwritable_file: str | None) -> str:
+    """For a run folder that cannot be written (its main.log, its .hydra/): how a new folder goes on from the
+    checkpoints it holds, where it holds some (a stopped run's folder made read-only, say)."""
+    folders = Path(unwritable_file).parents[:2] if unwritable_file else ()
+    run_dir = next((folder for folder in folders if (folder / "checkpoints").is_dir()), None)
+    if run_dir is None:
+        return ""
+    return f", and add {shell_override('trainer.resume_from', run_dir)} to go on from its checkpoints"
 
 
 def refuse_an_empty_folder(config: DictConfig, key: str) -> None:

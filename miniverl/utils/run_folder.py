@@ -184,7 +184,7 @@ class RunFolder:
             why = failure.get("reason") if isinstance(failure, dict) else None
             log.warning(
                 "run folder %s holds a run of this plan that stopped before its first checkpoint "
-                "(no checkpoint; no report, or a failed one%s): starting it again",
+                "(no checkpoint; no report, or a failed one%s): this command's run takes its place",
                 self.root,
                 f": {why}" if why else "",
             )

@@ -260,6 +260,14 @@ def test_a_run_folder_whose_log_cannot_be_opened_is_one_line(tmp_path, monkeypat
         f"miniverl: error: cannot write {tmp_path / 'run' / 'main.log'}: Read-only file system; "
         "choose another hydra.run.dir (hydra.sweep.dir with -m)"
     )
+    # A lose-work audit: a stopped run's folder made read-only; a new folder starts afresh unless it is told.
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    assert run_as_command("main", *BASE, f"hydra.run.dir={tmp_path / 'run'}") == 2
+    assert capfd.readouterr().err.strip().splitlines()[-1] == (
+        f"miniverl: error: cannot write {tmp_path / 'run' / 'main.log'}: Read-only file system; "
+        f"choose another hydra.run.dir (hydra.sweep.dir with -m), and add trainer.resume_from={tmp_path / 'run'} "
+        "to go on from its checkpoints"
+    )
 
 
 # What a full disk raises: the OS's error, or safetensors' own (its Rust writer reports the OS's as

@@ -759,8 +759,8 @@ def test_the_same_command_restarts_a_run_killed_before_its_first_checkpoint(refe
     capfd.readouterr()
     assert run_as_command("main", *ARGS, f"hydra.run.dir={run_dir}") == 0  # the same command
     assert (
-        "stopped before its first checkpoint (no checkpoint; no report, or a failed one): starting it again"
-        in capfd.readouterr().out
+        "stopped before its first checkpoint (no checkpoint; no report, or a failed one): this command's run takes "
+        "its place" in capfd.readouterr().out
     )
     assert json.loads((run_dir / "report.json").read_text())["status"] == "measured"
     assert first_difference(reference, run_dir)[1] is None
