@@ -21,6 +21,7 @@ from safetensors import safe_open
 from transformers import PreTrainedModel
 from transformers.pytorch_utils import Conv1D
 
+from miniverl.config.model import ALL_LINEAR
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import model_folder_digest, sha256_file
 from miniverl.utils.run_names import ADAPTER, STATE
@@ -79,6 +80,28 @@ def linear_layer_names(model: PreTrainedModel) -> list[str]:
         if isinstance(module, (torch.nn.Linear, Conv1D)) and module is not output
     )
     return list(dict.fromkeys(found))
+
+
+def routers_problem(model: PreTrainedModel, targets) -> str | None:
+    """The one line for LoRA targets that take a MoE router (Phi-3.5-MoE's, Llama 4's): a linear layer of the
+    model's own class whose forward returns more than a tensor, which peft wraps (all-linear too) and which
+    then fails in the first forward; None where no target is one."""
+    routers = {
+        name.rsplit(".", 1)[-1]: type(module).__name__
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear)
+        and type(module).__module__.startswith("transformers.models.")
+        and type(module).forward is not torch.nn.Linear.forward
+    }
+    taken = {name: kind for name, kind in routers.items() if targets == ALL_LINEAR or name in targets}
+    if not taken:
+        return None
+    kept = ",".join(name for name in linear_layer_names(model) if name not in routers)
+    return (
+        f"model.lora.target_modules={targets if isinstance(targets, str) else '[' + ','.join(targets) + ']'}: "
+        f"{', '.join(f'{name} ({kind})' for name, kind in taken.items())} routes tokens to experts and returns more "
+        f"than a tensor, which LoRA cannot wrap; set model.lora.target_modules=[{kept}]"
+    )
 
 
 def same_model(a: str, b: str) -> bool:

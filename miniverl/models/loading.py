@@ -305,6 +305,8 @@ def wrap_student(model: PreTrainedModel, block: StudentConfig, device: torch.dev
     targets = block.lora.peft_targets()
     if targets != ALL_LINEAR and (problem := adapters.targets_problem(model, targets)):
         raise MiniverlError(problem)
+    if problem := adapters.routers_problem(model, targets):
+        raise MiniverlError(problem)
     lora = LoraConfig(
         r=block.lora.r,
         lora_alpha=block.lora.alpha,

@@ -192,6 +192,33 @@ def test_a_vision_language_checkpoint_without_a_causal_lm_class_says_what_to_giv
     )
 
 
+def test_lora_targets_that_take_a_moe_router_are_refused_with_the_list_that_leaves_it_out(tmp_path):
+    """A model-families audit: Phi-3.5-MoE's router is a linear layer of its own class that returns a tuple;
+    all-linear wrapped it and the first rollout ended in a traceback ('tuple' object has no attribute 'dtype')."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from miniverl.models import toy
+
+    tokenizer = toy.build_toy_tokenizer()
+    sizes = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+    config = AutoConfig.for_model(
+        "phimoe", vocab_size=len(tokenizer), num_key_value_heads=2, num_local_experts=2, **sizes
+    )
+    folder = toy.save_toy(AutoModelForCausalLM.from_config(config), tokenizer, tmp_path / "phimoe", "bfloat16")
+    block = StudentConfig(model_id=str(folder), quantization="none")
+    block.lora.target_modules = "all-linear"
+    with pytest.raises(MiniverlError) as info:
+        models.load_student(block, models.source_of(block, None), torch.device("cpu"), lora_seed=0)
+    line = str(info.value)
+    assert line.startswith("model.lora.target_modules=all-linear: router (PhimoeTopKRouter) routes tokens to experts")
+    listed = line.split("set model.lora.target_modules=[")[1].rstrip("]").split(",")
+    assert "router" not in listed and {"q_proj", "o_proj"} <= set(listed)
+    block.lora.target_modules = listed
+    student = models.load_student(block, models.source_of(block, None), torch.device("cpu"), lora_seed=0)
+    ids = torch.tensor([[1, 2, 3]])
+    assert student(input_ids=ids).logits.shape == (1, 3, len(tokenizer))
+
+
 def test_a_model_folder_saved_without_its_tokenizer_is_named_as_such(tmp_path):
     """config.json and the weights, no tokenizer files (a model saved alone): the line says what is
     missing and the two ways to fix it, not transformers' cut-off "Couldn't instantiate the backend"."""
