@@ -96,7 +96,8 @@ def routers_problem(model: PreTrainedModel, targets) -> str | None:
     taken = {name: kind for name, kind in routers.items() if targets == ALL_LINEAR or name in targets}
     if not taken:
         return None
-    kept = ",".join(name for name in linear_layer_names(model) if name not in routers)
+    listed = linear_layer_names(model) if targets == ALL_LINEAR else targets  # the names asked for, but routers
+    kept = ",".join(name for name in listed if name not in routers)
     return (
         f"model.lora.target_modules={targets if isinstance(targets, str) else '[' + ','.join(targets) + ']'}: "
         f"{', '.join(f'{name} ({kind})' for name, kind in taken.items())} routes tokens to experts and returns more "

@@ -316,26 +316,28 @@ def wrap_student(model: PreTrainedModel, block: StudentConfig, device: torch.dev
         task_type="CAUSAL_LM",
         revision=hub_revision(block.model_id, block.revision),  # adapter_config.json's: the base's pinned commit
     )
-    linear = adapters.linear_layer_names(model)  # before peft, which wraps layers before it may refuse one
+    # The names a refusal's fix keeps from: read before peft, which wraps layers before it may refuse one.
+    listed = adapters.linear_layer_names(model) if targets == ALL_LINEAR else targets
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(lora_seed)  # LoRA A's initialisation draws from the global generator
         try:
             peft_model = get_peft_model(model, lora)
         except ValueError as error:
-            fix = targets_fix(model.config.model_type, linear, error)
+            fix = targets_fix(model.config.model_type, listed, error)
             raise MiniverlError(f"model.lora.target_modules={hydra_value(targets)}: {fix}") from None
     # Gradient checkpointing is only active in train mode: rollout and log-prob passes run in eval.
     return peft_model.eval()
 
 
-def targets_fix(model_type: str, linear: list[str], error: ValueError) -> str:
+def targets_fix(model_type: str, targets: list[str], error: ValueError) -> str:
     """peft's refusal of LoRA target names, with the list to set where peft names the layers it refuses
-    (a Mamba-family model: its state-space layers' out_proj and conv1d, which all-linear takes too)."""
+    (a Mamba-family model: its state-space layers' out_proj and conv1d, which all-linear takes too):
+    `targets` (the names listed, or every linear layer's for all-linear) without those."""
     refused = re.search(r"Incompatible modules: (\{[^}]*\})", str(error))
     if refused is None:
         return str(error)
     names = ast.literal_eval(refused.group(1))
-    kept = ",".join(name for name in linear if name not in names)
+    kept = ",".join(name for name in targets if name not in names)
     return (
         f"peft adapts no {', '.join(sorted(names))} of a {model_type} model (state-space layers); "
         f"set model.lora.target_modules=[{kept}]"

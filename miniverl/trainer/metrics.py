@@ -11,6 +11,7 @@ import torch
 
 from miniverl.config.recipe import RecipeConfig
 from miniverl.protocol import Batch
+from miniverl.utils.measure import cuda_peaks
 from miniverl.utils.run_names import LOSS_KEY, SCORE_KEY
 
 GIB = 1024**3
@@ -58,9 +59,9 @@ def time_metrics(batch: Batch, seconds: dict[str, float], device: torch.device) 
             "perf/cpu_memory_used_gb": psutil.virtual_memory().used / GIB,
         }
     )
-    if device.type == "cuda":
-        out["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(device) / GIB
-        out["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved(device) / GIB
+    allocated, reserved = cuda_peaks(device)  # nulls off CUDA
+    if allocated is not None:
+        out.update({"perf/max_memory_allocated_gb": allocated, "perf/max_memory_reserved_gb": reserved})
     return out
 
 

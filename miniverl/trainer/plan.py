@@ -245,7 +245,7 @@ def prompt_order(prompts: PromptSet, cfg: MiniverlConfig, needed: int) -> list[i
     """Parquet rows in consumption order, as verl's train dataloader yields them: passes over the kept
     prompts, each cut to whole batches of recipe.logical_batch (verl's drop_last), with data.shuffle each
     pass a torch.randperm of one generator seeded with data.seed (verl's RandomSampler); checked against
-    verl's own sampler in tests/trainer/test_plan_order.py."""
+    verl's own sampler in tests/trainer/test_plan.py."""
     rows = list(prompts.rows)
     whole = len(rows) // cfg.recipe.logical_batch * cfg.recipe.logical_batch
     generator = torch.Generator()

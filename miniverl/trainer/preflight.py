@@ -102,12 +102,11 @@ def check_data(cfg: MiniverlConfig, tokenizer) -> Check:
     if usable < needed:
         status = "WARN" if cfg.data.repeat_prompts else "FAIL"
         fix = "" if cfg.data.repeat_prompts else "; add prompts or set data.repeat_prompts=true"
-        return Check(
-            status,
-            "data",
-            f"{facts}: the plan consumes {needed} prompts from {usable} usable ones "
-            f"({needed / usable:.1f} passes){fix}",
-        )
+        batches = usable // cfg.recipe.logical_batch  # whole batches a pass: verl's drop_last
+        passes, left = -(-cfg.recipe.optimizer_updates // batches), usable - batches * cfg.recipe.logical_batch
+        left_out = f", {left} prompts a pass left out (its last partial batch, as verl drops it)" if left else ""
+        line = f"{facts}: the plan consumes {needed} prompts from {usable} usable ones ({passes} passes{left_out})"
+        return Check(status, "data", line + fix)
     dropped = f", {len(over)} dropped as overlong" if over else ""
     line = f"{facts}{dropped}; the plan consumes {needed} of {usable} usable prompts"
     if unread:
@@ -138,18 +137,18 @@ def check_reward(cfg: MiniverlConfig) -> Check:
 
 def check_tokenizers(cfg: MiniverlConfig, student_tok) -> Check:
     """Every separate teacher scores the student's token ids (ref / shared_base share them)."""
-    shared, scored, padded, status = [], [], False, "PASS"
+    facts, scored, padded, status = [], [], False, "PASS"
     for name, block in cfg.teacher_blocks.items():
         where = cfg.teacher_where(name)
         if block.mode != "standard":
-            shared.append(f"{where}.mode={block.mode} shares the student's tokenizer and base")
+            facts.append(f"{where}.mode={block.mode} shares the student's tokenizer and base")
             continue
         teacher_tok = models.load_tokenizer(where, block, models.source_of(block, None))
         if block.text_aligned and tokenizers.tokenizers_differ(student_tok, teacher_tok):
             alignment = check_alignment(cfg, student_tok, teacher_tok)
             if alignment.status == "FAIL":
                 return alignment
-            shared.append(alignment.reason)  # and the student's own end of turn below, as with one tokenizer
+            facts.append(alignment.reason)  # and the student's own end of turn below, as with one tokenizer
             status = alignment.status
             continue
         rows = (architecture("model", cfg.model)["vocab"], architecture(where, block)["vocab"])
@@ -158,7 +157,6 @@ def check_tokenizers(cfg: MiniverlConfig, student_tok) -> Check:
             return Check("FAIL", "tokenizer", f"{where}: {problem}" if cfg.teachers else problem)
         padded = padded or not rows[0] == rows[1] == len(student_tok)
         scored.append(f"{where if cfg.teachers else 'teacher'} {rows[1]}")
-    facts = shared
     if scored:
         student_rows = architecture("model", cfg.model)["vocab"]
         padding = "; output rows past the tokenizer are padding, never sampled or scored" if padded else ""

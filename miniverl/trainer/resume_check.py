@@ -18,6 +18,7 @@ check (`resume_state.check_is_pending`).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -78,7 +79,7 @@ def run_child(args: list[str], extra: list[str], run_dir: Path) -> None:
         text=True,
         env={**os.environ, TWIN_ENV: "1", "WANDB_MODE": "disabled"},  # no resume check of its own; no W&B run
         start_new_session=True,  # not in the terminal's process group: a Ctrl-C is this process's to handle
-        preexec_fn=die_with_parent,  # killed with this process: a leftover would write into a later check's folders
+        preexec_fn=functools.partial(die_with_parent, os.getpid()),  # a leftover would write into a later check
     )
     try:
         for line in child.stdout:

@@ -94,6 +94,12 @@ def earlier_plan(run_dir: Path) -> dict:
         return {}
 
 
+def reordered(run_dir: Path, prompt_rows: list[list[int]]) -> bool:
+    """Whether the run in `run_dir` planned other prompts per update than `prompt_rows`."""
+    planned = [list(update["prompt_rows"]) for update in earlier_plan(run_dir).get("updates", [])]
+    return bool(planned) and planned != prompt_rows
+
+
 def earlier_overrides(run_dir: Path, settings: dict) -> list[str]:
     """`key=value` overrides that give a run whose plan holds `settings` (plan.json's "settings":
     every config field that shapes the experiment) those of the run in `run_dir`, where they differ:
@@ -125,6 +131,7 @@ def verify_checkpoint(
     numerics: tuple[dict, bool] | None = None,
     legacy_digests: tuple[str, ...] = (),
     input_digest: str | None = None,
+    prompt_rows: list[list[int]] | None = None,
 ) -> Checkpoint:
     """Every check a resume needs, reading only: files present, hashes right, same plan, and the
     earlier trajectory files of its run present and intact. `run_dir`: the folder of the run that
@@ -132,7 +139,8 @@ def verify_checkpoint(
     kernel environment and whether trainer.resume_inexact lets another one go on; checked before the
     plan, whose CPU-resolved settings another environment changes too. `legacy_digests`: what this plan's
     digest was under an earlier miniverl that recorded less of it, also accepted. `input_digest`: this
-    plan's digest of the training data (a refusal names data.train_files when it differs from that run's)."""
+    plan's digest of the training data (a refusal names data.train_files when it differs from that run's).
+    `prompt_rows`: each update's prompts in this plan (a refusal says when only their order differs)."""
     path = resolve_checkpoint(path)
     where = f"checkpoint {path}"  # trainer.resume_from's, or this folder's own (trainer.resume_mode=auto)
     missing = [name for name in (*TENSOR_FILES, STATE) if not (path / name).is_file()]
@@ -175,6 +183,12 @@ def verify_checkpoint(
         if changed:
             how = f"{' and '.join(changed)} changed since that run: resume with them as they were" + (
                 f" and {' '.join(overrides)}" if overrides else ""
+            )
+        elif not overrides and prompt_rows is not None and reordered(checkpoint.run_dir, prompt_rows):
+            how = (  # the same settings: an earlier miniverl's order (before verl's dataloader's, 2026-12-07)
+                "its plan takes the prompts in another order, an earlier miniverl's (the order is verl's dataloader's "
+                "since 2026-12-07: a shuffle, and a pass's last partial batch, differ), so it cannot go on exactly "
+                "here; go on with the miniverl that started it"
             )
         if run_dir is None or checkpoint.run_dir.resolve() == Path(run_dir).resolve():
             new_run = "another hydra.run.dir (or replace that run with trainer.overwrite=true)"
@@ -229,4 +243,7 @@ def checkpoint_to_resume(trainer_config: TrainerConfig, run_dir: Path, plan, dev
         return None
     numerics = (numerics_environment(device), trainer_config.resume_inexact)
     legacy = (plan.digest_before_folder_digests,)  # checkpoints written before plans held the folders' digests
-    return verify_checkpoint(source, plan.digest, plan.settings, run_dir, numerics, legacy, plan.input_parquet_sha256)
+    rows = [list(update.prompt_rows) for update in plan.updates]
+    return verify_checkpoint(
+        source, plan.digest, plan.settings, run_dir, numerics, legacy, plan.input_parquet_sha256, rows
+    )

@@ -9,6 +9,7 @@ at once, in one line (interrupting_signals).
 from __future__ import annotations
 
 import ctypes
+import os
 import signal
 import sys
 import threading
@@ -118,8 +119,15 @@ def raised_signals():
         yield
 
 
-def die_with_parent() -> None:
-    """subprocess's preexec_fn: the child is killed when the process that started it dies, however (SIGKILL,
-    a closed terminal's SIGHUP), rather than run on unattended. Linux's PR_SET_PDEATHSIG; elsewhere nothing."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+# Looked up in the parent: a child between fork and exec should call, not load (dlopen takes locks).
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+
+
+def die_with_parent(parent: int) -> None:
+    """subprocess's preexec_fn (bound to the parent's pid): the child is killed when the process `parent` that
+    started it dies, however (SIGKILL, a closed terminal's SIGHUP), rather than run on unattended. Linux's
+    PR_SET_PDEATHSIG; elsewhere nothing. A parent dead already by then: the child ends at once."""
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+        if os.getppid() != parent:
+            os._exit(1)

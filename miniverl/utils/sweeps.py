@@ -31,10 +31,11 @@ class SweepPreflight(Callback):
         refusal = (
             self.slurm_missing(config)
             or self.shared_job_folder(config)
+            or self.in_use(config)  # before another_sweep says what the sweep keeps there
             or self.another_sweep(config)
             or self.invalid_jobs(config)
         )
-        if refusal := refusal or self.in_use(config):
+        if refusal:
             print(f"miniverl: error: {refusal}", file=sys.stderr)
             raise SystemExit(2)
         SWEEP_DIR[:] = [Path(config.hydra.sweep.dir)]  # a Ctrl-C between two jobs says how to go on in it
@@ -47,9 +48,9 @@ class SweepPreflight(Callback):
         from miniverl.utils.run_folder import flock_folder  # torch and peft: the jobs import them anyway
 
         sweep_dir = Path(config.hydra.sweep.dir)
-        made = None if sweep_dir.is_dir() else sweep_dir  # every refusal above has passed: Hydra writes it next
-        sweep_dir.mkdir(parents=True, exist_ok=True)
+        made = None if sweep_dir.is_dir() else sweep_dir  # removed again if the sweep is refused (hydra_entry)
         try:
+            sweep_dir.mkdir(parents=True, exist_ok=True)
             descriptor = flock_folder(sweep_dir)
         except BlockingIOError:
             return (
@@ -57,6 +58,8 @@ class SweepPreflight(Callback):
                 "then run the same command again (finished jobs are kept, stopped ones resume), or choose another "
                 "hydra.sweep.dir"
             )
+        except OSError:  # a folder that cannot be made: Hydra's own attempt says so, in one line
+            return None
         SWEEP_LOCK.extend([(descriptor, made)] if descriptor is not None else [])
         return None
 

@@ -77,6 +77,8 @@ def test_run_writes_every_output(finished_run):
     for metrics in lines:
         assert set(VERL_METRICS) <= set(metrics)
         assert math.isfinite(metrics["actor/distillation/loss"])
+        assert metrics["actor/loss"] == metrics["actor/distillation/loss"]  # no task loss: verl's coefficient unread
+        assert metrics["training/epoch"] == 0  # 3 updates of 4 prompts, one pass over the 64
     assert report["status"] == "measured"
     assert set(report) >= {"recipe", "models", "hardware", "measurements", "artifacts"}
     assert report["recipe"]["compiled_plan_sha256"] == trainer.plan.digest

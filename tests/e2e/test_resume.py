@@ -393,6 +393,29 @@ def test_a_checkpoint_of_other_settings_is_refused_with_the_overrides_that_resum
     assert report["resume"]["status"] == "resumed" and first_difference(reference, tmp_path / "again")[1] is None
 
 
+def test_a_checkpoint_whose_plan_orders_the_prompts_otherwise_says_so_not_to_resume_with_its_overrides(
+    stopped_run, tmp_path
+):
+    """A review: a run stopped under an earlier miniverl with data.shuffle=true planned another order (before
+    verl's dataloader's); its resume was refused "resume with the overrides of the run that wrote it", which it
+    had done. Simulated: the stopped run's plan.json with each update's prompts reversed, its checkpoint's
+    plan digest that plan's."""
+    from miniverl.utils.identity import sha256_json
+
+    plan = json.loads((stopped_run / "plan.json").read_text())
+    for update in plan["updates"]:
+        update["prompt_rows"] = update["prompt_rows"][::-1]
+    (stopped_run / "plan.json").write_text(json.dumps(plan))
+    last = checkpoint.checkpoints_in(stopped_run)[-1] / "state.json"
+    state = json.loads(last.read_text())
+    state["compiled_plan_sha256"] = sha256_json(plan)
+    last.write_text(json.dumps(state))
+    with pytest.raises(MiniverlError) as info:
+        run_in_process(tmp_path / "new", f"trainer.resume_from={stopped_run}")
+    assert "its plan takes the prompts in another order, an earlier miniverl's" in str(info.value)
+    assert "resume with the overrides" not in str(info.value)
+
+
 def test_a_resume_in_a_process_that_computes_otherwise_is_refused_or_with_resume_inexact_goes_on_said_so(
     stopped_run, tmp_path
 ):
@@ -862,3 +885,19 @@ def test_a_check_run_again_while_a_run_of_the_earlier_check_goes_on_is_refused_a
         "killed); wait until it ends, then run the same command again"
     )
     assert (twin / "checkpoints").is_dir()  # nothing of it removed
+
+
+def test_the_resume_checks_runs_are_started_to_die_with_the_command(tmp_path, monkeypatch):
+    """tests/utils/test_signals.py shows such a child dies with its parent; here, that the check's runs are one."""
+    from miniverl.utils.signals import die_with_parent
+
+    started = {}
+
+    def popen(command, **kwargs):
+        started.update(kwargs)
+        raise OSError("not started")
+
+    monkeypatch.setattr(resume_check.subprocess, "Popen", popen)
+    with pytest.raises(OSError):
+        resume_check.run_child(["+recipe=opd_k1"], [], tmp_path)
+    assert started["preexec_fn"].func is die_with_parent and started["preexec_fn"].args == (os.getpid(),)

@@ -393,3 +393,24 @@ def test_a_sweep_folder_whose_jobs_ran_refuses_another_sweep_and_a_shuffle_sweep
         "hydra.sweep.dir"
     )
     assert tree_digest(shuffled) == before
+
+
+def test_a_sweep_holds_its_folders_lock_while_its_jobs_run_and_frees_it_after(tmp_path, monkeypatch):
+    """What the refusal above rests on: each job runs with the sweep's folder locked by the command."""
+    from miniverl.trainer import runner
+    from miniverl.utils.run_folder import flock_folder
+
+    seen = []
+
+    def job(cfg, run_dir, args=(), sweep=False, record=None):
+        try:
+            os.close(flock_folder(run_dir.parent))
+            seen.append("free")
+        except BlockingIOError:
+            seen.append("held")
+        return {}
+
+    monkeypatch.setattr(runner, "run", job)  # main imports it anew: each command runs the module afresh
+    multirun(tmp_path / "s", *SWEPT, "estimator=k1,k3")
+    assert seen == ["held", "held"]
+    os.close(flock_folder(tmp_path / "s"))  # free once the command has ended

@@ -98,6 +98,9 @@ def test_the_metrics_carry_verls_task_reward_names(reference):
         assert metrics["critic/rewards/max"] == float(scores.max())
         for key in ("actor/pg_loss", "actor/pg_clipfrac", "critic/advantages/mean", "timing_s/reward", "timing_s/adv"):
             assert key in metrics, key
+        # verl's actor/loss: what was trained on, the task loss + distillation_loss_coef x the distillation loss.
+        trained = metrics["actor/pg_loss"] + 0.1 * metrics["actor/distillation/loss"]
+        assert metrics["actor/loss"] == pytest.approx(trained, rel=1e-5, abs=1e-7)
     recipe = json.loads((reference / "report.json").read_text())["recipe"]
     assert recipe["samples_per_prompt"] == N_SAMPLES
     assert recipe["task_rewards"] == {

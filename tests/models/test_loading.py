@@ -171,6 +171,10 @@ def test_all_linear_on_a_mamba_family_model_names_the_target_list_peft_takes(tmp
     block.lora.target_modules = listed
     student = models.load_student(block, models.source_of(block, None), torch.device("cpu"), lora_seed=0)
     assert any("lora_A" in name for name, _ in student.named_parameters())
+    block.lora.target_modules = ["q_proj", "v_proj", "out_proj"]  # a list of one's own: it, without what peft refuses
+    with pytest.raises(MiniverlError) as info:
+        models.load_student(block, models.source_of(block, None), torch.device("cpu"), lora_seed=0)
+    assert str(info.value).endswith("set model.lora.target_modules=[q_proj,v_proj]")
 
 
 def test_a_vision_language_checkpoint_without_a_causal_lm_class_says_what_to_give_instead(tmp_path):
@@ -213,6 +217,10 @@ def test_lora_targets_that_take_a_moe_router_are_refused_with_the_list_that_leav
     assert line.startswith("model.lora.target_modules=all-linear: router (PhimoeTopKRouter) routes tokens to experts")
     listed = line.split("set model.lora.target_modules=[")[1].rstrip("]").split(",")
     assert "router" not in listed and {"q_proj", "o_proj"} <= set(listed)
+    block.lora.target_modules = ["q_proj", "router"]
+    with pytest.raises(MiniverlError) as info:
+        models.load_student(block, models.source_of(block, None), torch.device("cpu"), lora_seed=0)
+    assert str(info.value).endswith("set model.lora.target_modules=[q_proj]")
     block.lora.target_modules = listed
     student = models.load_student(block, models.source_of(block, None), torch.device("cpu"), lora_seed=0)
     ids = torch.tensor([[1, 2, 3]])

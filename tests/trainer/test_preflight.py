@@ -202,7 +202,11 @@ def test_a_plan_that_needs_more_prompts_than_the_data_fails_unless_repeats_are_a
     check = checks_of("recipe.optimizer_updates=20")["data"]
     assert check.status == "FAIL" and "80 prompts from 64 usable ones" in check.reason
     assert "data.repeat_prompts=true" in check.reason
-    assert checks_of("recipe.optimizer_updates=20", "data.repeat_prompts=true")["data"].status == "WARN"
+    check = checks_of("recipe.optimizer_updates=20", "data.repeat_prompts=true")["data"]
+    assert check.status == "WARN" and "the plan consumes 80 prompts from 64 usable ones (2 passes)" in check.reason
+    # Batches of 10 from 64 prompts (a review): 6 a pass, 13 updates in 3 passes, rows 60-63 never taken (drop_last).
+    check = checks_of("recipe.optimizer_updates=13", "recipe.logical_batch=10", "data.repeat_prompts=true")["data"]
+    assert "(3 passes, 4 prompts a pass left out (its last partial batch, as verl drops it))" in check.reason
 
 
 def test_a_prompt_column_of_plain_strings_warns_naming_the_column(tmp_path):

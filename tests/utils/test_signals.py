@@ -68,9 +68,9 @@ def test_a_child_started_with_die_with_parent_dies_when_its_parent_is_killed():
     import time
 
     parent = (
-        "import subprocess, sys, time; from miniverl.utils.signals import die_with_parent; "
+        "import functools, os, subprocess, sys, time; from miniverl.utils.signals import die_with_parent; "
         "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True, "
-        "preexec_fn=die_with_parent); print(child.pid, flush=True); time.sleep(60)"
+        "preexec_fn=functools.partial(die_with_parent, os.getpid())); print(child.pid, flush=True); time.sleep(60)"
     )
     started = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True)
     child = int(started.stdout.readline())
