@@ -251,7 +251,8 @@ def check_positions(cfg: MiniverlConfig) -> Check:
                 f"max_position_embeddings ({positions}, the positions it was trained for; verl's vLLM rollout "
                 f"refuses such a max_model_len too): lower {limit_key} or recipe.response_limit"
             )
-        facts.append(f"{where} {limit + response} of {positions if positions is not None else 'unnamed'} positions")
+        limited = f"of {positions} positions" if positions is not None else "positions (its config names no limit)"
+        facts.append(f"{where} {limit + response} {limited}")
     if problems:
         return Check("FAIL", "positions", "; ".join(problems))
     return Check("PASS", "positions", "; ".join(facts))

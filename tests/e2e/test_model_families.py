@@ -187,3 +187,11 @@ def test_a_prompt_and_response_beyond_the_models_positions_are_refused_in_one_li
     assert own.status == "FAIL" and own.reason.startswith("teacher: teacher.context.prompt_limit + recipe.response")
     shared = check_positions(to_config(compose_config([*RUN, f"model.model_id={student}", "teacher.mode=ref"])))
     assert shared.reason == "model 136 of 512 positions"
+    # BLOOM's config names no limit (ALiBi): a model-families audit read "176 of unnamed positions".
+    from transformers import AutoConfig
+
+    AutoConfig.for_model("bloom", n_embed=64, n_layer=2, n_head=4).save_pretrained(tmp_path / "bloom")
+    alibi = check_positions(
+        to_config(compose_config([*RUN, f"model.model_id={tmp_path / 'bloom'}", "teacher.mode=ref"]))
+    )
+    assert alibi.reason == "model 136 positions (its config names no limit)"
