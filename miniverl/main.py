@@ -36,13 +36,15 @@ def main(cfg: DictConfig) -> None:
         from miniverl.utils.run_folder import ERROR_FILE
 
         (run_dir / ERROR_FILE).unlink(missing_ok=True)
-    recorded = []  # trainer.overwrite=true over an earlier run: its record stays until this run holds the folder
+    # A folder that holds an earlier run keeps that command's record (KeepEarlierRunRecord) until this run
+    # replaces the run there (trainer.overwrite=true, or a restart of one killed before its first checkpoint).
+    recorded = []
 
     def record():
         write_record(cfg, hydra_cfg, run_dir / ".hydra")
         recorded.append(True)
 
-    replacing = cfg.trainer.overwrite and hydra_cfg.output_subdir is None
+    replacing = hydra_cfg.output_subdir is None
     try:
         try:
             with interrupting_signals():  # SIGTERM outside an update: one line, as Ctrl-C (by default: none)

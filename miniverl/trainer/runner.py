@@ -37,8 +37,8 @@ log = logging.getLogger("miniverl")
 def run(cfg: DictConfig, run_dir: Path, args: list[str] = (), sweep: bool = False, record=None) -> dict:
     """Validate, check, train and report; returns the report. `args` (the command line's config
     flags and overrides) let the recipe's resume check run this same job again in fresh processes; in a sweep job
-    (`sweep`) the check runs only with recipe.resume_check_in_sweeps=true. `record`: called once the folder is
-    this run's (trainer.overwrite=true over an earlier run, whose command's record is kept until then)."""
+    (`sweep`) the check runs only with recipe.resume_check_in_sweeps=true. `record`: writes this command's record,
+    called once this run has replaced an earlier one in the folder (whose command's record is kept until then)."""
     config = to_config(cfg)
     k = None if os.environ.get(TWIN_ENV) else config.recipe.resume_check_in(sweep)
     resolved = resolved_config(cfg)
@@ -79,7 +79,7 @@ def train_and_report(
                 to_main_log(starting)
                 for line in warnings:
                     log_line(log, line, logging.WARNING)
-                if record is not None:
+                if record is not None and trainer.out.fresh:  # this run replaced the folder's (not a resume)
                     record()
         stop, resumed = config.trainer.stop_after_updates, trainer.resumed
         if stop is not None and resumed is not None and stop < resumed.update:  # equal: the stop's own command

@@ -238,7 +238,8 @@ class KeepEarlierRunRecord(Callback):
     record after: miniverl.export). The same in a folder of the user's own files that a run would
     replace, which miniverl refuses: no .hydra/ there, no error line in its main.log. With
     trainer.overwrite=true too (it may be refused: the folder in use, a wrong value): a run that replaces the
-    old one writes its own record once it holds the folder (write_record; an export never replaces a run)."""
+    old one (trainer.overwrite=true, or the restart of one killed before its first checkpoint) writes its own
+    record once it holds the folder (write_record; an export never replaces a run)."""
 
     # Whether this command, an export, kept an earlier export's record (miniverl.export then writes
     # its own once the launch is written). Set at every command's start: one process may run several.

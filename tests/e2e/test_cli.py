@@ -136,6 +136,15 @@ def test_a_refused_overwrite_leaves_the_runs_record_and_log_and_one_that_replace
     assert "actor.optim.lr=2e-5" in (run_dir / ".hydra" / "overrides.yaml").read_text()
     assert "lr: 2.0e-05" in (run_dir / ".hydra" / "config.yaml").read_text()
     assert json.loads((run_dir / "report.json").read_text())["status"] == "measured"
+    # A run of this plan that ended before its first checkpoint (simulated: none kept, no report) is replaced by
+    # the command run again, which records itself (a review: the earlier command's record stayed).
+    import shutil
+
+    shutil.rmtree(run_dir / "checkpoints")
+    (run_dir / "report.json").unlink()
+    assert run_as_command("main", *short, "actor.optim.lr=2e-5", "trainer.progress_bar=false") == 0
+    assert "trainer.progress_bar=false" in (run_dir / ".hydra" / "overrides.yaml").read_text()
+    assert "trainer.overwrite=true" not in (run_dir / ".hydra" / "overrides.yaml").read_text()
 
 
 def test_a_folder_of_the_users_own_files_is_refused_without_writing_into_it(tmp_path, capfd):
