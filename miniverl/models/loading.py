@@ -270,6 +270,14 @@ def lora_targets_problem(block: StudentConfig) -> str | None:
     return adapters.targets_problem(model, targets)
 
 
+def decoder_of(model: torch.nn.Module) -> torch.nn.Module:
+    """The model's decoder stack (hidden states, no output layer): get_decoder(), or the stack inside where a
+    transformers class returns the causal LM itself (Llama 4's text model in transformers 5.25)."""
+    decoder = model.get_decoder()
+    inner = getattr(decoder, "model", None)
+    return inner if inner is not None and decoder.get_output_embeddings() is not None else decoder
+
+
 def disable_cpu_nf4_repack(model: torch.nn.Module) -> int:
     """Keep bitsandbytes' NF4 layers on the dequantize path in every mode (see module docstring)."""
     count = 0

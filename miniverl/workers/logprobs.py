@@ -32,6 +32,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
+from miniverl.models.loading import decoder_of
 from miniverl.protocol import Batch
 from miniverl.workers.topk_loss import TopkTerms, forward_kl_topk_terms
 
@@ -179,7 +180,7 @@ def response_hidden_states(model: PreTrainedModel, batch: Batch) -> torch.Tensor
     Sequence position p predicts token p + 1, so response token t (at position P + t) is
     predicted by position P + t - 1.
     """
-    out = model.get_decoder()(
+    out = decoder_of(model)(
         input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids, use_cache=False
     )
     start = batch.prompt_length - 1

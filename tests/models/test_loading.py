@@ -227,6 +227,20 @@ def test_lora_targets_that_take_a_moe_router_are_refused_with_the_list_that_leav
     assert student(input_ids=ids).logits.shape == (1, 3, len(tokenizer))
 
 
+def test_the_decoder_stack_of_a_model_whose_get_decoder_returns_itself_is_the_one_inside():
+    """A model-families audit: Llama 4's text model (transformers 5.25) returns itself from get_decoder(), and
+    the rollout read last_hidden_state off its causal-LM output (an AttributeError traceback)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    sizes = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, vocab_size=300)
+    llama4 = AutoConfig.for_model("llama4_text", intermediate_size_mlp=128, num_key_value_heads=2, head_dim=16, **sizes)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(llama4)
+        llama = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", num_key_value_heads=2, **sizes))
+    assert model.get_decoder() is model and models.decoder_of(model) is model.model
+    assert models.decoder_of(llama) is llama.get_decoder() is llama.model
+
+
 def test_a_model_folder_saved_without_its_tokenizer_is_named_as_such(tmp_path):
     """config.json and the weights, no tokenizer files (a model saved alone): the line says what is
     missing and the two ways to fix it, not transformers' cut-off "Couldn't instantiate the backend"."""

@@ -36,6 +36,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, StaticCache
 
 from miniverl.config.actor import RolloutConfig
+from miniverl.models.loading import decoder_of
 from miniverl.protocol import Batch, assemble, left_pad, pad_right
 from miniverl.workers.rollout.cpu_products import Float16Head
 from miniverl.workers.rollout.lean_decode import (
@@ -79,7 +80,7 @@ class RolloutWorker:
         self.pad_id, self.device = pad_id, device
         self.eos_ids = torch.tensor(sorted(eos_ids), dtype=torch.long, device=device)  # (E,)
         self.tokenizer_vocab = tokenizer_vocab  # None: every output row is a token
-        self.cache_kw = cache_keyword(model.get_decoder())
+        self.cache_kw = cache_keyword(decoder_of(model))
         self.direct_mask = full_attention_only(model)
         self.compile_decode = compile_decode and self.direct_mask
         self.static_cache = static_cache or self.compile_decode
@@ -150,7 +151,7 @@ class RolloutWorker:
 
     def _decode_inference(self, ids: torch.Tensor, mask: torch.Tensor, u: torch.Tensor, limit: int):
         temperature, top_k, top_p = self.config.temperature, self.config.top_k, self.config.top_p
-        decoder, lm_head = self.model.get_decoder(), self.model.get_output_embeddings()
+        decoder, lm_head = decoder_of(self.model), self.model.get_output_embeddings()
         b, prompt_width = ids.shape
         width = prompt_width + limit
         if self.static_cache:  # a few fixed widths, so that compiled steps see few shapes
