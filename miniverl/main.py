@@ -44,11 +44,11 @@ def main(cfg: DictConfig) -> None:
         write_record(cfg, hydra_cfg, run_dir / ".hydra")
         recorded.append(True)
 
-    replacing = hydra_cfg.output_subdir is None
+    kept_record = hydra_cfg.output_subdir is None
     try:
         try:
             with interrupting_signals():  # SIGTERM outside an update: one line, as Ctrl-C (by default: none)
-                run(cfg, run_dir, args, sweep=sweep, record=record if replacing else None)
+                run(cfg, run_dir, args, sweep=sweep, record=record if kept_record else None)
         except KeyboardInterrupt as stop:  # before the run (imports, pre-flight checks) or after it (its resume check)
             by = signal_of(stop)
             raise ctrl_c_stop(f"stopped by {by.name}; run {same_command(args, sweep)} again to go on", by) from None

@@ -24,6 +24,7 @@ from transformers.pytorch_utils import Conv1D
 from miniverl.config.model import ALL_LINEAR
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.identity import model_folder_digest, sha256_file
+from miniverl.utils.overrides import hydra_value
 from miniverl.utils.run_names import ADAPTER, STATE
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ def routers_problem(model: PreTrainedModel, targets) -> str | None:
     listed = linear_layer_names(model) if targets == ALL_LINEAR else targets  # the names asked for, but routers
     kept = ",".join(name for name in listed if name not in routers)
     return (
-        f"model.lora.target_modules={targets if isinstance(targets, str) else '[' + ','.join(targets) + ']'}: "
+        f"model.lora.target_modules={hydra_value(targets)}: "
         f"{', '.join(f'{name} ({kind})' for name, kind in taken.items())} routes tokens to experts and returns more "
         f"than a tensor, which LoRA cannot wrap; set model.lora.target_modules=[{kept}]"
     )

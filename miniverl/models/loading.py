@@ -199,16 +199,17 @@ def refuse_random_weights(where: str, source: Source, model: PreTrainedModel, mi
     """A checkpoint without some of the model's weights (transformers initialises them at random and says so
     in a warning): a folder saved with AutoModel has no output layer, so the run would distil into noise."""
     parameters = dict(model.named_parameters())
-    random = sorted(name for name in missing if name in parameters)
-    if not random:
+    unloaded = sorted(name for name in missing if name in parameters)
+    if not unloaded:
         return
     output = model.get_output_embeddings()
-    headless = output is not None and any(parameters[name] is output.weight for name in random)
-    more = f" (and {len(random) - 3} more)" if len(random) > 3 else ""
+    headless = output is not None and any(parameters[name] is output.weight for name in unloaded)
+    more = f" (and {len(unloaded) - 3} more)" if len(unloaded) > 3 else ""
+    why = "; saved with AutoModel, it has no output layer: save it with AutoModelForCausalLM" if headless else ""
     setting = where if where.startswith("--") else f"{where}.model_id"  # a bench flag is its own name
     raise MiniverlError(
-        f"{setting}={source.path}: the checkpoint holds no {', '.join(random[:3])}{more}, which would start at "
-        "random" + ("; saved with AutoModel, it has no output layer: save it with AutoModelForCausalLM" * headless)
+        f"{setting}={source.path}: the checkpoint holds no {', '.join(unloaded[:3])}{more}, which would start at "
+        f"random{why}"
     )
 
 

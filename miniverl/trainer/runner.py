@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -34,7 +35,9 @@ from miniverl.utils.signals import signal_of
 log = logging.getLogger("miniverl")
 
 
-def run(cfg: DictConfig, run_dir: Path, args: list[str] = (), sweep: bool = False, record=None) -> dict:
+def run(
+    cfg: DictConfig, run_dir: Path, args: list[str] = (), sweep: bool = False, record: Callable[[], None] | None = None
+) -> dict:
     """Validate, check, train and report; returns the report. `args` (the command line's config
     flags and overrides) let the recipe's resume check run this same job again in fresh processes; in a sweep job
     (`sweep`) the check runs only with recipe.resume_check_in_sweeps=true. `record`: writes this command's record,
@@ -67,7 +70,14 @@ def run(cfg: DictConfig, run_dir: Path, args: list[str] = (), sweep: bool = Fals
 
 
 def train_and_report(
-    trainer, run_dir: Path, args: list[str], sweep: bool, k: int | None, starting: str, warnings: list[str], record
+    trainer,
+    run_dir: Path,
+    args: list[str],
+    sweep: bool,
+    k: int | None,
+    starting: str,
+    warnings: list[str],
+    record: Callable[[], None] | None,
 ) -> dict:
     """Set up, train, finish and check the resume of `trainer`'s run; the line a stopped or failed one ends with."""
     config = trainer.cfg

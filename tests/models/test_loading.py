@@ -111,6 +111,17 @@ def test_a_model_folder_that_is_missing_or_not_a_model_is_named_as_such(tmp_path
     assert line.endswith("config.json, the weights (*.safetensors) and the tokenizer's files")
 
 
+def tokenizer_refusal(folder, files: dict[str, str]) -> str:
+    """The one line a student `folder` holding `files` (name -> text) gets when its tokenizer is loaded."""
+    folder.mkdir()
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    block = StudentConfig(model_id=str(folder))
+    with pytest.raises(MiniverlError) as info:
+        models.load_tokenizer("model", block, models.source_of(block, None))
+    return str(info.value)
+
+
 def test_a_peft_adapter_given_as_the_model_names_both_settings_to_use(tmp_path):
     """A model-families audit: a LoRA fine-tune's output folder given as model_id was "a folder but not a
     model" (or the tokenizer's error); it is an adapter, which miniverl takes beside its base. With the
@@ -118,13 +129,8 @@ def test_a_peft_adapter_given_as_the_model_names_both_settings_to_use(tmp_path):
     from miniverl.models import toy
 
     folder = tmp_path / "sft-lora"
-    folder.mkdir()
-    (folder / "adapter_config.json").write_text('{"peft_type": "LORA", "base_model_name_or_path": "Qwen/Qwen3-0.6B"}')
-    (folder / "adapter_model.safetensors").write_bytes(b"")
-    block = StudentConfig(model_id=str(folder))
-    with pytest.raises(MiniverlError) as info:
-        models.load_tokenizer("model", block, models.source_of(block, None))
-    assert str(info.value) == (
+    adapter = {"adapter_config.json": '{"peft_type": "LORA", "base_model_name_or_path": "Qwen/Qwen3-0.6B"}'}
+    assert tokenizer_refusal(folder, {**adapter, "adapter_model.safetensors": ""}) == (
         f"model.model_id={folder} is a PEFT adapter, not a model; set model.adapter={folder} "
         "model.model_id=Qwen/Qwen3-0.6B"
     )
@@ -154,27 +160,35 @@ def test_a_folder_saved_with_automodel_has_no_output_layer_and_is_refused_not_tr
     )
 
 
+def student_with_targets(folder, targets):
+    """A bf16 student of `folder` with LoRA on `targets`, or the one line that refuses them (a str)."""
+    block = StudentConfig(model_id=str(folder), quantization="none")
+    block.lora.target_modules = targets
+    try:
+        return models.load_student(block, models.source_of(block, None), torch.device("cpu"), lora_seed=0)
+    except MiniverlError as refused:
+        return str(refused)
+
+
+def fixed_list(line: str) -> list[str]:
+    """The target list a refusal's line says to set."""
+    return line.split("set model.lora.target_modules=[")[1].rstrip("]").split(",")
+
+
 def test_all_linear_on_a_mamba_family_model_names_the_target_list_peft_takes(tmp_path):
     """A model-families audit: peft refuses LoRA on a Mamba-family model's state-space out_proj (all-linear
     takes it), and the line passed peft's refusal on with nothing to set; the list it names then runs."""
     from conftest import family_folder
 
     folder = family_folder("falcon_h1", tmp_path, 0)
-    block = StudentConfig(model_id=str(folder), quantization="none")
-    block.lora.target_modules = "all-linear"
-    with pytest.raises(MiniverlError) as info:
-        models.load_student(block, models.source_of(block, None), torch.device("cpu"), lora_seed=0)
-    line = str(info.value)
+    line = student_with_targets(folder, "all-linear")
     assert line.startswith("model.lora.target_modules=all-linear: peft adapts no conv1d, out_proj of a falcon_h1 ")
-    listed = line.split("set model.lora.target_modules=[")[1].rstrip("]").split(",")
+    listed = fixed_list(line)
     assert "out_proj" not in listed and {"q_proj", "o_proj", "in_proj", "down_proj"} <= set(listed)
-    block.lora.target_modules = listed
-    student = models.load_student(block, models.source_of(block, None), torch.device("cpu"), lora_seed=0)
+    student = student_with_targets(folder, listed)
     assert any("lora_A" in name for name, _ in student.named_parameters())
-    block.lora.target_modules = ["q_proj", "v_proj", "out_proj"]  # a list of one's own: it, without what peft refuses
-    with pytest.raises(MiniverlError) as info:
-        models.load_student(block, models.source_of(block, None), torch.device("cpu"), lora_seed=0)
-    assert str(info.value).endswith("set model.lora.target_modules=[q_proj,v_proj]")
+    own = student_with_targets(folder, ["q_proj", "v_proj", "out_proj"])  # one's own list, without what peft refuses
+    assert own.endswith("set model.lora.target_modules=[q_proj,v_proj]")
 
 
 def test_a_vision_language_checkpoint_without_a_causal_lm_class_says_what_to_give_instead(tmp_path):
@@ -209,20 +223,12 @@ def test_lora_targets_that_take_a_moe_router_are_refused_with_the_list_that_leav
         "phimoe", vocab_size=len(tokenizer), num_key_value_heads=2, num_local_experts=2, **sizes
     )
     folder = toy.save_toy(AutoModelForCausalLM.from_config(config), tokenizer, tmp_path / "phimoe", "bfloat16")
-    block = StudentConfig(model_id=str(folder), quantization="none")
-    block.lora.target_modules = "all-linear"
-    with pytest.raises(MiniverlError) as info:
-        models.load_student(block, models.source_of(block, None), torch.device("cpu"), lora_seed=0)
-    line = str(info.value)
+    line = student_with_targets(folder, "all-linear")
     assert line.startswith("model.lora.target_modules=all-linear: router (PhimoeTopKRouter) routes tokens to experts")
-    listed = line.split("set model.lora.target_modules=[")[1].rstrip("]").split(",")
+    listed = fixed_list(line)
     assert "router" not in listed and {"q_proj", "o_proj"} <= set(listed)
-    block.lora.target_modules = ["q_proj", "router"]
-    with pytest.raises(MiniverlError) as info:
-        models.load_student(block, models.source_of(block, None), torch.device("cpu"), lora_seed=0)
-    assert str(info.value).endswith("set model.lora.target_modules=[q_proj]")
-    block.lora.target_modules = listed
-    student = models.load_student(block, models.source_of(block, None), torch.device("cpu"), lora_seed=0)
+    assert student_with_targets(folder, ["q_proj", "router"]).endswith("set model.lora.target_modules=[q_proj]")
+    student = student_with_targets(folder, listed)
     ids = torch.tensor([[1, 2, 3]])
     assert student(input_ids=ids).logits.shape == (1, 3, len(tokenizer))
 
@@ -245,13 +251,7 @@ def test_a_model_folder_saved_without_its_tokenizer_is_named_as_such(tmp_path):
     """config.json and the weights, no tokenizer files (a model saved alone): the line says what is
     missing and the two ways to fix it, not transformers' cut-off "Couldn't instantiate the backend"."""
     folder = tmp_path / "weights-only"
-    folder.mkdir()
-    (folder / "config.json").write_text('{"model_type": "llama"}')
-    (folder / "model.safetensors").write_bytes(b"")
-    block = StudentConfig(model_id=str(folder))
-    with pytest.raises(MiniverlError) as info:
-        models.load_tokenizer("model", block, models.source_of(block, None))
-    assert str(info.value) == (
+    assert tokenizer_refusal(folder, {"config.json": '{"model_type": "llama"}', "model.safetensors": ""}) == (
         f"model.model_id={folder} holds no tokenizer (none of tokenizer*, *.model, *.tiktoken, tekken.json, vocab.*, "
         "merges.txt): save the model's tokenizer there (tokenizer.save_pretrained(folder)), or set model.tokenizer_id "
         "to one"
@@ -260,12 +260,7 @@ def test_a_model_folder_saved_without_its_tokenizer_is_named_as_such(tmp_path):
 
 def test_a_folder_with_neither_config_nor_tokenizer_is_named_no_model_not_only_no_tokenizer(tmp_path):
     folder = tmp_path / "notes"
-    folder.mkdir()
-    (folder / "README.md").write_text("not a model")
-    block = StudentConfig(model_id=str(folder))
-    with pytest.raises(MiniverlError) as info:
-        models.load_tokenizer("model", block, models.source_of(block, None))
-    line = str(info.value)
+    line = tokenizer_refusal(folder, {"README.md": "not a model"})
     assert line.startswith(f"model.model_id={folder} is a folder but not a model (")
     assert line.endswith("config.json, the weights (*.safetensors) and the tokenizer's files")
 
