@@ -229,3 +229,19 @@ def restore(
             f"(unexpected {result.unexpected_keys[:3]})"
         )
     load_optimizer_tensors(optimizer, param_names, load_file(str(checkpoint.path / "optimizer.safetensors")))
+    later = [update for update in unfinished_updates(checkpoint.run_dir) if update > checkpoint.update]
+    if later:  # a later checkpoint cut short mid-write stays hidden: say what the resume goes on from
+        log.warning(
+            "%s: the checkpoint of update %d was cut short while it was written (its run stopped then): resuming "
+            "from update %d, the last whole one",
+            checkpoint.run_dir / CHECKPOINTS,
+            later[-1],
+            checkpoint.update,
+        )
+
+
+def unfinished_updates(run_dir: Path) -> list[int]:
+    """The updates whose checkpoint's writing was cut short (their hidden `.update_<k>.tmp` folders), in order."""
+    root = run_dir / CHECKPOINTS
+    names = [p.name[len(PREFIX) + 1 : -len(".tmp")] for p in root.glob(f".{PREFIX}*.tmp")] if root.is_dir() else []
+    return sorted(int(name) for name in names if name.isdigit())

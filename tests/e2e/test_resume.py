@@ -606,7 +606,7 @@ def sigkill_once_flagged(script: str, flag: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_process_killed_while_writing_a_checkpoint_leaves_the_previous_one_loadable(reference, tmp_path):
+def test_a_process_killed_while_writing_a_checkpoint_leaves_the_previous_one_loadable(reference, tmp_path, caplog):
     run_dir, flag = tmp_path / "killed", tmp_path / "writing"
     sigkill_once_flagged(
         KILL_SCRIPT.format(root=str(ROOT), tests=str(HERE), signal=str(flag), run_dir=str(run_dir)),
@@ -617,6 +617,11 @@ def test_a_process_killed_while_writing_a_checkpoint_leaves_the_previous_one_loa
     report = run_in_process(run_dir)  # auto-resume from update_2, in the same folder
     assert report["resume"]["resumed_from"].endswith("update_2")
     assert first_difference(reference, run_dir)[1] is None
+    # Said, not skipped silently (an audit's finding): the resume goes on from the last whole checkpoint.
+    assert (
+        f"{run_dir / 'checkpoints'}: the checkpoint of update 3 was cut short while it was written (its run stopped "
+        "then): resuming from update 2, the last whole one"
+    ) in caplog.text
 
 
 def test_the_peft_adapter_reproduces_the_trained_students_log_probs(tmp_path):
