@@ -81,7 +81,7 @@ class Plan:
     def epoch_of(self, update: int) -> int:
         """The pass over the prompts that update `update` (1-based) takes its batch from, 0-based as verl's
         training/epoch: whole batches a pass (prompt_order)."""
-        return (update - 1) // (self.prompts_available // len(self.updates[0].prompt_rows))
+        return (update - 1) // batches_per_pass(self.prompts_available, len(self.updates[0].prompt_rows))
 
     @property
     def prompts_consumed(self) -> int:
@@ -241,13 +241,18 @@ def toy_teacher_corpora(cfg: MiniverlConfig, conversations: Conversations) -> di
     return teacher_corpora(conversations, keys, cfg.default_teacher, seen)
 
 
+def batches_per_pass(prompts: int, logical_batch: int) -> int:
+    """The whole batches one pass over `prompts` gives: its last partial batch is dropped (verl's drop_last)."""
+    return prompts // logical_batch
+
+
 def prompt_order(prompts: PromptSet, cfg: MiniverlConfig, needed: int) -> list[int]:
     """Parquet rows in consumption order, as verl's train dataloader yields them: passes over the kept
     prompts, each cut to whole batches of recipe.logical_batch (verl's drop_last), with data.shuffle each
     pass a torch.randperm of one generator seeded with data.seed (verl's RandomSampler); checked against
     verl's own sampler in tests/trainer/test_plan.py."""
     rows = list(prompts.rows)
-    whole = len(rows) // cfg.recipe.logical_batch * cfg.recipe.logical_batch
+    whole = batches_per_pass(len(rows), cfg.recipe.logical_batch) * cfg.recipe.logical_batch
     generator = torch.Generator()
     if cfg.data.seed is not None:  # null: torch's default seed, as verl leaves its generator
         generator.manual_seed(cfg.data.seed)

@@ -40,6 +40,7 @@ from miniverl.config.teacher import TeacherConfig
 from miniverl.models import loading as models
 from miniverl.models import nf4_cache, tokenizers
 from miniverl.models.attention import attention_problem
+from miniverl.trainer import plan
 from miniverl.trainer.memory_estimate import architecture, estimate_peak_bytes
 from miniverl.trainer.plan import read_rows, route_column, teacher_contexts, teacher_routes, uses_context
 from miniverl.utils.dataset import count_rows, missing_data_file, prompt_ids, read_conversations, tokenize_prompts
@@ -102,7 +103,7 @@ def check_data(cfg: MiniverlConfig, tokenizer) -> Check:
     if usable < needed:
         status = "WARN" if cfg.data.repeat_prompts else "FAIL"
         fix = "" if cfg.data.repeat_prompts else "; add prompts or set data.repeat_prompts=true"
-        batches = usable // cfg.recipe.logical_batch  # whole batches a pass: verl's drop_last
+        batches = plan.batches_per_pass(usable, cfg.recipe.logical_batch)
         passes, left = -(-cfg.recipe.optimizer_updates // batches), usable - batches * cfg.recipe.logical_batch
         left_out = f", {left} prompts a pass left out (its last partial batch, as verl drops it)" if left else ""
         line = f"{facts}: the plan consumes {needed} prompts from {usable} usable ones ({passes} passes{left_out})"
