@@ -18,7 +18,8 @@ response of the logical batch), L = P + R.
     teacher_hidden_states (B, R, H) the teacher's final hidden states at the response positions
                                    [teacher, reverse_kl_full / reverse_kl_topk only; the actor drops them after its
                                    update, they never reach the trajectory log]
-    old_log_probs      (B, R)  float32  log pi_old(y_t), from the update's own forward [actor]
+    old_log_probs      (B, R)  float32  log pi_old(y_t): the update's own forward's (on-policy), the rollout's
+                                        (bypass_mode), or an eval-mode pass's (a model with dropout) [actor]
     advantages         (B, R)  float32  the distillation PG advantage: -(loss), clamped, or with kl_discount_factor the
                                         discounted future -(loss), less advantage_baseline's b first; 0 on tokens a
                                         token_selection left out                   [actor, PG]

@@ -72,8 +72,9 @@ class EstimatorConfig:
     loss_max_clamp: Optional[float] = None
     # Floor on the log-probs of forward_kl_topk (verl's example: -10); null: none.
     log_prob_min_clamp: Optional[float] = None
-    # forward_kl_topk only (verl v0.9): gather the student's log-probs at the teacher's top-k ids a chunk of
-    # positions at a time, forward and backward, so that no (B, T, V) float log-softmax exists; same numbers.
+    # forward_kl_topk only (verl v0.9's key): form the student's log-probs at the teacher's top-k ids at most
+    # chunked_topk_chunk_size positions at a time; same numbers. miniverl's update takes positions in chunks
+    # (hardware.logprob_chunk) forward and backward either way, so no (B, T, V) log-softmax exists without it.
     use_chunked_topk: bool = False
     # Positions (of B x T) per chunk with use_chunked_topk: smaller is less memory, more kernel launches.
     chunked_topk_chunk_size: int = 4096

@@ -11,10 +11,8 @@ import torch
 
 from miniverl.config.recipe import RecipeConfig
 from miniverl.protocol import Batch
-from miniverl.utils.measure import cuda_peaks
+from miniverl.utils.measure import GIB, cuda_peaks
 from miniverl.utils.run_names import LOSS_KEY, SCORE_KEY
-
-GIB = 1024**3
 
 
 def batch_metrics(batch: Batch, recipe: RecipeConfig) -> dict:

@@ -59,7 +59,7 @@ class Plan:
     settings: dict  # every config field that shapes the experiment (see experiment_settings)
     input_parquet_sha256: str
     prompts_available: int
-    interrupt_after_updates: int | None
+    interrupt_after_updates: int | None  # recipe.resume_check_after: where the resume check stops its first run
     updates: tuple[UpdatePlan, ...]
 
     def to_dict(self) -> dict:

@@ -45,6 +45,7 @@ from miniverl.trainer.memory_estimate import architecture, estimate_peak_bytes
 from miniverl.trainer.plan import read_rows, route_column, teacher_contexts, teacher_routes, uses_context
 from miniverl.utils.dataset import count_rows, missing_data_file, prompt_ids, read_conversations, tokenize_prompts
 from miniverl.utils.errors import MiniverlError
+from miniverl.utils.measure import GIB
 from miniverl.utils.text_alignment import align_response
 
 
@@ -264,8 +265,8 @@ def check_memory(cfg: MiniverlConfig, device: torch.device) -> Check:
     resident memory, so what the process holds already (Python, torch, transformers: about 0.4 GiB)
     is added; on CUDA the report's peak is torch's reserved memory, which holds only the run's tensors."""
     heldout_rows = count_rows(cfg.data.val_files or []) if cfg.eval.every != -1 else None  # the probe's rows
-    estimate = estimate_peak_bytes(cfg, device.type, heldout_rows) / 2**30
-    runtime = psutil.Process().memory_info().rss / 2**30 if device.type == "cpu" else 0.0
+    estimate = estimate_peak_bytes(cfg, device.type, heldout_rows) / GIB
+    runtime = psutil.Process().memory_info().rss / GIB if device.type == "cpu" else 0.0
     if cfg.hardware.peak_reserved_limit_gib is not None and device.type == "cuda":  # a limit of GPU memory
         limit, what = (
             cfg.hardware.peak_reserved_limit_gib,
@@ -273,9 +274,9 @@ def check_memory(cfg: MiniverlConfig, device: torch.device) -> Check:
         )
     elif device.type == "cuda":  # what is free: another process (a desktop's display, a notebook) holds the rest
         free, total = torch.cuda.mem_get_info(device)
-        limit, what = free / 2**30, f"the free memory of the GPU's {total / 2**30:.3g} GiB"
+        limit, what = free / GIB, f"the free memory of the GPU's {total / GIB:.3g} GiB"
     else:
-        limit, what = psutil.virtual_memory().total / 2**30, "this machine's memory"
+        limit, what = psutil.virtual_memory().total / GIB, "this machine's memory"
     parts = f" ({estimate:.2f} GiB of models, cache, activations and optimizer + {runtime:.2f} GiB the process holds)"
     line = f"estimated peak {estimate + runtime:.2f} GiB{parts if runtime else ''} against {what} ({limit:.3g} GiB)"
     estimate += runtime

@@ -286,7 +286,7 @@ def build_report(cfg: MiniverlConfig, plan: Plan, facts: RunFacts) -> dict:
             "token_selection": {"by": est.token_selection.by, "keep": est.token_selection.keep},
             "input_parquet_sha256": plan.input_parquet_sha256,
             "train_files": list(cfg.data.train_files),  # as given; the bytes are the digest's
-            "interrupt_after_updates": cfg.recipe.resume_check_after,
+            "interrupt_after_updates": cfg.recipe.resume_check_after,  # the update the check stops after
             "logical_batch": cfg.recipe.logical_batch,
             "optimizer_updates": cfg.recipe.optimizer_updates,
             "policy_loss": est.policy_loss_mode if est.use_policy_gradient else None,

@@ -44,6 +44,7 @@ from miniverl.utils.errors import MiniverlError
 from miniverl.workers.actor import ActorWorker
 from miniverl.workers.factory import with_contexts
 from miniverl.workers.full_vocab_loss import exact_reverse_kl
+from miniverl.workers.logprobs import output_rows
 from miniverl.workers.losses import kl_estimate
 from miniverl.workers.reward import RewardWorker
 from miniverl.workers.rollout import RolloutWorker
@@ -113,9 +114,8 @@ class ValidationProbe:
         self.seeds = [derive_seed(seed, "eval", i) for i in range(len(prompts))]  # the same streams every time
         self.response_limit = response_limit
         self.tokenizer_vocab = rollout.tokenizer_vocab  # the rows every role samples and scores
-        vocab = actor.model.get_output_embeddings().weight.shape[0]
         self.aligned = isinstance(teacher, TextAlignedTeacher)  # another vocabulary: no exact KL against it
-        scored_vocab = min(vocab, self.tokenizer_vocab or vocab)
+        scored_vocab = output_rows(actor.model.get_output_embeddings(), self.tokenizer_vocab)
         self.exact = scored_vocab <= exact_kl_max_vocab and not self.aligned
         if not self.exact and not self.aligned:  # else the report's null would be the only trace
             logging.getLogger(__name__).warning(
@@ -125,10 +125,10 @@ class ValidationProbe:
 
     @torch.no_grad()
     def measure(self, shift: Downshift) -> dict[str, float | None]:
-        every = [len(self.prompts)]  # not in the plan: all rows, split by the downshift's current sizes
+        all_rows = [len(self.prompts)]  # not in the plan: all rows, split by the downshift's current sizes
         batch = shift.run(
             "rollout",
-            every,
+            all_rows,
             lambda sizes: self.rollout.generate_sequences(
                 self.prompts.token_ids,
                 self.prompts.rows,
@@ -141,10 +141,10 @@ class ValidationProbe:
             batch = self.teacher.route(batch, self.sample_teachers)
         exact, per_position = None, None
         if self.exact:  # one teacher forward for both figures: its sampled tokens' log-probs from its full ones
-            per_position = shift.run("update_chunk", every, lambda sizes: self.exact_reverse_kl(batch, sizes[0]))
+            per_position = shift.run("update_chunk", all_rows, lambda sizes: self.exact_reverse_kl(batch, sizes[0]))
         else:
             score = self.teacher.compute_teacher_log_prob
-            batch = shift.run("update_chunk", every, lambda sizes: score(batch, sizes[0]))
+            batch = shift.run("update_chunk", all_rows, lambda sizes: score(batch, sizes[0]))
         mask = batch.scored_mask  # (B, R)
         tokens = mask.sum().clamp_min(1)
         k1 = float((kl_estimate(batch.rollout_log_probs, batch.teacher_logprobs, "k1") * mask).sum() / tokens)

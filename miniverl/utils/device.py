@@ -14,6 +14,7 @@ import torch
 
 from miniverl.config.hardware import HardwareConfig
 from miniverl.utils.errors import MiniverlError
+from miniverl.utils.measure import GIB
 
 
 def wants_cuda(hardware: HardwareConfig) -> bool:
@@ -235,5 +236,5 @@ def hardware_facts(device: torch.device) -> dict:
         # bf16 sums round by how they are split over threads: the run computed with this count
         "torch_threads": torch.get_num_threads(),
         "transformers": package_version("transformers"),
-        "vram_gib": round(props.total_memory / 2**30, 3) if cuda else None,
+        "vram_gib": round(props.total_memory / GIB, 3) if cuda else None,
     }

@@ -18,6 +18,7 @@ from miniverl import STARTED_AT
 from miniverl.utils.identity import sha256_file, sha256_json
 
 PACKAGE_DIR = Path(__file__).resolve().parent
+GIB = 2**30  # bytes
 
 
 def seconds_since_start() -> float:
@@ -38,7 +39,7 @@ def peak_rss_gib() -> float:
         pass
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     scale = 1 if sys.platform == "darwin" else 1024  # macOS reports bytes, Linux KiB
-    return round(peak_kib * scale / 2**30, 4)
+    return round(peak_kib * scale / GIB, 4)
 
 
 def cuda_peaks(device: torch.device) -> tuple[float | None, float | None]:
@@ -46,8 +47,8 @@ def cuda_peaks(device: torch.device) -> tuple[float | None, float | None]:
     if device.type != "cuda":
         return None, None
     return (
-        round(torch.cuda.max_memory_allocated(device) / 2**30, 4),
-        round(torch.cuda.max_memory_reserved(device) / 2**30, 4),
+        round(torch.cuda.max_memory_allocated(device) / GIB, 4),
+        round(torch.cuda.max_memory_reserved(device) / GIB, 4),
     )
 
 

@@ -11,14 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from miniverl.verl_compat.versions import release
+from miniverl.verl_compat.versions import LOSS, ROLLOUT, release
 
 ENTRY_POINT = "python3 -m verl.trainer.main_ppo"
 TEACHERS = "distillation.teacher_models"
 TEACHER = f"{TEACHERS}.teacher_model"  # the entry verl ships: the single teacher's
-LOSS = "distillation.distillation_loss"
 ACTOR = "actor_rollout_ref.actor"
-ROLLOUT = "actor_rollout_ref.rollout"
 MODEL = "actor_rollout_ref.model"
 
 # verl v0.8.0's YAML defaults (what `python3 -m verl.trainer.main_ppo` runs with when a key is not

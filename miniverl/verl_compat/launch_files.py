@@ -241,9 +241,7 @@ def _reward_sentence(reward: LaunchReward) -> str:
     return f"Task rewards are on: `{reward.name}` of `{reward.path}` scores them (it must exist on the trainer)."
 
 
-def readme(
-    config: MiniverlConfig, overrides: list[Override], warnings: list[str], digest: str, reward: LaunchReward
-) -> str:
+def readme(config: MiniverlConfig, warnings: list[str], digest: str, reward: LaunchReward) -> str:
     x, r = config.export, config.recipe
     verl = release(x.verl_version)
     trainer_gpus, teacher_gpus = x.nnodes * x.n_gpus_per_node, x.teacher_nnodes * x.teacher_n_gpus_per_node

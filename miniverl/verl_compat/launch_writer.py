@@ -352,7 +352,7 @@ def export(cfg: DictConfig, folder: Path, *, cwd: Path | None = None) -> ExportR
         "run_opd.sh": launch_script(config, overrides, digest, reward),
         **({reward.written: reward.source} if reward.written else {}),
         "field_rules.json": json.dumps(rules_document(config, rules, overrides, digest), indent=2) + "\n",
-        "README.md": readme(config, overrides, warnings, digest, reward),
+        "README.md": readme(config, warnings, digest, reward),
     }
     unedited = written_unedited(folder)
     edited = edited_since_written(folder, files, unedited)

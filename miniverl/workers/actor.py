@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import NamedTuple
 
 import torch
 from peft import PeftModel
@@ -57,6 +58,16 @@ from miniverl.workers.losses import (
 from miniverl.workers.task_loss import distillation_ppo_loss
 from miniverl.workers.token_selection import TokenSelection, select_for_update
 from miniverl.workers.topk_loss import topk_distillation_loss
+
+
+class Accumulated(NamedTuple):
+    """What the backward over an update's chunks leaves."""
+
+    metrics: dict[str, float]
+    per_token_loss: torch.Tensor  # (B, R) the distillation loss
+    log_probs: torch.Tensor  # (B, R) the forward's: the policy before the step
+    loss_mask: torch.Tensor | None  # (B, R) the tokens trained on; None: every response token
+    baseline: float  # the advantage's (estimator.advantage_baseline): one number for the update
 
 
 class NonFiniteLoss(Exception):
@@ -163,8 +174,9 @@ class ActorWorker:
             torch.manual_seed(dropout_seed)
         given = self.old_log_probs_for(batch, chunks[0])
         with cpu_gemm.float32_products(self.model, self.float32_gemm):  # the recomputed forward too
-            metrics, distillation_losses, own, loss_mask = self._step(replace(batch, old_log_probs=given), chunks)
-        batch.old_log_probs = own if given is None else given
+            step = self._step(replace(batch, old_log_probs=given), chunks)
+        metrics, loss_mask = step.metrics, step.loss_mask
+        batch.old_log_probs = step.log_probs if given is None else given
         # Memory: the teacher's hidden states (B, R, H) are read only by this update's loss.
         batch.teacher_hidden_states = None
         if self.estimator.use_policy_gradient:
@@ -172,17 +184,14 @@ class ActorWorker:
             # scored response (kl_discount_factor), less the baseline: the loss's function on the loss's
             # values and mask (_chunk_loss's advantage_mask), so the column is what was trained on.
             advantages = policy_gradient_advantages(
-                self.estimator,
-                distillation_losses,
-                batch.scored_mask,
-                self.baseline_for(replace(batch, old_log_probs=given)),
+                self.estimator, step.per_token_loss, batch.scored_mask, step.baseline
             )
             batch.advantages = advantages if loss_mask is None else advantages * loss_mask  # 0: not trained on
         if not self.bypass_mode:
             metrics.update(rollout_actor_metrics(batch))
         if batch.teacher_index is not None:
             trained = batch if loss_mask is None else replace(batch, response_mask=loss_mask)
-            metrics.update(per_teacher_losses(distillation_losses, trained, self.teacher_names))
+            metrics.update(per_teacher_losses(step.per_token_loss, trained, self.teacher_names))
         return batch, metrics
 
     def baseline_for(self, batch: Batch) -> float:
@@ -199,8 +208,9 @@ class ActorWorker:
             return None
         return Spans(batch.student_span, batch.teacher_span_logprobs, self.alignment_credit)
 
-    def _step(self, batch: Batch, chunks: list[int]):
-        metrics, per_token_loss, log_probs, loss_mask = self._accumulate(batch, chunks)
+    def _step(self, batch: Batch, chunks: list[int]) -> Accumulated:
+        accumulated = self._accumulate(batch, chunks)
+        metrics = accumulated.metrics
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip))
         loss = metrics[LOSS_KEY] + metrics.get("actor/pg_loss", 0.0)
         if not (math.isfinite(grad_norm) and math.isfinite(loss)):
@@ -216,7 +226,7 @@ class ActorWorker:
         self.peft_model.eval()
         metrics["actor/grad_norm"] = grad_norm
         metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
-        return metrics, per_token_loss, log_probs, loss_mask
+        return accumulated
 
     def select_tokens(self, batch: Batch, chunks: list[int]) -> TokenSelection | None:
         """The response tokens this update trains on (estimator.token_selection), from a no-gradient
@@ -243,15 +253,14 @@ class ActorWorker:
         """Backward over the update chunks; the chunk losses sum to the mini-batch loss. Returns the
         metrics, the per-token distillation loss (B, R) and this forward's log-probs (B, R): the
         policy before the step, what on-policy old log-probs are."""
-        metrics, per_token, log_probs, _ = self._accumulate(batch, chunks)
-        return metrics, per_token, log_probs
+        accumulated = self._accumulate(batch, chunks)
+        return accumulated.metrics, accumulated.per_token_loss, accumulated.log_probs
 
-    def _accumulate(self, batch: Batch, chunks: list[int]):
-        """`accumulate_gradients`, and the mask of the tokens the loss trained on (B, R), None: every
-        response token. With token selection the per-token loss is 0 at the unselected positions of
-        the top-k and full-vocabulary losses (never computed), the estimate itself for the
-        single-sample estimators (from the selection pass's log-probs), and the log-probs there are
-        the selection pass's."""
+    def _accumulate(self, batch: Batch, chunks: list[int]) -> Accumulated:
+        """`accumulate_gradients`, with the mask of the tokens the loss trained on and the baseline.
+        With token selection the per-token loss is 0 at the unselected positions of the top-k and
+        full-vocabulary losses (never computed), the estimate itself for the single-sample estimators
+        (from the selection pass's log-probs), and the log-probs there are the selection pass's."""
         selection = self.select_tokens(batch, chunks)  # before train(): the policy's own entropies
         self.peft_model.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -297,7 +306,7 @@ class ActorWorker:
         # actor/pg_clipfrac, actor/ppo_kl, actor/pg_clipfrac_lower are verl's names for the task PPO loss:
         # logged with task rewards only. The distillation policy gradient's are actor/distillation/*.
         mask = batch.response_mask
-        return metrics, torch.cat(per_token) * mask, torch.cat(log_probs) * mask, loss_mask
+        return Accumulated(metrics, torch.cat(per_token) * mask, torch.cat(log_probs) * mask, loss_mask, baseline)
 
     def _chunk_loss(
         self, chunk: Batch, normalisers: dict, selection: TokenSelection | None = None, baseline: float = 0.0

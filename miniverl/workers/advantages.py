@@ -78,15 +78,15 @@ def compute_advantage(batch: Batch, algorithm: AlgorithmConfig, samples_per_prom
 
 def discounted_future_sum(values: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
     """S_t = sum_{s >= t} gamma^(s - t) values_s along the last dimension (each row on its own), over the
-    positions of `mask` only: an unmasked position adds nothing and gets 0. (B, T) -> (B, T).
+    positions of `mask` only: an unmasked position adds nothing and gets 0. (B, R) -> (B, R).
 
     s - t counts positions, so a hole in the mask still discounts (a response mask has none: it
     is 1 up to EOS). Computed as a log-depth scan: after step k, S_t sums the 2^k positions from t,
-    S_t += gamma^(2^k) S_(t + 2^k); ceil(log2 T) elementwise steps, each row independent of the
+    S_t += gamma^(2^k) S_(t + 2^k); ceil(log2 R) elementwise steps, each row independent of the
     others, so a row gives the same bits in any batch (row chunks of a mini-batch included)."""
     zero = torch.zeros((), dtype=values.dtype, device=values.device)
     mask = mask.bool()
-    out = torch.where(mask, values, zero)  # (B, T) a new tensor
+    out = torch.where(mask, values, zero)  # (B, R) a new tensor
     width, shift, factor = out.shape[-1], 1, float(gamma)
     while shift < width and factor != 0.0:
         out = torch.cat([out[..., :-shift] + factor * out[..., shift:], out[..., width - shift :]], dim=-1)
@@ -97,16 +97,12 @@ def discounted_future_sum(values: torch.Tensor, mask: torch.Tensor, gamma: float
 def policy_gradient_advantages(
     est: EstimatorConfig, per_token_loss: torch.Tensor, mask: torch.Tensor, baseline: float = 0.0
 ) -> torch.Tensor:
-    """The distillation policy gradient's advantage (B, T) from the per-token loss d (B, T) after
+    """The distillation policy gradient's advantage (B, R) from the per-token loss d (B, R) after
     loss_max_clamp: -d (verl's; est.kl_discount_factor 0 and no baseline, the defaults, return exactly
     -d), or with gamma = est.kl_discount_factor > 0 the discounted future loss
     -sum_{s>=t} gamma^(s-t) (d_s - baseline) over the positions of `mask` (the response), 0 elsewhere
     (tinker-cookbook's `kl_discount_factor`; `baseline`: `distillation_baseline`)."""
     gamma = est.kl_discount_factor
-    if not gamma and not baseline:
-        return -per_token_loss
     if baseline:
         per_token_loss = torch.where(mask.bool(), per_token_loss - baseline, per_token_loss.new_zeros(()))
-    if not gamma:
-        return -per_token_loss
-    return -discounted_future_sum(per_token_loss, mask, gamma)
+    return -discounted_future_sum(per_token_loss, mask, gamma) if gamma else -per_token_loss

@@ -4,8 +4,8 @@
     KL_t = sum_v pi(v | x, y_<t) (log pi(v | x, y_<t) - log nu(v | x, y_<t))
 
 backpropagated directly (no policy gradient): its gradient with respect to the student's logits z
-at position t is pi (log pi - log nu - KL_t) / T, the whole distribution's, where a sampled-token
-estimator sees one token. TRL's `DistillationTrainer` with beta=1 trains with the same loss.
+at position t is pi (log pi - log nu - KL_t) / tau (tau: the temperature), the whole distribution's,
+where a sampled-token estimator sees one token. TRL's `DistillationTrainer` with beta=1 trains with the same loss.
 
 Memory. The teacher returns its final hidden states at the response positions (B, R, H), not
 its log-probs (B, R, V): the logits of both models are formed here a chunk of positions at a time
@@ -106,7 +106,7 @@ def reverse_kl_full_terms(
 
 def reverse_kl_full(
     est: EstimatorConfig,
-    kl: torch.Tensor | ReverseKLTopkTerms,  # (B, T) KL_t with the student's graph; reverse_kl_topk: its terms
+    per_position: torch.Tensor | ReverseKLTopkTerms,  # (B, T) KL_t with the student's graph; reverse_kl_topk's terms
     response_mask: torch.Tensor,  # (B, T)
     *,
     batch_num_tokens: Number | None,
@@ -116,23 +116,23 @@ def reverse_kl_full(
     """(loss scalar, per-token loss (B, T), metrics), aggregated by estimator.loss_agg_mode as every
     estimator is, after loss_max_clamp if set (finish_loss, as verl's distillation_loss); metrics:
     distillation/abs_loss (the mean |loss| over response tokens), loss_min, loss_max (before the
-    clamp); reverse_kl_topk (kl: the ReverseKLTopkTerms of reverse_kl_full_terms(..., topk=est.topk))
+    clamp); reverse_kl_topk (per_position: the ReverseKLTopkTerms of reverse_kl_full_terms(..., topk=est.topk))
     also distillation/student_mass and teacher_mass (the mean mass of the student's top-k under each
     model, verl's top-k names) with their _min/_max. The top-k loss is not floored at 0."""
-    topk = est.loss_mode == "reverse_kl_topk"
-    if topk != isinstance(kl, ReverseKLTopkTerms):
+    is_topk = est.loss_mode == "reverse_kl_topk"
+    if is_topk != isinstance(per_position, ReverseKLTopkTerms):
         raise ValueError(
             f"loss_mode={est.loss_mode} needs "
-            + ("reverse_kl_full_terms(..., topk=est.topk)" if topk else "reverse_kl_full_terms(..., topk=None)")
+            + ("reverse_kl_full_terms(..., topk=est.topk)" if is_topk else "reverse_kl_full_terms(..., topk=None)")
         )
-    terms = kl if topk else None
-    kl = terms.loss if topk else kl
+    terms = per_position if is_topk else None
+    kl = per_position.loss if is_topk else per_position  # (B, T)
     mask = response_mask.bool()
     with torch.no_grad():
         n = int(mask.sum())
         total = float(torch.where(mask, kl.abs(), torch.zeros((), dtype=kl.dtype, device=kl.device)).sum())
         metrics = {"distillation/abs_loss": total / n if n else 0.0}
-        if topk:
+        if is_topk:
             for name, mass in (("student_mass", terms.student_mass), ("teacher_mass", terms.teacher_mass)):
                 metrics[f"distillation/{name}"] = float(mass[mask].sum()) / n if n else 0.0
                 metrics.update(masked_range(mass, mask, f"distillation/{name}"))

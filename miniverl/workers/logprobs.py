@@ -6,13 +6,13 @@ and each chunk keeps only what its caller asks for (the sampled token's log-prob
 top-k, the top-k KL terms). A chunk holds at most `chunk` positions and at most
 `MAX_CHUNK_ELEMENTS` logits, so the memory of a chunk is bounded for any vocabulary size.
 
-Sampled-token log-probs, log p(y) = z_y - logsumexp(z) with z = lm_head(h) / T:
+Sampled-token log-probs, log p(y) = z_y - logsumexp(z) with z = lm_head(h) / tau (tau: the temperature):
 
 - without gradients: per chunk one float32 logits block, reduced in place (max, exp, sum) after
   the sampled logit is gathered;
 - with gradients, when the lm_head is a frozen plain Linear (LoRA and every frozen-head setup):
   the gradient with respect to h is formed in the forward pass, d log p(y) / dh =
-  (W_y - softmax(z) W) / T, one (N, H) tensor, so the backward never recomputes or keeps logits
+  (W_y - softmax(z) W) / tau, one (N, H) tensor, so the backward never recomputes or keeps logits
   (two lm_head-sized matmuls per chunk in all, as a plain forward + backward has);
 - otherwise (a trainable head, other outputs): each chunk is recomputed in backward (activation
   checkpointing), so autograd never holds more than one chunk's logits either.

@@ -150,7 +150,7 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return total / (mask.sum().to(values.dtype) + _VERL_EPS)
 
 
-def _ppo_clip_losses(
+def ppo_clip_losses(
     log_prob: torch.Tensor,  # (B, T) current policy, carries the gradient
     old_log_prob: torch.Tensor,  # (B, T) policy that sampled the tokens
     advantages: torch.Tensor,  # (B, T) detached
@@ -188,6 +188,27 @@ def masked_range(values: torch.Tensor, mask: torch.Tensor, prefix: str) -> dict[
     return {f"{prefix}_min": float(picked.min()), f"{prefix}_max": float(picked.max())}
 
 
+def per_token_estimate(
+    est: EstimatorConfig,
+    log_prob: torch.Tensor,  # (B, T)
+    teacher_log_prob: torch.Tensor | None,  # (B, T); not read with spans
+    spans: Spans | None,
+) -> torch.Tensor:
+    """est.loss_mode's estimate at each token (B, T): from the teacher's log-probs of the sampled
+    tokens, or from its span targets (a teacher of another tokenizer)."""
+    if spans is None:
+        return kl_estimate(log_prob, teacher_log_prob.to(log_prob.dtype), est.loss_mode)
+    return span_kl_estimate(log_prob, spans, est.loss_mode)
+
+
+def clamped(est: EstimatorConfig, per_token_loss: torch.Tensor) -> torch.Tensor:
+    """The per-token loss clamped to +-est.loss_max_clamp (null: as it is)."""
+    if est.loss_max_clamp is None:
+        return per_token_loss
+    # Both sides: k1 is signed, and a large negative value is as destabilising as a large positive.
+    return per_token_loss.clamp(min=-est.loss_max_clamp, max=est.loss_max_clamp)
+
+
 def finish_loss(
     est: EstimatorConfig,
     per_token_loss: torch.Tensor,  # (B, T) distillation loss before loss_max_clamp
@@ -210,9 +231,7 @@ def finish_loss(
     baseline: subtracted from the per-token loss in the advantage (`distillation_baseline`)."""
     mask = response_mask.bool()
     metrics.update(masked_range(per_token_loss, mask, "distillation/loss"))  # before the clamp, as verl
-    if est.loss_max_clamp is not None:
-        # Both sides: k1 is signed, and a large negative value is as destabilising as a large positive.
-        per_token_loss = per_token_loss.clamp(min=-est.loss_max_clamp, max=est.loss_max_clamp)
+    per_token_loss = clamped(est, per_token_loss)
     norms = dict(
         batch_num_tokens=batch_num_tokens, global_batch_size=global_batch_size, loss_scale_factor=loss_scale_factor
     )
@@ -226,12 +245,12 @@ def finish_loss(
         advantages = policy_gradient_advantages(
             est, per_token_loss.detach(), mask if advantage_mask is None else advantage_mask, baseline
         )
-        pg_losses, pg_metrics = _ppo_clip_losses(
+        pg_losses, pg_metrics = ppo_clip_losses(
             log_prob,
             old_log_prob,
             advantages,
             mask,
-            clip_ratio_low=est.clip_ratio_low,  # numbers, and clip_ratio_c > 1: EstimatorConfig checks both
+            clip_ratio_low=est.clip_ratio_low,  # numbers (float fields: null is refused), clip_ratio_c > 1 (checked)
             clip_ratio_high=est.clip_ratio_high,
             clip_ratio_c=est.clip_ratio_c,
         )
@@ -291,10 +310,7 @@ def distillation_loss(
         )
     mask = response_mask.bool()  # (B, T)
     # The estimator uses the CURRENT log-probs, so in the direct path its gradient drives the update.
-    if spans is None:
-        per_token = kl_estimate(log_prob, teacher_log_prob.to(log_prob.dtype), est.loss_mode)  # (B, T)
-    else:
-        per_token = span_kl_estimate(log_prob, spans, est.loss_mode)  # (B, T)
+    per_token = per_token_estimate(est, log_prob, teacher_log_prob, spans)  # (B, T)
     with torch.no_grad():
         # Mean |loss| rather than mean loss, because k1 is signed; no eps: a plain mean, as verl.
         abs_sum = torch.where(mask, per_token.abs(), torch.zeros((), dtype=per_token.dtype, device=per_token.device))
@@ -329,12 +345,7 @@ def distillation_baseline(
     chunk's backward; on-policy the two are the same policy."""
     if est.advantage_baseline == "none":
         return 0.0
-    if spans is None:
-        estimate = kl_estimate(old_log_prob, teacher_log_prob, est.loss_mode)  # (B, T)
-    else:
-        estimate = span_kl_estimate(old_log_prob, spans, est.loss_mode)
-    if est.loss_max_clamp is not None:
-        estimate = estimate.clamp(min=-est.loss_max_clamp, max=est.loss_max_clamp)
+    estimate = clamped(est, per_token_estimate(est, old_log_prob, teacher_log_prob, spans))  # (B, T)
     mask = response_mask.bool()
     return float(estimate[mask].mean()) if mask.any() else 0.0
 

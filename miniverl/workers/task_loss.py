@@ -8,16 +8,15 @@ Shapes: B rows, T padded response positions.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
+from miniverl.config.actor import ActorConfig
 from miniverl.config.estimator import EstimatorConfig
-from miniverl.workers.losses import Number, _ppo_clip_losses, agg_loss
+from miniverl.workers.losses import Number, agg_loss, ppo_clip_losses
 
 
 def task_policy_loss(
-    actor: Any,
+    actor_config: ActorConfig,
     loss_agg_mode: str,
     log_prob: torch.Tensor,  # (B, T) with the gradient
     old_log_prob: torch.Tensor | None,  # (B, T); None: on-policy, log_prob.detach()
@@ -30,16 +29,16 @@ def task_policy_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """verl's `ppo_loss` on the task advantages (vanilla policy loss, the actor's clip ratios and
     loss_agg_mode): (pg_loss, {pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower})."""
-    mask = response_mask.bool()
+    mask, clip = response_mask.bool(), actor_config
     old = log_prob.detach() if old_log_prob is None else old_log_prob
-    pg_losses, metrics = _ppo_clip_losses(
+    pg_losses, metrics = ppo_clip_losses(
         log_prob,
         old,
         advantages.detach(),
         mask,
-        clip_ratio_low=actor.clip_ratio if actor.clip_ratio_low is None else actor.clip_ratio_low,
-        clip_ratio_high=actor.clip_ratio if actor.clip_ratio_high is None else actor.clip_ratio_high,
-        clip_ratio_c=actor.clip_ratio_c,
+        clip_ratio_low=clip.clip_ratio if clip.clip_ratio_low is None else clip.clip_ratio_low,
+        clip_ratio_high=clip.clip_ratio if clip.clip_ratio_high is None else clip.clip_ratio_high,
+        clip_ratio_c=clip.clip_ratio_c,
     )
     pg_loss = agg_loss(
         pg_losses,
@@ -55,7 +54,7 @@ def task_policy_loss(
 
 def distillation_ppo_loss(
     est: EstimatorConfig,
-    actor: Any,
+    actor_config: ActorConfig,
     distill_loss: torch.Tensor,  # the distillation loss of the (micro-)batch, with its graph
     log_prob: torch.Tensor,  # (B, T) with the gradient
     old_log_prob: torch.Tensor | None,  # (B, T); None: on-policy
@@ -71,7 +70,7 @@ def distillation_ppo_loss(
     pg_loss, metrics = None, {}
     if task_advantages is not None:
         pg_loss, metrics = task_policy_loss(
-            actor, est.loss_agg_mode, log_prob, old_log_prob, task_advantages, response_mask, **normalisers
+            actor_config, est.loss_agg_mode, log_prob, old_log_prob, task_advantages, response_mask, **normalisers
         )
     if not est.use_task_rewards:
         return distill_loss, metrics

@@ -15,12 +15,12 @@ from miniverl.config.estimator import LOSS_AGG_MODES, EstimatorConfig
 from miniverl.workers.advantages import discounted_future_sum, policy_gradient_advantages
 from miniverl.workers.logprobs import response_hidden_states
 from miniverl.workers.losses import (
-    _ppo_clip_losses,
     agg_loss,
     batch_normalisers,
     combine_metrics,
     distillation_baseline,
     distillation_loss,
+    ppo_clip_losses,
 )
 
 
@@ -130,7 +130,7 @@ def test_gamma_zero_is_todays_loss_bit_for_bit():
         loss, per_token, metrics = distillation_loss(est, ours_lp, old, teacher, mask, **norms)
         loss.backward()
         d = (ref_lp - teacher).clamp(-1.5, 1.5)
-        pg, _ = _ppo_clip_losses(
+        pg, _ = ppo_clip_losses(
             ref_lp, old, -d.detach(), mask.bool(), clip_ratio_low=0.1, clip_ratio_high=0.28, clip_ratio_c=3.0
         )
         reference = agg_loss(pg, mask.bool(), agg, **norms)
