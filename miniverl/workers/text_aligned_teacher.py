@@ -19,6 +19,7 @@ import copy
 
 import torch
 
+from miniverl.models.tokenizers import assistant_turn_end
 from miniverl.protocol import Batch, assemble, left_pad
 from miniverl.utils.text_alignment import Alignment, align_response, credit_to_tokens, span_sums
 from miniverl.workers.teacher import TeacherWorker
@@ -43,7 +44,10 @@ class TextAlignedTeacher:
         self.unwritable_byte_log_prob = unwritable_byte_log_prob
         self.student_tokenizer, self.teacher_tokenizer = student_tokenizer, teacher_tokenizer
         self.stop_ids = set(stop_ids)
-        self.teacher_stop_id = turn_end_id(teacher_tokenizer)  # scored against the student's stop token
+        # Scored against the student's stop token: the teacher's own end of turn (Gemma's <end_of_turn>, ChatML's
+        # <|im_end|>), which can differ from its EOS.
+        turn_end = assistant_turn_end(teacher_tokenizer)
+        self.teacher_stop_id = teacher_tokenizer.eos_token_id if turn_end is None else turn_end
         self.credit = credit
         self.weight_bytes = worker.weight_bytes
 
@@ -118,14 +122,3 @@ class TextAlignedTeacher:
         batch.teacher_text_logprobs = token_log_probs.sum(-1)  # (B,)
         batch.response_chars = torch.tensor([len(a.text) for a in alignments], device=batch.prompts.device)
         return batch
-
-
-def turn_end_id(tokenizer) -> int:
-    """The token the tokenizer's chat template ends an assistant turn with (Gemma's `<end_of_turn>`,
-    ChatML's `<|im_end|>`), which can differ from its EOS: the teacher's own way of stopping."""
-    marker = "\u2063answer\u2063"  # text no template adds or rewrites
-    conversation = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": marker}]
-    rendered = tokenizer.apply_chat_template(conversation, tokenize=False)
-    after = rendered.split(marker, 1)[1] if marker in rendered else ""
-    ids = tokenizer(after, add_special_tokens=False)["input_ids"] if after.strip() else []
-    return ids[0] if ids and ids[0] in tokenizer.all_special_ids else tokenizer.eos_token_id

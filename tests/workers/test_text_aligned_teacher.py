@@ -7,6 +7,7 @@ documented; with the same tokenizer the run is byte for byte the one without ali
 from __future__ import annotations
 
 import json
+import types
 
 import pytest
 import torch
@@ -23,7 +24,7 @@ from miniverl.utils.text_alignment import ByteTokens
 from miniverl.verl_compat.launch_writer import export
 from miniverl.workers.losses import Spans, kl_estimate, span_kl_estimate
 from miniverl.workers.teacher import TeacherWorker
-from miniverl.workers.text_aligned_teacher import TextAlignedTeacher, turn_end_id
+from miniverl.workers.text_aligned_teacher import TextAlignedTeacher
 
 from conftest import ROOT, compose_config, trajectory
 
@@ -280,16 +281,21 @@ def test_the_export_refuses_alignment_in_one_line(tmp_path):
     assert "\n" not in str(error.value)
 
 
+def teacher_stop_id(teacher_tokenizer) -> int:
+    worker = types.SimpleNamespace(weight_bytes=0)  # the stop is read from the tokenizer alone
+    return TextAlignedTeacher(worker, None, teacher_tokenizer, stop_ids=[], credit="last").teacher_stop_id
+
+
 def test_the_teachers_stop_is_the_token_its_template_ends_a_turn_with_not_always_its_eos():
     chatml = toy.build_toy_tokenizer("bpe")
-    assert turn_end_id(chatml) == chatml.convert_tokens_to_ids(toy.IM_END)
+    assert teacher_stop_id(chatml) == chatml.convert_tokens_to_ids(toy.IM_END)
     gemma_like = toy.build_toy_tokenizer("bpe")
     gemma_like.add_special_tokens({"additional_special_tokens": ["<end_of_turn>"]})
     gemma_like.eos_token = toy.PAD  # Gemma: <eos> ends the text, <end_of_turn> the turn
     gemma_like.chat_template = (
         "{% for m in messages %}<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}<end_of_turn>\n{% endfor %}"
     )
-    assert turn_end_id(gemma_like) == gemma_like.convert_tokens_to_ids("<end_of_turn>") != gemma_like.eos_token_id
+    assert teacher_stop_id(gemma_like) == gemma_like.convert_tokens_to_ids("<end_of_turn>") != gemma_like.eos_token_id
 
 
 def test_a_special_tokens_name_spelt_out_by_the_student_is_text_to_the_teacher(pair):
