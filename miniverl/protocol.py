@@ -150,6 +150,11 @@ def with_prompts(batch: Batch, prompts: list[list[int]], pad_id: int) -> Batch:
     return assemble(ids, mask, batch.responses, batch.response_mask, batch.rollout_log_probs, batch.prompt_rows)
 
 
+def positions_of(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position ids (B, L) of a left-padded mask (B, L): each row counts from 0 at its first token."""
+    return (attention_mask.cumsum(-1) - 1).clamp(min=0)
+
+
 def assemble(prompts, prompt_mask, responses, response_mask, rollout_log_probs, prompt_rows) -> Batch:
     attention_mask = torch.cat([prompt_mask, response_mask.long()], dim=1)  # (B, L)
     return Batch(
@@ -158,7 +163,7 @@ def assemble(prompts, prompt_mask, responses, response_mask, rollout_log_probs, 
         responses=responses,
         input_ids=torch.cat([prompts, responses], dim=1),
         attention_mask=attention_mask,
-        position_ids=(attention_mask.cumsum(-1) - 1).clamp(min=0),
+        position_ids=positions_of(attention_mask),
         response_mask=response_mask,
         rollout_log_probs=rollout_log_probs,
     )

@@ -37,7 +37,7 @@ from transformers import DynamicCache, PreTrainedModel, StaticCache
 
 from miniverl.config.actor import RolloutConfig
 from miniverl.models.loading import decoder_of
-from miniverl.protocol import Batch, assemble, left_pad, pad_right
+from miniverl.protocol import Batch, assemble, left_pad, pad_right, positions_of
 from miniverl.workers.rollout.cpu_products import Float16Head
 from miniverl.workers.rollout.lean_decode import (
     LeanDecode,
@@ -159,7 +159,7 @@ class RolloutWorker:
         attend = torch.zeros((b, width), dtype=torch.bool, device=self.device)  # (b, P + R) preallocated mask
         attend[:, :prompt_width] = mask.bool()
         cache = self._cache(b, width)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (b, P)
+        positions = positions_of(mask)  # (b, P)
         # Prefill through the model's own mask construction (it handles the left padding); a static
         # cache is as wide as the whole sequence, so its 2-D mask is too.
         prefill_mask = attend.long() if self.static_cache else mask
