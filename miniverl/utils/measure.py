@@ -14,10 +14,11 @@ from pathlib import Path
 
 import torch
 
+import miniverl
 from miniverl import STARTED_AT
 from miniverl.utils.identity import sha256_file, sha256_json
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(miniverl.__file__).resolve().parent  # the whole package, not this module's folder
 GIB = 2**30  # bytes
 
 
