@@ -89,8 +89,7 @@ class OPDTrainer:
             overwrite=cfg.trainer.overwrite,
             plan_digest=self.plan.digest,
         )
-        self.tracking = Tracking(cfg.trainer, self.run_dir)  # a tracker not installed: refused here; started by
-        # the command once set up (trainer/runner.py): the doctor sets up too, and makes no W&B run
+        self.tracking = Tracking(cfg.trainer, self.run_dir)  # refused here if not installed; started by runner.py
         self.out.write_yaml(RESOLVED_CONFIG, self.resolved)
         self.out.write_json(PLAN, self.plan.to_dict(), canonical=True)
         # Toys go to the run folder and load as any model does; a toy teacher learns the rows it scores (its own).
@@ -126,13 +125,14 @@ class OPDTrainer:
         if self.probe is None or not probe_owed(self.progress, update, self.cfg.eval.every, len(self.plan.updates)):
             return None
         try:
-            values = self.probe.measure(self.eval_downshift)  # out of memory halves its own rows, not training's
+            with timed("testing", timings := {}, self.device):  # verl's timing_s/testing, outside timing_s/step
+                values = self.probe.measure(self.eval_downshift)  # out of memory halves its own rows, not training's
         except (OutOfMemoryAtOneRow, RewardFailed) as error:
             return error  # its checkpoint keeps the probe's sizes as of its last measure: these halvings did not help
         self.eval_downshift.commit()
         for key, value in values.items():
             self.progress.setdefault(key, []).append({"update": update, "value": value})
-        metrics.update({PROGRESS_METRICS[k]: v for k, v in values.items()})
+        metrics.update({PROGRESS_METRICS[k]: v for k, v in values.items()} | {"timing_s/testing": timings["testing"]})
 
     def load_checkpoint(self, ckpt: checkpoint.Checkpoint) -> None:
         start = time.perf_counter()

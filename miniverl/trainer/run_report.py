@@ -65,6 +65,7 @@ class RunFacts:
     distillation_progress: dict | None = None
     teacher_weight_bytes: dict[str, int] = field(default_factory=dict)  # by teacher name ("teacher": the single one)
     tokenizer_alignment: dict | None = None  # a teacher of another tokenizer: alignment_block
+    first_own_update: int = 0  # the history's first update this process ran (a resumed run's: after its checkpoint)
     extra_measurements: dict = field(default_factory=dict)
 
 
@@ -124,6 +125,7 @@ def trainer_facts(trainer, status: str, resume: dict) -> RunFacts:
         distillation_progress=trainer.progress if trainer.cfg.eval.every != -1 else None,
         teacher_weight_bytes=trainer.teacher_weight_bytes,
         tokenizer_alignment=alignment_block(trainer),
+        first_own_update=trainer.resumed.update if trainer.resumed else 0,
     )
 
 
@@ -195,10 +197,11 @@ def with_resume_check(report: dict, block: dict, run_bytes: int) -> dict:
     return {**report, "resume": resume, "artifacts": {**report["artifacts"], "total_workload_bytes": run_bytes}}
 
 
-def steady_state(history: list[dict]) -> tuple[dict, dict]:
-    """Median seconds and median positions/s per phase over updates 2..N (update 1 pays warm-up); None
-    with one update (its figures are the warm-up's: metrics.jsonl has them)."""
-    steady = history[1:]
+def steady_state(history: list[dict], first_own_update: int = 0) -> tuple[dict, dict]:
+    """Median seconds and median positions/s per phase over this process's updates after its first
+    (`history[first_own_update]` pays the warm-up; a resumed run's earlier updates were another
+    process's); None with one update of its own (its figures are the warm-up's: metrics.jsonl has them)."""
+    steady = history[first_own_update + 1 :]
     seconds, throughput = {}, {}
     for phase, keys in PHASES.items():
         per_update = [sum(m[f"timing_s/{k}"] for k in keys) for m in steady]
@@ -258,7 +261,7 @@ def resource_contract(cfg: MiniverlConfig, facts: RunFacts) -> dict:
 
 
 def build_report(cfg: MiniverlConfig, plan: Plan, facts: RunFacts) -> dict:
-    seconds, throughput = steady_state(facts.history) if facts.history else ({}, {})
+    seconds, throughput = steady_state(facts.history, facts.first_own_update or 0) if facts.history else ({}, {})
     done = plan.updates[: len(facts.history)]
     rows = [r for u in done for r in u.prompt_rows]
     run_dir = facts.run_dir

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -97,6 +98,10 @@ def test_stopped_after_k_and_resumed_in_a_fresh_process_equals_the_uninterrupted
     )
     assert res_report["recipe"]["compiled_plan_sha256"] == ref_report["recipe"]["compiled_plan_sha256"]
     assert len((resumed / "metrics.jsonl").read_text().splitlines()) == N
+    # Its steady state is its own: the updates after its first (k + 1 paid its warm-up), not the stopped run's.
+    gen = [json.loads(line)["timing_s/gen"] for line in (resumed / "metrics.jsonl").read_text().splitlines()]
+    own = res_report["measurements"]["steady_state_median_seconds"]["rollout"]
+    assert own == round(statistics.median(gen[k + 1 :]), 4)
 
 
 @pytest.mark.slow

@@ -424,6 +424,9 @@ def test_progress_is_measured_before_training_and_every_n_updates(tmp_path):
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert "val/distillation/exact_reverse_kl" in lines[1] and "val/distillation/exact_reverse_kl" not in lines[0]
     assert lines[3]["val/distillation/k1_mean"] == progress["k1_mean"][2]["value"]
+    # The probe's time under verl's name, on the updates it measured after (outside timing_s/step)
+    assert [("timing_s/testing" in line) for line in lines] == [False, True, False, True]
+    assert lines[1]["timing_s/testing"] > 0
 
 
 def test_exact_kl_is_null_above_the_vocabulary_limit_and_the_log_says_what_to_set(tmp_path, caplog):
