@@ -103,6 +103,9 @@ def main() -> None:
             sys.exit(exit_code_of(MiniverlError("--out needs a folder: python -m miniverl.doctor --out DIR ...")))
         out = argv[at + 1]
         del argv[at : at + 2]
+    if "-m" in argv or "--multirun" in argv:
+        sweep = MiniverlError("the doctor checks one command, not a sweep: drop -m and give each key one value")
+        sys.exit(exit_code_of(sweep))
     if out is not None:
         refuse_out(Path(out))
     # The training command's own folder, copied along with its overrides: what the checks build
@@ -115,7 +118,8 @@ def main() -> None:
         folder = ["hydra.run.dir=" + (out or scratch)]
         if out is None:  # nothing of Hydra's either: no .hydra/ and no doctor.log
             folder += ["hydra.output_subdir=null", "hydra/job_logging=stdout"]
-        sys.argv = [sys.argv[0], *folder, *argv]
+        # After the user's arguments: Hydra reads its flags (-cd DIR) before the overrides only.
+        sys.argv = [sys.argv[0], *argv, *folder]
         doctor_app()
 
 

@@ -17,7 +17,14 @@ from omegaconf import DictConfig
 
 from miniverl.trainer.runner import run, same_command
 from miniverl.utils.errors import MiniverlError, RunStopped, ctrl_c_stop, exit_code_of
-from miniverl.utils.hydra_entry import config_flags, log_line, one_line_hydra_errors, run_as_main, write_record
+from miniverl.utils.hydra_entry import (
+    as_typed,
+    config_flags,
+    log_line,
+    one_line_hydra_errors,
+    run_as_main,
+    write_record,
+)
 from miniverl.utils.overrides import shell_override
 from miniverl.utils.signals import interrupting_signals, signal_of
 from miniverl.verl_compat.field_rules import verl_key_hints
@@ -30,7 +37,7 @@ log = logging.getLogger("miniverl")
 def main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
-    args = [*config_flags(hydra_cfg), *hydra_cfg.overrides.task]
+    args = [*config_flags(hydra_cfg), *as_typed(hydra_cfg.overrides.task)]
     sweep = hydra_cfg.mode == RunMode.MULTIRUN
     if sweep:  # an earlier attempt's (the same sweep again in its folder): this one writes its own
         from miniverl.utils.run_folder import ERROR_FILE

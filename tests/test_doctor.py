@@ -8,6 +8,8 @@ import pytest
 
 from miniverl import doctor
 
+from conftest import run_as_command
+
 
 def doctor_status(monkeypatch, *argv: str) -> int:
     monkeypatch.setattr(sys, "argv", ["miniverl/doctor.py", *argv])
@@ -41,3 +43,22 @@ def test_an_out_that_cannot_be_a_folder_is_one_line_naming_out(tmp_path, monkeyp
         assert doctor_status(monkeypatch, "+recipe=opd_k1", f"--out={out}") == 2  # --out=DIR as --out DIR
         err = capsys.readouterr().err.strip()
         assert said in err and err.endswith("choose another --out") and "\n" not in err
+
+
+def test_a_sweep_command_is_refused_in_one_line(monkeypatch, capsys):
+    """A config audit pasted a sweep: argparse's usage block and "unrecognized arguments" whatever the order."""
+    assert doctor_status(monkeypatch, "-m", "+recipe=opd_k1", "model=toy", "teacher=toy", "estimator=k1,k3") == 2
+    assert capsys.readouterr().err.strip() == (
+        "miniverl: error: the doctor checks one command, not a sweep: drop -m and give each key one value"
+    )
+
+
+def test_a_recipe_of_ones_own_is_found_through_config_dir(tmp_path, capsys):
+    """The doctor put its own overrides before the user's arguments, where Hydra's parser refuses --config-dir."""
+    (tmp_path / "conf" / "recipe").mkdir(parents=True)
+    (tmp_path / "conf" / "recipe" / "mine.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - /recipe/opd_k1\n  - _self_\nrecipe:\n  prompt_limit: 100\n"
+    )
+    argv = [f"--config-dir={tmp_path / 'conf'}", "+recipe=mine", "model=toy", "teacher=toy"]
+    assert run_as_command("doctor", *argv, "--out", str(tmp_path / "out")) == 0
+    assert "(limit 100)" in capsys.readouterr().out  # the recipe of ones own

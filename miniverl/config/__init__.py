@@ -96,13 +96,21 @@ class MiniverlConfig:
                 f"trainer.stop_after_updates={stop} must be below recipe.optimizer_updates="
                 f"{self.recipe.optimizer_updates}"
             )
-        response = self.recipe.response_limit
+        response_key, response = self.longest_response()
         for where, block, limit_key, limit in self.prompt_limits():  # a folder's: the pre-flight reads its config
             if block.model_id == "toy" and block.toy.max_position_embeddings < limit + response:
                 raise ValueError(
                     f"{where}.toy.max_position_embeddings={block.toy.max_position_embeddings} is below "
-                    f"{limit_key} + recipe.response_limit = {limit + response}"
+                    f"{limit_key} + {response_key} = {limit + response}"
                 )
+
+    def longest_response(self) -> tuple[str, int]:
+        """The key and value of the longest response a model reads: recipe.response_limit, or the held-out
+        probe's eval.response_limit where the probe runs and samples longer ones."""
+        probe = self.eval.response_limit if self.eval.every != -1 else None
+        if probe is not None and probe > self.recipe.response_limit:
+            return "eval.response_limit", probe
+        return "recipe.response_limit", self.recipe.response_limit
 
     def prompt_limits(self) -> list[tuple[str, StudentConfig | TeacherConfig, str, int]]:
         """(config path, block, the key of its prompt limit, that limit) of the student and every teacher:
@@ -179,7 +187,7 @@ def unknown_key_line(full_key: str) -> str:
 def to_config(cfg: DictConfig) -> MiniverlConfig:
     """Validate a composed config: runs every schema's `__post_init__`; a refused value becomes a
     one-line MiniverlError."""
-    from omegaconf.errors import ConfigKeyError
+    from omegaconf.errors import ConfigKeyError, InterpolationResolutionError
 
     from miniverl.utils.errors import MiniverlError
 
@@ -191,6 +199,11 @@ def to_config(cfg: DictConfig) -> MiniverlConfig:
         raise MiniverlError(unknown_key_line(error.full_key or "")) from None
     try:
         return OmegaConf.to_object(checked)
+    except InterpolationResolutionError as error:  # a ${...} in a value: named by the key that holds it
+        raise MiniverlError(
+            f"{error.full_key}: {str(error).splitlines()[0]}; a ${{...}} names a config key as `--cfg job` prints it, "
+            "or a set environment variable (${oc.env:VAR})"
+        ) from None
     except (ValueError, NotImplementedError) as error:
         raise MiniverlError(str(error).splitlines()[0]) from None
 

@@ -235,13 +235,13 @@ def check_routing(cfg: MiniverlConfig) -> Check:
 
 
 def check_positions(cfg: MiniverlConfig) -> Check:
-    """Every model from a folder reads its prompt limit and recipe.response_limit in tokens at most: within
+    """Every model from a folder reads its prompt limit and the longest response (longest_response) at most: within
     the positions its config says it was trained for (max_position_embeddings), as verl's vLLM rollout
     requires of max_model_len (without VLLM_ALLOW_LONG_MAX_MODEL_LEN). transformers would run past them
     silently, on positions the model never saw (a text-aligned teacher's response is the student's text in
     its own tokens: counted as recipe.response_limit here)."""
     facts, problems = [], []
-    response = cfg.recipe.response_limit
+    response_key, response = cfg.longest_response()
     folders = dict(loaded_model_blocks(cfg))
     for where, block, limit_key, limit in cfg.prompt_limits():
         if where not in folders:  # a toy (checked by the config) or a teacher running on the student's model
@@ -249,9 +249,9 @@ def check_positions(cfg: MiniverlConfig) -> Check:
         positions = architecture(where, block)["positions"]
         if positions is not None and limit + response > positions:
             problems.append(
-                f"{where}: {limit_key} + recipe.response_limit = {limit + response} tokens is beyond its "
+                f"{where}: {limit_key} + {response_key} = {limit + response} tokens is beyond its "
                 f"max_position_embeddings ({positions}, the positions it was trained for; verl's vLLM rollout "
-                f"refuses such a max_model_len too): lower {limit_key} or recipe.response_limit"
+                f"refuses such a max_model_len too): lower {limit_key} or {response_key}"
             )
         limited = f"of {positions} positions" if positions is not None else "positions (its config names no limit)"
         facts.append(f"{where} {limit + response} {limited}")

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import yaml
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
@@ -33,6 +34,12 @@ def run_as_main(module: str) -> None:
 SHIPPED_CONFIG_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 
+def as_typed(overrides) -> list[str]:
+    """Hydra's list of overrides (`overrides.task`, `overrides.hydra`) as typed: iterating the ListConfig would
+    resolve a `${...}` in one (trainer.experiment_name=${recipe.name}) against Hydra's own config, and fail."""
+    return list(OmegaConf.to_container(overrides)) if overrides is not None else []
+
+
 def config_flags(hydra_cfg: DictConfig) -> list[str]:
     """The command line's flags that chose the config (`--config-path`, `--config-dir`,
     `--config-name`, `hydra.searchpath=`): Hydra keeps them out of `overrides.task`, and the same
@@ -47,7 +54,7 @@ def config_flags(hydra_cfg: DictConfig) -> list[str]:
             flags.append(f"--config-dir={source.path}")
     if hydra_cfg.job.config_name != "config":
         flags.append(f"--config-name={hydra_cfg.job.config_name}")
-    return flags + [o for o in hydra_cfg.overrides.hydra if override_key(o) == "hydra.searchpath"]
+    return flags + [o for o in as_typed(hydra_cfg.overrides.hydra) if override_key(o) == "hydra.searchpath"]
 
 
 def log_line(
@@ -125,10 +132,45 @@ def hydra_error_line(error: Exception, verl_hints: Callable[[], dict[str, str]] 
     return message
 
 
+# Hydra's flags that a command line may hold: its parser takes them before the overrides only.
+HYDRA_FLAGS = ("-m", "--multirun", "-c", "--cfg", "--resolve", "-cd", "--config-dir", "-cp", "--config-path", "-cn",
+               "--config-name", "-p", "--package", "-i", "--info", "-h", "--help", "--hydra-help")  # fmt: skip
+
+
+def argument_problem(arguments: list[str]) -> str | None:
+    """What Hydra would take otherwise than meant, or refuse in a traceback: a flag after an override
+    (argparse's "unrecognized arguments"), a list, null or a number as a config group's option (Hydra
+    merges a list's options into one config silently). None: nothing."""
+    groups = {p.name for p in SHIPPED_CONFIG_DIR.iterdir() if p.is_dir() and p.name != "hydra"}
+    first = next((i for i, a in enumerate(arguments) if "=" in a and not a.startswith("-")), len(arguments))
+    late = [a for a in arguments[first:] if a.split("=", 1)[0] in HYDRA_FLAGS]
+    if late:
+        return f"{late[0]} comes after the override {arguments[first]}: Hydra reads its flags before the overrides only"
+    for override in arguments[first:]:
+        key, _, value = override.partition("=")
+        group = key.lstrip("+~").split("@", 1)[0]
+        if group in groups and "." not in key and (value.startswith("[") or value == "null" or value.isdigit()):
+            options = sorted(p.stem for p in (SHIPPED_CONFIG_DIR / group).glob("*.yaml"))
+            sweep = f"; to run each, sweep with -m: {key}={value.strip('[]')}" if value.startswith("[") else ""
+            return (
+                f"{override}: the config group {group} takes one option's name, one of {', '.join(options)} "
+                f"(or a file of yours in {group}/ under --config-dir){sweep}"
+            )
+    return None
+
+
 RUN_DIR_FIX = "choose another hydra.run.dir (hydra.sweep.dir with -m)"
 SWEEP_DIR: list[Path] = []  # the folder of the sweep this command runs, once SweepPreflight has let it start
 # The descriptor that holds that folder's lock until the command ends, and the folder where the lock made it.
 SWEEP_LOCK: list[tuple[int, Path | None]] = []
+
+
+def yaml_error_line(error: yaml.YAMLError) -> str:
+    """A YAML parser's error in one line: the file and line of the problem, and what it is."""
+    mark = getattr(error, "problem_mark", None)
+    where = f"{mark.name}, line {mark.line + 1}" if mark is not None else "a config file"
+    what = "; ".join(str(part) for part in (getattr(error, "context", None), getattr(error, "problem", None)) if part)
+    return f"{where}: not valid YAML ({what or error}); fix the file"
 
 
 def one_line_hydra_errors(entry: Callable | None = None, *, verl_hints: Callable[[], dict[str, str]] | None = None):
@@ -154,6 +196,10 @@ def one_line_hydra_errors(entry: Callable | None = None, *, verl_hints: Callable
                     if os.environ.get("HYDRA_FULL_ERROR") == "1":
                         raise
                     raise SystemExit(exit_code_of(MiniverlError(hydra_error_line(error, verl_hints)))) from None
+                except yaml.YAMLError as error:  # a config file of the user's (--config-dir) that is not YAML
+                    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                        raise
+                    raise SystemExit(exit_code_of(MiniverlError(yaml_error_line(error)))) from None
                 except KeyboardInterrupt as stop:  # outside the command's own code: Hydra's imports, between jobs
                     by = signal_of(stop)
                     go_on = "run the same command again to go on"
@@ -187,6 +233,8 @@ def one_line_hydra_errors(entry: Callable | None = None, *, verl_hints: Callable
         # composing with the compose API instead would lose what @hydra.main gives (multirun,
         # launchers, --cfg, the run folder). So that one helper is swapped, only while the entry
         # point runs; tests/e2e/test_cli.py (a composition mistake in one line) fails if a Hydra release moves it.
+        if (problem := argument_problem(sys.argv[1:])) and os.environ.get("HYDRA_FULL_ERROR") != "1":
+            raise SystemExit(exit_code_of(MiniverlError(problem)))
         hydra_internal.run_and_report = run_and_report
         SWEEP_DIR.clear()  # one process may run several commands (the tests)
         ENTRY_VERL_HINTS[:] = [verl_hints]  # for SweepPreflight, which Hydra builds from the config, and to_config

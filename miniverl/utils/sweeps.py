@@ -13,7 +13,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from miniverl.config import ENTRY_VERL_HINTS
 from miniverl.utils.errors import MiniverlError
-from miniverl.utils.hydra_entry import SWEEP_DIR, SWEEP_LOCK, config_flags, hydra_error_line, refuse_an_empty_folder
+from miniverl.utils.hydra_entry import (
+    SWEEP_DIR,
+    SWEEP_LOCK,
+    as_typed,
+    config_flags,
+    hydra_error_line,
+    refuse_an_empty_folder,
+)
 from miniverl.utils.overrides import override_key
 
 
@@ -159,8 +166,10 @@ class SweepPreflight(Callback):
             )
         if (config_flags(earlier), numbered_jobs(earlier)) != (config_flags(config.hydra), numbered_jobs(config.hydra)):
             # Without trainer.overwrite=true: to go on with that sweep is to keep its finished jobs and resume.
-            kept = [o for o in earlier.overrides.task if override_key(o) != "trainer.overwrite"]
-            afresh = any(o.split("=", 1)[-1].lower() == "true" for o in earlier.overrides.task if o not in kept)
+            kept = [o for o in as_typed(earlier.overrides.task) if override_key(o) != "trainer.overwrite"]
+            afresh = any(
+                o.split("=", 1)[-1].lower() == "true" for o in as_typed(earlier.overrides.task) if o not in kept
+            )
             return (
                 f"hydra.sweep.dir={sweep_dir} holds the runs of another sweep (its arguments: "
                 f"{' '.join([*config_flags(earlier), *kept])}); choose another hydra.sweep.dir, or run that sweep's "
@@ -182,8 +191,12 @@ RUN_CONTROL_KEYS = ("trainer.overwrite", "trainer.progress_bar", "trainer.stop_a
 
 def sweep_arguments(hydra_cfg: DictConfig, leave_out: tuple[str, ...] = ()) -> list[str]:
     """The sweep's overrides, hydra.sweeper.params first (as Hydra reads them), but the keys in `leave_out`."""
-    params = [f"{k}={v}" for k, v in (OmegaConf.select(hydra_cfg, "sweeper.params") or {}).items()]
-    return [o for o in [*params, *hydra_cfg.overrides.task] if override_key(o) not in leave_out]
+    params = OmegaConf.to_container(OmegaConf.select(hydra_cfg, "sweeper.params") or OmegaConf.create({}))
+    return [
+        o
+        for o in [*(f"{k}={v}" for k, v in params.items()), *as_typed(hydra_cfg.overrides.task)]
+        if override_key(o) not in leave_out
+    ]
 
 
 def each_job(arguments: list[str]) -> list[list[str]] | None:

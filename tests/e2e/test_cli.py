@@ -197,6 +197,54 @@ def test_a_composition_mistake_is_hydras_wording_in_one_line_and_exit_2(override
     assert result.stderr.startswith("miniverl: error: ") and wording in result.stderr and fix in result.stderr
 
 
+@pytest.mark.parametrize(
+    "arguments,said",
+    [
+        # A config-audit's tracebacks: null or a number as a group's option; and a list, which Hydra merged silently
+        (["model=null"], "model=null: the config group model takes one option's name, one of qwen3_0_6b"),
+        (["estimator=3"], "estimator=3: the config group estimator takes one option's name"),
+        (["estimator=[k1,k3]"], "the config group estimator takes one option's name, one of abs, forward_kl_topk"),
+        (["estimator=[k1,k3]"], "; to run each, sweep with -m: estimator=k1,k3"),
+        # argparse's usage block and "unrecognized arguments"
+        (["-m", "estimator=k1,k3"], "-m comes after the override +recipe=opd_k1: Hydra reads its flags before"),
+        # a ${...} that names nothing: Hydra's traceback from the overrides' list
+        (["trainer.experiment_name=${foo}"], "trainer.experiment_name: Interpolation key 'foo' not found; a ${...}"),
+    ],
+)
+def test_a_group_option_flag_or_reference_hydra_takes_otherwise_is_one_line_and_exit_2(tmp_path, arguments, said):
+    result = main("+recipe=opd_k1", "model=toy", "teacher=toy", *arguments, f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [result.stderr.strip()], result.stderr
+    assert result.stderr.startswith("miniverl: error: ") and said in result.stderr
+
+
+def test_a_sweep_with_a_reference_that_names_nothing_is_refused_before_any_job(tmp_path):
+    """It ran (exit 0, no summary): the sweep's own checks read the overrides' list, which resolved the ${...}."""
+    result = main("-m", *TOY, "estimator=k1,k3", "trainer.experiment_name=${foo}", f"hydra.sweep.dir={tmp_path}")
+    assert result.returncode == 2 and "Traceback" not in result.stderr and not (tmp_path / "0").exists()
+    assert "2 of the sweep's 2 jobs would fail, so none ran: job 0 (estimator=k1): trainer.experiment_name: " in (
+        result.stderr
+    )
+
+
+def test_a_reference_to_another_key_in_an_override_is_the_keys_value(tmp_path):
+    """trainer.experiment_name=${recipe.name} failed in a traceback: Hydra's list of the overrides resolved the
+    reference against Hydra's own config."""
+    cfg = tmp_path / "run" / ".hydra" / "config.yaml"
+    result = main(*TOY, "recipe.optimizer_updates=1", "recipe.interrupt_after_updates=null",
+                  "trainer.experiment_name=${recipe.name}", f"hydra.run.dir={tmp_path / 'run'}")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "experiment_name: ${recipe.name}" in cfg.read_text()  # Hydra's record keeps it as typed
+    assert json.loads((tmp_path / "run" / "report.json").read_text())["status"] == "measured"
+
+
+def test_a_recipe_of_ones_own_that_is_not_yaml_is_one_line_naming_the_file_and_line(tmp_path):
+    (tmp_path / "conf" / "recipe").mkdir(parents=True)
+    (tmp_path / "conf" / "recipe" / "mine.yaml").write_text("# @package _global_\nrecipe:\n  logical_batch: [1\n")
+    result = main(f"--config-dir={tmp_path / 'conf'}", "+recipe=mine", "model=toy", "teacher=toy")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.startswith(f"miniverl: error: {tmp_path / 'conf' / 'recipe' / 'mine.yaml'}, line 4: not valid")
+
+
 def test_a_swept_verl_key_is_answered_with_miniverls_name_as_a_single_one_is(tmp_path):
     """A new-user audit: with -m the sweep's own check of every job dropped the hint the single run gives."""
     result = main("-m", "+recipe=opd_k1", "model=toy", "teacher=toy", "data.max_prompt_length=64,128",

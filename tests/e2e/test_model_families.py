@@ -20,7 +20,7 @@ from miniverl.trainer.preflight import check_attention, check_positions
 from miniverl.trainer.runner import run
 from miniverl.utils.errors import MiniverlError
 
-from conftest import compose_config, family_folder, main, resumed_in_this_process
+from conftest import ROOT, compose_config, family_folder, main, resumed_in_this_process
 
 # Every linear layer but the output layer, by the family's own names: what all-linear must adapt.
 FAMILIES = {
@@ -187,6 +187,20 @@ def test_a_prompt_and_response_beyond_the_models_positions_are_refused_in_one_li
     assert own.status == "FAIL" and own.reason.startswith("teacher: teacher.context.prompt_limit + recipe.response")
     shared = check_positions(to_config(compose_config([*RUN, f"model.model_id={student}", "teacher.mode=ref"])))
     assert shared.reason == "model 136 of 512 positions"
+    # The held-out probe's longer responses count where the probe runs (a config audit: never checked).
+    probe = [
+        *models_,
+        "eval.every=1",
+        "eval.response_limit=500",
+        "recipe.prompt_limit=100",
+        f"data.val_files={ROOT / 'data' / 'toy_prompts_heldout.parquet'}",
+    ]
+    longer = check_positions(to_config(compose_config([*RUN, *probe])))
+    assert longer.status == "FAIL" and longer.reason.startswith(
+        "model: recipe.prompt_limit + eval.response_limit = 600 tokens is beyond its max_position_embeddings (512"
+    )
+    off = check_positions(to_config(compose_config([*RUN, *probe, "eval.every=-1"])))
+    assert off.status == "PASS"
     # BLOOM's config names no limit (ALiBi): a model-families audit read "176 of unnamed positions".
     from transformers import AutoConfig
 
