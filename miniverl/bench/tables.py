@@ -12,6 +12,7 @@ import torch
 
 from miniverl.bench.setups import BATCH, LORA, NEW_TOKENS, PATH_RATIO_KEYS, PREFIX, TARGETS
 from miniverl.utils.errors import MiniverlError
+from miniverl.utils.run_folder import holds_outputs
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -26,6 +27,10 @@ def result_folder(given: str | None, kind: str, result: str) -> Iterator[Path]:
         out = Path(given)
         if in_the_way := next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None):
             raise MiniverlError(f"--out {out}: {in_the_way} is a file, not a folder; choose another --out")
+        if holds_outputs(out):  # a training run's folder: its resume and report read what is there
+            raise MiniverlError(
+                f"--out {out} holds a training run's files, which the bench never writes beside: choose another --out"
+            )
         if (out / result).exists():
             raise MiniverlError(
                 f"--out {out} holds an earlier bench's {result}: give another --out (or leave it out: a new "

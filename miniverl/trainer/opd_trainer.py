@@ -65,8 +65,8 @@ class OPDTrainer:
         self.reward: RewardWorker | None = None  # with estimator.use_task_rewards
         self.rollout = self.teacher = self.actor = None  # the roles (workers/factory.py)
         self.downshift = self.eval_downshift = None  # training's out-of-memory Downshift; the held-out probe's
-        # For the report: the teachers' bytes, the products every role computes, the rollout's last LeanDecode.
-        self.teacher_weight_bytes, self.products, self.last_decode = {}, None, None
+        # For the report: what the roles were built with (workers/factory.RoleFacts), the rollout's last LeanDecode.
+        self.role_facts, self.last_decode = None, None
         self.cold_startup_seconds = self.resume_load_seconds = None  # setup's end; a resumed checkpoint's load
 
     # ------------------------------------------------------------------ setup
@@ -110,7 +110,7 @@ class OPDTrainer:
         )
         roles = build_roles(cfg, self.student, self.tokenizer, self.device, toy_paths, contexts)
         self.rollout, self.teacher, self.actor = roles.rollout, roles.teacher, roles.actor
-        self.teacher_weight_bytes, self.products = roles.teacher_weight_bytes, roles.products  # for the report
+        self.role_facts = roles.facts  # for the report: the teachers' bytes, the products, an aligned tokenizer
         if cfg.eval.every != -1:
             self.probe = ValidationProbe.from_config(cfg, self.tokenizer, self.rollout, self.teacher, self.actor)
         self.downshift = Downshift.for_hardware(self.device, cfg.hardware, self.resumed)  # a resumed run: its sizes

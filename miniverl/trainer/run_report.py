@@ -15,7 +15,7 @@ import torch
 
 from miniverl import VERL_COMMIT, VERL_REPOSITORY, VERL_TAG, __version__
 from miniverl.config import MiniverlConfig
-from miniverl.trainer.plan import PLAN_VERSION, Plan, aligned_teacher_tokenizer
+from miniverl.trainer.plan import PLAN_VERSION, Plan
 from miniverl.trainer.report_models import student_block, teachers_block
 from miniverl.utils.device import hardware_facts
 from miniverl.utils.identity import sha256_file, sha256_json
@@ -104,7 +104,7 @@ def trainer_facts(trainer, status: str, resume: dict) -> RunFacts:
     return RunFacts(
         **device_facts(
             trainer.device,
-            trainer.products,
+            trainer.role_facts.products,
             getattr(trainer.rollout, "last_decode", trainer.last_decode),
             trainer.cfg.hardware.name,
         ),
@@ -123,7 +123,7 @@ def trainer_facts(trainer, status: str, resume: dict) -> RunFacts:
         failure=trainer.failure,
         workload_seconds=seconds_since_start(),
         distillation_progress=trainer.progress if trainer.cfg.eval.every != -1 else None,
-        teacher_weight_bytes=trainer.teacher_weight_bytes,
+        teacher_weight_bytes=trainer.role_facts.teacher_weight_bytes,
         tokenizer_alignment=alignment_block(trainer),
         first_own_update=trainer.resumed.update if trainer.resumed else 0,
     )
@@ -136,7 +136,7 @@ def alignment_block(trainer) -> dict | None:
     None without it."""
     if not trainer.cfg.teacher.text_aligned or trainer.cfg.teachers:
         return None
-    own = aligned_teacher_tokenizer(trainer.cfg.teacher, "teacher", trainer.tokenizer)  # None: the student's
+    own = trainer.role_facts.aligned_teacher_tokenizer  # None: the teacher scores the student's ids
     unaligned = over_updates(trainer.history, "distillation/unaligned_fraction")
     floored = over_updates(trainer.history, "distillation/unwritable_byte_fraction")  # only with the floor set
     return {

@@ -117,7 +117,14 @@ def hydra_error_line(error: Exception, verl_hints: Callable[[], dict[str, str]] 
         prefix = full_key.rsplit(".", 1)[0] + "." if "." in full_key else ""
         fix = f"did you mean {prefix}{close[0]}?" if close else "spell the key as `--cfg job` prints it"
         given = re.search(r"override '([^']+)'", message)  # the whole key as typed (full_key stops at the miss)
-        fix = (verl_hints() if verl_hints else {}).get(given.group(1) if given else full_key) or fix
+        typed = given.group(1) if given else full_key
+        if OmegaConf.get_type(node) is dict and not close:  # a mapping of the user's own keys: a new one takes a +
+            fix = (
+                f"a teacher is added with +teacher@{prefix}{key}=<option> (docs/teachers.md)"
+                if prefix == "teachers."
+                else f"{typed} is a new key of a mapping: add it with a +, +{typed}=<value>"
+            )
+        fix = (verl_hints() if verl_hints else {}).get(typed) or fix
         message += f"; {fix}"
     elif "does not support sweep type" in message:
         message += "; list the values (a,b,c), or sweep with range(), choice() or glob()"
@@ -129,6 +136,8 @@ def hydra_error_line(error: Exception, verl_hints: Callable[[], dict[str, str]] 
         message += (
             "; Hydra's override grammar has no bare ~ in a value: write the path with $HOME (the shell expands it)"
         )
+    elif isinstance(getattr(error, "override", None), str):  # Hydra's grammar refused the override
+        message = f"{error.override}: {message}; quote the value for Hydra inside the shell's quotes: \"key='...'\""
     return message
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from peft import PeftModel
@@ -21,15 +22,23 @@ from miniverl.workers.teacher import TeacherRouter, TeacherWorker
 from miniverl.workers.text_aligned_teacher import TextAlignedTeacher
 
 
+@dataclass(frozen=True)
+class RoleFacts:
+    """What the report says of the roles: kept after the models are released (no model in it)."""
+
+    # Memory each teacher adds, by name: its own model's weights (standard), its adapter on the
+    # student's base (shared_base), nothing (ref).
+    teacher_weight_bytes: dict[str, int]
+    products: str  # the half-precision products every role computes (cpu_gemm.product_name)
+    aligned_teacher_tokenizer: Any = None  # a single text-aligned teacher's own tokenizer; None: it scores the ids
+
+
 @dataclass
 class Roles:
     rollout: RolloutWorker
     teacher: TeacherWorker | TeacherRouter | TextAlignedTeacher
     actor: ActorWorker
-    # Memory each teacher adds, by name: its own model's weights (standard), its adapter on the
-    # student's base (shared_base), nothing (ref).
-    teacher_weight_bytes: dict[str, int]
-    products: str  # the half-precision products every role computes (cpu_gemm.product_name), for the report
+    facts: RoleFacts
 
 
 def build_roles(
@@ -85,7 +94,9 @@ def build_roles(
     )
     computing = [base, *(w.model for w in workers.values() if getattr(w, "model", None) is not None)]
     products = cpu_gemm.product_name(float32_gemm, device, cpu_gemm.half_dtypes(computing))
-    return Roles(rollout, teacher, actor, {name: w.weight_bytes for name, w in workers.items()}, products)
+    aligned = teacher.teacher_tokenizer if isinstance(teacher, TextAlignedTeacher) else None
+    facts = RoleFacts({name: w.weight_bytes for name, w in workers.items()}, products, aligned)
+    return Roles(rollout, teacher, actor, facts)
 
 
 def with_contexts(

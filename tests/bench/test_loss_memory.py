@@ -78,6 +78,15 @@ def test_a_bench_never_replaces_an_earlier_result_and_by_default_writes_a_new_fo
             .err.strip()
             .endswith(f"{out / 'losses.json'} is a file, not a folder; choose another --out")
         )
+    run = tmp_path / "run"  # a config audit: a training run's folder was taken as --out (the bench wrote in it)
+    (run / "checkpoints" / "update_1").mkdir(parents=True)
+    (run / "report.json").write_text("{}\n")
+    assert main(["--losses", "--vocab", "16", "--out", str(run)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"miniverl.bench: error: --out {run} holds a training run's files, which the bench never writes beside: "
+        "choose another --out"
+    )
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "report.json"]
     monkeypatch.chdir(tmp_path)
     with result_folder(None, "toy", "bench.json") as first:
         assert first.parts[:3] == ("outputs", "bench", "toy") and len(first.parts) == 5  # <date>/<time>

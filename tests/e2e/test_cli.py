@@ -181,6 +181,19 @@ def test_a_finished_run_of_other_settings_is_refused_as_finished_not_as_another_
             "Could not override",
             "actor_rollout_ref.actor.optim.lr is verl's name: miniverl's is actor.optim.lr",
         ),
+        # A config audit: a new key of a mapping takes a + (the line said to spell it as --cfg job prints it)
+        (
+            "data.apply_chat_template_kwargs.enable_thinking=true",
+            "Could not override 'data.apply_chat_template_kwargs.enable_thinking'",
+            "a new key of a mapping: add it with a +, +data.apply_chat_template_kwargs.enable_thinking=<value>",
+        ),
+        ("teachers.a.model_id=x", "Could not override", "a teacher is added with +teacher@teachers.a=<option>"),
+        # and an override Hydra's grammar refuses is named, with the quoting that passes it
+        (
+            "teacher.context.user={{ hint }}",
+            "teacher.context.user={{ hint }}: ",
+            "quote the value for Hydra inside the shell's quotes: \"key='...'\"",
+        ),
         (
             "model=tyo",
             "Could not find 'model/tyo'",
