@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 from miniverl.config import MiniverlConfig, to_config
 from miniverl.config.export import EXPORT_FOLDER
 from miniverl.utils.errors import MiniverlError, ctrl_c_stop, exit_code_of
-from miniverl.utils.hydra_entry import one_line_hydra_errors, run_as_main
+from miniverl.utils.hydra_entry import first_override_at, one_line_hydra_errors, run_as_main
 from miniverl.utils.overrides import override_key
 from miniverl.utils.run_names import ADAPTER, CHECKPOINTS, METRICS, REPORT, TOY_MODELS, TRAJECTORIES
 from miniverl.verl_compat.field_rules import verl_key_hints
@@ -118,8 +118,9 @@ def main() -> None:
         folder = ["hydra.run.dir=" + (out or scratch)]
         if out is None:  # nothing of Hydra's either: no .hydra/ and no doctor.log
             folder += ["hydra.output_subdir=null", "hydra/job_logging=stdout"]
-        # After the user's arguments: Hydra reads its flags (-cd DIR) before the overrides only.
-        sys.argv = [sys.argv[0], *argv, *folder]
+        # Among the user's overrides: Hydra's parser refuses overrides on both sides of a flag (-cd DIR, --cfg job).
+        at = first_override_at(argv)
+        sys.argv = [sys.argv[0], *argv[:at], *folder, *argv[at:]]
         doctor_app()
 
 

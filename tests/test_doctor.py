@@ -62,3 +62,6 @@ def test_a_recipe_of_ones_own_is_found_through_config_dir(tmp_path, capsys):
     argv = [f"--config-dir={tmp_path / 'conf'}", "+recipe=mine", "model=toy", "teacher=toy"]
     assert run_as_command("doctor", *argv, "--out", str(tmp_path / "out")) == 0
     assert "(limit 100)" in capsys.readouterr().out  # the recipe of ones own
+    # and a flag after the overrides, where the doctor's own overrides once followed it
+    assert run_as_command("doctor", *argv, "--cfg", "job") == 0
+    assert "prompt_limit: 100" in capsys.readouterr().out

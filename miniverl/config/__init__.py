@@ -114,7 +114,7 @@ class MiniverlConfig:
 
     def prompt_limits(self) -> list[tuple[str, StudentConfig | TeacherConfig, str, int]]:
         """(config path, block, the key of its prompt limit, that limit) of the student and every teacher:
-        each model reads at most that many prompt tokens and recipe.response_limit more."""
+        each model reads at most that many prompt tokens and the longest response (longest_response) more."""
         limits = [("model", self.model, "recipe.prompt_limit", self.recipe.prompt_limit)]
         for name, teacher in self.teacher_blocks.items():  # a teacher's context may have its own limit
             where, own = self.teacher_where(name), teacher.context.prompt_limit

@@ -9,8 +9,8 @@ check is one line, PASS / WARN / FAIL with the reason.
                   with teacher.tokenizer_alignment=text and another tokenizer, the share of the
                   data's text that aligns into common spans
     memory        an estimate of the peak memory against the hardware option's limit
-    positions     every model from a folder: its prompt limit + recipe.response_limit within its
-                  max_position_embeddings
+    positions     every model from a folder: its prompt limit + the longest response (recipe.response_limit,
+                  or a longer eval.response_limit) within its max_position_embeddings
     routing       several teachers: every row's teacher_key value has a teacher (or a default)
     context       a teacher with a privileged context: its prompt renders for every row (a missing
                   field names the row) and fits its limit
@@ -235,7 +235,7 @@ def check_routing(cfg: MiniverlConfig) -> Check:
 
 
 def check_positions(cfg: MiniverlConfig) -> Check:
-    """Every model from a folder reads its prompt limit and the longest response (longest_response) at most: within
+    """Every model from a folder reads its prompt limit and the longest response (cfg.longest_response): within
     the positions its config says it was trained for (max_position_embeddings), as verl's vLLM rollout
     requires of max_model_len (without VLLM_ALLOW_LONG_MAX_MODEL_LEN). transformers would run past them
     silently, on positions the model never saw (a text-aligned teacher's response is the student's text in

@@ -261,7 +261,7 @@ def resource_contract(cfg: MiniverlConfig, facts: RunFacts) -> dict:
 
 
 def build_report(cfg: MiniverlConfig, plan: Plan, facts: RunFacts) -> dict:
-    seconds, throughput = steady_state(facts.history, facts.first_own_update or 0) if facts.history else ({}, {})
+    seconds, throughput = steady_state(facts.history, facts.first_own_update) if facts.history else ({}, {})
     done = plan.updates[: len(facts.history)]
     rows = [r for u in done for r in u.prompt_rows]
     run_dir = facts.run_dir

@@ -37,7 +37,7 @@ SHIPPED_CONFIG_DIR = Path(__file__).resolve().parents[2] / "conf"
 def as_typed(overrides) -> list[str]:
     """Hydra's list of overrides (`overrides.task`, `overrides.hydra`) as typed: iterating the ListConfig would
     resolve a `${...}` in one (trainer.experiment_name=${recipe.name}) against Hydra's own config, and fail."""
-    return list(OmegaConf.to_container(overrides)) if overrides is not None else []
+    return OmegaConf.to_container(overrides) if overrides is not None else []
 
 
 def config_flags(hydra_cfg: DictConfig) -> list[str]:
@@ -141,30 +141,70 @@ def hydra_error_line(error: Exception, verl_hints: Callable[[], dict[str, str]] 
     return message
 
 
-# Hydra's flags that a command line may hold: its parser takes them before the overrides only.
-HYDRA_FLAGS = ("-m", "--multirun", "-c", "--cfg", "--resolve", "-cd", "--config-dir", "-cp", "--config-path", "-cn",
-               "--config-name", "-p", "--package", "-i", "--info", "-h", "--help", "--hydra-help")  # fmt: skip
+def hydra_arguments(arguments: list[str]):
+    """A command line as Hydra's own parser reads it: (its namespace, what it leaves over), None where
+    the parser refuses it itself (a flag's value it does not know: it says so)."""
+    from hydra._internal.utils import get_args_parser  # the parser @hydra.main runs
+
+    try:
+        return get_args_parser().parse_known_args(arguments)
+    except SystemExit:
+        return None
+
+
+def first_override_at(arguments: list[str]) -> int:
+    """Where a command line's overrides start (its length: none), as Hydra's parser reads it: a flag's
+    value (-cd /a=b) is not one."""
+    from hydra._internal.utils import get_args_parser
+
+    valued = {s for a in get_args_parser()._actions if a.option_strings and a.nargs != 0 for s in a.option_strings}
+    starts = (i for i, a in enumerate(arguments) if "=" in a and not a.startswith("-"))
+    return next((i for i in starts if i == 0 or arguments[i - 1] not in valued), len(arguments))
+
+
+def reads_as_number(value: str) -> bool:
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
 
 
 def argument_problem(arguments: list[str]) -> str | None:
-    """What Hydra would take otherwise than meant, or refuse in a traceback: a flag after an override
-    (argparse's "unrecognized arguments"), a list, null or a number as a config group's option (Hydra
-    merges a list's options into one config silently). None: nothing."""
+    """What Hydra would refuse with its usage block, or take otherwise than meant: overrides on both
+    sides of a flag (argparse's "unrecognized arguments"), a list as a config group's option (Hydra
+    merges the options into one config, silently), null or a number as a shipped group's option.
+    None: nothing."""
+    read = hydra_arguments(arguments)
+    if read is None:
+        return None
+    parsed, stray = read
+    if stray and stray[0].startswith("-"):
+        return f"{stray[0]} is not one of Hydra's flags (--help lists them)"
+    if stray:
+        return (
+            f"{stray[0]} follows one of Hydra's flags that follows an override: give the flags (-m, --cfg, "
+            "--config-dir, ...) before or after all the overrides, not between them"
+        )
     groups = {p.name for p in SHIPPED_CONFIG_DIR.iterdir() if p.is_dir() and p.name != "hydra"}
-    first = next((i for i, a in enumerate(arguments) if "=" in a and not a.startswith("-")), len(arguments))
-    late = [a for a in arguments[first:] if a.split("=", 1)[0] in HYDRA_FLAGS]
-    if late:
-        return f"{late[0]} comes after the override {arguments[first]}: Hydra reads its flags before the overrides only"
-    for override in arguments[first:]:
+    own = Path(parsed.config_dir) if parsed.config_dir else None
+    if own is not None and own.is_dir():
+        groups |= {p.name for p in own.iterdir() if p.is_dir()}
+    for override in parsed.overrides:
         key, _, value = override.partition("=")
-        group = key.lstrip("+~").split("@", 1)[0]
-        if group in groups and "." not in key and (value.startswith("[") or value == "null" or value.isdigit()):
-            options = sorted(p.stem for p in (SHIPPED_CONFIG_DIR / group).glob("*.yaml"))
-            sweep = f"; to run each, sweep with -m: {key}={value.strip('[]')}" if value.startswith("[") else ""
+        group = override_key(key).split("@", 1)[0]
+        if group not in groups or not value or "=" not in override:
+            continue
+        options = sorted({p.stem for d in (SHIPPED_CONFIG_DIR, own) if d for p in (d / group).glob("*.yaml")})
+        listed = f"one of {', '.join(options)}" if options else "a file's name in it"
+        if value.startswith("["):
             return (
-                f"{override}: the config group {group} takes one option's name, one of {', '.join(options)} "
-                f"(or a file of yours in {group}/ under --config-dir){sweep}"
+                f"{override}: the config group {group} takes one option's name, {listed}; to run each, sweep with "
+                f"-m: {key}={value.strip('[]')}"
             )
+        if value == "null" or value.lower() in ("true", "false") or reads_as_number(value):
+            quoted = f"; an option named {value} is quoted for Hydra: \"{key}='{value}'\"" if value != "null" else ""
+            return f"{override}: the config group {group} takes one option's name, {listed}{quoted}"
     return None
 
 
@@ -198,6 +238,8 @@ def one_line_hydra_errors(entry: Callable | None = None, *, verl_hints: Callable
         original = hydra_internal.run_and_report
 
         def run_and_report(func):
+            full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
+
             def guarded():
                 try:
                     return func()
@@ -220,6 +262,10 @@ def one_line_hydra_errors(entry: Callable | None = None, *, verl_hints: Callable
                         )
                     raise SystemExit(exit_code_of(ctrl_c_stop(f"stopped by {by.name}; {go_on}", by))) from None
                 except ValueError as error:  # logging's dictConfig: "Unable to configure handler 'file'"
+                    if str(error).startswith("Config group override must be") and not full_error:
+                        # a group's option that argument_problem did not read (a group of a searchpath)
+                        fix = "give the config group an option's name (one that reads as a number: quoted, \"g='3'\")"
+                        raise SystemExit(exit_code_of(MiniverlError(f"{error}: {fix}"))) from None
                     if not isinstance(error.__cause__, OSError):
                         raise
                     fix = RUN_DIR_FIX + going_on(error.__cause__.filename)

@@ -219,7 +219,9 @@ def test_a_composition_mistake_is_hydras_wording_in_one_line_and_exit_2(override
         (["estimator=[k1,k3]"], "the config group estimator takes one option's name, one of abs, forward_kl_topk"),
         (["estimator=[k1,k3]"], "; to run each, sweep with -m: estimator=k1,k3"),
         # argparse's usage block and "unrecognized arguments"
-        (["-m", "estimator=k1,k3"], "-m comes after the override +recipe=opd_k1: Hydra reads its flags before"),
+        (["-m", "estimator=k1,k3"], "estimator=k1,k3 follows one of Hydra's flags that follows an override: give"),
+        (["estimator=true"], "an option named true is quoted for Hydra: \"estimator='true'\""),
+        (["+teacher@teachers.x=[toy,toy_qwen3]"], "the config group teacher takes one option's name, one of"),
         # a ${...} that names nothing: Hydra's traceback from the overrides' list
         (["trainer.experiment_name=${foo}"], "trainer.experiment_name: Interpolation key 'foo' not found; a ${...}"),
     ],
@@ -237,6 +239,12 @@ def test_a_sweep_with_a_reference_that_names_nothing_is_refused_before_any_job(t
     assert "2 of the sweep's 2 jobs would fail, so none ran: job 0 (estimator=k1): trainer.experiment_name: " in (
         result.stderr
     )
+
+
+def test_hydras_flags_after_every_override_are_read_as_hydra_reads_them():
+    """The check of flags between overrides once refused a flag after the last one (docs/usage.md's --cfg job)."""
+    result = main("+recipe=opd_k1", "model=toy", "teacher=toy", "trainer.seed=3", "--cfg", "job")
+    assert result.returncode == 0 and "seed: 3" in result.stdout, result.stderr
 
 
 def test_a_reference_to_another_key_in_an_override_is_the_keys_value(tmp_path):
