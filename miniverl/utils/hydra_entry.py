@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from miniverl.config import ENTRY_VERL_HINTS
 from miniverl.utils.errors import MiniverlError, ctrl_c_stop, exit_code_of, unwritable
-from miniverl.utils.overrides import override_key, shell_override
+from miniverl.utils.overrides import looks_numeric, override_key, shell_override
 from miniverl.utils.signals import signal_of
 
 
@@ -162,14 +162,6 @@ def first_override_at(arguments: list[str]) -> int:
     return next((i for i in starts if i == 0 or arguments[i - 1] not in valued), len(arguments))
 
 
-def reads_as_number(value: str) -> bool:
-    try:
-        float(value)
-    except ValueError:
-        return False
-    return True
-
-
 def argument_problem(arguments: list[str]) -> str | None:
     """What Hydra would refuse with its usage block, or take otherwise than meant: overrides on both
     sides of a flag (argparse's "unrecognized arguments"), a list as a config group's option (Hydra
@@ -202,7 +194,7 @@ def argument_problem(arguments: list[str]) -> str | None:
                 f"{override}: the config group {group} takes one option's name, {listed}; to run each, sweep with "
                 f"-m: {key}={value.strip('[]')}"
             )
-        if value == "null" or value.lower() in ("true", "false") or reads_as_number(value):
+        if value == "null" or value.lower() in ("true", "false") or looks_numeric(value):
             quoted = f"; an option named {value} is quoted for Hydra: \"{key}='{value}'\"" if value != "null" else ""
             return f"{override}: the config group {group} takes one option's name, {listed}{quoted}"
     return None

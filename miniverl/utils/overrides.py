@@ -35,7 +35,7 @@ def hydra_value(value: Any) -> str:
         text = repr(value)
         return text if ("." in text or "e" in text or "n" in text) else text + ".0"
     if isinstance(value, str):
-        if _SAFE.match(value) and value.lower() not in _RESERVED and not _looks_numeric(value):
+        if _SAFE.match(value) and value.lower() not in _RESERVED and not looks_numeric(value):
             return value
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(value, (list, tuple)):
@@ -45,7 +45,8 @@ def hydra_value(value: Any) -> str:
     raise TypeError(f"cannot write {value!r} as a Hydra override value")
 
 
-def _looks_numeric(text: str) -> bool:
+def looks_numeric(text: str) -> bool:
+    """Whether Hydra's grammar reads `text` as a number (1, 1e-4, inf), not a string."""
     try:
         float(text)
     except ValueError:
