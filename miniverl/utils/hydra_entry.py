@@ -163,10 +163,10 @@ def first_override_at(arguments: list[str]) -> int:
 
 
 def argument_problem(arguments: list[str]) -> str | None:
-    """What Hydra would refuse with its usage block, or take otherwise than meant: overrides on both
-    sides of a flag (argparse's "unrecognized arguments"), a list as a config group's option (Hydra
-    merges the options into one config, silently), null or a number as a shipped group's option.
-    None: nothing."""
+    """What Hydra would refuse with its usage block or a traceback, or take otherwise than meant:
+    overrides on both sides of a flag (argparse's "unrecognized arguments"), a flag it does not have, a
+    list as a config group's option (Hydra merges the options into one config, silently), null,
+    true/false or a number as one (shipped groups and those of --config-dir). None: nothing."""
     read = hydra_arguments(arguments)
     if read is None:
         return None
@@ -236,11 +236,11 @@ def one_line_hydra_errors(entry: Callable | None = None, *, verl_hints: Callable
                 try:
                     return func()
                 except HydraException as error:  # composition; a sweep a sweeper cannot run (interval())
-                    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                    if full_error:
                         raise
                     raise SystemExit(exit_code_of(MiniverlError(hydra_error_line(error, verl_hints)))) from None
                 except yaml.YAMLError as error:  # a config file of the user's (--config-dir) that is not YAML
-                    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                    if full_error:
                         raise
                     raise SystemExit(exit_code_of(MiniverlError(yaml_error_line(error)))) from None
                 except KeyboardInterrupt as stop:  # outside the command's own code: Hydra's imports, between jobs
