@@ -188,6 +188,7 @@ def test_a_finished_run_of_other_settings_is_refused_as_finished_not_as_another_
             "a new key of a mapping: add it with a +, +data.apply_chat_template_kwargs.enable_thinking=<value>",
         ),
         ("teachers.a.model_id=x", "Could not override", "a teacher is added with +teacher@teachers.a=<option>"),
+        ("actor.lr=1e-4", "Could not override 'actor.lr'", "did you mean actor.optim.lr?"),  # a level off
         # and an override Hydra's grammar refuses is named, with the quoting that passes it
         (
             "teacher.context.user={{ hint }}",
