@@ -28,7 +28,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 from miniverl.config.model import ALL_LINEAR, StudentConfig, hub_revision
 from miniverl.config.teacher import TeacherConfig
 from miniverl.models import adapters, nf4_cache, toy
-from miniverl.models.sources import Source, offline_error, source_of
+from miniverl.models.sources import Source, offline_error, setting_of, source_of
 from miniverl.utils.errors import MiniverlError
 from miniverl.utils.measure import trim_heap
 from miniverl.utils.overrides import hydra_value
@@ -108,7 +108,7 @@ def load_tokenizer(where: str, block: StudentConfig | TeacherConfig, source: Sou
         no_tokenizer = folder.is_dir() and not any(any(folder.glob(pattern)) for pattern in TOKENIZER_FILES)
         # A model_id folder without config.json is not a model at all: offline_error says what it needs.
         if no_tokenizer and (block.tokenizer_id or (folder / "config.json").is_file()):
-            setting = where if where.startswith("--") else f"{where}.{key}"  # a bench flag is its own name
+            setting = setting_of(where, key)
             fix = "" if where.startswith("--") or block.tokenizer_id else f", or set {where}.tokenizer_id to one"
             raise MiniverlError(
                 f"{setting}={source.tokenizer_path} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}): save "
@@ -206,7 +206,7 @@ def refuse_random_weights(where: str, source: Source, model: PreTrainedModel, mi
     headless = output is not None and any(parameters[name] is output.weight for name in unloaded)
     more = f" (and {len(unloaded) - 3} more)" if len(unloaded) > 3 else ""
     why = "; saved with AutoModel, it has no output layer: save it with AutoModelForCausalLM" if headless else ""
-    setting = where if where.startswith("--") else f"{where}.model_id"  # a bench flag is its own name
+    setting = setting_of(where)
     raise MiniverlError(
         f"{setting}={source.path}: the checkpoint holds no {', '.join(unloaded[:3])}{more}, which would start at "
         f"random{why}"

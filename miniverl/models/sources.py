@@ -41,10 +41,15 @@ def local_or_hub(name: str) -> str:
     return os.path.abspath(path) if os.path.isdir(path) else path
 
 
+def setting_of(where: str, key: str = "model_id") -> str:
+    """How a line names a model's setting: `model.model_id` for a config path, a bench flag (--student) as it is."""
+    return where if where.startswith("--") else f"{where}.{key}"
+
+
 def offline_error(where: str, source: Source, error: Exception, key: str = "model_id") -> MiniverlError:
     """The one line for a model or tokenizer that cannot be loaded: a real model not built yet, a local
     folder that is missing or not a model, a hub id neither cached nor reachable, or one unreadable."""
-    setting = where if where.startswith("--") else f"{where}.{key}"  # a bench flag is its own name
+    setting = setting_of(where, key)
     folder = Path(source.path).expanduser()
     if folder.parent == Path(real_model_path("")) and not folder.is_dir():  # a real model miniverl builds itself
         return MiniverlError(
