@@ -1,6 +1,7 @@
 """cpu_products: the decode step's reordered products are bitwise each 4-bit layer's own (stacked
 where layers share their input, per call for any other row count), and the lm_head's float16 copy
-is used only where it holds the same values."""
+holds the same values (those it cannot hold in a sparse residual), and is used only for a bf16
+checkpoint's head."""
 
 from __future__ import annotations
 
@@ -159,25 +160,62 @@ def test_the_float16_head_multiplies_the_same_values_in_float32():
     assert cache._packed is not packed and (twice.double() - 2 * want).abs().max() < 2e-5
 
 
-@pytest.mark.parametrize(
-    "change",
-    ["a float16 subnormal", "a float32 value", "beyond float16", "trainable", "bf16 weights"],
-)
+@needs_fbgemm
+def test_values_the_float16_copy_cannot_hold_are_multiplied_from_a_residual_of_the_same_values():
+    head = exact_head()
+    outside = {
+        (3, 5): 2.0**-20,
+        (3, 6): 2.0**-15 * 1.5,
+        (7, 0): 0.1 + 2.0**-30,
+        (9, 9): 1e5,
+    }  # subnormals, float32, beyond
+    with torch.no_grad():
+        for at, value in outside.items():
+            head.weight[at] = value
+    cache = cpu_products.Float16Head()
+    forward = cache.forward_for(head)
+    residual = cache._packed[1]
+    assert forward is not None and residual._nnz() == len(outside)
+    assert cache.held_bytes == head.weight.numel() * 2 + len(outside) * (4 + 8) + (head.out_features + 1) * 8
+    x = torch.randn(ROWS, 1, HIDDEN)  # the decode step's (rows, 1, hidden)
+    want = torch.nn.functional.linear(x.double(), head.weight.double())
+    got = forward(x)
+    assert got.shape == (ROWS, 1, head.out_features) and got.dtype == torch.float32
+    assert ((got.double() - want).abs() <= 1e-5 * want.abs().clamp(min=1)).all()  # 1e5 x: relative to its row's size
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one_thread = forward(x)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(got, one_thread)  # the residual's sum per row is one thread's: resumes stay exact
+
+
+@pytest.mark.parametrize("change", ["float32 values", "trainable", "bf16 weights"])
 def test_the_float16_head_is_not_used_where_it_would_change_the_weights(change):
     head = exact_head()
     with torch.no_grad():
-        if change == "a float16 subnormal":
-            head.weight[3, 5] = 2.0**-20
-        elif change == "a float32 value":
-            head.weight[3, 5] = 0.1 + 2.0**-30
-        elif change == "beyond float16":
-            head.weight[3, 5] = 1e5
+        if change == "float32 values":  # a float32 checkpoint's head: each value would round
+            head.weight.copy_(torch.randn(head.weight.shape))
         elif change == "trainable":
             head.weight.requires_grad_(True)
         else:
             head.to(torch.bfloat16)
     cache = cpu_products.Float16Head()
     assert cache.forward_for(head) is None and cache.held_bytes == 0
+
+
+@needs_fbgemm
+def test_a_head_with_more_than_its_share_of_values_outside_the_copy_reads_its_own_weight():
+    head = exact_head()
+    share = int(cpu_products.RESIDUAL_MAX_FRACTION * head.weight.numel())
+    flat = head.weight.detach().view(-1)
+    with torch.no_grad():
+        flat[:share] = 2.0**-20  # as many as the share allows: the copy and its residual
+    assert cpu_products.Float16Head().forward_for(head) is not None
+    with torch.no_grad():
+        flat[share] = 2.0**-20  # one more: the float32 weight
+    assert cpu_products.Float16Head().forward_for(head) is None
 
 
 @needs_fbgemm

@@ -11,6 +11,7 @@ starts decoding (docs/bench.md measures each on an AMX Xeon):
 
 from __future__ import annotations
 
+import warnings
 import weakref
 
 import torch
@@ -127,14 +128,24 @@ def reordered_forwards(model: torch.nn.Module, rows: int, eligible) -> tuple[dic
 FP16_NORMAL_MIN = 2.0**-14  # the smallest float16 normal
 
 
+# The most of a head's values that may lie outside the float16 copy (its `residual`): the sparse
+# product took ~11 ns a value at 4 rows on an AMX Xeon (1.5 ms for 142k values), so 1 % of a
+# 151,936 x 1,024 head would add ~17 ms to the copy's ~37 ms, against float32's ~88 ms a step.
+RESIDUAL_MAX_FRACTION = 0.01
+
+
 class Float16Head:
     """The rollout's lm_head on the CPU (`hardware.rollout_cpu_fp16_lm_head`): a frozen float32
-    output layer whose values are all exact float16 normals (those of a bf16 checkpoint upcast by
-    `prepare_model_for_kbit_training`, when their range allows) is read from a float16 copy packed
-    for fbgemm, which multiplies in float32 (`quantized::linear_dynamic_fp16`): half the bytes
-    of each decode step's largest read, the same values, another summation order (log-probs within
-    2e-5 nats of F.linear's, measured). Packing takes ~0.3 s for a 49,152-token vocabulary, so
-    the copy is kept across rollouts while the weight is unchanged (its bytes: `held_bytes`)."""
+    output layer holding a bf16 checkpoint's values (upcast by `prepare_model_for_kbit_training`)
+    is read from a float16 copy packed for fbgemm, which multiplies in float32
+    (`quantized::linear_dynamic_fp16`): half the bytes of each decode step's largest read, the
+    same values, another summation order (log-probs within 2e-5 nats of F.linear's, measured).
+    bf16 reaches below float16's normals: such values (0.017 % of the 151,936 x 576 bf16 embedding
+    of `python -m miniverl.real_models --cross-tokenizer`, none of SmolLM2's) are zero in the copy
+    and multiplied from a sparse float32 residual, added after; a head with more than
+    RESIDUAL_MAX_FRACTION of them (a float32 checkpoint's) reads its own weight. Packing takes
+    ~0.3 s for a 49,152-token vocabulary, so the copy is kept across rollouts while the weight is
+    unchanged (its bytes, the residual's included: `held_bytes`)."""
 
     def __init__(self) -> None:
         self._key: tuple | None = None
@@ -157,32 +168,71 @@ class Float16Head:
         if key != self._key or self._weight() is not weight:
             self._key, self._weight = key, weakref.ref(weight)
             self._packed = self._pack(weight.detach(), None if bias is None else bias.detach())
-            self.held_bytes = 0 if self._packed is None else weight.numel() * 2
-        packed, plain = self._packed, type(module).forward
-        if packed is None:
+            self.held_bytes = 0
+            if self._packed is not None:
+                residual = self._packed[1]
+                self.held_bytes = weight.numel() * 2 + (0 if residual is None else _sparse_bytes(residual))
+        if self._packed is None:
             return None
+        (packed, residual), plain = self._packed, type(module).forward
 
         def forward(x: torch.Tensor) -> torch.Tensor:
             if x.dtype != torch.float32:  # fbgemm multiplies float32 inputs only
                 return plain(module, x)
-            return torch.ops.quantized.linear_dynamic_fp16(x, packed)
+            return _product(x, packed, residual)
 
         return forward
 
     @staticmethod
     def _pack(weight: torch.Tensor, bias: torch.Tensor | None):
-        # Checked a block of rows at a time, so that the check adds little to the first rollout's peak.
-        for rows in weight.split(4096):
-            if not torch.equal(rows.half().float(), rows):
-                return None  # a value float16 would round, overflow (inf) or lose (NaN): not the same weights
-            if bool(((rows != 0) & (rows.abs() < FP16_NORMAL_MIN)).any()):
-                return None  # a float16 subnormal
+        """(fbgemm's packed float16 copy, the sparse residual or None), or None where the head's
+        values are not a bf16 checkpoint's (too many outside float16's normals) or no fbgemm."""
+        # Read a block of rows at a time, so that the check adds little to the first rollout's peak.
+        outside, budget = [], RESIDUAL_MAX_FRACTION * weight.numel()
+        for start in range(0, weight.shape[0], 4096):
+            outside.append((~_in_copy(weight[start : start + 4096])).nonzero() + torch.tensor([start, 0]))
+            budget -= len(outside[-1])
+            if budget < 0:
+                return None  # a float32 checkpoint's values: float16 would round most of them
+        at = torch.cat(outside)  # (nnz, 2) row-major: the residual's positions, in CSR order
+        kept, residual = weight, None
+        if len(at):  # each value in one of them: the copy holds it, or the residual does
+            rows, columns = at.unbind(1)
+            kept = weight.clone()  # a float32 copy while packing, before the first decode step; freed after
+            kept[rows, columns] = 0.0
+            with warnings.catch_warnings():  # torch's "sparse support is in beta" (the product is checked below)
+                warnings.simplefilter("ignore", UserWarning)
+                residual = torch.sparse_coo_tensor(at.T, weight[rows, columns], weight.shape, check_invariants=True)
+                residual = residual.to_sparse_csr()
         try:
-            packed = torch.ops.quantized.linear_prepack_fp16(weight, bias)
+            packed = torch.ops.quantized.linear_prepack_fp16(kept, bias)
             probe = torch.randn(2, weight.shape[1], generator=torch.Generator().manual_seed(0))
-            got = torch.ops.quantized.linear_dynamic_fp16(probe, packed)
+            got = _product(probe, packed, residual)
         except (AttributeError, NotImplementedError, RuntimeError):  # no fbgemm (a CPU other than x86)
             return None
-        want = torch.nn.functional.linear(probe.double(), weight.double(), None if bias is None else bias.double())
+        # In float64 a block of rows at a time: the whole head in float64 would be its size twice over.
+        want = torch.cat([torch.nn.functional.linear(probe.double(), b.double()) for b in weight.split(4096)], -1)
+        want = want if bias is None else want + bias.double()
         # A guard against a kernel that computes something else, not a bound on its rounding (~1e-6).
-        return packed if bool(((got.double() - want).abs() <= 1e-4 * (want.abs().max() + 1)).all()) else None
+        same = bool(((got.double() - want).abs() <= 1e-4 * (want.abs().max() + 1)).all())
+        return (packed, residual) if same else None
+
+
+def _in_copy(values: torch.Tensor) -> torch.Tensor:
+    """Where the float16 copy holds the value: exactly, as a normal or zero. The rest goes to the
+    residual: values float16 would round or overflow, and its subnormals, which are float32 normals
+    there (no flush-to-zero mode, torch.set_flush_denormal, can change them)."""
+    return (values.half().float() == values) & ((values == 0) | (values.abs() >= FP16_NORMAL_MIN))
+
+
+def _product(x: torch.Tensor, packed, residual: torch.Tensor | None) -> torch.Tensor:
+    out = torch.ops.quantized.linear_dynamic_fp16(x, packed)  # (..., V)
+    if residual is not None:  # the values the copy holds as 0: (V, H) sparse @ (H, rows), added after
+        rows = x.reshape(-1, x.shape[-1])
+        out.view(-1, out.shape[-1]).add_((residual @ rows.T).T)
+    return out
+
+
+def _sparse_bytes(csr: torch.Tensor) -> int:
+    parts = (csr.values(), csr.col_indices(), csr.crow_indices())
+    return sum(t.numel() * t.element_size() for t in parts)

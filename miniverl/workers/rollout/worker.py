@@ -13,7 +13,7 @@ measurements that shaped it):
   GEMM shape the few-row linears (lm_head included) computed as W @ x^T (`hardware.rollout_cpu_gemv`);
 - on CPUs with bf16 instructions, the dense copies of the 4-bit weights reordered once per rollout
   for oneDNN (bitwise the same products, `hardware.rollout_cpu_prepack`) and the float32 lm_head
-  read from an exact float16 copy (`hardware.rollout_cpu_fp16_lm_head`);
+  read from a float16 copy of the same values (`hardware.rollout_cpu_fp16_lm_head`);
 - the lm_head on the last hidden state only, then sampling and the sampled token's log-prob from
   one exp pass over the (b, V) float32 logits; the full logits are never kept;
 - rows stop at any EOS id (the tokenizer's and the generation config's: Qwen3 ends on
