@@ -161,7 +161,9 @@ def test_the_float16_head_multiplies_the_same_values_in_float32():
 
 
 @needs_fbgemm
-def test_values_the_float16_copy_cannot_hold_are_multiplied_from_a_residual_of_the_same_values():
+@pytest.mark.parametrize("pack_rows", [cpu_products.PACK_ROWS, 100])  # the head's 512 rows packed at once, in 6 blocks
+def test_values_the_float16_copy_cannot_hold_are_multiplied_from_a_residual_of_the_same_values(pack_rows, monkeypatch):
+    monkeypatch.setattr(cpu_products, "PACK_ROWS", pack_rows)
     head = exact_head()
     outside = {
         (3, 5): 2.0**-20,
@@ -176,6 +178,7 @@ def test_values_the_float16_copy_cannot_hold_are_multiplied_from_a_residual_of_t
     forward = cache.forward_for(head)
     residual = cache._packed[1]
     assert forward is not None and residual._nnz() == len(outside)
+    assert len(cache._packed[0]) == -(-head.out_features // pack_rows)
     assert cache.held_bytes == head.weight.numel() * 2 + len(outside) * (4 + 8) + (head.out_features + 1) * 8
     x = torch.randn(ROWS, 1, HIDDEN)  # the decode step's (rows, 1, hidden)
     want = torch.nn.functional.linear(x.double(), head.weight.double())

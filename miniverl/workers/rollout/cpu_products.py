@@ -132,6 +132,7 @@ FP16_NORMAL_MIN = 2.0**-14  # the smallest float16 normal
 # product took ~11 ns a value at 4 rows on an AMX Xeon (1.5 ms for 142k values), so 1 % of a
 # 151,936 x 1,024 head would add ~17 ms to the copy's ~37 ms, against float32's ~88 ms a step.
 RESIDUAL_MAX_FRACTION = 0.01
+PACK_ROWS = 16384  # rows of a head with a residual packed at once (38 MB of float32 at 576 wide)
 
 
 class Float16Head:
@@ -174,19 +175,20 @@ class Float16Head:
                 self.held_bytes = weight.numel() * 2 + (0 if residual is None else _sparse_bytes(residual))
         if self._packed is None:
             return None
-        (packed, residual), plain = self._packed, type(module).forward
+        (packs, residual), plain = self._packed, type(module).forward
 
         def forward(x: torch.Tensor) -> torch.Tensor:
             if x.dtype != torch.float32:  # fbgemm multiplies float32 inputs only
                 return plain(module, x)
-            return _product(x, packed, residual)
+            return _product(x, packs, residual)
 
         return forward
 
     @staticmethod
     def _pack(weight: torch.Tensor, bias: torch.Tensor | None):
-        """(fbgemm's packed float16 copy, the sparse residual or None), or None where the head's
-        values are not a bf16 checkpoint's (too many outside float16's normals) or no fbgemm."""
+        """(fbgemm's packed float16 copies, one per PACK_ROWS rows where there is a residual, the
+        sparse residual or None), or None where the head's values are not a bf16 checkpoint's (too
+        many outside float16's normals) or there is no fbgemm."""
         # Read a block of rows at a time, so that the check adds little to the first rollout's peak.
         outside, budget = [], RESIDUAL_MAX_FRACTION * weight.numel()
         for start in range(0, weight.shape[0], 4096):
@@ -195,27 +197,30 @@ class Float16Head:
             if budget < 0:
                 return None  # a float32 checkpoint's values: float16 would round most of them
         at = torch.cat(outside)  # (nnz, 2) row-major: the residual's positions, in CSR order
-        kept, residual = weight, None
+        residual = None
         if len(at):  # each value in one of them: the copy holds it, or the residual does
             rows, columns = at.unbind(1)
-            kept = weight.clone()  # a float32 copy while packing, before the first decode step; freed after
-            kept[rows, columns] = 0.0
             with warnings.catch_warnings():  # torch's "sparse support is in beta" (the product is checked below)
                 warnings.simplefilter("ignore", UserWarning)
                 residual = torch.sparse_coo_tensor(at.T, weight[rows, columns], weight.shape, check_invariants=True)
                 residual = residual.to_sparse_csr()
         try:
-            packed = torch.ops.quantized.linear_prepack_fp16(kept, bias)
+            # Packed a block of rows at a time where values are left out: a block's copy with them
+            # zeroed is all it holds in float32 (the whole head's would add its size to the peak).
+            packs = (
+                tuple(_packed_without(weight, bias, start, at) for start in range(0, weight.shape[0], PACK_ROWS))
+                if residual is not None
+                else (torch.ops.quantized.linear_prepack_fp16(weight, bias),)
+            )
             probe = torch.randn(2, weight.shape[1], generator=torch.Generator().manual_seed(0))
-            got = _product(probe, packed, residual)
+            got = _product(probe, packs, residual)
         except (AttributeError, NotImplementedError, RuntimeError):  # no fbgemm (a CPU other than x86)
             return None
-        # In float64 a block of rows at a time: the whole head in float64 would be its size twice over.
         want = torch.cat([torch.nn.functional.linear(probe.double(), b.double()) for b in weight.split(4096)], -1)
         want = want if bias is None else want + bias.double()
         # A guard against a kernel that computes something else, not a bound on its rounding (~1e-6).
         same = bool(((got.double() - want).abs() <= 1e-4 * (want.abs().max() + 1)).all())
-        return (packed, residual) if same else None
+        return (packs, residual) if same else None
 
 
 def _in_copy(values: torch.Tensor) -> torch.Tensor:
@@ -225,8 +230,18 @@ def _in_copy(values: torch.Tensor) -> torch.Tensor:
     return (values.half().float() == values) & ((values == 0) | (values.abs() >= FP16_NORMAL_MIN))
 
 
-def _product(x: torch.Tensor, packed, residual: torch.Tensor | None) -> torch.Tensor:
-    out = torch.ops.quantized.linear_dynamic_fp16(x, packed)  # (..., V)
+def _packed_without(weight: torch.Tensor, bias: torch.Tensor | None, start: int, at: torch.Tensor):
+    """fbgemm's float16 copy of rows start:start + PACK_ROWS of `weight`, the values at `at` (the
+    residual's, (nnz, 2)) zeroed."""
+    block = weight[start : start + PACK_ROWS].clone()  # (n, H)
+    inside = (at[:, 0] >= start) & (at[:, 0] < start + len(block))
+    block[at[inside, 0] - start, at[inside, 1]] = 0.0
+    return torch.ops.quantized.linear_prepack_fp16(block, None if bias is None else bias[start : start + len(block)])
+
+
+def _product(x: torch.Tensor, packs: tuple, residual: torch.Tensor | None) -> torch.Tensor:
+    outs = [torch.ops.quantized.linear_dynamic_fp16(x, packed) for packed in packs]  # (..., V) in blocks
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, -1)
     if residual is not None:  # the values the copy holds as 0: (V, H) sparse @ (H, rows), added after
         rows = x.reshape(-1, x.shape[-1])
         out.view(-1, out.shape[-1]).add_((residual @ rows.T).T)

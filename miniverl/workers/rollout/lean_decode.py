@@ -1,7 +1,8 @@
 """The rollout's fast paths while decoding: peft's LoRA bookkeeping skipped (same arithmetic), few-row
 CPU linears as W @ x^T, NF4 weights dequantized once per rollout (and reordered once for oneDNN),
-the float32 lm_head read from a float16 copy of its values (and a residual of the few it cannot hold), and what the model must be for the decode
-step to call its layers directly (docs/bench.md measures each)."""
+the float32 lm_head read from a float16 copy of its values (and a residual of the few it cannot
+hold), and what the model must be for the decode step to call its layers directly (docs/bench.md
+measures each)."""
 
 from __future__ import annotations
 
