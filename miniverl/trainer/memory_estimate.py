@@ -10,6 +10,7 @@ from miniverl.config.model import ALL_LINEAR
 from miniverl.models import cpu_gemm
 from miniverl.models import loading as models
 from miniverl.workers.logprobs import rows_per_chunk
+from miniverl.workers.rollout.cpu_products import float16_copy_bytes
 from miniverl.workers.rollout.lean_decode import by_bf16_instructions
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -127,7 +128,7 @@ def estimate_peak_bytes(cfg: MiniverlConfig, device_type: str = "cpu", heldout_r
         float32 = cpu_gemm.enabled_for(hw, torch.device("cpu"))
         total += linear_weights(s) * (4 if float32 else DTYPE_BYTES.get(s["dtype"], 4))
     if device_type == "cpu" and prepared and by_bf16_instructions(hw.rollout_cpu_fp16_lm_head):
-        total += s["vocab"] * s["hidden"] * 2  # the float16 copy of the float32 lm_head (where its values allow)
+        total += float16_copy_bytes(s["vocab"], s["hidden"])  # the float32 lm_head's float16 copy (its values allowing)
     if cfg.eval.every != -1 and s["vocab"] <= cfg.eval.exact_kl_max_vocab:
         # the probe's exact KL: student and teacher log-probs, exp and product, (rows, R, V) float32 each
         total += 4 * probe_chunk * (cfg.eval.response_limit or cfg.recipe.response_limit) * s["vocab"] * 4

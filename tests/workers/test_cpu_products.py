@@ -145,7 +145,8 @@ def exact_head(vocab: int = 512, hidden: int = HIDDEN, seed: int = 0) -> torch.n
 def test_the_float16_head_multiplies_the_same_values_in_float32():
     head, cache = exact_head(), cpu_products.Float16Head()
     forward = cache.forward_for(head)
-    assert forward is not None and cache.held_bytes == head.weight.numel() * 2
+    # fbgemm pads each row to 512 values: HIDDEN's 64 take 512 (RSS-measured on 576-wide rows: 1,024)
+    assert forward is not None and cache.held_bytes == head.out_features * 512 * 2
     x = torch.randn(ROWS, HIDDEN)
     want = torch.nn.functional.linear(x.double(), head.weight.double())
     got = forward(x)
@@ -179,7 +180,7 @@ def test_values_the_float16_copy_cannot_hold_are_multiplied_from_a_residual_of_t
     residual = cache._packed[1]
     assert forward is not None and residual._nnz() == len(outside)
     assert len(cache._packed[0]) == -(-head.out_features // pack_rows)
-    assert cache.held_bytes == head.weight.numel() * 2 + len(outside) * (4 + 8) + (head.out_features + 1) * 8
+    assert cache.held_bytes == head.out_features * 512 * 2 + len(outside) * (4 + 8) + (head.out_features + 1) * 8
     x = torch.randn(ROWS, 1, HIDDEN)  # the decode step's (rows, 1, hidden)
     want = torch.nn.functional.linear(x.double(), head.weight.double())
     got = forward(x)
@@ -194,18 +195,22 @@ def test_values_the_float16_copy_cannot_hold_are_multiplied_from_a_residual_of_t
     assert torch.equal(got, one_thread)  # the residual's sum per row is one thread's: resumes stay exact
 
 
-@pytest.mark.parametrize("change", ["float32 values", "trainable", "bf16 weights"])
+@pytest.mark.parametrize("change", ["float32 values", "an inf", "a NaN", "trainable", "bf16 weights"])
 def test_the_float16_head_is_not_used_where_it_would_change_the_weights(change):
     head = exact_head()
     with torch.no_grad():
         if change == "float32 values":  # a float32 checkpoint's head: each value would round
             head.weight.copy_(torch.randn(head.weight.shape))
+        elif change in ("an inf", "a NaN"):  # F.linear's inf and NaN; fbgemm's packing would saturate an inf
+            head.weight[3, 5] = float("inf") if change == "an inf" else float("nan")
         elif change == "trainable":
             head.weight.requires_grad_(True)
         else:
             head.to(torch.bfloat16)
+    before = head.weight.detach().clone()
     cache = cpu_products.Float16Head()
     assert cache.forward_for(head) is None and cache.held_bytes == 0
+    assert torch.allclose(head.weight.detach(), before, rtol=0, atol=0, equal_nan=True)  # its own weight untouched
 
 
 @needs_fbgemm
@@ -234,7 +239,7 @@ def test_the_rollouts_head_reads_the_float16_copy_and_gives_it_back_on_exit():
             patched = "forward" in vars(head)  # before the few-row W @ x^T the float32 head would take
             got = head(x)
         plain = head(x)
-    assert patched and lean.fp16_head_bytes == head.weight.numel() * 2
+    assert patched and lean.fp16_head_bytes == cpu_products.float16_copy_bytes(head.out_features, HIDDEN)
     assert torch.equal(got, cache.forward_for(head)(x)) and (got - plain).abs().max() < 1e-5
     assert "forward" not in vars(head)
 

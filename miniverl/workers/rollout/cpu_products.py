@@ -128,10 +128,14 @@ def reordered_forwards(model: torch.nn.Module, rows: int, eligible) -> tuple[dic
 FP16_NORMAL_MIN = 2.0**-14  # the smallest float16 normal
 
 
-# The most of a head's values that may lie outside the float16 copy (its `residual`): the sparse
-# product took ~11 ns a value at 4 rows on an AMX Xeon (1.5 ms for 142k values), so 1 % of a
-# 151,936 x 1,024 head would add ~17 ms to the copy's ~37 ms, against float32's ~88 ms a step.
+# The most of a head's values that may lie outside the float16 copy (its `residual`). The sparse
+# product's cost is mostly its pass over the head's rows: at 4 rows, one thread, an AMX Xeon, 0.7-1.6
+# ms for the 14,638 values of a 151,936 x 576 head, 2.4 ms for 1 % of them (875k), against the
+# copy's ~23 ms and float32's ~58 ms a step. Beyond 1 %, the values are not a bf16 checkpoint's.
 RESIDUAL_MAX_FRACTION = 0.01
+# fbgemm's packed float16 matrix pads each row to a multiple of this many values (measured by RSS:
+# a 576-wide row takes 1,024 x 2 bytes, 0.89 of its float32 bytes; half at multiples of 512).
+FBGEMM_ROW_MULTIPLE = 512
 PACK_ROWS = 16384  # rows of a head with a residual packed at once (38 MB of float32 at 576 wide)
 
 
@@ -139,14 +143,15 @@ class Float16Head:
     """The rollout's lm_head on the CPU (`hardware.rollout_cpu_fp16_lm_head`): a frozen float32
     output layer holding a bf16 checkpoint's values (upcast by `prepare_model_for_kbit_training`)
     is read from a float16 copy packed for fbgemm, which multiplies in float32
-    (`quantized::linear_dynamic_fp16`): half the bytes of each decode step's largest read, the
-    same values, another summation order (log-probs within 2e-5 nats of F.linear's, measured).
+    (`quantized::linear_dynamic_fp16`; 2.5x / 1.7x faster than F.linear at one / two threads,
+    4 rows of a 151,936 x 576 head, measured): the same values, another summation order (log-probs within 2e-5 nats of
+    F.linear's, measured).
     bf16 reaches below float16's normals: such values (0.017 % of the 151,936 x 576 bf16 embedding
     of `python -m miniverl.real_models --cross-tokenizer`, none of SmolLM2's) are zero in the copy
     and multiplied from a sparse float32 residual, added after; a head with more than
-    RESIDUAL_MAX_FRACTION of them (a float32 checkpoint's) reads its own weight. Packing takes
-    ~0.3 s for a 49,152-token vocabulary, so the copy is kept across rollouts while the weight is
-    unchanged (its bytes, the residual's included: `held_bytes`)."""
+    RESIDUAL_MAX_FRACTION of them (a float32 checkpoint's), or any inf or NaN, reads its own weight.
+    Packing takes ~0.6 s for a 49,152-token vocabulary, so the copy is kept across rollouts while
+    the weight is unchanged (its bytes, fbgemm's padding and the residual's included: `held_bytes`)."""
 
     def __init__(self) -> None:
         self._key: tuple | None = None
@@ -172,7 +177,9 @@ class Float16Head:
             self.held_bytes = 0
             if self._packed is not None:
                 residual = self._packed[1]
-                self.held_bytes = weight.numel() * 2 + (0 if residual is None else _sparse_bytes(residual))
+                self.held_bytes = float16_copy_bytes(*weight.shape) + (
+                    0 if residual is None else _sparse_bytes(residual)
+                )
         if self._packed is None:
             return None
         (packs, residual), plain = self._packed, type(module).forward
@@ -192,7 +199,10 @@ class Float16Head:
         # Read a block of rows at a time, so that the check adds little to the first rollout's peak.
         outside, budget = [], RESIDUAL_MAX_FRACTION * weight.numel()
         for start in range(0, weight.shape[0], 4096):
-            outside.append((~_in_copy(weight[start : start + 4096])).nonzero() + torch.tensor([start, 0]))
+            block = weight[start : start + 4096]
+            if not bool(block.isfinite().all()):
+                return None  # F.linear's inf and NaN (fbgemm would saturate an inf to 65504, in place)
+            outside.append((~_in_copy(block)).nonzero() + torch.tensor([start, 0]))
             budget -= len(outside[-1])
             if budget < 0:
                 return None  # a float32 checkpoint's values: float16 would round most of them
@@ -246,6 +256,11 @@ def _product(x: torch.Tensor, packs: tuple, residual: torch.Tensor | None) -> to
         rows = x.reshape(-1, x.shape[-1])
         out.view(-1, out.shape[-1]).add_((residual @ rows.T).T)
     return out
+
+
+def float16_copy_bytes(rows: int, width: int) -> int:
+    """The bytes of fbgemm's float16 copy of a (rows, width) weight, its rows padded."""
+    return rows * -(-width // FBGEMM_ROW_MULTIPLE) * FBGEMM_ROW_MULTIPLE * 2
 
 
 def _sparse_bytes(csr: torch.Tensor) -> int:
