@@ -1,12 +1,14 @@
-"""The decode step's products on a CPU with bf16 instructions, prepared when a physical batch
-starts decoding (docs/bench.md measures each on an AMX Xeon):
+"""The decode step's products on the CPU, prepared when a physical batch starts decoding
+(docs/bench.md measures each):
 
-- reordered copies (`hardware.rollout_cpu_prepack`): the dense bf16 copies of the 4-bit weights
-  are reordered into oneDNN's blocked layout for the decode step's rows, so that no product
-  reorders its weight again on every call; layers that read the same input (q/k/v, gate/up) are
-  stacked into one product, each taking its slice. Both are checked bitwise against the
-  per-layer F.linear on entry, layer by layer, and not used where they differ;
-- the lm_head's float16 copy (`hardware.rollout_cpu_fp16_lm_head`, Float16Head).
+- on CPUs with bf16 instructions, reordered copies (`hardware.rollout_cpu_prepack`): the dense
+  bf16 copies of the 4-bit weights are reordered into oneDNN's blocked layout for the decode
+  step's rows, so that no product reorders its weight again on every call; layers that read the
+  same input (q/k/v, gate/up) are stacked into one product, each taking its slice. Both are
+  checked bitwise against the per-layer F.linear on entry, layer by layer, and not used where
+  they differ;
+- on x86 CPUs (fbgemm), the lm_head's float16 copy (`hardware.rollout_cpu_fp16_lm_head`,
+  Float16Head).
 """
 
 from __future__ import annotations
@@ -143,15 +145,15 @@ class Float16Head:
     """The rollout's lm_head on the CPU (`hardware.rollout_cpu_fp16_lm_head`): a frozen float32
     output layer holding a bf16 checkpoint's values (upcast by `prepare_model_for_kbit_training`)
     is read from a float16 copy packed for fbgemm, which multiplies in float32
-    (`quantized::linear_dynamic_fp16`; 2.5x / 1.7x faster than F.linear at one / two threads,
-    4 rows of a 151,936 x 576 head, measured): the same values, another summation order (log-probs within 2e-5 nats of
-    F.linear's, measured).
-    bf16 reaches below float16's normals: such values (0.017 % of the 151,936 x 576 bf16 embedding
-    of `python -m miniverl.real_models --cross-tokenizer`, none of SmolLM2's) are zero in the copy
-    and multiplied from a sparse float32 residual, added after; a head with more than
-    RESIDUAL_MAX_FRACTION of them (a float32 checkpoint's), or any inf or NaN, reads its own weight.
-    Packing takes ~0.6 s for a 49,152-token vocabulary, so the copy is kept across rollouts while
-    the weight is unchanged (its bytes, fbgemm's padding and the residual's included: `held_bytes`)."""
+    (`quantized::linear_dynamic_fp16`; 2.5x / 1.7x faster than F.linear at one / two threads, 4
+    rows of a 151,936 x 576 head, measured): the same values, another summation order (log-probs
+    within 2e-5 nats of F.linear's, measured). bf16 reaches below float16's normals: such values
+    (0.017 % of the 151,936 x 576 bf16 embedding of `python -m miniverl.real_models
+    --cross-tokenizer`, none of SmolLM2's) are zero in the copy and multiplied from a sparse
+    float32 residual, added after; a head with more than RESIDUAL_MAX_FRACTION of them (a float32
+    checkpoint's), or any inf or NaN, reads its own weight. Packing takes ~0.6 s for a 49,152-token
+    vocabulary, so the copy is kept across rollouts while the weight is unchanged (its bytes,
+    fbgemm's padding and the residual's included: `held_bytes`)."""
 
     def __init__(self) -> None:
         self._key: tuple | None = None
@@ -195,7 +197,7 @@ class Float16Head:
     def _pack(weight: torch.Tensor, bias: torch.Tensor | None):
         """(fbgemm's packed float16 copies, one per PACK_ROWS rows where there is a residual, the
         sparse residual or None), or None where the head's values are not a bf16 checkpoint's (too
-        many outside float16's normals) or there is no fbgemm."""
+        many outside float16's normals), where one is inf or NaN, or where there is no fbgemm."""
         # Read a block of rows at a time, so that the check adds little to the first rollout's peak.
         outside, budget = [], RESIDUAL_MAX_FRACTION * weight.numel()
         for start in range(0, weight.shape[0], 4096):
