@@ -54,8 +54,9 @@ class HardwareConfig:
     # 151,936-token head measured) from a sparse float32 residual: the step's largest product 1.7-2.5x
     # faster (measured), the same values, another summation order (log-probs within 2e-5 nats); the
     # copy (2 bytes a weight, each row padded to 512 values) is kept for the run; a head of float32
-    # values (over 1 % outside float16) or with inf/NaN reads its own. null: where torch has fbgemm
-    # and the CPU AVX2 or more (x86; measured on an AMX Xeon and under the AVX2 caps, docs/bench.md).
+    # values (over 1 % outside float16) or with inf/NaN reads its own. null: where the CPU has bf16
+    # instructions (measured there; true was faster under the AVX2 caps too, not yet measured on an
+    # AVX2 machine: docs/bench.md).
     rollout_cpu_fp16_lm_head: Optional[bool] = None
     # CPU only: how every role (rollout, teacher, actor, probe, doctor) multiplies frozen
     # half-precision layers (NF4 layers with bf16 compute, a bf16 lm_head). true: as float32 GEMMs of

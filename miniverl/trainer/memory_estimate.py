@@ -11,7 +11,7 @@ from miniverl.models import cpu_gemm
 from miniverl.models import loading as models
 from miniverl.workers.logprobs import rows_per_chunk
 from miniverl.workers.rollout.cpu_products import float16_copy_bytes
-from miniverl.workers.rollout.lean_decode import fp16_head_enabled
+from miniverl.workers.rollout.lean_decode import by_bf16_instructions
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 LLAMA_LINEAR_LAYERS = 7  # q, k, v, o, gate, up, down: what all-linear adapts in a Llama or Qwen layer
@@ -127,7 +127,7 @@ def estimate_peak_bytes(cfg: MiniverlConfig, device_type: str = "cpu", heldout_r
         # the rollout's dense copies of the 4-bit weights: float32 where the roles multiply in float32
         float32 = cpu_gemm.enabled_for(hw, torch.device("cpu"))
         total += linear_weights(s) * (4 if float32 else DTYPE_BYTES.get(s["dtype"], 4))
-    if device_type == "cpu" and prepared and fp16_head_enabled(hw.rollout_cpu_fp16_lm_head):
+    if device_type == "cpu" and prepared and by_bf16_instructions(hw.rollout_cpu_fp16_lm_head):
         total += float16_copy_bytes(s["vocab"], s["hidden"])  # the float32 lm_head's float16 copy (its values allowing)
     if cfg.eval.every != -1 and s["vocab"] <= cfg.eval.exact_kl_max_vocab:
         # the probe's exact KL: student and teacher log-probs, exp and product, (rows, R, V) float32 each

@@ -23,7 +23,7 @@ from miniverl.models import loading as models
 from miniverl.trainer.preflight import check_tokenizers
 from miniverl.utils.device import cpu_bf16_instructions
 from miniverl.workers.logprobs import response_log_probs
-from miniverl.workers.rollout import RolloutWorker, lean_decode
+from miniverl.workers.rollout import RolloutWorker
 
 from conftest import ROOT, compose_config, run_as_command
 
@@ -57,10 +57,10 @@ def test_the_real_student_moves_toward_its_teacher(real_run):
     float32_gemm = cpu_gemm.enabled_for(HardwareConfig(), torch.device("cpu"))
     assert report["hardware"]["products"] == cpu_gemm.product_name(float32_gemm, torch.device("cpu"))
     # The decode's CPU paths: on a CPU with bf16 instructions all 24 x 7 NF4 layers from reordered
-    # copies (hardware.rollout_cpu_prepack); on x86 (fbgemm) the lm_head (SmolLM2's bf16 embedding,
-    # every value a float16 normal) from its float16 copy (rollout_cpu_fp16_lm_head).
-    native, fp16_head = cpu_bf16_instructions() is not None, lean_decode.fp16_head_enabled(None)
-    assert report["hardware"]["rollout_decode"] == {"reordered_layers": 168 * native, "fp16_lm_head": fp16_head}
+    # copies and the lm_head (SmolLM2's bf16 embedding, every value a float16 normal) from its
+    # float16 copy; elsewhere neither (hardware.rollout_cpu_prepack / rollout_cpu_fp16_lm_head).
+    native = cpu_bf16_instructions() is not None
+    assert report["hardware"]["rollout_decode"] == {"reordered_layers": 168 * native, "fp16_lm_head": native}
 
 
 def test_rollout_and_actor_log_probs_agree_within_the_bf16_tolerance_on_real_weights(real_run):

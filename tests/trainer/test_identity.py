@@ -156,8 +156,7 @@ def test_the_plan_holds_the_products_this_cpu_resolves_so_another_cpu_kind_is_an
         hardware = experiment_settings(cfg)["hardware"]
         keys = ("cpu_float32_gemm", "rollout_cpu_gemv", "rollout_cpu_prepack", "rollout_cpu_fp16_lm_head")
         seen[kind] = tuple(hardware[key] for key in keys)
-    fp16_head = lean_decode.fp16_head_enabled(None)  # by torch's fbgemm, not by bf16 instructions
-    assert seen == {None: (True, True, False, fp16_head), "amx": (False, False, True, fp16_head)}
+    assert seen == {None: (True, True, False, False), "amx": (False, False, True, True)}
 
 
 def test_the_unwritable_byte_floor_enters_the_plan_only_where_set_so_older_runs_still_resume():

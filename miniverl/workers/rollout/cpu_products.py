@@ -7,8 +7,8 @@
   same input (q/k/v, gate/up) are stacked into one product, each taking its slice. Both are
   checked bitwise against the per-layer F.linear on entry, layer by layer, and not used where
   they differ;
-- on x86 CPUs (fbgemm), the lm_head's float16 copy (`hardware.rollout_cpu_fp16_lm_head`,
-  Float16Head).
+- on CPUs with bf16 instructions (and where set on any x86 CPU: fbgemm), the lm_head's float16
+  copy (`hardware.rollout_cpu_fp16_lm_head`, Float16Head).
 """
 
 from __future__ import annotations

@@ -27,19 +27,9 @@ def few_row_gemv_enabled(setting: bool | None) -> bool:
 
 
 def by_bf16_instructions(setting: bool | None) -> bool:
-    """`hardware.rollout_cpu_prepack`; null: where the CPU has bf16 instructions (AMX or
-    AVX512-BF16), the CPUs whose decode steps read bf16 weights natively."""
+    """`hardware.rollout_cpu_prepack` / `rollout_cpu_fp16_lm_head`; null: where the CPU has bf16
+    instructions (AMX or AVX512-BF16), the CPUs whose decode steps read bf16 weights natively."""
     return setting if setting is not None else cpu_bf16_instructions() is not None
-
-
-def fp16_head_enabled(setting: bool | None) -> bool:
-    """`hardware.rollout_cpu_fp16_lm_head`; null: where torch has fbgemm and the CPU AVX2 or more
-    (x86), whose float16 product of the decode's few rows was measured 2-4x faster than float32 on
-    an AMX Xeon and under the AVX2 caps (docs/bench.md)."""
-    if setting is not None:
-        return setting
-    engines, capability = torch.backends.quantized.supported_engines, torch.backends.cpu.get_cpu_capability()
-    return "fbgemm" in engines and capability in ("AVX2", "AVX512")
 
 
 def resolved_decode_settings(hardware) -> dict[str, bool]:
@@ -48,7 +38,7 @@ def resolved_decode_settings(hardware) -> dict[str, bool]:
     return {
         "rollout_cpu_gemv": few_row_gemv_enabled(hardware.rollout_cpu_gemv),
         "rollout_cpu_prepack": by_bf16_instructions(hardware.rollout_cpu_prepack) and not hardware.rollout_compile,
-        "rollout_cpu_fp16_lm_head": fp16_head_enabled(hardware.rollout_cpu_fp16_lm_head),
+        "rollout_cpu_fp16_lm_head": by_bf16_instructions(hardware.rollout_cpu_fp16_lm_head),
     }
 
 

@@ -12,8 +12,8 @@ measurements that shaped it):
 - peft's LoRA bookkeeping skipped per call (same arithmetic), and on CPUs where it is the faster
   GEMM shape the few-row linears (lm_head included) computed as W @ x^T (`hardware.rollout_cpu_gemv`);
 - on CPUs with bf16 instructions, the dense copies of the 4-bit weights reordered once per rollout
-  for oneDNN (bitwise the same products, `hardware.rollout_cpu_prepack`); on x86 CPUs (fbgemm) the
-  float32 lm_head read from a float16 copy of the same values (`hardware.rollout_cpu_fp16_lm_head`);
+  for oneDNN (bitwise the same products, `hardware.rollout_cpu_prepack`) and the float32 lm_head
+  read from a float16 copy of the same values (`hardware.rollout_cpu_fp16_lm_head`);
 - the lm_head on the last hidden state only, then sampling and the sampled token's log-prob from
   one exp pass over the (b, V) float32 logits; the full logits are never kept;
 - rows stop at any EOS id (the tokenizer's and the generation config's: Qwen3 ends on
@@ -43,7 +43,6 @@ from miniverl.workers.rollout.lean_decode import (
     LeanDecode,
     by_bf16_instructions,
     few_row_gemv_enabled,
-    fp16_head_enabled,
     full_attention_only,
     layer_by_layer,
     lean_decode_modules,
@@ -90,7 +89,7 @@ class RolloutWorker:
         self.float32_gemm = float32_gemm  # CPU only: see cpu_gemm
         self.cpu_prepack = by_bf16_instructions(cpu_prepack)  # CPU, native bf16 products only
         # CPU only: the lm_head's float16 copy, kept across rollouts (Float16Head)
-        self.fp16_head = Float16Head() if fp16_head_enabled(cpu_fp16_lm_head) else None
+        self.fp16_head = Float16Head() if by_bf16_instructions(cpu_fp16_lm_head) else None
         self.last_decode: LeanDecode | None = None  # what the last decode's fast paths held and did
         self._static_caches: dict[tuple[int, int], StaticCache] = {}
         self._compiled_step = None
