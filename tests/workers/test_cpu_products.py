@@ -166,12 +166,8 @@ def test_the_float16_head_multiplies_the_same_values_in_float32():
 def test_values_the_float16_copy_cannot_hold_are_multiplied_from_a_residual_of_the_same_values(pack_rows, monkeypatch):
     monkeypatch.setattr(cpu_products, "PACK_ROWS", pack_rows)
     head = exact_head()
-    outside = {
-        (3, 5): 2.0**-20,
-        (3, 6): 2.0**-15 * 1.5,
-        (7, 0): 0.1 + 2.0**-30,
-        (9, 9): 1e5,
-    }  # subnormals, float32, beyond
+    # Two float16 subnormals, a float32 value, one beyond float16's range.
+    outside = {(3, 5): 2.0**-20, (3, 6): 2.0**-15 * 1.5, (7, 0): 0.1 + 2.0**-30, (9, 9): 1e5}
     with torch.no_grad():
         for at, value in outside.items():
             head.weight[at] = value
