@@ -172,7 +172,9 @@ def test_the_doctors_tokenizer_check_reads_the_models_own_files(real_models):
 # it fell 35-80 % wherever it was measured (recipes/opd_k1_cross_tokenizer_cpu/README.md), 43 % on that
 # EPYC at the suite's one thread per worker. The probe samples 24 tokens, not 48 (4-5 s less a probe):
 # the span k1 at 8 ÷ at 0, one thread, 48 -> 24 tokens, on an AMX Xeon 0.29 -> 0.37, with oneDNN capped
-# at AVX512-BF16 (the EPYC's kind) 0.54 -> 0.64, under the AVX2 caps 0.30 -> 0.41 (2026-12-07).
+# at AVX512-BF16 (the EPYC's kind) 0.54 -> 0.64, under the AVX2 caps 0.30 -> 0.41 (2026-12-07). Since
+# that day's float16 head with a residual (the 151,936-row head read from a float16 copy where the CPU has
+# bf16 instructions), at 24 tokens: 0.385 on the AMX Xeon, 0.30 with oneDNN capped at AVX512-BF16.
 SHORT_CROSS = [
     "+recipe=opd_k1_cross_tokenizer_cpu",
     "recipe.optimizer_updates=8",
