@@ -166,10 +166,9 @@ class SweepPreflight(Callback):
             )
         if (config_flags(earlier), numbered_jobs(earlier)) != (config_flags(config.hydra), numbered_jobs(config.hydra)):
             # Without trainer.overwrite=true: to go on with that sweep is to keep its finished jobs and resume.
-            kept = [o for o in as_typed(earlier.overrides.task) if override_key(o) != "trainer.overwrite"]
-            afresh = any(
-                o.split("=", 1)[-1].lower() == "true" for o in as_typed(earlier.overrides.task) if o not in kept
-            )
+            task = as_typed(earlier.overrides.task)
+            kept = [o for o in task if override_key(o) != "trainer.overwrite"]
+            afresh = any(o.split("=", 1)[-1].lower() == "true" for o in task if o not in kept)
             return (
                 f"hydra.sweep.dir={sweep_dir} holds the runs of another sweep (its arguments: "
                 f"{' '.join([*config_flags(earlier), *kept])}); choose another hydra.sweep.dir, or run that sweep's "
