@@ -4,6 +4,8 @@ computes otherwise is refused in one line, or with trainer.resume_inexact goes o
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from miniverl.utils.device import cpu_bf16_instructions, onednn_isa_cap, package_version
@@ -17,12 +19,17 @@ from miniverl.utils.errors import MiniverlError
 # (numerics_changes below).
 NUMERICS_PACKAGES = ("torch", "transformers", "peft", "bitsandbytes")
 NUMERICS_FIELD = "numerics_environment"  # state.json's record of it
+# MKL runs torch's float32 GEMMs on x86 and may be capped too: MKL_ENABLE_INSTRUCTIONS=AVX2 on an AVX-512
+# CPU gives other bits for the same F.linear (measured: a 4 x 576 by 49,152 x 576 product). Recorded only
+# when set, so that the record (and the NF4 cache's key) of an uncapped process is as before. fbgemm's cap
+# (FBGEMM_ENABLE_INSTRUCTIONS) gave the same bits for the float16 head's product: not recorded.
+MKL_CAP = "MKL_ENABLE_INSTRUCTIONS"
 
 
 def numerics_environment(device: torch.device) -> dict:
     """This process's kernel environment on `device`: on the CPU the torch threads, ATen's and oneDNN's
-    ISA and the CPU's bf16 instructions; on CUDA the GPU (the CPU's threads compute nothing there);
-    and the packages that compute on both."""
+    ISA (and MKL's, where capped) and the CPU's bf16 instructions; on CUDA the GPU (the CPU's threads
+    compute nothing there); and the packages that compute on both."""
     if device.type == "cuda":
         found = {"gpu": torch.cuda.get_device_name(device)}
     else:
@@ -32,6 +39,8 @@ def numerics_environment(device: torch.device) -> dict:
             "onednn_max_cpu_isa": onednn_isa_cap(),
             "cpu_bf16_instructions": cpu_bf16_instructions(),
         }
+        if os.environ.get(MKL_CAP, "").strip():
+            found["mkl_enable_instructions"] = os.environ[MKL_CAP].strip().upper()
     return {"device": device.type, **found, **{name: package_version(name) for name in NUMERICS_PACKAGES}}
 
 
@@ -77,6 +86,8 @@ def numerics_hints(before: dict, now: dict) -> list[str]:
             hints.append(
                 f"with ONEDNN_MAX_CPU_ISA={was}" if was else "without ONEDNN_MAX_CPU_ISA (or DNNL_MAX_CPU_ISA)"
             )
+        elif key == "mkl_enable_instructions":
+            hints.append(f"with {MKL_CAP}={was}" if was else f"without {MKL_CAP}")
         elif key == "cpu_bf16_instructions" and before.get("onednn_max_cpu_isa") == now.get("onednn_max_cpu_isa"):
             hints.append(f"on a CPU with {was}" if was else "on a CPU without bf16 matrix instructions")
         elif key in ("device", "gpu"):

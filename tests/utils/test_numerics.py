@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from miniverl.utils import numerics
 
 
@@ -27,3 +29,17 @@ def test_the_kernel_environment_names_what_changed_and_how_to_compute_as_before(
         "with peft==0.21.2",
         "with OMP_NUM_THREADS=2",
     ]
+
+
+def test_an_mkl_cap_is_recorded_only_where_set_and_its_change_named(monkeypatch):
+    """MKL_ENABLE_INSTRUCTIONS changes the bits of torch's float32 GEMMs (an AVX2 cap on an AVX-512 CPU);
+    an uncapped process records nothing for it, so its record (and the NF4 cache's key) is as before."""
+    monkeypatch.delenv("MKL_ENABLE_INSTRUCTIONS", raising=False)
+    uncapped = numerics.numerics_environment(torch.device("cpu"))
+    assert "mkl_enable_instructions" not in uncapped
+    monkeypatch.setenv("MKL_ENABLE_INSTRUCTIONS", "avx2")
+    capped = numerics.numerics_environment(torch.device("cpu"))
+    assert capped == uncapped | {"mkl_enable_instructions": "AVX2"}
+    assert numerics.numerics_changes(uncapped, capped) == ["mkl_enable_instructions None -> AVX2"]
+    assert numerics.numerics_hints(uncapped, capped) == ["without MKL_ENABLE_INSTRUCTIONS"]
+    assert numerics.numerics_hints(capped, uncapped) == ["with MKL_ENABLE_INSTRUCTIONS=AVX2"]
