@@ -8,6 +8,7 @@ Hydra's own message. Cross-field rules (the ones verl checks at run time) run in
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Optional
@@ -168,18 +169,60 @@ def verl_hint(key: str) -> str | None:
     return hints().get(key) if hints else None
 
 
-def unknown_key_line(full_key: str) -> str:
-    """A key the schema lacks (forced in with `+key=value`, or by a recipe): the closest key of its
-    node, and how to see them all."""
+# Names other programs give what miniverl keys otherwise, which no spelling distance finds (peft's and verl's
+# rank, transformers' generate and Trainer, TRL's trainers): the last part of a key as typed -> miniverl's key.
+OTHER_PROGRAMS_NAMES = {
+    "rank": "model.lora.r",
+    "lora_rank": "model.lora.r",
+    "learning_rate": "actor.optim.lr",
+    "max_new_tokens": "recipe.response_limit",
+    "max_completion_length": "recipe.response_limit",
+    "batch_size": "recipe.logical_batch",
+    "per_device_train_batch_size": "recipe.logical_batch",
+    "max_steps": "recipe.optimizer_updates",
+    "num_generations": "rollout.n",
+    "model_name_or_path": "model.model_id",
+    "teacher_model_name_or_path": "teacher.model_id",
+}
+
+
+@functools.cache
+def schema_keys() -> tuple[str, ...]:
+    """Every key of miniverl's config schema, dotted (model.lora.r)."""
+
+    def walk(node: dict, prefix: str):
+        for k, v in node.items():
+            yield from walk(v, f"{prefix}{k}.") if isinstance(v, dict) and v else (f"{prefix}{k}",)
+
+    return tuple(walk(OmegaConf.to_container(OmegaConf.structured(MiniverlConfig), resolve=False), ""))
+
+
+def unknown_key_fix(full_key: str, node_keys: list[str]) -> str:
+    """What to type for `full_key`, a key its node (with `node_keys`) lacks: the node's closest key, the
+    same name a level off (actor.lr: actor.optim.lr), miniverl's key for another program's name, or
+    the node's keys."""
     import difflib
 
     parent, _, key = full_key.rpartition(".")
+    prefix = parent + "." if parent else ""
+    close = difflib.get_close_matches(key, node_keys, n=1)
+    elsewhere = [k for k in schema_keys() if k.rsplit(".", 1)[-1] == key and k.startswith(prefix)]
+    if close:
+        return f"did you mean {prefix}{close[0]}?"
+    if len(elsewhere) == 1:
+        return f"did you mean {elsewhere[0]}?"
+    if key in OTHER_PROGRAMS_NAMES:
+        return f"did you mean {OTHER_PROGRAMS_NAMES[key]}?"
+    return f"{parent or 'the top level'} has {', '.join(node_keys)}"
+
+
+def unknown_key_line(full_key: str) -> str:
+    """A key the schema lacks (forced in with `+key=value`, or by a recipe), and what to type instead."""
+    parent = full_key.rpartition(".")[0]
     schema = OmegaConf.structured(MiniverlConfig)
     node = OmegaConf.select(schema, parent) if parent else schema
     keys = [str(k) for k in node.keys()] if isinstance(node, DictConfig) else []
-    close = difflib.get_close_matches(key, keys, n=1)
-    fix = f"did you mean {parent + '.' if parent else ''}{close[0]}?" if close else "`--cfg job` prints every key"
-    fix = verl_hint(full_key) or fix  # verl's own key, forced in with +key=value
+    fix = verl_hint(full_key) or unknown_key_fix(full_key, keys)  # verl's own key, forced in with +key=value
     where = f"the {parent} node" if parent else "the top level"
     return f"unknown config key {full_key}: the schema ({where}) has no such key; {fix}"
 

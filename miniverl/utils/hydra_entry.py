@@ -16,7 +16,7 @@ import yaml
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from miniverl.config import ENTRY_VERL_HINTS
+from miniverl.config import ENTRY_VERL_HINTS, unknown_key_fix
 from miniverl.utils.errors import MiniverlError, ctrl_c_stop, exit_code_of, unwritable
 from miniverl.utils.overrides import looks_numeric, override_key, shell_override
 from miniverl.utils.signals import signal_of
@@ -88,18 +88,6 @@ OmegaConf.register_new_resolver("app_help", app_help, replace=True)
 _HYDRA_NOISE = ("To append to your config", "full_key:", "reference_type=", "object_type=")
 
 
-@functools.cache
-def schema_keys() -> tuple[str, ...]:
-    """Every key of miniverl's config schema, dotted (model.lora.r), for a misspelt key's "did you mean"."""
-    from miniverl.config import MiniverlConfig
-
-    def walk(node: dict, prefix: str):
-        for k, v in node.items():
-            yield from walk(v, f"{prefix}{k}.") if isinstance(v, dict) and v else (f"{prefix}{k}",)
-
-    return tuple(walk(OmegaConf.to_container(OmegaConf.structured(MiniverlConfig), resolve=False), ""))
-
-
 def hydra_error_line(error: Exception, verl_hints: Callable[[], dict[str, str]] | None = None) -> str:
     """Hydra's own wording of a composition error (and its OmegaConf cause) as one line, with the
     fix: the closest key of the node for a misspelt key (for a key of verl's, its fix from `verl_hints`:
@@ -125,17 +113,12 @@ def hydra_error_line(error: Exception, verl_hints: Callable[[], dict[str, str]] 
     key, node = getattr(cause, "key", None), getattr(cause, "parent_node", None)
     if "not in" in message and key is not None and node is not None:
         full_key = getattr(cause, "full_key", key)
-        close = difflib.get_close_matches(str(key), [str(k) for k in node.keys()], n=1)
+        node_keys = [str(k) for k in node.keys()]
         prefix = full_key.rsplit(".", 1)[0] + "." if "." in full_key else ""
         given = re.search(r"override '([^']+)'", message)  # the whole key as typed (full_key stops at the miss)
         typed = given.group(1) if given else full_key
-        elsewhere = [k for k in schema_keys() if k.rsplit(".", 1)[-1] == str(key) and k.startswith(prefix)]
-        if close:
-            fix = f"did you mean {prefix}{close[0]}?"
-        elif len(elsewhere) == 1:  # a key one level off: actor.lr for actor.optim.lr
-            fix = f"did you mean {elsewhere[0]}?"
-        else:
-            fix = "spell the key as `--cfg job` prints it"
+        fix = unknown_key_fix(f"{prefix}{key}", node_keys)
+        close = difflib.get_close_matches(str(key), node_keys, n=1)
         if OmegaConf.get_type(node) is dict and not close:  # a mapping of the user's own keys: a new one takes a +
             fix = (
                 f"a teacher is added with +teacher@{prefix}{key}=<option> (docs/teachers.md)"

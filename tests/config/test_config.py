@@ -114,7 +114,18 @@ def test_a_typo_in_an_override_fails_at_composition(override):
             "unknown config key recipe.logical_btch: the schema (the recipe node) has no such key; "
             "did you mean recipe.logical_batch?",
         ),
-        ("+foo=1", "unknown config key foo: the schema (the top level) has no such key; `--cfg job` prints every key"),
+        (
+            "+foo=1",
+            "unknown config key foo: the schema (the top level) has no such key; the top level has model, teacher, "
+            "teachers, teacher_key, default_teacher, estimator, hardware, data, trainer, actor, rollout, algorithm, "
+            "reward, recipe, export, eval",
+        ),
+        # Another program's name no spelling distance finds (peft's and verl's rank)
+        (
+            "+model.lora.rank=8",
+            "unknown config key model.lora.rank: the schema (the model.lora node) has no such key; "
+            "did you mean model.lora.r?",
+        ),
     ],
 )
 def test_a_key_forced_in_with_plus_is_refused_with_the_closest_key(forced, line):

@@ -38,7 +38,10 @@ def test_a_key_under_another_programs_name_is_given_miniverls_and_a_key_several_
     assert hydra_error_line(info.value, verl_key_hints).endswith(
         "data.train_batch_size is verl's name: miniverl's is recipe.logical_batch"
     )
-    assert hydra_error_line(info.value).endswith("spell the key as `--cfg job` prints it")
+    assert hydra_error_line(info.value).endswith(  # without verl's hints: the node's keys
+        "data has train_files, val_files, prompt_key, filter_overlong_prompts, shuffle, repeat_prompts, "
+        "apply_chat_template_kwargs, seed"
+    )
 
 
 @pytest.mark.parametrize(
@@ -72,8 +75,27 @@ def test_a_verl_key_forced_in_with_a_plus_gets_the_same_hint(tmp_path, capsys):
     )
 
 
-def test_an_unknown_top_level_key_points_at_the_composed_config():
-    assert _line_of("foo=3").endswith("Key 'foo' not in 'MiniverlConfig'; spell the key as `--cfg job` prints it")
+def test_an_unknown_top_level_key_lists_the_top_level():
+    assert _line_of("foo=3").endswith(
+        "Key 'foo' not in 'MiniverlConfig'; the top level has hydra, model, teacher, teachers, teacher_key, "
+        "default_teacher, estimator, hardware, data, trainer, actor, rollout, algorithm, reward, recipe, export, eval"
+    )
+
+
+@pytest.mark.parametrize(
+    ("override", "fix"),
+    [
+        ("model.lora.rank=8", "did you mean model.lora.r?"),  # peft's and verl's name, no spelling distance away
+        ("actor.optim.learning_rate=1e-5", "did you mean actor.optim.lr?"),  # transformers' Trainer
+        ("rollout.max_new_tokens=32", "did you mean recipe.response_limit?"),  # generate's
+        ("data.batch_size=4", "did you mean recipe.logical_batch?"),
+        ("model.lora.lora_alpha=8", "did you mean model.lora.alpha?"),  # a spelling distance decides first
+        # nothing close, no other program's name: the node's keys
+        ("model.lora.scale=2", "model.lora has r, alpha, dropout, target_modules, bias"),
+    ],
+)
+def test_an_unknown_key_gets_miniverls_key_for_another_programs_name_or_its_nodes_keys(override, fix):
+    assert _line_of(override).endswith(fix)
 
 
 def test_a_wrong_type_keeps_hydras_wording_and_names_the_schema():
