@@ -116,7 +116,7 @@ TASK_REWARD_KEYS = ("reward.", "algorithm.adv_estimator", "algorithm.norm_adv_by
 def unread_settings(cfg: MiniverlConfig, overrides: list[str]) -> list[str]:
     """What the command sets that this run does not read, one note per reason: the single `teacher` block
     beside `teachers`, the task reward's settings without task rewards (the recipe's reward function
-    file too, set or not on the command line)."""
+    file too, set or not on the command line), the top-k keys with a loss that takes no top-k."""
     keys = {override_key(o) for o in overrides if "=" in o and not o.startswith("--")}
     notes = []
     if cfg.teachers and (single := sorted(k for k in keys if k == "teacher" or k.startswith("teacher."))):
@@ -128,6 +128,12 @@ def unread_settings(cfg: MiniverlConfig, overrides: list[str]) -> list[str]:
         if rewards:
             verb = "is" if len(rewards) == 1 else "are"
             notes.append(f"{', '.join(sorted(rewards))} {verb} not read: estimator.use_task_rewards=false")
+    est = cfg.estimator  # verl reads its top-k keys with a top-k loss only, and says nothing either
+    topk = {"estimator.topk"} if not est.topk_loss else set()
+    topk |= set() if est.uses_topk else {"estimator.use_chunked_topk", "estimator.chunked_topk_chunk_size"}
+    if topk := sorted(keys & topk):
+        verb = "is" if len(topk) == 1 else "are"
+        notes.append(f"{', '.join(topk)} {verb} not read: estimator.loss_mode={est.loss_mode} takes no teacher top-k")
     return notes
 
 

@@ -94,6 +94,16 @@ def test_a_reward_function_given_without_task_rewards_is_noted_as_not_read(tmp_p
             ["+recipe=opd_k1", "model=toy", "teacher=toy", "algorithm.adv_estimator=rloo", "rollout.n=2"],
             "algorithm.adv_estimator is not read: estimator.use_task_rewards=false",
         ),
+        # A user's audit: use_chunked_topk=true with k1 ran as without it, silently (as in verl)
+        (
+            ["+recipe=opd_k1", "model=toy", "teacher=toy", "estimator.use_chunked_topk=true", "estimator.topk=8"],
+            "estimator.topk, estimator.use_chunked_topk are not read: estimator.loss_mode=k1 takes no teacher top-k",
+        ),
+        (
+            ["+recipe=opd_k1", "estimator=reverse_kl_topk", "estimator.topk=8", "estimator.chunked_topk_chunk_size=64"],
+            "estimator.chunked_topk_chunk_size is not read: estimator.loss_mode=reverse_kl_topk takes no teacher top-k",
+        ),
+        (["+recipe=opd_k1", "estimator=forward_kl_topk", "estimator.topk=8", "estimator.use_chunked_topk=true"], None),
         (["+recipe=opd_k1_two_teachers_toy", "teachers.echo.mode=ref", "rollout.n=2"], None),
         (["+recipe=opd_k1_grpo_toy", "algorithm.adv_estimator=rloo", "teacher.dtype=bfloat16"], None),
     ],
