@@ -316,10 +316,12 @@ def family_folder(family: str, root: Path, seed: int) -> Path:
 
     tokenizer = toy.build_toy_tokenizer()
     sizes = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
-    if family != "gpt_neox":
+    if family not in ("gpt_neox", "opt", "falcon"):
         sizes["num_key_value_heads"] = 2
     if family.startswith("gemma"):
         sizes["head_dim"] = 16
+    if family == "opt":  # OPT's own names for the MLP's width and the embedding's
+        sizes |= dict(ffn_dim=128, word_embed_proj_dim=64)
     config = AutoConfig.for_model(
         family,
         vocab_size=len(tokenizer),

@@ -86,14 +86,21 @@ def linear_layer_names(model: PreTrainedModel) -> list[str]:
 def routers_problem(model: PreTrainedModel, targets) -> str | None:
     """The one line for LoRA targets that take a MoE router (Phi-3.5-MoE's, Llama 4's): a linear layer of the
     model's own class whose forward returns more than a tensor, which peft wraps (all-linear too) and which
-    then fails in the first forward; None where no target is one."""
-    routers = {
-        name.rsplit(".", 1)[-1]: type(module).__name__
-        for name, module in model.named_modules()
-        if isinstance(module, torch.nn.Linear)
-        and type(module).__module__.startswith("transformers.models.")
-        and type(module).forward is not torch.nn.Linear.forward
-    }
+    then fails in the first forward; None where no target is one. A linear layer of the model's own
+    class that returns a tensor (Falcon's FalconLinear) is no router: peft wraps it as any."""
+    returns_more = {}  # each such class, asked once
+    routers = {}
+    for name, module in model.named_modules():
+        kind = type(module)
+        if (
+            isinstance(module, torch.nn.Linear)
+            and kind.__module__.startswith("transformers.models.")
+            and kind.forward is not torch.nn.Linear.forward
+        ):
+            if kind not in returns_more:
+                returns_more[kind] = not isinstance(_forward_of_zeros(module), torch.Tensor)
+            if returns_more[kind]:
+                routers[name.rsplit(".", 1)[-1]] = kind.__name__
     taken = {name: kind for name, kind in routers.items() if targets == ALL_LINEAR or name in targets}
     if not taken:
         return None
@@ -104,6 +111,21 @@ def routers_problem(model: PreTrainedModel, targets) -> str | None:
         f"{', '.join(f'{name} ({kind})' for name, kind in taken.items())} routes tokens to experts and returns more "
         f"than a tensor, which LoRA cannot wrap; set model.lora.target_modules=[{kept}]"
     )
+
+
+def _forward_of_zeros(module: torch.nn.Linear):
+    """The layer's forward of two zero rows, in eval mode and under the global generators' state as it
+    was (a router may draw jitter); what a forward that does not take them raises, it returns."""
+    weight = module.weight
+    training = module.training
+    module.eval()
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[weight.device] if weight.device.type == "cuda" else []):
+            return module(torch.zeros(2, module.in_features, dtype=weight.dtype, device=weight.device))
+    except Exception as error:  # noqa: BLE001 - a forward of its own: whatever it refuses, it is not a plain layer
+        return error
+    finally:
+        module.train(training)
 
 
 def same_model(a: str, b: str) -> bool:

@@ -36,6 +36,7 @@ from peft import PeftModel
 from miniverl.config.actor import ActorConfig
 from miniverl.config.estimator import EstimatorConfig
 from miniverl.models import cpu_gemm
+from miniverl.models.dropout import draws_dropout
 from miniverl.protocol import Batch
 from miniverl.utils.run_names import LOSS_KEY
 from miniverl.workers.actor_metrics import per_teacher_losses, rollout_actor_metrics
@@ -117,10 +118,7 @@ class ActorWorker:
             eps=actor.optim.eps,
             weight_decay=actor.optim.weight_decay,
         )
-        self.dropout_in_train_mode = (
-            any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
-            or getattr(self.model.config, "attention_dropout", 0.0) > 0
-        )
+        self.dropout_in_train_mode = draws_dropout(self.model)  # peft's lora_dropout too: injected in place
 
     @torch.no_grad()
     def compute_full_log_probs(self, batch: Batch) -> torch.Tensor:

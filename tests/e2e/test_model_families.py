@@ -1,6 +1,7 @@
 """A user's own model of another family than Llama and Qwen runs the recipe the first time: Phi-3
 (fused qkv_proj and gate_up_proj), GPT-NeoX (no *_proj names at all), Gemma-3 (scaled embeddings,
-sliding-window layers) and Gemma-2 (no SDPA attention in transformers: eager). Each is a small
+sliding-window layers), Gemma-2 (no SDPA attention in transformers: eager), OPT (dropout in its
+config, applied without a module) and Falcon (linear layers of its own class). Each is a small
 random model of its family with the toy tokenizer, written as a Hugging Face folder; the run
 adapts every linear layer with `model.lora.target_modules=all-linear`, samples and scores one
 distribution, and resumes byte for byte. A target list that names layers the family lacks, and
@@ -28,6 +29,11 @@ FAMILIES = {
     "gpt_neox": {"query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"},
     "gemma3_text": {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"},
     "gemma2": {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"},
+    # A model-families audit: OPT drops out as a function (F.dropout at config.dropout 0.1, no module), so the
+    # actor missed it and the resume was not exact; Falcon's layers are a Linear subclass that returns a tensor,
+    # refused as MoE routers (with a fix, [], that was refused in turn).
+    "opt": {"q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2"},
+    "falcon": {"query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"},
 }
 RUN = [
     "+recipe=opd_k1",

@@ -1,0 +1,52 @@
+"""Whether a train-mode forward is a random draw: the actor's old log-probs and its per-update seed
+depend on it (workers/actor.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from miniverl.models.dropout import draws_dropout
+
+SMALL = dict(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2)
+
+
+def small(family: str, **config) -> torch.nn.Module:
+    sizes = dict(SMALL, **({"ffn_dim": 64, "word_embed_proj_dim": 32} if family == "opt" else {}))
+    return AutoModelForCausalLM.from_config(AutoConfig.for_model(family, **sizes, **config))
+
+
+def train_forwards_differ(model: torch.nn.Module) -> bool:
+    model.train()
+    ids = torch.arange(1, 9)[None]
+    with torch.no_grad():
+        first, second = (model(input_ids=ids).logits for _ in range(2))
+    return not torch.equal(first, second)
+
+
+@pytest.mark.parametrize(
+    ("family", "config", "drops"),
+    [
+        ("opt", {}, True),  # F.dropout at config.dropout 0.1, no nn.Dropout module: the case missed before
+        ("opt", {"dropout": 0.0}, False),
+        ("gpt2", {}, True),  # nn.Dropout modules
+        ("llama", {"attention_dropout": 0.1}, True),  # inside attention
+        ("llama", {}, False),
+        ("gpt_neox", {}, False),  # its classifier_dropout 0.1 is a classification head's: not the causal LM's
+    ],
+)
+def test_a_model_draws_dropout_exactly_where_two_train_forwards_differ(family, config, drops):
+    model = small(family, **config)
+    assert draws_dropout(model) is drops
+    assert train_forwards_differ(model) is drops  # the behaviour the answer stands for
+
+
+def test_loras_dropout_and_a_text_configs_dropout_count():
+    from peft import LoraConfig, get_peft_model
+
+    wrapped = get_peft_model(small("llama"), LoraConfig(r=2, target_modules=["q_proj"], lora_dropout=0.1))
+    assert draws_dropout(wrapped.get_base_model())
+    outer = small("llama")
+    outer.config.text_config = AutoConfig.for_model("opt")  # a composite config's language model drops out
+    assert draws_dropout(outer)
