@@ -83,6 +83,26 @@ def linear_layer_names(model: PreTrainedModel) -> list[str]:
     return list(dict.fromkeys(found))
 
 
+def unadapted_layers(model: PreTrainedModel, targets) -> list[str]:
+    """The linear layers of the wrapped `model` that LoRA's `targets` name (all-linear: every one but the
+    output layer) and peft left plain. peft 0.21 maps gate_proj/up_proj/down_proj of a mixture of experts
+    onto the experts' 3-D parameters (target_parameters) and drops them from target_modules, so the dense
+    layers and shared experts of the same names (DeepSeek-V3's, GLM-4-MoE's, Qwen3-Next's) stay
+    untrained, and it says nothing."""
+    output = model.get_output_embeddings()
+    wrapped = {name for name, module in model.named_modules() if hasattr(module, "base_layer")}  # peft's LoRA layers
+    return [
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, (torch.nn.Linear, Conv1D))
+        and module is not output
+        and name not in wrapped
+        and name.rsplit(".", 1)[0] not in wrapped  # a wrapped layer's own base_layer, lora_A and lora_B
+        and name.rsplit(".", 2)[0] not in wrapped  # (lora_A.default: the adapter's name below it)
+        and (targets == ALL_LINEAR or name.rsplit(".", 1)[-1] in targets)
+    ]
+
+
 def routers_problem(model: PreTrainedModel, targets) -> str | None:
     """The one line for LoRA targets that take a MoE router (Phi-3.5-MoE's, Llama 4's): a linear layer of the
     model's own class whose forward returns more than a tensor, which peft wraps (all-linear too) and which

@@ -14,6 +14,7 @@ LoRA gradients equal those through the dequantized base.
 from __future__ import annotations
 
 import ast
+import logging
 import re
 import warnings
 from collections.abc import Sequence
@@ -29,9 +30,13 @@ from miniverl.config.model import ALL_LINEAR, StudentConfig, hub_revision
 from miniverl.config.teacher import TeacherConfig
 from miniverl.models import adapters, nf4_cache, toy
 from miniverl.models.sources import Source, offline_error, setting_of, source_of
+from miniverl.utils.device import package_version
 from miniverl.utils.errors import MiniverlError
+from miniverl.utils.hydra_entry import log_line
 from miniverl.utils.measure import trim_heap
 from miniverl.utils.overrides import hydra_value
+
+log = logging.getLogger(__name__)
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -334,6 +339,17 @@ def wrap_student(model: PreTrainedModel, block: StudentConfig, device: torch.dev
         except ValueError as error:
             fix = targets_fix(model.config.model_type, listed, error)
             raise MiniverlError(f"model.lora.target_modules={hydra_value(targets)}: {fix}") from None
+    if missed := adapters.unadapted_layers(peft_model.get_base_model(), targets):  # peft's MoE remap, silent
+        shown = ", ".join(missed[:4]) + (f" and {len(missed) - 4} more" if len(missed) > 4 else "")
+        leaves = ", ".join(dict.fromkeys(name.rsplit(".", 1)[-1] for name in missed))
+        log_line(
+            log,
+            f"model.lora.target_modules={hydra_value(targets)}: peft {package_version('peft')} leaves {len(missed)} "
+            f"linear layers untrained ({shown}): it takes {leaves} of a {model.config.model_type} model for its "
+            "experts' parameters (the adapter's target_parameters) and drops the layers of those names",
+            logging.WARNING,
+            console=True,
+        )
     # Gradient checkpointing is only active in train mode: rollout and log-prob passes run in eval.
     return peft_model.eval()
 

@@ -292,7 +292,7 @@ def check_memory(cfg: MiniverlConfig, device: torch.device) -> Check:
             "WARN",
             "memory",
             f"{line}; the student's routed experts ({experts / 1e6:.3g}M weights, 3-D parameters, not linear layers) "
-            "load unquantized and untrained: NF4 and LoRA's target_modules take linear layers only",
+            "load unquantized: NF4 takes linear layers only (peft may adapt them: the adapter's target_parameters)",
         )
     return Check("WARN" if estimate > 0.8 * limit else "PASS", "memory", line)
 

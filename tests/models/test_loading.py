@@ -12,8 +12,9 @@ from transformers import AutoModelForCausalLM
 
 from miniverl.config.model import StudentConfig
 from miniverl.config.teacher import TeacherConfig
+from miniverl.models import adapters, tokenizers
 from miniverl.models import loading as models
-from miniverl.models import tokenizers
+from miniverl.utils.device import package_version
 from miniverl.utils.errors import MiniverlError
 
 
@@ -208,6 +209,45 @@ def test_a_vision_language_checkpoint_without_a_causal_lm_class_says_what_to_giv
         "it is a vision-language checkpoint whose language model transformers does not load alone: give a "
         "text-only release of the model, or its language model saved on its own"
     )
+
+
+def test_linear_layers_peft_leaves_untrained_under_its_moe_remap_are_named_on_the_console(tmp_path, caplog):
+    """A model-families audit: peft 0.21 takes gate_proj/up_proj/down_proj of GLM-4-MoE (DeepSeek-V3,
+    Qwen3-Next) for the experts' 3-D parameters and drops the dense layer's and the shared expert's linear
+    layers of those names from all-linear, saying nothing; a family it does not remap loses none."""
+    import logging
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from miniverl.models import toy
+
+    from conftest import family_folder
+
+    tokenizer = toy.build_toy_tokenizer()
+    sizes = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+    moe = dict(n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, n_group=1, topk_group=1)
+    config = AutoConfig.for_model(
+        "glm4_moe", vocab_size=len(tokenizer), num_key_value_heads=2, moe_intermediate_size=32, **sizes, **moe
+    )
+    folder = toy.save_toy(AutoModelForCausalLM.from_config(config), tokenizer, tmp_path / "glm4_moe", "bfloat16")
+    with caplog.at_level(logging.WARNING, logger="miniverl.models.loading"):
+        student = student_with_targets(folder, "all-linear")
+    assert not isinstance(student, str)
+    (line,) = [r.getMessage() for r in caplog.records if "untrained" in r.getMessage()]
+    assert line == (
+        "model.lora.target_modules=all-linear: peft 0.21.2 leaves 6 linear layers untrained (model.layers.0.mlp."
+        "gate_proj, model.layers.0.mlp.up_proj, model.layers.0.mlp.down_proj, model.layers.1.mlp.shared_experts."
+        "gate_proj and 2 more): it takes gate_proj, up_proj, down_proj of a glm4_moe model for its experts' "
+        "parameters (the adapter's target_parameters) and drops the layers of those names"
+    ).replace("0.21.2", package_version("peft"))
+    assert adapters.unadapted_layers(student.get_base_model(), "all-linear") == [
+        f"model.layers.{n}" for n in ("0.mlp.gate_proj", "0.mlp.up_proj", "0.mlp.down_proj")
+    ] + [f"model.layers.1.mlp.shared_experts.{name}" for name in ("gate_proj", "up_proj", "down_proj")]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="miniverl.models.loading"):
+        llama = student_with_targets(family_folder("llama", tmp_path, seed=0), "all-linear")
+    assert adapters.unadapted_layers(llama.get_base_model(), "all-linear") == []
+    assert not [r for r in caplog.records if "untrained" in r.getMessage()]
 
 
 def test_lora_targets_that_take_a_moe_router_are_refused_with_the_list_that_leaves_it_out(tmp_path):
