@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+import bitsandbytes as bnb
 import torch
 import transformers
 from peft import LoraConfig, PeftModel, get_peft_model, prepare_model_for_kbit_training
@@ -196,8 +197,25 @@ def load_causal_lm(
             raise MiniverlError(f"{where}.attn_implementation={block.attn_implementation!r}: {what}{fix}") from None
         raise offline_error(where, source, error) from None
     disable_cpu_nf4_repack(model)
+    if block.quantization == "nf4":
+        warn_unquantized(where, model)
     trim_heap()  # the checkpoint's full-precision weights, freed once quantized
     return model
+
+
+def warn_unquantized(where: str, model: PreTrainedModel) -> None:
+    """Said where NF4 left much of a model in full precision: transformers quantizes nn.Linear and Conv1D
+    layers only, not a family's own subclass of them (Falcon's FalconLinear, every layer of the model)."""
+    linear = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not model.get_output_embeddings()]
+    kept = [m for m in linear if not isinstance(m, bnb.nn.Linear4bit)]
+    share = sum(m.weight.numel() for m in kept) / max(1, sum(m.weight.numel() for m in linear))
+    if share > 0.1:  # a MoE router's few weights (Llama 4's, Phi-3.5-MoE's) are not worth a line
+        kinds = ", ".join(sorted({type(m).__name__ for m in kept}))
+        line = (
+            f"{where}: {share:.0%} of the linear weights ({len(kept)} layers: {kinds}) stay in {kept[0].weight.dtype}"
+        )
+        line += " under NF4: transformers quantizes nn.Linear and Conv1D, not a family's own subclass; the memory"
+        log_line(log, line + " estimate counts them as 4-bit", logging.WARNING, console=True)
 
 
 def refuse_random_weights(where: str, source: Source, model: PreTrainedModel, missing: set[str]) -> None:

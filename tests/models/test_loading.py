@@ -250,6 +250,27 @@ def test_linear_layers_peft_leaves_untrained_under_its_moe_remap_are_named_on_th
     assert not [r for r in caplog.records if "untrained" in r.getMessage()]
 
 
+def test_a_family_whose_linear_layers_nf4_leaves_in_bf16_is_said_so(tmp_path, caplog):
+    """A model-families audit: Falcon's layers are FalconLinear, a subclass transformers does not quantize
+    (it takes nn.Linear and Conv1D); the run said NF4 and held them in bf16. Llama's all quantize."""
+    import logging
+
+    from conftest import family_folder
+
+    def warnings_of(family: str) -> list[str]:
+        caplog.clear()
+        teacher = TeacherConfig(model_id=str(family_folder(family, tmp_path, 1)), quantization="nf4", dtype="bfloat16")
+        with caplog.at_level(logging.WARNING, logger="miniverl.models.loading"):
+            models.load_teacher(teacher, models.source_of(teacher, None), torch.device("cpu"), use_nf4_cache=False)
+        return [r.getMessage() for r in caplog.records if "under NF4" in r.getMessage()]
+
+    assert warnings_of("falcon") == [
+        "teacher: 100% of the linear weights (8 layers: FalconLinear) stay in torch.bfloat16 under NF4: transformers "
+        "quantizes nn.Linear and Conv1D, not a family's own subclass; the memory estimate counts them as 4-bit"
+    ]
+    assert warnings_of("llama") == []
+
+
 def test_lora_targets_that_take_a_moe_router_are_refused_with_the_list_that_leaves_it_out(tmp_path):
     """A model-families audit: Phi-3.5-MoE's router is a linear layer of its own class that returns a tuple;
     all-linear wrapped it and the first rollout ended in a traceback ('tuple' object has no attribute 'dtype')."""
