@@ -211,9 +211,10 @@ def unknown_key_fix(full_key: str, node_keys: list[str]) -> str:
         return f"did you mean {prefix}{close[0]}?"
     if len(elsewhere) == 1:
         return f"did you mean {elsewhere[0]}?"
-    if key in OTHER_PROGRAMS_NAMES:
-        return f"did you mean {OTHER_PROGRAMS_NAMES[key]}?"
-    return f"{parent or 'the top level'} has {', '.join(node_keys)}"
+    if key in OTHER_PROGRAMS_NAMES:  # the node's own key of that name first: teacher.model_id, eval.response_limit
+        here = prefix + OTHER_PROGRAMS_NAMES[key].rsplit(".", 1)[-1]
+        return f"did you mean {here if here in schema_keys() else OTHER_PROGRAMS_NAMES[key]}?"
+    return f"{parent or 'the top level'} has {', '.join(k for k in node_keys if k != 'hydra')}"
 
 
 def unknown_key_line(full_key: str) -> str:

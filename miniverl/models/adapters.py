@@ -104,11 +104,12 @@ def unadapted_layers(model: PreTrainedModel, targets) -> list[str]:
 
 
 def routers_problem(model: PreTrainedModel, targets) -> str | None:
-    """The one line for LoRA targets that take a MoE router (Phi-3.5-MoE's, Llama 4's): a linear layer of the
-    model's own class whose forward returns more than a tensor, which peft wraps (all-linear too) and which
-    then fails in the first forward; None where no target is one. A linear layer of the model's own
-    class that returns a tensor (Falcon's FalconLinear) is no router: peft wraps it as any."""
-    returns_more = {}  # each such class, asked once
+    """The one line for LoRA targets that take a MoE router (Phi-3.5-MoE's, Llama 4's) or another layer LoRA
+    cannot wrap: a linear layer of the model's own class whose forward returns other than the (rows,
+    out_features) tensor of a plain one (a router's tuple, DeepSeek-V4's grouped output), which peft wraps
+    (all-linear too) and which then fails in the first forward; None where no target is one. One that
+    returns that tensor (Falcon's FalconLinear) peft wraps as any."""
+    unwrappable = {}  # each such class, asked once
     routers = {}
     for name, module in model.named_modules():
         kind = type(module)
@@ -117,9 +118,10 @@ def routers_problem(model: PreTrainedModel, targets) -> str | None:
             and kind.__module__.startswith("transformers.models.")
             and kind.forward is not torch.nn.Linear.forward
         ):
-            if kind not in returns_more:
-                returns_more[kind] = not isinstance(_forward_of_zeros(module), torch.Tensor)
-            if returns_more[kind]:
+            if kind not in unwrappable:
+                out = _forward_of_zeros(module)
+                unwrappable[kind] = not (isinstance(out, torch.Tensor) and out.shape == (2, module.out_features))
+            if unwrappable[kind]:
                 routers[name.rsplit(".", 1)[-1]] = kind.__name__
     taken = {name: kind for name, kind in routers.items() if targets == ALL_LINEAR or name in targets}
     if not taken:
@@ -128,8 +130,9 @@ def routers_problem(model: PreTrainedModel, targets) -> str | None:
     kept = ",".join(name for name in listed if name not in routers)
     return (
         f"model.lora.target_modules={hydra_value(targets)}: "
-        f"{', '.join(f'{name} ({kind})' for name, kind in taken.items())} routes tokens to experts and returns more "
-        f"than a tensor, which LoRA cannot wrap; set model.lora.target_modules=[{kept}]"
+        f"{', '.join(f'{name} ({kind})' for name, kind in taken.items())} returns other than the "
+        f"(rows, out_features) tensor of a linear layer (a MoE router's tuple), which LoRA cannot wrap; "
+        f"set model.lora.target_modules=[{kept}]"
     )
 
 

@@ -36,7 +36,7 @@ from peft import PeftModel
 from miniverl.config.actor import ActorConfig
 from miniverl.config.estimator import EstimatorConfig
 from miniverl.models import cpu_gemm
-from miniverl.models.dropout import draws_dropout
+from miniverl.models.randomness import train_forward_is_random
 from miniverl.protocol import Batch
 from miniverl.utils.run_names import LOSS_KEY
 from miniverl.workers.actor_metrics import per_teacher_losses, rollout_actor_metrics
@@ -118,7 +118,7 @@ class ActorWorker:
             eps=actor.optim.eps,
             weight_decay=actor.optim.weight_decay,
         )
-        self.dropout_in_train_mode = draws_dropout(self.model)  # peft's lora_dropout too: injected in place
+        self.random_train_forward = train_forward_is_random(self.model)  # peft's lora_dropout too: injected in place
 
     @torch.no_grad()
     def compute_full_log_probs(self, batch: Batch) -> torch.Tensor:
@@ -148,13 +148,13 @@ class ActorWorker:
     def old_log_probs_for(self, batch: Batch, rows_per_forward: int) -> torch.Tensor | None:
         """The old log-probs an update of `batch` uses, (B, R): the batch's own if it has them, the
         rollout's in bypass mode (verl's rollout_correction.bypass_mode), a separate eval-mode pass
-        when the train forward has dropout (a random draw); None: the update's own forward's
+        when the train forward is a random draw (dropout); None: the update's own forward's
         (on-policy: the PPO ratio is exactly 1, and the loss functions read None so)."""
         if batch.old_log_probs is not None:
             return batch.old_log_probs
         if self.bypass_mode:
             return batch.rollout_log_probs.clone()  # own storage: safetensors refuses shared ones
-        if self.dropout_in_train_mode:
+        if self.random_train_forward:
             return self.compute_log_prob(batch, rows_per_forward)
         return None
 
@@ -165,10 +165,10 @@ class ActorWorker:
         actor's columns filled — old_log_probs (`old_log_probs_for`, else this update's own
         forward's) and, for the policy-gradient estimators, advantages — and the update's metrics.
         The batch is written only once the step is taken, so an out-of-memory retry at smaller
-        chunks starts again from the batch as it came. `dropout_seed`: the update's, for a model with
-        dropout (its masks come from torch's global generators, CPU and CUDA: seeded per update, a
-        resumed run draws the masks the uninterrupted one drew)."""
-        if self.dropout_in_train_mode and dropout_seed is not None:
+        chunks starts again from the batch as it came. `dropout_seed`: the update's, for a model whose
+        train forward draws (dropout masks, a router's jitter: from torch's global generators, CPU and
+        CUDA; seeded per update, a resumed run draws what the uninterrupted one drew)."""
+        if self.random_train_forward and dropout_seed is not None:
             torch.manual_seed(dropout_seed)
         given = self.old_log_probs_for(batch, chunks[0])
         with cpu_gemm.float32_products(self.model, self.float32_gemm):  # the recomputed forward too

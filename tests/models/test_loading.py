@@ -271,6 +271,44 @@ def test_a_family_whose_linear_layers_nf4_leaves_in_bf16_is_said_so(tmp_path, ca
     assert warnings_of("llama") == []
 
 
+class _GroupedLinear(torch.nn.Linear):
+    def forward(self, x):  # DeepSeek-V4's o_a_proj: one tensor, grouped: (..., groups, out / groups)
+        out = super().forward(x)
+        return out.view(*out.shape[:-1], 4, out.shape[-1] // 4)
+
+
+class _PlainLinear(torch.nn.Linear):
+    def forward(self, x):  # Falcon's FalconLinear: a plain product, written by the family
+        return x @ self.weight.T
+
+
+for _kind in (_GroupedLinear, _PlainLinear):  # a family's own layers, as transformers' modeling files define them
+    _kind.__module__ = "transformers.models.family.modeling_family"
+
+
+def test_a_familys_own_linear_layer_is_refused_only_where_its_forward_is_not_a_linear_layers(tmp_path):
+    """A model-families audit: every Falcon layer (FalconLinear, a plain product) was refused as a MoE router,
+    with a fix, [], that was refused in turn; a layer whose output is grouped must still be refused."""
+    from miniverl.models.adapters import routers_problem
+
+    from conftest import family_folder
+
+    model = AutoModelForCausalLM.from_pretrained(family_folder("llama", tmp_path, 0))
+    attention = model.model.layers[0].self_attn
+    for kind, refused in ((_PlainLinear, False), (_GroupedLinear, True)):
+        attention.o_proj.__class__ = kind
+        line = routers_problem(model, "all-linear")
+        assert (line is not None) is refused
+    assert line == (
+        "model.lora.target_modules=all-linear: o_proj (_GroupedLinear) returns other than the (rows, out_features) "
+        "tensor of a linear layer (a MoE router's tuple), which LoRA cannot wrap; set "
+        "model.lora.target_modules=[q_proj,k_proj,v_proj,gate_proj,up_proj,down_proj]"
+    )
+    assert attention.o_proj.training == model.training  # the probe left the layer's mode as it was
+    falcon = AutoModelForCausalLM.from_pretrained(family_folder("falcon", tmp_path, 0))
+    assert routers_problem(falcon, "all-linear") is None
+
+
 def test_lora_targets_that_take_a_moe_router_are_refused_with_the_list_that_leaves_it_out(tmp_path):
     """A model-families audit: Phi-3.5-MoE's router is a linear layer of its own class that returns a tuple;
     all-linear wrapped it and the first rollout ended in a traceback ('tuple' object has no attribute 'dtype')."""
@@ -285,7 +323,10 @@ def test_lora_targets_that_take_a_moe_router_are_refused_with_the_list_that_leav
     )
     folder = toy.save_toy(AutoModelForCausalLM.from_config(config), tokenizer, tmp_path / "phimoe", "bfloat16")
     line = student_with_targets(folder, "all-linear")
-    assert line.startswith("model.lora.target_modules=all-linear: router (PhimoeTopKRouter) routes tokens to experts")
+    assert line.startswith(
+        "model.lora.target_modules=all-linear: router (PhimoeTopKRouter) returns other than the (rows, "
+        "out_features) tensor of a linear layer (a MoE router's tuple)"
+    )
     listed = fixed_list(line)
     assert "router" not in listed and {"q_proj", "o_proj"} <= set(listed)
     assert student_with_targets(folder, ["q_proj", "router"]).endswith("set model.lora.target_modules=[q_proj]")

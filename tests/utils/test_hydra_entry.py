@@ -77,7 +77,7 @@ def test_a_verl_key_forced_in_with_a_plus_gets_the_same_hint(tmp_path, capsys):
 
 def test_an_unknown_top_level_key_lists_the_top_level():
     assert _line_of("foo=3").endswith(
-        "Key 'foo' not in 'MiniverlConfig'; the top level has hydra, model, teacher, teachers, teacher_key, "
+        "Key 'foo' not in 'MiniverlConfig'; the top level has model, teacher, teachers, teacher_key, "
         "default_teacher, estimator, hardware, data, trainer, actor, rollout, algorithm, reward, recipe, export, eval"
     )
 
@@ -89,6 +89,8 @@ def test_an_unknown_top_level_key_lists_the_top_level():
         ("actor.optim.learning_rate=1e-5", "did you mean actor.optim.lr?"),  # transformers' Trainer
         ("rollout.max_new_tokens=32", "did you mean recipe.response_limit?"),  # generate's
         ("data.batch_size=4", "did you mean recipe.logical_batch?"),
+        ("teacher.model_name_or_path=x", "did you mean teacher.model_id?"),  # TRL's name, under the node typed
+        ("eval.max_new_tokens=8", "did you mean eval.response_limit?"),
         ("model.lora.lora_alpha=8", "did you mean model.lora.alpha?"),  # a spelling distance decides first
         # nothing close, no other program's name: the node's keys
         ("model.lora.scale=2", "model.lora has r, alpha, dropout, target_modules, bias"),

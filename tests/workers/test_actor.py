@@ -155,7 +155,7 @@ def tiny_actor(dropout: float):
 
 def test_with_dropout_the_old_log_probs_come_from_a_pass_of_their_own():
     actor, batch = tiny_actor(dropout=0.5)
-    assert actor.dropout_in_train_mode
+    assert actor.random_train_forward
     expected = actor.compute_log_prob(batch, rows_per_forward=4)  # eval mode: the policy itself
     torch.manual_seed(1)
     actor.update_actor(batch, [4])
@@ -165,7 +165,7 @@ def test_with_dropout_the_old_log_probs_come_from_a_pass_of_their_own():
 
 def test_a_failed_update_leaves_no_old_log_probs_behind():
     actor, batch = tiny_actor(dropout=0.0)
-    assert not actor.dropout_in_train_mode
+    assert not actor.random_train_forward
 
     def out_of_memory():
         raise torch.OutOfMemoryError("simulated, after the backward pass")
