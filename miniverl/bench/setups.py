@@ -266,8 +266,11 @@ def as_shipped(model, device: torch.device):
     twin = copy.deepcopy(model)
     for module in twin.modules():
         if hasattr(module, "support_avx512bf16_for_cpu"):
-            # bitsandbytes 0.50's repack fails on widths that are not a multiple of its block.
-            fits = module.in_features % module.weight.quant_state.blocksize == 0
+            # bitsandbytes 0.50's repack fails on widths that are not a multiple of its block, on outputs that are
+            # not a multiple of 32 rows and on odd inputs (Jamba's x_proj: 24 rows; a user's own code stops there
+            # with an AssertionError): those layers keep the dequantize path.
+            rows, width = module.out_features, module.in_features
+            fits = width % module.weight.quant_state.blocksize == 0 and rows % 32 == 0 and width % 2 == 0
             module.support_avx512bf16_for_cpu = fits
     return twin
 

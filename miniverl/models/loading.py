@@ -215,7 +215,7 @@ def warn_unquantized(where: str, model: PreTrainedModel) -> None:
             f"{where}: {share:.0%} of the linear weights ({len(kept)} layers: {kinds}) stay in {kept[0].weight.dtype}"
         )
         line += " under NF4: transformers quantizes nn.Linear and Conv1D, not a family's own subclass; the memory"
-        log_line(log, line + " estimate counts them as 4-bit", logging.WARNING, console=True)
+        log_line(log, line + " estimate (pre-flight) counted them as 4-bit", logging.WARNING, console=True)
 
 
 def refuse_random_weights(where: str, source: Source, model: PreTrainedModel, missing: set[str]) -> None:

@@ -75,6 +75,10 @@ def dequantized_twin(nf4_model, source: models.Source, block, float32_gemm: bool
         for name, param in dense.named_parameters():
             if name in unquantized and not isinstance(quantized.get(name.rsplit(".", 1)[0]), bnb.nn.Linear4bit):
                 param.data = param.data.to(unquantized[name].dtype)
+    # A family may branch on the attribute's presence: Jamba's Mamba mixer calls dt_proj (and its LoRA) when the
+    # config has it, and multiplies by dt_proj.weight otherwise, which would make the twin another computation.
+    if hasattr(nf4_model.config, "_is_quantized"):
+        dense.config._is_quantized = nf4_model.config._is_quantized
     return dense
 
 

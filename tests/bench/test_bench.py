@@ -526,3 +526,30 @@ def test_the_decode_reads_the_lm_heads_float16_copy_instead_of_its_float32_weigh
     assert decode_weight_bytes(model, 0) == every
     head = 256 * 32
     assert decode_weight_bytes(model, 0, fp16_head_bytes=head * 2) == every - head * 4 + head * 2
+
+
+def test_the_peers_copy_as_shipped_repacks_only_layers_bitsandbytes_can_repack():
+    """A family audit: the bench's peers (generate, TRL) run bitsandbytes' own AVX512-BF16 repack, which asserts
+    32-row blocks and an even width; Jamba's x_proj (24 rows) crashed the bench in a traceback. Those layers
+    keep the dequantize path in the copy; the others are handed back to bitsandbytes."""
+    import bitsandbytes as bnb
+    from bitsandbytes.functional import has_avx512bf16
+
+    from miniverl.bench.setups import as_shipped
+    from miniverl.utils.device import cpu_bf16_instructions
+
+    if not has_avx512bf16() or cpu_bf16_instructions() is None:
+        pytest.skip("the copy is needed only where bitsandbytes repacks for bf16 instructions")
+
+    def nf4(rows: int, width: int):
+        layer = bnb.nn.Linear4bit(width, rows, bias=False, compute_dtype=torch.bfloat16, quant_type="nf4")
+        weight = torch.randn(rows, width, generator=torch.Generator().manual_seed(rows)).to(torch.bfloat16)
+        layer.weight = bnb.nn.Params4bit(weight, requires_grad=False, quant_type="nf4")._quantize("cpu")
+        layer.support_avx512bf16_for_cpu = False  # as miniverl's loader leaves every NF4 layer
+        return layer
+
+    model = torch.nn.Sequential(nf4(128, 64), nf4(24, 128))  # x_proj's 24 rows cannot be repacked
+    twin = as_shipped(model, torch.device("cpu")).eval()
+    assert [layer.support_avx512bf16_for_cpu for layer in twin] == [True, False]
+    with torch.inference_mode():
+        assert twin(torch.randn(3, 64)).shape == (3, 24)  # bitsandbytes' own path where it repacks, no assertion
