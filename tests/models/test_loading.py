@@ -266,7 +266,8 @@ def test_a_family_whose_linear_layers_nf4_leaves_in_bf16_is_said_so(tmp_path, ca
 
     assert warnings_of("falcon") == [
         "teacher: 100% of the linear weights (8 layers: FalconLinear) stay in torch.bfloat16 under NF4: transformers "
-        "quantizes nn.Linear and Conv1D, not a family's own subclass; the memory estimate (pre-flight) counted them as 4-bit"
+        "quantizes nn.Linear and Conv1D, not a family's own subclass; the memory estimate (pre-flight) counted them "
+        "as 4-bit"
     ]
     assert warnings_of("llama") == []
 
