@@ -211,11 +211,19 @@ def test_a_vision_language_checkpoint_without_a_causal_lm_class_says_what_to_giv
     )
 
 
-def test_linear_layers_peft_leaves_untrained_under_its_moe_remap_are_named_on_the_console(tmp_path, caplog):
+@pytest.fixture
+def console_warnings(monkeypatch) -> list[str]:
+    """The lines loading.py writes to the console and main.log (through log_line: caplog misses them once an
+    earlier test in the worker has set up Hydra's logging, which stops the logger's propagation)."""
+    said: list[str] = []
+    monkeypatch.setattr(models, "log_line", lambda logger, line, *args, **kwargs: said.append(line))
+    return said
+
+
+def test_linear_layers_peft_leaves_untrained_under_its_moe_remap_are_named_on_the_console(tmp_path, console_warnings):
     """A model-families audit: peft 0.21 takes gate_proj/up_proj/down_proj of GLM-4-MoE (DeepSeek-V3,
     Qwen3-Next) for the experts' 3-D parameters and drops the dense layer's and the shared expert's linear
     layers of those names from all-linear, saying nothing; a family it does not remap loses none."""
-    import logging
 
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -230,10 +238,9 @@ def test_linear_layers_peft_leaves_untrained_under_its_moe_remap_are_named_on_th
         "glm4_moe", vocab_size=len(tokenizer), num_key_value_heads=2, moe_intermediate_size=32, **sizes, **moe
     )
     folder = toy.save_toy(AutoModelForCausalLM.from_config(config), tokenizer, tmp_path / "glm4_moe", "bfloat16")
-    with caplog.at_level(logging.WARNING, logger="miniverl.models.loading"):
-        student = student_with_targets(folder, "all-linear")
+    student = student_with_targets(folder, "all-linear")
     assert not isinstance(student, str)
-    (line,) = [r.getMessage() for r in caplog.records if "untrained" in r.getMessage()]
+    (line,) = [said for said in console_warnings if "untrained" in said]
     assert line == (
         "model.lora.target_modules=all-linear: peft 0.21.2 leaves 6 linear layers untrained (model.layers.0.mlp."
         "gate_proj, model.layers.0.mlp.up_proj, model.layers.0.mlp.down_proj, model.layers.1.mlp.shared_experts."
@@ -243,26 +250,22 @@ def test_linear_layers_peft_leaves_untrained_under_its_moe_remap_are_named_on_th
     assert adapters.unadapted_layers(student.get_base_model(), "all-linear") == [
         f"model.layers.{n}" for n in ("0.mlp.gate_proj", "0.mlp.up_proj", "0.mlp.down_proj")
     ] + [f"model.layers.1.mlp.shared_experts.{name}" for name in ("gate_proj", "up_proj", "down_proj")]
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="miniverl.models.loading"):
-        llama = student_with_targets(family_folder("llama", tmp_path, seed=0), "all-linear")
+    console_warnings.clear()
+    llama = student_with_targets(family_folder("llama", tmp_path, seed=0), "all-linear")
     assert adapters.unadapted_layers(llama.get_base_model(), "all-linear") == []
-    assert not [r for r in caplog.records if "untrained" in r.getMessage()]
+    assert not [said for said in console_warnings if "untrained" in said]
 
 
-def test_a_family_whose_linear_layers_nf4_leaves_in_bf16_is_said_so(tmp_path, caplog):
+def test_a_family_whose_linear_layers_nf4_leaves_in_bf16_is_said_so(tmp_path, console_warnings):
     """A model-families audit: Falcon's layers are FalconLinear, a subclass transformers does not quantize
     (it takes nn.Linear and Conv1D); the run said NF4 and held them in bf16. Llama's all quantize."""
-    import logging
-
     from conftest import family_folder
 
     def warnings_of(family: str) -> list[str]:
-        caplog.clear()
+        console_warnings.clear()
         teacher = TeacherConfig(model_id=str(family_folder(family, tmp_path, 1)), quantization="nf4", dtype="bfloat16")
-        with caplog.at_level(logging.WARNING, logger="miniverl.models.loading"):
-            models.load_teacher(teacher, models.source_of(teacher, None), torch.device("cpu"), use_nf4_cache=False)
-        return [r.getMessage() for r in caplog.records if "under NF4" in r.getMessage()]
+        models.load_teacher(teacher, models.source_of(teacher, None), torch.device("cpu"), use_nf4_cache=False)
+        return [said for said in console_warnings if "under NF4" in said]
 
     assert warnings_of("falcon") == [
         "teacher: 100% of the linear weights (8 layers: FalconLinear) stay in torch.bfloat16 under NF4: transformers "
