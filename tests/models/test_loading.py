@@ -240,20 +240,36 @@ def test_linear_layers_peft_leaves_untrained_under_its_moe_remap_are_named_on_th
     folder = toy.save_toy(AutoModelForCausalLM.from_config(config), tokenizer, tmp_path / "glm4_moe", "bfloat16")
     student = student_with_targets(folder, "all-linear")
     assert not isinstance(student, str)
-    (line,) = [said for said in console_warnings if "untrained" in said]
-    assert line == (
-        "model.lora.target_modules=all-linear: peft 0.21.2 leaves 6 linear layers untrained (model.layers.0.mlp."
-        "gate_proj, model.layers.0.mlp.up_proj, model.layers.0.mlp.down_proj, model.layers.1.mlp.shared_experts."
-        "gate_proj and 2 more): it takes gate_proj, up_proj, down_proj of a glm4_moe model for its experts' "
-        "parameters (the adapter's target_parameters) and drops the layers of those names"
-    ).replace("0.21.2", package_version("peft"))
-    assert adapters.unadapted_layers(student.get_base_model(), "all-linear") == [
-        f"model.layers.{n}" for n in ("0.mlp.gate_proj", "0.mlp.up_proj", "0.mlp.down_proj")
-    ] + [f"model.layers.1.mlp.shared_experts.{name}" for name in ("gate_proj", "up_proj", "down_proj")]
+    said = [line for line in console_warnings if "untrained" in line]
+    # peft remaps in some processes of the suite and not in others (its conversion mapping, looked up in
+    # transformers, state an earlier test may leave): the warning follows what peft did, either way.
+    if not student.peft_config["default"].target_parameters:
+        assert said == [] and adapters.unadapted_layers(student.get_base_model(), "all-linear") == []
+    else:
+        assert said == [
+            "model.lora.target_modules=all-linear: peft 0.21.2 leaves 6 linear layers untrained (model.layers.0.mlp."
+            "gate_proj, model.layers.0.mlp.up_proj, model.layers.0.mlp.down_proj, model.layers.1.mlp.shared_experts."
+            "gate_proj and 2 more): it takes gate_proj, up_proj, down_proj of a glm4_moe model for its experts' "
+            "parameters (the adapter's target_parameters) and drops the layers of those names".replace(
+                "0.21.2", package_version("peft")
+            )
+        ]
+    # The detection itself, whatever peft does: a student adapted on q_proj only, asked for all-linear.
+    llama = family_folder("llama", tmp_path, seed=0)
     console_warnings.clear()
-    llama = student_with_targets(family_folder("llama", tmp_path, seed=0), "all-linear")
-    assert adapters.unadapted_layers(llama.get_base_model(), "all-linear") == []
-    assert not [said for said in console_warnings if "untrained" in said]
+    assert adapters.unadapted_layers(student_with_targets(llama, "all-linear").get_base_model(), "all-linear") == []
+    partial = student_with_targets(llama, ["q_proj"]).get_base_model()
+    assert adapters.unadapted_layers(partial, ["q_proj"]) == [] and console_warnings == []
+    missed = adapters.unadapted_layers(partial, "all-linear")
+    assert {name.rsplit(".", 1)[-1] for name in missed} == {
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    }
+    assert len(missed) == 6 * 2 and not any("q_proj" in name or "lora_" in name for name in missed)
 
 
 def test_a_family_whose_linear_layers_nf4_leaves_in_bf16_is_said_so(tmp_path, console_warnings):
