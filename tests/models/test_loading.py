@@ -221,9 +221,10 @@ def console_warnings(monkeypatch) -> list[str]:
 
 
 def test_linear_layers_peft_leaves_untrained_under_its_moe_remap_are_named_on_the_console(tmp_path, console_warnings):
-    """A model-families audit: peft 0.21 takes gate_proj/up_proj/down_proj of GLM-4-MoE (DeepSeek-V3,
+    """A model-families audit: peft 0.21.2 takes gate_proj/up_proj/down_proj of GLM-4-MoE (DeepSeek-V3,
     Qwen3-Next) for the experts' 3-D parameters and drops the dense layer's and the shared expert's linear
-    layers of those names from all-linear, saying nothing; a family it does not remap loses none."""
+    layers of those names from all-linear, saying nothing (0.22.0 keeps them); a student adapted on fewer
+    layers than asked for is found whatever peft does."""
 
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -241,11 +242,15 @@ def test_linear_layers_peft_leaves_untrained_under_its_moe_remap_are_named_on_th
     student = student_with_targets(folder, "all-linear")
     assert not isinstance(student, str)
     said = [line for line in console_warnings if "untrained" in line]
-    # peft remaps in some processes of the suite and not in others (its conversion mapping, looked up in
-    # transformers, state an earlier test may leave): the warning follows what peft did, either way.
-    if not student.peft_config["default"].target_parameters:
-        assert said == [] and adapters.unadapted_layers(student.get_base_model(), "all-linear") == []
+    missed = adapters.unadapted_layers(student.get_base_model(), "all-linear")
+    # peft 0.21.2 drops the dense and shared-expert layers; 0.22.0 (what a fresh install takes) keeps them:
+    # the warning follows what the installed peft did.
+    if not missed:
+        assert said == []
     else:
+        assert missed == [f"model.layers.0.mlp.{name}" for name in ("gate_proj", "up_proj", "down_proj")] + [
+            f"model.layers.1.mlp.shared_experts.{name}" for name in ("gate_proj", "up_proj", "down_proj")
+        ]
         assert said == [
             "model.lora.target_modules=all-linear: peft 0.21.2 leaves 6 linear layers untrained (model.layers.0.mlp."
             "gate_proj, model.layers.0.mlp.up_proj, model.layers.0.mlp.down_proj, model.layers.1.mlp.shared_experts."
